@@ -1,0 +1,70 @@
+# nabla: make | make test | make run | make bench | make clean
+CC      ?= cc
+OPT     ?= -O2 -g
+WARN    := -std=c11 -Wall -Wextra -Wpedantic
+CFLAGS  += $(OPT) $(WARN) -D_POSIX_C_SOURCE=200809L -pthread
+LIBFLAGS := -fPIC -fvisibility=hidden
+LDLIBS  += -lm -lpthread
+BUILD   ?= build
+
+LIB_SRC := $(wildcard tensor/*.c ops/*.c autograd/*.c nn/*.c)
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+HDRS    := nabla.h $(wildcard tensor/*.h ops/*.h autograd/*.h nn/*.h)
+EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
+TEST_SRC := $(wildcard tests/*.c)
+TEST_BIN := $(BUILD)/tests/run_tests
+
+CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
+CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm)
+
+.PHONY: all test run bench clean check-deps
+all: $(BUILD)/libnabla.a $(BUILD)/libnabla.so $(EXAMPLES)
+	@ln -sf $(BUILD)/libnabla.a libnabla.a
+	@ln -sf $(BUILD)/libnabla.so libnabla.so
+
+$(BUILD)/%.o: %.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LIBFLAGS) -c $< -o $@
+
+$(BUILD)/libnabla.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/libnabla.so: $(LIB_OBJ)
+	$(CC) -shared -o $@ $^ $(LDLIBS)
+
+$(BUILD)/examples/%: examples/%.c $(BUILD)/libnabla.a nabla.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I. $< $(BUILD)/libnabla.a $(LDLIBS) -o $@
+
+# Check is the one test dependency: installed here when missing and we are root.
+check-deps:
+	@if ! printf '#include <check.h>\n' | $(CC) -E -x c - >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "make test: installing the Check library (apt-get install check)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq check pkg-config >/dev/null; \
+	  else \
+	    echo "make test needs the Check unit-test library. Install it with:"; \
+	    echo "    sudo apt-get update && sudo apt-get install -y check pkg-config"; \
+	    exit 1; \
+	  fi; \
+	fi
+
+$(TEST_BIN): $(TEST_SRC) tests/test_util.h $(BUILD)/libnabla.a nabla.h | check-deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $$(pkg-config --cflags check 2>/dev/null) -I. \
+	  -DNB_FIXTURE_DIR='"$(CURDIR)/tests/fixtures"' $(TEST_SRC) $(BUILD)/libnabla.a \
+	  $$(pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm) $(LDLIBS) -o $@
+
+test: check-deps
+	@$(MAKE) --no-print-directory $(TEST_BIN)
+	$(TEST_BIN)
+
+run: all
+	$(BUILD)/examples/copy_task
+
+bench: all
+	$(BUILD)/bench/bench
+
+clean:
+	rm -rf $(BUILD) libnabla.a libnabla.so

@@ -1,0 +1,40 @@
+/* autograd_internal.h: graph nodes, as ops record them and the engine walks
+ * them. Every op file includes this. */
+#ifndef NABLA_AUTOGRAD_INTERNAL_H
+#define NABLA_AUTOGRAD_INTERNAL_H
+
+#include "../tensor/tensor_internal.h"
+
+/* --------------------------------------------------------------- autograd */
+#define NBI_NODE_INLINE 3
+typedef int (*nbi_backward_fn)(nbi_node *n, nb_tensor *gout, nb_tensor **gin);
+/* bits of nbi_node.saved: which tensors backward reads (version-checked) */
+#define NBI_SAVE_IN(i) (1u << (i))
+#define NBI_SAVE_OUT (1u << 31)
+struct nbi_node {
+    const char *op;          /* public name of the op, for messages */
+    nbi_backward_fn backward;
+    nb_tensor *out;          /* the tensor this node made (not referenced) */
+    int nin;
+    nb_tensor **in;          /* inputs, referenced */
+    nb_tensor *in_inline[NBI_NODE_INLINE];
+    uint32_t *ver;           /* storage versions of inputs at record time */
+    uint32_t ver_inline[NBI_NODE_INLINE];
+    uint32_t ver_out;
+    uint32_t saved;          /* NBI_SAVE_* bits */
+    nb_tensor *extra;        /* one more tensor kept for backward, referenced */
+    double d[4];             /* scalar arguments */
+    int64_t i[2 * NB_MAX_DIMS];
+};
+/* True when grad mode is on and some input requires grad. */
+bool nbi_needs_grad(int n, nb_tensor *const *inputs);
+/* Records a node for out; NULL (and message) only on out-of-memory. */
+nbi_node *nbi_record(nb_tensor *out, const char *op, nbi_backward_fn bw, int n,
+                     nb_tensor *const *inputs);
+void nbi_node_free(nbi_node *n);
+/* Whether backward should compute the gradient of input i. */
+static inline bool nbi_wants(const nbi_node *n, int i) {
+    return n->in[i]->requires_grad;
+}
+
+#endif

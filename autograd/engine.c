@@ -1,0 +1,293 @@
+/* engine.c: recording graph nodes and walking them backward.
+ *
+ * Each op whose inputs require grad gives its output a node that holds the
+ * inputs (referenced, so they outlive an early nb_free) and a backward rule.
+ * nb_backward orders the graph topologically from the loss, then calls each
+ * rule once with the summed gradient of its output. Leaves that require grad
+ * accumulate into .grad, which they own. */
+#include "autograd_internal.h"
+#include "../ops/ops_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static _Thread_local bool grad_disabled;
+
+void nb_set_grad_enabled(bool enabled) { grad_disabled = !enabled; }
+bool nb_grad_enabled(void) { return !grad_disabled; }
+
+bool nbi_needs_grad(int n, nb_tensor *const *inputs) {
+    if (grad_disabled) return false;
+    for (int i = 0; i < n; i++)
+        if (inputs[i] && inputs[i]->requires_grad) return true;
+    return false;
+}
+
+nbi_node *nbi_record(nb_tensor *out, const char *op, nbi_backward_fn bw, int n,
+                     nb_tensor *const *inputs) {
+    nbi_node *node = calloc(1, sizeof *node);
+    if (!node) return nbi_error("%s: out of memory recording the graph", op);
+    node->in = node->in_inline;
+    node->ver = node->ver_inline;
+    if (n > NBI_NODE_INLINE) {
+        node->in = malloc((size_t)n * sizeof *node->in);
+        node->ver = malloc((size_t)n * sizeof *node->ver);
+        if (!node->in || !node->ver) {
+            nbi_node_free(node);
+            return nbi_error("%s: out of memory recording the graph", op);
+        }
+    }
+    node->op = op;
+    node->backward = bw;
+    node->out = out;
+    node->nin = n;
+    for (int i = 0; i < n; i++) {
+        node->in[i] = inputs[i];
+        node->ver[i] = inputs[i]->storage->version;
+        nbi_ref(inputs[i]);
+    }
+    node->ver_out = out->storage->version;
+    out->grad_fn = node;
+    out->requires_grad = true;
+    return node;
+}
+
+void nbi_node_free(nbi_node *n) {
+    if (n->in != n->in_inline) free(n->in);
+    if (n->ver != n->ver_inline) free(n->ver);
+    free(n);
+}
+
+nb_tensor *nb_set_requires_grad(nb_tensor *t, bool requires_grad) {
+    const char *fn = "nb_set_requires_grad";
+    if (!t) return nbi_null_input(fn);
+    if (t->grad_fn) {
+        if (requires_grad) return t;
+        return nbi_error("%s: this tensor was made by %s and is not a leaf; use nb_detach to "
+                         "stop gradients", fn, t->grad_fn->op);
+    }
+    if (requires_grad && !nbi_is_float(t->dtype))
+        return nbi_error("%s: only floating tensors can require grad, got %s", fn,
+                         nb_dtype_name(t->dtype));
+    t->requires_grad = requires_grad;
+    return t;
+}
+
+bool nb_requires_grad(const nb_tensor *t) { return t && t->requires_grad; }
+bool nb_is_leaf(const nb_tensor *t) { return t && !t->grad_fn; }
+nb_tensor *nb_grad(const nb_tensor *t) { return t ? t->grad : NULL; }
+
+void nb_zero_grad(nb_tensor *t) {
+    if (!t || !t->grad) return;
+    memset(t->grad->storage->data, 0, t->grad->storage->nbytes);
+    t->grad->storage->version++;
+}
+
+nb_tensor *nb_detach(nb_tensor *t) {
+    if (!t) return nbi_null_input("nb_detach");
+    return nbi_make_view(t, t->ndim, t->shape, t->strides, t->offset);
+}
+
+/* ------------------------------------------------------------ the walk */
+typedef struct {
+    nb_tensor **v;
+    size_t n, cap;
+} tensor_list;
+
+static bool list_push(tensor_list *l, nb_tensor *t) {
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 64;
+        nb_tensor **p = realloc(l->v, cap * sizeof *p);
+        if (!p) return false;
+        l->v = p;
+        l->cap = cap;
+    }
+    l->v[l->n++] = t;
+    return true;
+}
+
+static _Thread_local uint64_t stamp;
+
+/* Post-order DFS over tensors that require grad: inputs before users. */
+typedef struct {
+    nb_tensor *t;
+    int next; /* next input of t's node to visit */
+} frame;
+
+static bool topo_order(nb_tensor *root, tensor_list *order) {
+    uint64_t mark = ++stamp;
+    frame *stack = malloc(64 * sizeof *stack);
+    size_t n = 0, cap = 64;
+    bool ok = stack != NULL;
+    if (ok) {
+        root->mark = mark;
+        stack[n++] = (frame){root, 0};
+    }
+    while (ok && n) {
+        frame *f = &stack[n - 1];
+        nbi_node *node = f->t->grad_fn;
+        if (node && f->next < node->nin) {
+            nb_tensor *in = node->in[f->next++];
+            if (!in->requires_grad || in->mark == mark) continue;
+            in->mark = mark;
+            if (n == cap) {
+                frame *p = realloc(stack, 2 * cap * sizeof *p);
+                if (!(ok = p != NULL)) break;
+                stack = p;
+                cap *= 2;
+            }
+            stack[n++] = (frame){in, 0};
+            continue;
+        }
+        ok = list_push(order, f->t);
+        n--;
+    }
+    free(stack);
+    return ok;
+}
+
+static void release_pending(tensor_list *order) {
+    for (size_t k = 0; k < order->n; k++) {
+        nb_tensor *t = order->v[k];
+        nbi_unref(t->gacc);
+        t->gacc = NULL;
+    }
+}
+
+/* Adds g into t->gacc, which the engine holds by one reference. */
+static int accumulate(nb_tensor *t, nb_tensor *g) {
+    if (!t->gacc) {
+        nbi_ref(g);
+        t->gacc = g;
+        return 0;
+    }
+    nb_tensor *acc = t->gacc;
+    if (acc->refs == 1 && acc->storage->refs == 1 && nb_is_contiguous(acc)) {
+        nbi_add_into(acc, g);
+        return 0;
+    }
+    nb_tensor *sum = nb_add(acc, g);
+    if (!sum) return -1;
+    nbi_ref(sum);
+    t->gacc = sum;
+    nbi_unref(acc);
+    return 0;
+}
+
+static int accumulate_leaf(nb_tensor *leaf, nb_tensor *g) {
+    if (leaf->grad) {
+        nbi_add_into(leaf->grad, g);
+        leaf->grad->storage->version++;
+        return 0;
+    }
+    nb_tensor *copy = nbi_new("nb_backward", leaf->dtype, leaf->ndim, leaf->shape, false);
+    if (!copy) return -1;
+    nbi_copy_strided(copy, g->strides, g);
+    leaf->grad = nbi_unscoped(copy);
+    return 0;
+}
+
+static bool saved_intact(const nbi_node *n) {
+    for (int i = 0; i < n->nin && i < 31; i++) {
+        if ((n->saved & NBI_SAVE_IN(i)) && n->in[i]->storage->version != n->ver[i]) {
+            nbi_error("nb_backward: input %d of %s was modified in place after it was used "
+                      "(version %u, expected %u)", i, n->op, n->in[i]->storage->version,
+                      n->ver[i]);
+            return false;
+        }
+    }
+    if ((n->saved & NBI_SAVE_OUT) && n->out->storage->version != n->ver_out) {
+        nbi_error("nb_backward: the output of %s was modified in place after it was made "
+                  "(version %u, expected %u)", n->op, n->out->storage->version, n->ver_out);
+        return false;
+    }
+    return true;
+}
+
+/* One node: its rule runs in a scope of its own so temporaries die with it;
+ * the gradients it passes on survive through the engine's references. */
+static int run_node(nb_tensor *t, nb_tensor *g) {
+    nbi_node *n = t->grad_fn;
+    if (!saved_intact(n)) return -1;
+    nb_tensor *gin_inline[NBI_NODE_INLINE] = {0};
+    nb_tensor **gin = gin_inline;
+    if (n->nin > NBI_NODE_INLINE && !(gin = calloc((size_t)n->nin, sizeof *gin)))
+        return (nbi_error("nb_backward: out of memory"), -1);
+    int rc = 0;
+    nb_scope_begin();
+    if (n->backward(n, g, gin) != 0) rc = -1;
+    for (int i = 0; rc == 0 && i < n->nin; i++) {
+        nb_tensor *in = n->in[i];
+        if (!gin[i] || !in->requires_grad) continue;
+        if (!nbi_same_shape(gin[i], in) || gin[i]->dtype != in->dtype) {
+            nbi_error("nb_backward: internal error: %s gave a gradient of shape %s %s for input "
+                      "%d of shape %s %s", n->op, NBI_SHAPE(gin[i]),
+                      nb_dtype_name(gin[i]->dtype), i, NBI_SHAPE(in), nb_dtype_name(in->dtype));
+            rc = -1;
+        } else if (accumulate(in, gin[i]) != 0) {
+            rc = -1;
+        }
+    }
+    nb_scope_end();
+    if (gin != gin_inline) free(gin);
+    return rc;
+}
+
+static int run_backward(nb_tensor *root, nb_tensor *seed) {
+    tensor_list order = {0};
+    if (!topo_order(root, &order)) {
+        free(order.v);
+        return (nbi_error("nb_backward: out of memory ordering the graph"), -1);
+    }
+    bool was_disabled = grad_disabled;
+    grad_disabled = true; /* backward rules record nothing */
+    nbi_ref(seed);
+    root->gacc = seed;
+    int rc = 0;
+    for (size_t k = order.n; k-- > 0 && rc == 0;) {
+        nb_tensor *t = order.v[k];
+        nb_tensor *g = t->gacc;
+        if (!g) continue;
+        t->gacc = NULL;
+        rc = t->grad_fn ? run_node(t, g) : accumulate_leaf(t, g);
+        nbi_unref(g);
+    }
+    release_pending(&order);
+    free(order.v);
+    grad_disabled = was_disabled;
+    return rc;
+}
+
+static int check_root(const char *fn, nb_tensor *t) {
+    if (!t) return (nbi_null_input(fn), -1);
+    if (!t->requires_grad)
+        return (nbi_error("%s: the tensor does not require grad and has no graph (did an input "
+                          "get nb_set_requires_grad, with grad mode on?)", fn), -1);
+    return 0;
+}
+
+int nb_backward(nb_tensor *loss) {
+    const char *fn = "nb_backward";
+    if (check_root(fn, loss) != 0) return -1;
+    if (loss->numel != 1)
+        return (nbi_error("%s: the loss must have one element, got shape %s; use "
+                          "nb_backward_with_grad for other outputs", fn, NBI_SHAPE(loss)), -1);
+    nb_tensor *seed = nbi_new(fn, loss->dtype, loss->ndim, loss->shape, false);
+    if (!seed) return -1;
+    nbi_set_flat(seed, 0, 1.0);
+    nbi_unscoped(seed);
+    int rc = run_backward(loss, seed);
+    nbi_unref(seed);
+    return rc;
+}
+
+int nb_backward_with_grad(nb_tensor *out, nb_tensor *grad) {
+    const char *fn = "nb_backward_with_grad";
+    if (check_root(fn, out) != 0) return -1;
+    if (!grad) return (nbi_null_input(fn), -1);
+    if (!nbi_same_shape(out, grad) || out->dtype != grad->dtype)
+        return (nbi_error("%s: grad of shape %s %s does not match the output's %s %s", fn,
+                          NBI_SHAPE(grad), nb_dtype_name(grad->dtype), NBI_SHAPE(out),
+                          nb_dtype_name(out->dtype)), -1);
+    return run_backward(out, grad);
+}

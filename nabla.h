@@ -1,0 +1,236 @@
+/* nabla.h: the whole public API of nabla, a tensor library in C11 with
+ * reverse-mode automatic differentiation.
+ *
+ * Conventions used throughout:
+ * - Every function that makes a tensor returns a new tensor object owned by
+ *   the current scope (see nb_scope_begin), or a persistent one when no scope
+ *   is open; persistent tensors are freed with nb_free.
+ * - On failure a function returns NULL (or a negative int) and sets a
+ *   thread-local message, nb_last_error(), naming the function and the values.
+ *   A NULL input makes an op return NULL and keep the message already set, so
+ *   a whole computation can be checked once at the end.
+ * - Negative dims count from the end (-1 is the last).
+ * - Binary ops broadcast like NumPy/PyTorch; both operands must have the same
+ *   dtype (no implicit promotion: use nb_to).
+ * - Arithmetic ops take floating tensors (NB_F32, NB_F64); comparisons take any
+ *   dtype and return NB_BOOL.
+ * - Views (nb_view, nb_transpose, ...) share storage with their base; writing
+ *   through one (nb_copy_into) is visible through the other.
+ */
+#ifndef NABLA_H
+#define NABLA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define NB_API __attribute__((visibility("default")))
+#else
+#define NB_API
+#endif
+
+#define NB_MAX_DIMS 8
+
+typedef enum { NB_F32 = 0, NB_F64 = 1, NB_I64 = 2, NB_BOOL = 3 } nb_dtype;
+
+typedef struct nb_tensor nb_tensor; /* opaque */
+
+/* A counter-based random stream: draw k of a call made at offset o is a pure
+ * function of (seed, o + k), so results never depend on the thread count. */
+typedef struct nb_rng {
+    uint64_t seed;
+    uint64_t offset; /* how many numbers were drawn so far */
+} nb_rng;
+
+/* NB_SHAPE(2, 3) expands to the (ndim, shape) argument pair: 2, (int64_t[]){2, 3} */
+#define NB_SHAPE(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), \
+                      (const int64_t[]){__VA_ARGS__}
+
+/* ---------------------------------------------------------------- creation */
+/* Shapes: 0 <= ndim <= 8, every size >= 0, numel must fit int64_t. */
+NB_API nb_tensor *nb_empty(nb_dtype dtype, int ndim, const int64_t *shape); /* uninitialized */
+NB_API nb_tensor *nb_zeros(nb_dtype dtype, int ndim, const int64_t *shape);
+NB_API nb_tensor *nb_ones(nb_dtype dtype, int ndim, const int64_t *shape);
+NB_API nb_tensor *nb_full(nb_dtype dtype, int ndim, const int64_t *shape, double value);
+/* Copies numel elements of C type float/double/int64_t/bool (row-major) from data. */
+NB_API nb_tensor *nb_from_data(nb_dtype dtype, int ndim, const int64_t *shape, const void *data);
+NB_API nb_tensor *nb_scalar(nb_dtype dtype, double value);     /* 0-d tensor */
+NB_API nb_tensor *nb_arange(nb_dtype dtype, int64_t n);        /* 0, 1, ..., n-1 */
+/* Standard normal / uniform [0,1) floating tensors from rng (NULL = global). */
+NB_API nb_tensor *nb_randn(nb_dtype dtype, int ndim, const int64_t *shape, struct nb_rng *rng);
+NB_API nb_tensor *nb_rand(nb_dtype dtype, int ndim, const int64_t *shape, struct nb_rng *rng);
+/* (rows, cols) NB_BOOL, true on and below the diagonal: the causal keep-mask. */
+NB_API nb_tensor *nb_tril_mask(int64_t rows, int64_t cols);
+/* The floating dtype modules create parameters in (NB_F32 at start). */
+NB_API void nb_set_default_dtype(nb_dtype dtype);
+NB_API nb_dtype nb_default_dtype(void);
+/* Writes src's values into dst (a tensor or a view), broadcasting src to dst's
+ * shape and converting dtype. Not recorded by autograd. Returns 0 or -1. */
+NB_API int nb_copy_into(nb_tensor *dst, const nb_tensor *src);
+
+/* -------------------------------------------------------------- inspection */
+NB_API int nb_ndim(const nb_tensor *t);
+NB_API const int64_t *nb_shape(const nb_tensor *t);
+NB_API const int64_t *nb_strides(const nb_tensor *t); /* in elements */
+NB_API int64_t nb_size(const nb_tensor *t, int dim);  /* one size; -1 on error */
+NB_API int64_t nb_numel(const nb_tensor *t);
+NB_API nb_dtype nb_dtype_of(const nb_tensor *t);
+NB_API const char *nb_dtype_name(nb_dtype dtype);      /* "f32", "f64", "i64", "bool" */
+NB_API bool nb_is_contiguous(const nb_tensor *t);
+/* Pointer to the first element (storage + offset); the layout is given by
+ * nb_strides. For reading and writing values outside of autograd. */
+NB_API void *nb_data(nb_tensor *t);
+NB_API double nb_item(const nb_tensor *t);           /* one element -> double; NaN on error */
+NB_API int nb_copy_to_f64(const nb_tensor *t, double *out); /* numel values, row-major */
+NB_API void nb_print(const nb_tensor *t);              /* to stdout */
+
+/* --------------------------------------------------------- views and shape */
+/* A view: the same storage seen with other shape/strides. One size may be -1.
+ * Fails when the strides cannot express the new shape (use nb_reshape). */
+NB_API nb_tensor *nb_view(nb_tensor *t, int ndim, const int64_t *shape);
+NB_API nb_tensor *nb_reshape(nb_tensor *t, int ndim, const int64_t *shape); /* view or copy */
+NB_API nb_tensor *nb_transpose(nb_tensor *t, int dim0, int dim1);
+NB_API nb_tensor *nb_permute(nb_tensor *t, int ndim, const int *dims);
+NB_API nb_tensor *nb_unsqueeze(nb_tensor *t, int dim);
+NB_API nb_tensor *nb_squeeze(nb_tensor *t, int dim);   /* no-op when size != 1 */
+/* Broadcast view (stride 0) to shape; -1 keeps a size; new dims go in front. */
+NB_API nb_tensor *nb_expand(nb_tensor *t, int ndim, const int64_t *shape);
+NB_API nb_tensor *nb_narrow(nb_tensor *t, int dim, int64_t start, int64_t length);
+NB_API nb_tensor *nb_select(nb_tensor *t, int dim, int64_t index); /* removes dim */
+NB_API nb_tensor *nb_contiguous(nb_tensor *t); /* t itself (new handle) when contiguous */
+NB_API nb_tensor *nb_cat(nb_tensor *const *list, int n, int dim);
+NB_API nb_tensor *nb_to(nb_tensor *t, nb_dtype dtype); /* differentiable between floats */
+
+/* ------------------------------------------------- elementwise, broadcasting */
+NB_API nb_tensor *nb_add(nb_tensor *a, nb_tensor *b);
+NB_API nb_tensor *nb_sub(nb_tensor *a, nb_tensor *b);
+NB_API nb_tensor *nb_mul(nb_tensor *a, nb_tensor *b);
+NB_API nb_tensor *nb_div(nb_tensor *a, nb_tensor *b);
+NB_API nb_tensor *nb_neg(nb_tensor *t);
+NB_API nb_tensor *nb_exp(nb_tensor *t);
+NB_API nb_tensor *nb_log(nb_tensor *t);
+NB_API nb_tensor *nb_sqrt(nb_tensor *t);
+NB_API nb_tensor *nb_tanh(nb_tensor *t);
+NB_API nb_tensor *nb_relu(nb_tensor *t);
+NB_API nb_tensor *nb_gelu(nb_tensor *t);          /* exact (erf) form, as torch's default */
+NB_API nb_tensor *nb_pow_scalar(nb_tensor *t, double exponent);
+NB_API nb_tensor *nb_add_scalar(nb_tensor *t, double value);
+NB_API nb_tensor *nb_mul_scalar(nb_tensor *t, double value);
+/* Comparisons (any dtype, same for both) and logic: NB_BOOL results. */
+NB_API nb_tensor *nb_eq(nb_tensor *a, nb_tensor *b);
+NB_API nb_tensor *nb_ne(nb_tensor *a, nb_tensor *b);
+NB_API nb_tensor *nb_lt(nb_tensor *a, nb_tensor *b);
+NB_API nb_tensor *nb_gt(nb_tensor *a, nb_tensor *b);
+NB_API nb_tensor *nb_logical_not(nb_tensor *mask);
+/* cond ? a : b, all three broadcast; differentiable in a and b. */
+NB_API nb_tensor *nb_where(nb_tensor *cond, nb_tensor *a, nb_tensor *b);
+
+/* -------------------------------------------------------------- reductions */
+NB_API nb_tensor *nb_sum(nb_tensor *t, int dim, bool keepdim);
+NB_API nb_tensor *nb_mean(nb_tensor *t, int dim, bool keepdim);
+/* Max values over dim; the gradient goes to the first maximal element. */
+NB_API nb_tensor *nb_max(nb_tensor *t, int dim, bool keepdim);
+NB_API nb_tensor *nb_argmax(nb_tensor *t, int dim, bool keepdim); /* NB_I64, first max */
+NB_API nb_tensor *nb_sum_all(nb_tensor *t);                        /* 0-d */
+NB_API nb_tensor *nb_mean_all(nb_tensor *t);                       /* 0-d */
+
+/* ---------------------------------------------------------- the mission's ops */
+/* torch.matmul: 1-D x 1-D dot, 2-D product, batched with broadcast batch dims;
+ * a 1-D operand gets a dim prepended (a) or appended (b), removed after.
+ * a (..., M, K), b (..., K, N) -> (broadcast(...), M, N) */
+NB_API nb_tensor *nb_matmul(nb_tensor *a, nb_tensor *b);
+/* Stable (row max subtracted). A slice that is entirely -inf gives zeros,
+ * not NaN, and passes zero gradient. */
+NB_API nb_tensor *nb_softmax(nb_tensor *t, int dim);
+NB_API nb_tensor *nb_log_softmax(nb_tensor *t, int dim);
+/* value where mask (NB_BOOL) is true, t elsewhere; mask broadcasts against t. */
+NB_API nb_tensor *nb_masked_fill(nb_tensor *t, nb_tensor *mask, double value);
+/* Inverted dropout: zero with probability p, scale the rest by 1/(1-p);
+ * identity (a new handle on t) when !training or p == 0; p in [0, 1]. */
+NB_API nb_tensor *nb_dropout(nb_tensor *t, double p, bool training, struct nb_rng *rng);
+
+/* ----------------------------------------------------------------- autograd */
+/* Marks a leaf as requiring grad (floating tensors only). Returns t, or NULL
+ * when t is not a leaf or not floating. */
+NB_API nb_tensor *nb_set_requires_grad(nb_tensor *t, bool requires_grad);
+NB_API bool nb_requires_grad(const nb_tensor *t);
+NB_API bool nb_is_leaf(const nb_tensor *t);
+/* The accumulated gradient of a leaf (owned by it), or NULL when none yet. */
+NB_API nb_tensor *nb_grad(const nb_tensor *t);
+/* Backpropagates from a one-element tensor (seed 1); 0 or -1. Gradients
+ * accumulate into the .grad of leaves that require grad. The graph is kept,
+ * so backward may be called again (gradients add up). */
+NB_API int nb_backward(nb_tensor *loss);
+/* The same from any output, with its gradient (same shape as out). */
+NB_API int nb_backward_with_grad(nb_tensor *out, nb_tensor *grad);
+NB_API void nb_zero_grad(nb_tensor *t);            /* sets .grad to zeros, if any */
+NB_API nb_tensor *nb_detach(nb_tensor *t);         /* same storage, no history */
+/* Grad mode is per thread; disabled, ops record nothing. */
+NB_API void nb_set_grad_enabled(bool enabled);
+NB_API bool nb_grad_enabled(void);
+
+/* Finite-difference gradient check, like torch.autograd.gradcheck: for every
+ * input that requires grad (all must be NB_F64), every element is moved by
+ * +-eps and the central difference of every output element is compared with
+ * the analytic Jacobian from backward: |analytic - numeric| <= atol + rtol*|numeric|. */
+typedef nb_tensor *(*nb_fn)(nb_tensor **inputs, int n, void *ctx);
+typedef struct nb_gradcheck_opts {
+    double eps;  /* 1e-6 */
+    double atol; /* 1e-5 */
+    double rtol; /* 1e-3 */
+} nb_gradcheck_opts;
+typedef struct nb_gradcheck_result {
+    bool ok;
+    int input;            /* the worst element: which input, */
+    int64_t index;        /* its flat (row-major) index in that input, */
+    int64_t output_index; /* and the flat index of the output element, */
+    double analytic, numeric; /* the two derivatives there */
+    double max_abs_err;   /* the largest |analytic - numeric| seen */
+    int64_t checked;      /* Jacobian entries compared */
+    char message[256];    /* human-readable summary */
+} nb_gradcheck_result;
+/* opts NULL = defaults; out may be NULL. false on mismatch or error (then
+ * nb_last_error() says why). The inputs are restored afterwards. */
+NB_API bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs,
+                         const nb_gradcheck_opts *opts, nb_gradcheck_result *out);
+
+/* ------------------------------------------------------------ memory: scopes */
+/* Every tensor made between begin and end is freed by end. Scopes nest; the
+ * stack is per thread. Outside any scope tensors are persistent. */
+NB_API void nb_scope_begin(void);
+NB_API void nb_scope_end(void);
+NB_API int nb_scope_depth(void);
+/* Hands t's values to the enclosing scope (persistent at depth 1): returns a
+ * new detached tensor sharing t's storage, which survives this scope. */
+NB_API nb_tensor *nb_keep(nb_tensor *t);
+/* Frees a tensor now (persistent or scoped). Storage shared with views or
+ * needed by a recorded graph lives on until they are gone too. NULL is ok. */
+NB_API void nb_free(nb_tensor *t);
+NB_API int64_t nb_live_tensors(void); /* tensor objects alive (all threads) */
+
+/* ------------------------------------------------------------------- errors */
+/* The message of the most recent failure on this thread, or NULL if none
+ * since nb_clear_error. A failure caused only by a NULL input keeps the
+ * message that is already there. NABLA_ABORT_ON_ERROR=1 in the environment
+ * prints the first error to stderr and calls abort(). */
+NB_API const char *nb_last_error(void);
+NB_API void nb_clear_error(void);
+
+/* ---------------------------------------------------------------- rng, threads */
+NB_API void nb_rng_seed(nb_rng *rng, uint64_t seed);
+NB_API void nb_manual_seed(uint64_t seed); /* the global generator */
+NB_API nb_rng *nb_global_rng(void);
+/* Worker threads for large kernels; default NABLA_NUM_THREADS or the online
+ * CPUs. Results are bitwise identical for any count. */
+NB_API void nb_set_num_threads(int n);
+NB_API int nb_num_threads(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NABLA_H */

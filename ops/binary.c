@@ -1,0 +1,125 @@
+/* binary.c: nb_add, nb_sub, nb_mul, nb_div with broadcasting, their
+ * backward rules, and the gradient kernels other ops' rules share. */
+#include "ops_internal.h"
+#include "elementwise_internal.h"
+
+#include <math.h>
+
+/* a (...), b (...) broadcast -> out (broadcast shape); any strides */
+#define ROWS2(T, EXPR)                                                          \
+    NBI_FOR_ROWS(&it, c) {                                                      \
+        T *o = (T *)po + c.off[0];                                              \
+        const T *xa = (const T *)pa + c.off[1], *xb = (const T *)pb + c.off[2]; \
+        if (so == 1 && sa == 1 && sb == 1) {                                    \
+            for (int64_t j = 0; j < it.n; j++) {                                \
+                T x = xa[j], y = xb[j];                                         \
+                o[j] = (EXPR);                                                  \
+            }                                                                   \
+        } else {                                                                \
+            for (int64_t j = 0; j < it.n; j++) {                                \
+                T x = xa[j * sa], y = xb[j * sb];                               \
+                o[j * so] = (EXPR);                                             \
+            }                                                                   \
+        }                                                                       \
+    }
+
+#define BINARY_CASES(T, ERF)                                                  \
+    switch (op) {                                                             \
+    case NBI_ADD: ROWS2(T, x + y); break;                                     \
+    case NBI_SUB: ROWS2(T, x - y); break;                                     \
+    case NBI_MUL: ROWS2(T, x * y); break;                                     \
+    case NBI_DIV: ROWS2(T, x / y); break;                                     \
+    case NBI_RELU_GRAD: ROWS2(T, y > 0 ? x : 0); break;                       \
+    case NBI_TANH_GRAD: ROWS2(T, x * (1 - y * y)); break;                     \
+    case NBI_GELU_GRAD:                                                       \
+        ROWS2(T, x * ((T)0.5 * (1 + ERF(y * (T)0.70710678118654752440)) +    \
+                      y * (T)0.39894228040143267794 * (T)exp(-(double)(y * y) / 2))); \
+        break;                                                                \
+    }
+
+/* out = a op b over out's shape; a and b are read broadcast, out may alias a
+ * when they have the same geometry. */
+void nbi_binary_into(nbi_binop op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b) {
+    int64_t sta[NB_MAX_DIMS], stb[NB_MAX_DIMS];
+    nbi_broadcast_strides(a, out->ndim, out->shape, sta);
+    nbi_broadcast_strides(b, out->ndim, out->shape, stb);
+    const int64_t *st[3] = {out->strides, sta, stb};
+    nbi_iter it;
+    nbi_iter_init(&it, out->ndim, out->shape, 3, st);
+    void *po = nbi_ptr(out);
+    const void *pa = nbi_ptr(a), *pb = nbi_ptr(b);
+    int64_t so = NBI_INNER(&it, 0), sa = NBI_INNER(&it, 1), sb = NBI_INNER(&it, 2);
+    if (out->dtype == NB_F32) BINARY_CASES(float, erff)
+    else BINARY_CASES(double, erf)
+}
+
+nb_tensor *nbi_binary(const char *fn, nbi_binop op, nb_tensor *a, nb_tensor *b) {
+    if (!a || !b) return nbi_null_input(fn);
+    if (!nbi_check_float(fn, a) || !nbi_check_float(fn, b) || !nbi_check_same_dtype(fn, a, b))
+        return NULL;
+    int nd;
+    int64_t sh[NB_MAX_DIMS];
+    if (!nbi_broadcast_shape(fn, a->ndim, a->shape, b->ndim, b->shape, &nd, sh)) return NULL;
+    nb_tensor *y = nbi_new(fn, a->dtype, nd, sh, false);
+    if (y) nbi_binary_into(op, y, a, b);
+    return y;
+}
+
+void nbi_add_into(nb_tensor *dst, const nb_tensor *src) {
+    nbi_binary_into(NBI_ADD, dst, dst, src);
+}
+
+/* Each rule reduces its gradients back over broadcast dims. */
+static nb_tensor *to_input(nbi_node *n, int i, nb_tensor *g) {
+    return nbi_sum_to(g, n->in[i]->ndim, n->in[i]->shape);
+}
+
+static int add_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    if (nbi_wants(n, 0) && !(gin[0] = to_input(n, 0, g))) return -1;
+    if (nbi_wants(n, 1) && !(gin[1] = to_input(n, 1, g))) return -1;
+    return 0;
+}
+
+static int sub_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    if (nbi_wants(n, 0) && !(gin[0] = to_input(n, 0, g))) return -1;
+    if (nbi_wants(n, 1) && !(gin[1] = to_input(n, 1, nb_neg(g)))) return -1;
+    return 0;
+}
+
+static int mul_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    if (nbi_wants(n, 0) && !(gin[0] = to_input(n, 0, nb_mul(g, n->in[1])))) return -1;
+    if (nbi_wants(n, 1) && !(gin[1] = to_input(n, 1, nb_mul(g, n->in[0])))) return -1;
+    return 0;
+}
+
+/* d(a/b)/da = 1/b, d(a/b)/db = -a/b^2 = -(a/b)/b */
+static int div_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    nb_tensor *ga = nb_div(g, n->in[1]);
+    if (nbi_wants(n, 0) && !(gin[0] = to_input(n, 0, ga))) return -1;
+    if (nbi_wants(n, 1) && !(gin[1] = to_input(n, 1, nb_neg(nb_mul(ga, n->out))))) return -1;
+    return 0;
+}
+
+static nb_tensor *binary_op(const char *fn, nbi_binop op, nbi_backward_fn bw, uint32_t saved,
+                            nb_tensor *a, nb_tensor *b) {
+    nb_tensor *y = nbi_binary(fn, op, a, b);
+    nb_tensor *in[2] = {a, b};
+    if (!y || !nbi_needs_grad(2, in)) return y;
+    nbi_node *n = nbi_record(y, fn, bw, 2, in);
+    if (!n) return nbi_discard(y);
+    n->saved = saved;
+    return y;
+}
+
+nb_tensor *nb_add(nb_tensor *a, nb_tensor *b) {
+    return binary_op("nb_add", NBI_ADD, add_backward, 0, a, b);
+}
+nb_tensor *nb_sub(nb_tensor *a, nb_tensor *b) {
+    return binary_op("nb_sub", NBI_SUB, sub_backward, 0, a, b);
+}
+nb_tensor *nb_mul(nb_tensor *a, nb_tensor *b) {
+    return binary_op("nb_mul", NBI_MUL, mul_backward, NBI_SAVE_IN(0) | NBI_SAVE_IN(1), a, b);
+}
+nb_tensor *nb_div(nb_tensor *a, nb_tensor *b) {
+    return binary_op("nb_div", NBI_DIV, div_backward, NBI_SAVE_IN(1) | NBI_SAVE_OUT, a, b);
+}

@@ -1,0 +1,127 @@
+/* elementwise.c: one-input ops (neg exp log sqrt tanh relu gelu, and the
+ * ones with a scalar: pow, add, mul), forward kernels and backward rules. */
+#include "ops_internal.h"
+#include "elementwise_internal.h"
+
+#include <math.h>
+
+typedef enum { U_NEG, U_EXP, U_LOG, U_SQRT, U_TANH, U_RELU, U_GELU, U_POW, U_ADD, U_MUL } unop;
+
+/* x (...) any strides -> y (...) contiguous; s is the scalar argument */
+#define ROWS1(T, EXPR)                                             \
+    NBI_FOR_ROWS(&it, c) {                                         \
+        T *o = (T *)po + c.off[0];                                 \
+        const T *in = (const T *)px + c.off[1];                    \
+        for (int64_t j = 0; j < it.n; j++) {                       \
+            T x = in[j * sx];                                      \
+            o[j] = (EXPR);                                         \
+        }                                                          \
+    }
+
+#define UNARY_CASES(T, EXP, LOG, SQRT, TANH, ERF, POW)                        \
+    switch (op) {                                                             \
+    case U_NEG: ROWS1(T, -x); break;                                          \
+    case U_EXP: ROWS1(T, EXP(x)); break;                                      \
+    case U_LOG: ROWS1(T, LOG(x)); break;                                      \
+    case U_SQRT: ROWS1(T, SQRT(x)); break;                                    \
+    case U_TANH: ROWS1(T, TANH(x)); break;                                    \
+    case U_RELU: ROWS1(T, x > 0 ? x : 0); break;                              \
+    case U_GELU: ROWS1(T, (T)0.5 * x * (1 + ERF(x * (T)0.70710678118654752440))); break; \
+    case U_POW: ROWS1(T, POW(x, (T)s)); break;                                \
+    case U_ADD: ROWS1(T, x + (T)s); break;                                    \
+    case U_MUL: ROWS1(T, x * (T)s); break;                                    \
+    }
+
+static nb_tensor *unary(const char *fn, unop op, double s, nb_tensor *t) {
+    if (!t) return nbi_null_input(fn);
+    if (!nbi_check_float(fn, t)) return NULL;
+    nb_tensor *y = nbi_new_like(fn, t, false);
+    if (!y) return NULL;
+    const int64_t *st[2] = {y->strides, t->strides};
+    nbi_iter it;
+    nbi_iter_init(&it, t->ndim, t->shape, 2, st);
+    void *po = nbi_ptr(y);
+    const void *px = nbi_ptr(t);
+    int64_t sx = NBI_INNER(&it, 1);
+    if (t->dtype == NB_F32) UNARY_CASES(float, expf, logf, sqrtf, tanhf, erff, powf)
+    else UNARY_CASES(double, exp, log, sqrt, tanh, erf, pow)
+    return y;
+}
+
+/* Records node for y = op(t) with rule bw; d0 is the scalar argument. */
+static nb_tensor *unary_op(const char *fn, unop op, double s, nbi_backward_fn bw,
+                           uint32_t saved, nb_tensor *t) {
+    nb_tensor *y = unary(fn, op, s, t);
+    if (!y || !nbi_needs_grad(1, &t)) return y;
+    nbi_node *n = nbi_record(y, fn, bw, 1, &t);
+    if (!n) return nbi_discard(y);
+    n->saved = saved;
+    n->d[0] = s;
+    return y;
+}
+
+static int neg_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    (void)n;
+    return (gin[0] = nb_neg(g)) ? 0 : -1;
+}
+static int exp_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    return (gin[0] = nb_mul(g, n->out)) ? 0 : -1;
+}
+static int log_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    return (gin[0] = nb_div(g, n->in[0])) ? 0 : -1;
+}
+static int sqrt_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    return (gin[0] = nb_div(nb_mul_scalar(g, 0.5), n->out)) ? 0 : -1;
+}
+static int tanh_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    return (gin[0] = nbi_binary("nb_tanh", NBI_TANH_GRAD, g, n->out)) ? 0 : -1;
+}
+static int relu_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    return (gin[0] = nbi_binary("nb_relu", NBI_RELU_GRAD, g, n->in[0])) ? 0 : -1;
+}
+static int gelu_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    return (gin[0] = nbi_binary("nb_gelu", NBI_GELU_GRAD, g, n->in[0])) ? 0 : -1;
+}
+/* d(x^p)/dx = p x^(p-1) */
+static int pow_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    double p = n->d[0];
+    nb_tensor *d = nb_mul_scalar(nb_pow_scalar(n->in[0], p - 1), p);
+    return (gin[0] = nb_mul(g, d)) ? 0 : -1;
+}
+static int add_scalar_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    (void)n;
+    gin[0] = g;
+    return 0;
+}
+static int mul_scalar_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    return (gin[0] = nb_mul_scalar(g, n->d[0])) ? 0 : -1;
+}
+
+nb_tensor *nb_neg(nb_tensor *t) { return unary_op("nb_neg", U_NEG, 0, neg_backward, 0, t); }
+nb_tensor *nb_exp(nb_tensor *t) {
+    return unary_op("nb_exp", U_EXP, 0, exp_backward, NBI_SAVE_OUT, t);
+}
+nb_tensor *nb_log(nb_tensor *t) {
+    return unary_op("nb_log", U_LOG, 0, log_backward, NBI_SAVE_IN(0), t);
+}
+nb_tensor *nb_sqrt(nb_tensor *t) {
+    return unary_op("nb_sqrt", U_SQRT, 0, sqrt_backward, NBI_SAVE_OUT, t);
+}
+nb_tensor *nb_tanh(nb_tensor *t) {
+    return unary_op("nb_tanh", U_TANH, 0, tanh_backward, NBI_SAVE_OUT, t);
+}
+nb_tensor *nb_relu(nb_tensor *t) {
+    return unary_op("nb_relu", U_RELU, 0, relu_backward, NBI_SAVE_IN(0), t);
+}
+nb_tensor *nb_gelu(nb_tensor *t) {
+    return unary_op("nb_gelu", U_GELU, 0, gelu_backward, NBI_SAVE_IN(0), t);
+}
+nb_tensor *nb_pow_scalar(nb_tensor *t, double exponent) {
+    return unary_op("nb_pow_scalar", U_POW, exponent, pow_backward, NBI_SAVE_IN(0), t);
+}
+nb_tensor *nb_add_scalar(nb_tensor *t, double value) {
+    return unary_op("nb_add_scalar", U_ADD, value, add_scalar_backward, 0, t);
+}
+nb_tensor *nb_mul_scalar(nb_tensor *t, double value) {
+    return unary_op("nb_mul_scalar", U_MUL, value, mul_scalar_backward, 0, t);
+}

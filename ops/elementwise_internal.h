@@ -1,0 +1,19 @@
+/* elementwise_internal.h: the broadcasting binary kernel shared by the
+ * arithmetic ops and by backward rules that need a fused gradient. */
+#ifndef NABLA_ELEMENTWISE_INTERNAL_H
+#define NABLA_ELEMENTWISE_INTERNAL_H
+
+#include "ops_internal.h"
+
+typedef enum {
+    NBI_ADD, NBI_SUB, NBI_MUL, NBI_DIV,
+    NBI_RELU_GRAD, /* (g, x) -> x > 0 ? g : 0 */
+    NBI_TANH_GRAD, /* (g, y) -> g * (1 - y^2), y = tanh(x) */
+    NBI_GELU_GRAD, /* (g, x) -> g * gelu'(x) */
+} nbi_binop;
+
+/* Records nothing: checks (floating, same dtype, broadcastable), allocates. */
+nb_tensor *nbi_binary(const char *fn, nbi_binop op, nb_tensor *a, nb_tensor *b);
+void nbi_binary_into(nbi_binop op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b);
+
+#endif

@@ -1,0 +1,83 @@
+/* shape.c: ops that build a new tensor out of others: nb_cat and nb_to. */
+#include "ops_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------- cat */
+/* g (..., sum of sizes, ...) -> one slice per input along dim i[0] */
+static int cat_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    int dim = (int)n->i[0];
+    int64_t start = 0;
+    for (int k = 0; k < n->nin; k++) {
+        int64_t len = n->in[k]->shape[dim];
+        if (nbi_wants(n, k) && !(gin[k] = nb_narrow(g, dim, start, len))) return -1;
+        start += len;
+    }
+    return 0;
+}
+
+nb_tensor *nb_cat(nb_tensor *const *list, int n, int dim) {
+    const char *fn = "nb_cat";
+    if (!list || n <= 0) return nbi_error("%s: needs at least one tensor (n = %d)", fn, n);
+    for (int k = 0; k < n; k++)
+        if (!list[k]) return nbi_null_input(fn);
+    const nb_tensor *a = list[0];
+    if (a->ndim == 0) return nbi_error("%s: cannot concatenate 0-d tensors", fn);
+    int d = nbi_dim(fn, dim, a->ndim);
+    if (d < 0) return NULL;
+    int64_t sh[NB_MAX_DIMS];
+    memcpy(sh, a->shape, sizeof sh);
+    sh[d] = 0;
+    for (int k = 0; k < n; k++) {
+        const nb_tensor *t = list[k];
+        if (!nbi_check_same_dtype(fn, a, t)) return NULL;
+        bool ok = t->ndim == a->ndim;
+        for (int i = 0; ok && i < a->ndim; i++) ok = i == d || t->shape[i] == a->shape[i];
+        if (!ok)
+            return nbi_error("%s: tensor %d has shape %s, expected %s except in dim %d", fn, k,
+                             NBI_SHAPE(t), NBI_SHAPE(a), d);
+        if (sh[d] > INT64_MAX - t->shape[d]) return nbi_error("%s: result too large", fn);
+        sh[d] += t->shape[d];
+    }
+    nb_tensor *y = nbi_new(fn, a->dtype, a->ndim, sh, false);
+    if (!y) return NULL;
+    int64_t start = 0;
+    for (int k = 0; k < n; k++) {
+        const nb_tensor *t = list[k];
+        int64_t part_sh[NB_MAX_DIMS];
+        memcpy(part_sh, sh, sizeof part_sh);
+        part_sh[d] = t->shape[d];
+        nb_tensor *part = nbi_make_view(y, y->ndim, part_sh, y->strides,
+                                        start * y->strides[d]);
+        if (!part) return nbi_discard(y);
+        nbi_copy_strided(part, t->strides, t);
+        nb_free(part);
+        start += t->shape[d];
+    }
+    if (nbi_needs_grad(n, list)) {
+        nbi_node *node = nbi_record(y, fn, cat_backward, n, list);
+        if (!node) return nbi_discard(y);
+        node->i[0] = d;
+    }
+    return y;
+}
+
+/* -------------------------------------------------------------------- to */
+static int to_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    gin[0] = nb_to(g, n->in[0]->dtype);
+    return gin[0] ? 0 : -1;
+}
+
+nb_tensor *nb_to(nb_tensor *t, nb_dtype dtype) {
+    const char *fn = "nb_to";
+    if (!t) return nbi_null_input(fn);
+    if ((unsigned)dtype > NB_BOOL) return nbi_error("%s: unknown dtype %d", fn, (int)dtype);
+    if (dtype == t->dtype) return nbi_alias(fn, t);
+    nb_tensor *y = nbi_new(fn, dtype, t->ndim, t->shape, false);
+    if (!y) return NULL;
+    nbi_copy_strided(y, t->strides, t);
+    if (nbi_is_float(dtype) && nbi_needs_grad(1, &t) && !nbi_record(y, fn, to_backward, 1, &t))
+        return nbi_discard(y);
+    return y;
+}

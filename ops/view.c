@@ -1,0 +1,335 @@
+/* view.c: ops that return a new view of the same storage (no copy), each
+ * with its backward rule, plus nb_reshape and nb_contiguous, which copy only
+ * when the strides cannot express the result. */
+#include "ops_internal.h"
+
+#include <string.h>
+
+/* A view of t recorded as op; its backward rule is bw. */
+static nb_tensor *record_view(const char *op, nb_tensor *t, int ndim, const int64_t *shape,
+                              const int64_t *strides, int64_t offset, nbi_backward_fn bw,
+                              nbi_node **node) {
+    nb_tensor *y = nbi_make_view(t, ndim, shape, strides, offset);
+    if (node) *node = NULL;
+    if (!y || !nbi_needs_grad(1, &t)) return y;
+    nbi_node *n = nbi_record(y, op, bw, 1, &t);
+    if (!n) return nbi_discard(y);
+    if (node) *node = n;
+    return y;
+}
+
+/* ------------------------------------------------------------ view/reshape */
+/* gradient of any op that only rearranges elements into another shape */
+static int reshape_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    gin[0] = nb_reshape(g, n->in[0]->ndim, n->in[0]->shape);
+    return gin[0] ? 0 : -1;
+}
+
+/* Resolves one -1 in shape against numel; false + message if impossible. */
+static bool infer_shape(const char *fn, const nb_tensor *t, int ndim, const int64_t *shape,
+                        int64_t *out) {
+    if (ndim < 0 || ndim > NB_MAX_DIMS)
+        return nbi_error("%s: ndim %d out of range (0..%d)", fn, ndim, NB_MAX_DIMS), false;
+    if (ndim > 0 && !shape) return nbi_error("%s: shape is NULL", fn), false;
+    int infer = -1;
+    int64_t known = 1;
+    for (int i = 0; i < ndim; i++) {
+        out[i] = shape[i];
+        if (shape[i] == -1 && infer < 0) {
+            infer = i;
+            continue;
+        }
+        if (shape[i] < 0)
+            return nbi_error("%s: invalid size %lld in shape %s", fn, (long long)shape[i],
+                             nbi_shape_str(ndim, shape)), false;
+        if (shape[i] && known > INT64_MAX / shape[i])
+            return nbi_error("%s: shape %s overflows int64", fn, nbi_shape_str(ndim, shape)),
+                   false;
+        known *= shape[i];
+    }
+    if (infer >= 0) {
+        if (known == 0 || t->numel % known != 0)
+            return nbi_error("%s: shape %s is invalid for input of %lld elements", fn,
+                             nbi_shape_str(ndim, shape), (long long)t->numel), false;
+        out[infer] = t->numel / known;
+        known *= out[infer];
+    }
+    if (known != t->numel)
+        return nbi_error("%s: shape %s is invalid for input of shape %s (%lld elements)", fn,
+                         nbi_shape_str(ndim, shape), NBI_SHAPE(t), (long long)t->numel), false;
+    return true;
+}
+
+/* Strides that show t's elements in (ndim, shape) order without a copy, as
+ * PyTorch decides it: each run of t's dims that is contiguous in memory
+ * ("chunk") must be split exactly by the new sizes. False if impossible. */
+static bool view_strides(const nb_tensor *t, int ndim, const int64_t *shape, int64_t *strides) {
+    if (t->numel == 0 || t->ndim == 0) {
+        nbi_contiguous_strides(ndim, shape, strides);
+        return true;
+    }
+    int vd = ndim - 1;
+    int64_t base = t->strides[t->ndim - 1], tnumel = 1, vnumel = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        tnumel *= t->shape[d];
+        bool chunk_ends = d == 0 || (t->shape[d - 1] != 1 && t->strides[d - 1] != tnumel * base);
+        if (!chunk_ends) continue;
+        while (vd >= 0 && (vnumel < tnumel || shape[vd] == 1)) {
+            strides[vd] = vnumel * base;
+            vnumel *= shape[vd];
+            vd--;
+        }
+        if (vnumel != tnumel) return false;
+        if (d > 0) {
+            base = t->strides[d - 1];
+            tnumel = vnumel = 1;
+        }
+    }
+    return vd == -1;
+}
+
+nb_tensor *nb_view(nb_tensor *t, int ndim, const int64_t *shape) {
+    const char *fn = "nb_view";
+    if (!t) return nbi_null_input(fn);
+    int64_t sh[NB_MAX_DIMS], st[NB_MAX_DIMS];
+    if (!infer_shape(fn, t, ndim, shape, sh)) return NULL;
+    if (!view_strides(t, ndim, sh, st))
+        return nbi_error("%s: shape %s with strides %s cannot be viewed as %s without a copy "
+                         "(e.g. after nb_transpose); use nb_reshape, which copies when needed",
+                         fn, NBI_SHAPE(t), nbi_shape_str(t->ndim, t->strides),
+                         nbi_shape_str(ndim, sh));
+    return record_view(fn, t, ndim, sh, st, t->offset, reshape_backward, NULL);
+}
+
+nb_tensor *nb_reshape(nb_tensor *t, int ndim, const int64_t *shape) {
+    const char *fn = "nb_reshape";
+    if (!t) return nbi_null_input(fn);
+    int64_t sh[NB_MAX_DIMS], st[NB_MAX_DIMS];
+    if (!infer_shape(fn, t, ndim, shape, sh)) return NULL;
+    if (view_strides(t, ndim, sh, st))
+        return record_view(fn, t, ndim, sh, st, t->offset, reshape_backward, NULL);
+    nb_tensor *y = nbi_new(fn, t->dtype, ndim, sh, false);
+    if (!y) return NULL;
+    int64_t in_st[NB_MAX_DIMS]; /* copy in t's own shape, then relabel */
+    nb_tensor *tmp = nbi_make_view(y, t->ndim, t->shape, y->strides, 0);
+    if (!tmp) return nbi_discard(y);
+    nbi_contiguous_strides(t->ndim, t->shape, in_st);
+    memcpy(tmp->strides, in_st, sizeof in_st);
+    nbi_copy_strided(tmp, t->strides, t);
+    nb_free(tmp);
+    if (nbi_needs_grad(1, &t) && !nbi_record(y, fn, reshape_backward, 1, &t))
+        return nbi_discard(y);
+    return y;
+}
+
+static int identity_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    (void)n;
+    gin[0] = g;
+    return 0;
+}
+
+nb_tensor *nb_contiguous(nb_tensor *t) {
+    const char *fn = "nb_contiguous";
+    if (!t) return nbi_null_input(fn);
+    if (nb_is_contiguous(t)) return nbi_alias(fn, t);
+    nb_tensor *y = nbi_new_like(fn, t, false);
+    if (!y) return NULL;
+    nbi_copy_strided(y, t->strides, t);
+    if (nbi_needs_grad(1, &t) && !nbi_record(y, fn, identity_backward, 1, &t))
+        return nbi_discard(y);
+    return y;
+}
+
+/* ---------------------------------------------------- transpose / permute */
+static int permute_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    int inv[NB_MAX_DIMS];
+    for (int i = 0; i < g->ndim; i++) inv[n->i[i]] = i;
+    gin[0] = nb_permute(g, g->ndim, inv);
+    return gin[0] ? 0 : -1;
+}
+
+nb_tensor *nb_permute(nb_tensor *t, int ndim, const int *dims) {
+    const char *fn = "nb_permute";
+    if (!t) return nbi_null_input(fn);
+    if (ndim != t->ndim || (ndim && !dims))
+        return nbi_error("%s: got %d dims for a %d-d tensor", fn, ndim, t->ndim);
+    int64_t sh[NB_MAX_DIMS] = {0}, st[NB_MAX_DIMS] = {0};
+    int perm[NB_MAX_DIMS];
+    bool seen[NB_MAX_DIMS] = {false};
+    for (int i = 0; i < ndim; i++) {
+        int d = nbi_dim(fn, dims[i], ndim);
+        if (d < 0) return NULL;
+        if (seen[d]) return nbi_error("%s: dim %d appears twice", fn, d);
+        seen[d] = true;
+        perm[i] = d;
+        sh[i] = t->shape[d];
+        st[i] = t->strides[d];
+    }
+    nbi_node *n;
+    nb_tensor *y = record_view(fn, t, ndim, sh, st, t->offset, permute_backward, &n);
+    if (n) for (int i = 0; i < ndim; i++) n->i[i] = perm[i];
+    return y;
+}
+
+nb_tensor *nb_transpose(nb_tensor *t, int dim0, int dim1) {
+    const char *fn = "nb_transpose";
+    if (!t) return nbi_null_input(fn);
+    int a = nbi_dim(fn, dim0, t->ndim), b;
+    if (a < 0 || (b = nbi_dim(fn, dim1, t->ndim)) < 0) return NULL;
+    if (t->ndim == 0) return nbi_alias(fn, t);
+    int perm[NB_MAX_DIMS];
+    for (int i = 0; i < t->ndim; i++) perm[i] = i;
+    perm[a] = b;
+    perm[b] = a;
+    int64_t sh[NB_MAX_DIMS], st[NB_MAX_DIMS];
+    for (int i = 0; i < t->ndim; i++) {
+        sh[i] = t->shape[perm[i]];
+        st[i] = t->strides[perm[i]];
+    }
+    nbi_node *n;
+    nb_tensor *y = record_view(fn, t, t->ndim, sh, st, t->offset, permute_backward, &n);
+    if (n) for (int i = 0; i < t->ndim; i++) n->i[i] = perm[i];
+    return y;
+}
+
+/* ---------------------------------------------------- unsqueeze / squeeze */
+nb_tensor *nb_unsqueeze(nb_tensor *t, int dim) {
+    const char *fn = "nb_unsqueeze";
+    if (!t) return nbi_null_input(fn);
+    if (t->ndim == NB_MAX_DIMS)
+        return nbi_error("%s: tensor already has the maximum of %d dims", fn, NB_MAX_DIMS);
+    int d = nbi_dim(fn, dim, t->ndim + 1);
+    if (d < 0) return NULL;
+    int64_t sh[NB_MAX_DIMS], st[NB_MAX_DIMS];
+    for (int i = 0, j = 0; i <= t->ndim; i++) {
+        if (i == d) {
+            sh[i] = 1;
+            st[i] = j < t->ndim ? t->strides[j] * t->shape[j] : 1;
+            continue;
+        }
+        sh[i] = t->shape[j];
+        st[i] = t->strides[j++];
+    }
+    return record_view(fn, t, t->ndim + 1, sh, st, t->offset, reshape_backward, NULL);
+}
+
+nb_tensor *nb_squeeze(nb_tensor *t, int dim) {
+    const char *fn = "nb_squeeze";
+    if (!t) return nbi_null_input(fn);
+    int d = nbi_dim(fn, dim, t->ndim);
+    if (d < 0) return NULL;
+    if (t->ndim == 0 || t->shape[d] != 1) return nbi_alias(fn, t);
+    int64_t sh[NB_MAX_DIMS], st[NB_MAX_DIMS];
+    for (int i = 0, j = 0; i < t->ndim; i++) {
+        if (i == d) continue;
+        sh[j] = t->shape[i];
+        st[j++] = t->strides[i];
+    }
+    return record_view(fn, t, t->ndim - 1, sh, st, t->offset, reshape_backward, NULL);
+}
+
+/* ------------------------------------------------------------------ expand */
+static int expand_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    gin[0] = nbi_sum_to(g, n->in[0]->ndim, n->in[0]->shape);
+    return gin[0] ? 0 : -1;
+}
+
+nb_tensor *nb_expand(nb_tensor *t, int ndim, const int64_t *shape) {
+    const char *fn = "nb_expand";
+    if (!t) return nbi_null_input(fn);
+    if (ndim < t->ndim || ndim > NB_MAX_DIMS || (ndim && !shape))
+        return nbi_error("%s: cannot expand a %d-d tensor to %d dims", fn, t->ndim, ndim);
+    int lead = ndim - t->ndim;
+    int64_t sh[NB_MAX_DIMS], st[NB_MAX_DIMS];
+    for (int i = 0; i < ndim; i++) {
+        int j = i - lead;
+        int64_t want = shape[i];
+        if (j < 0) {
+            if (want < 0)
+                return nbi_error("%s: size %lld is invalid for new leading dim %d", fn,
+                                 (long long)want, i);
+            sh[i] = want;
+            st[i] = 0;
+        } else if (want == -1 || want == t->shape[j]) {
+            sh[i] = t->shape[j];
+            st[i] = t->strides[j];
+        } else if (t->shape[j] == 1 && want >= 0) {
+            sh[i] = want;
+            st[i] = 0;
+        } else {
+            return nbi_error("%s: cannot expand shape %s to %s (dim %d: %lld is not 1)", fn,
+                             NBI_SHAPE(t), nbi_shape_str(ndim, shape), i,
+                             (long long)t->shape[j]);
+        }
+    }
+    if (nbi_shape_numel(ndim, sh) < 0)
+        return nbi_error("%s: shape %s overflows int64", fn, nbi_shape_str(ndim, sh));
+    return record_view(fn, t, ndim, sh, st, t->offset, expand_backward, NULL);
+}
+
+/* ------------------------------------------------------------ narrow/select */
+/* Gradient of a slice: zeros of the input's shape with g written into the
+ * same slice of it (i[0] = dim, i[1] = start, i[2] = length, -1 = select). */
+static int slice_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    nb_tensor *in = n->in[0];
+    nb_tensor *z = nb_zeros(g->dtype, in->ndim, in->shape);
+    if (!z) return -1;
+    int dim = (int)n->i[0];
+    nb_tensor *part = n->i[2] < 0 ? nb_select(z, dim, n->i[1]) : nb_narrow(z, dim, n->i[1], n->i[2]);
+    if (!part || nb_copy_into(part, g) != 0) return -1;
+    gin[0] = z;
+    return 0;
+}
+
+nb_tensor *nb_narrow(nb_tensor *t, int dim, int64_t start, int64_t length) {
+    const char *fn = "nb_narrow";
+    if (!t) return nbi_null_input(fn);
+    if (t->ndim == 0) return nbi_error("%s: cannot narrow a 0-d tensor", fn);
+    int d = nbi_dim(fn, dim, t->ndim);
+    if (d < 0) return NULL;
+    int64_t size = t->shape[d];
+    if (start < 0) start += size;
+    if (start < 0 || length < 0 || start > size || length > size - start)
+        return nbi_error("%s: start %lld and length %lld out of range for dim %d of size %lld",
+                         fn, (long long)start, (long long)length, dim, (long long)size);
+    int64_t sh[NB_MAX_DIMS];
+    memcpy(sh, t->shape, sizeof sh);
+    sh[d] = length;
+    nbi_node *n;
+    nb_tensor *y = record_view(fn, t, t->ndim, sh, t->strides, t->offset + start * t->strides[d],
+                               slice_backward, &n);
+    if (n) {
+        n->i[0] = d;
+        n->i[1] = start;
+        n->i[2] = length;
+    }
+    return y;
+}
+
+nb_tensor *nb_select(nb_tensor *t, int dim, int64_t index) {
+    const char *fn = "nb_select";
+    if (!t) return nbi_null_input(fn);
+    if (t->ndim == 0) return nbi_error("%s: cannot select from a 0-d tensor", fn);
+    int d = nbi_dim(fn, dim, t->ndim);
+    if (d < 0) return NULL;
+    int64_t size = t->shape[d];
+    if (index < -size || index >= size)
+        return nbi_error("%s: index %lld out of range for dim %d of size %lld", fn,
+                         (long long)index, dim, (long long)size);
+    if (index < 0) index += size;
+    int64_t sh[NB_MAX_DIMS], st[NB_MAX_DIMS];
+    for (int i = 0, j = 0; i < t->ndim; i++) {
+        if (i == d) continue;
+        sh[j] = t->shape[i];
+        st[j++] = t->strides[i];
+    }
+    nbi_node *n;
+    nb_tensor *y = record_view(fn, t, t->ndim - 1, sh, st, t->offset + index * t->strides[d],
+                               slice_backward, &n);
+    if (n) {
+        n->i[0] = d;
+        n->i[1] = index;
+        n->i[2] = -1;
+    }
+    return y;
+}

@@ -1,0 +1,83 @@
+/* scope.c: every tensor belongs to the scope open when it was made; ending
+ * the scope drops them all. The stack is per thread. */
+#include "tensor_internal.h"
+
+#include <stdlib.h>
+
+struct nbi_scope {
+    nb_tensor *head; /* newest first */
+    nbi_scope *parent;
+};
+
+static _Thread_local nbi_scope *top;
+static _Thread_local nbi_scope *spare; /* ended scopes, reused */
+static _Thread_local int depth;
+
+void nbi_scope_adopt(nb_tensor *t) {
+    t->refs = 1;
+    t->owned = true;
+    t->scope = top;
+    t->prev = NULL;
+    t->next = NULL;
+    if (!top) return;
+    t->next = top->head;
+    if (top->head) top->head->prev = t;
+    top->head = t;
+}
+
+void nbi_scope_release(nb_tensor *t) {
+    nbi_scope *s = t->scope;
+    if (!s) return;
+    if (t->prev) t->prev->next = t->next;
+    else s->head = t->next;
+    if (t->next) t->next->prev = t->prev;
+    t->prev = t->next = NULL;
+    t->scope = NULL;
+}
+
+void nb_scope_begin(void) {
+    nbi_scope *s = spare;
+    if (s) spare = s->parent;
+    else if (!(s = malloc(sizeof *s))) abort(); /* a 16-byte allocation: nothing sane to do */
+    s->head = NULL;
+    s->parent = top;
+    top = s;
+    depth++;
+}
+
+void nb_scope_end(void) {
+    nbi_scope *s = top;
+    if (!s) {
+        nbi_error("nb_scope_end: no scope is open");
+        return;
+    }
+    /* Newest first: a tensor's graph inputs are older, so they are still
+     * owned when it goes and the release never recurses deeply. */
+    nb_tensor *t = s->head;
+    while (t) {
+        nb_tensor *next = t->next;
+        t->scope = NULL;
+        t->prev = t->next = NULL;
+        t->owned = false;
+        nbi_unref(t);
+        t = next;
+    }
+    top = s->parent;
+    s->parent = spare;
+    spare = s;
+    depth--;
+}
+
+int nb_scope_depth(void) { return depth; }
+
+nb_tensor *nb_keep(nb_tensor *t) {
+    if (!t) return nbi_null_input("nb_keep");
+    nb_tensor *k = nbi_make_view(t, t->ndim, t->shape, t->strides, t->offset);
+    if (!k || !top) return k;
+    nbi_scope_release(k);
+    nbi_scope *cur = top;
+    top = cur->parent; /* adopt into the enclosing scope (or make persistent) */
+    nbi_scope_adopt(k);
+    top = cur;
+    return k;
+}

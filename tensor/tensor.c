@@ -1,0 +1,361 @@
+/* tensor.c: the life of a tensor object: allocation, views over shared
+ * storage, reference counting, freeing, inspection and strided copies. */
+#include "tensor_internal.h"
+#include "../autograd/autograd_internal.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+static _Atomic int64_t live_tensors;
+
+int64_t nb_live_tensors(void) { return atomic_load(&live_tensors); }
+
+size_t nbi_dtype_size(nb_dtype d) {
+    switch (d) {
+    case NB_F32: return 4;
+    case NB_F64: return 8;
+    case NB_I64: return 8;
+    case NB_BOOL: return 1;
+    }
+    return 0;
+}
+
+int64_t nbi_shape_numel(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) return -1;
+        if (shape[i] && n > INT64_MAX / shape[i]) return -1;
+        n *= shape[i];
+    }
+    return n;
+}
+
+void nbi_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
+    int64_t s = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        strides[i] = s;
+        s *= shape[i] ? shape[i] : 1;
+    }
+}
+
+bool nbi_same_shape(const nb_tensor *a, const nb_tensor *b) {
+    if (a->ndim != b->ndim) return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i]) return false;
+    return true;
+}
+
+static nb_tensor *tensor_object(void) {
+    nb_tensor *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    atomic_fetch_add(&live_tensors, 1);
+    nbi_scope_adopt(t);
+    return t;
+}
+
+static bool check_shape(const char *fn, int ndim, const int64_t *shape, int64_t *numel) {
+    if (ndim < 0 || ndim > NB_MAX_DIMS) {
+        nbi_error("%s: ndim %d out of range (0..%d)", fn, ndim, NB_MAX_DIMS);
+        return false;
+    }
+    if (ndim > 0 && !shape) {
+        nbi_error("%s: shape is NULL for ndim %d", fn, ndim);
+        return false;
+    }
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) {
+            nbi_error("%s: negative size %lld in shape %s", fn, (long long)shape[i],
+                      nbi_shape_str(ndim, shape));
+            return false;
+        }
+    }
+    *numel = nbi_shape_numel(ndim, shape);
+    if (*numel < 0) {
+        nbi_error("%s: shape %s has more elements than int64 can count", fn,
+                  nbi_shape_str(ndim, shape));
+        return false;
+    }
+    return true;
+}
+
+nb_tensor *nbi_new(const char *fn, nb_dtype dtype, int ndim, const int64_t *shape, bool zero) {
+    if ((unsigned)dtype > NB_BOOL) return nbi_error("%s: unknown dtype %d", fn, (int)dtype);
+    int64_t numel;
+    if (!check_shape(fn, ndim, shape, &numel)) return NULL;
+    size_t es = nbi_dtype_size(dtype);
+    if ((uint64_t)numel > (SIZE_MAX - 128) / es)
+        return nbi_error("%s: shape %s needs more bytes than size_t can hold", fn,
+                         nbi_shape_str(ndim, shape));
+    size_t nbytes = (size_t)numel * es;
+    size_t cap = (nbytes + 63) & ~(size_t)63;
+    nbi_storage *s = malloc(sizeof *s);
+    void *data = s ? aligned_alloc(64, cap ? cap : 64) : NULL;
+    if (!data) {
+        free(s);
+        return nbi_error("%s: out of memory allocating %zu bytes for shape %s", fn, nbytes,
+                         nbi_shape_str(ndim, shape));
+    }
+    if (zero) memset(data, 0, nbytes);
+    *s = (nbi_storage){.data = data, .nbytes = nbytes, .refs = 1};
+    nb_tensor *t = tensor_object();
+    if (!t) {
+        free(data);
+        free(s);
+        return nbi_error("%s: out of memory", fn);
+    }
+    t->dtype = dtype;
+    t->ndim = ndim;
+    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    nbi_contiguous_strides(ndim, shape, t->strides);
+    t->numel = numel;
+    t->storage = s;
+    return t;
+}
+
+nb_tensor *nbi_new_like(const char *fn, const nb_tensor *t, bool zero) {
+    return nbi_new(fn, t->dtype, t->ndim, t->shape, zero);
+}
+
+nb_tensor *nbi_make_view(const nb_tensor *base, int ndim, const int64_t *shape,
+                         const int64_t *strides, int64_t offset) {
+    nb_tensor *t = tensor_object();
+    if (!t) return nbi_error("out of memory creating a view");
+    t->dtype = base->dtype;
+    t->ndim = ndim;
+    for (int i = 0; i < ndim; i++) {
+        t->shape[i] = shape[i];
+        t->strides[i] = strides[i];
+    }
+    t->offset = offset;
+    t->numel = nbi_shape_numel(ndim, shape);
+    t->storage = base->storage;
+    t->storage->refs++;
+    return t;
+}
+
+static int identity_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    (void)n;
+    gin[0] = g;
+    return 0;
+}
+
+nb_tensor *nbi_alias(const char *op, nb_tensor *t) {
+    nb_tensor *y = nbi_make_view(t, t->ndim, t->shape, t->strides, t->offset);
+    if (y && nbi_needs_grad(1, &t) && !nbi_record(y, op, identity_backward, 1, &t))
+        return nbi_discard(y);
+    return y;
+}
+
+void nbi_ref(nb_tensor *t) { t->refs++; }
+
+/* Destruction is iterative: freeing the head of a long graph releases its
+ * inputs, which may release theirs, and so on. */
+static _Thread_local nb_tensor **doomed;
+static _Thread_local size_t ndoomed, capdoomed;
+
+static void push_doomed(nb_tensor *t) {
+    if (ndoomed == capdoomed) {
+        size_t cap = capdoomed ? 2 * capdoomed : 64;
+        nb_tensor **p = realloc(doomed, cap * sizeof *p);
+        if (!p) abort(); /* internal invariant: cannot continue freeing safely */
+        doomed = p;
+        capdoomed = cap;
+    }
+    doomed[ndoomed++] = t;
+}
+
+static void release_into(nb_tensor *t) {
+    if (t && --t->refs == 0) push_doomed(t);
+}
+
+void nbi_unref(nb_tensor *t) {
+    if (!t) return;
+    size_t base = ndoomed;
+    release_into(t);
+    while (ndoomed > base) {
+        nb_tensor *x = doomed[--ndoomed];
+        nbi_node *n = x->grad_fn;
+        if (n) {
+            for (int i = 0; i < n->nin; i++) release_into(n->in[i]);
+            release_into(n->extra);
+            nbi_node_free(n);
+        }
+        release_into(x->grad);
+        release_into(x->gacc);
+        if (--x->storage->refs == 0) {
+            free(x->storage->data);
+            free(x->storage);
+        }
+        free(x);
+        atomic_fetch_sub(&live_tensors, 1);
+    }
+}
+
+void nb_free(nb_tensor *t) {
+    if (!t || !t->owned) return;
+    nbi_scope_release(t);
+    t->owned = false;
+    nbi_unref(t);
+}
+
+void *nbi_discard(nb_tensor *t) {
+    nb_free(t);
+    return NULL;
+}
+
+nb_tensor *nbi_unscoped(nb_tensor *t) {
+    if (!t) return NULL;
+    nbi_scope_release(t);
+    t->owned = false; /* the caller holds the one reference */
+    return t;
+}
+
+/* -------------------------------------------------------------- inspection */
+int nb_ndim(const nb_tensor *t) { return t ? t->ndim : (nbi_null_input("nb_ndim"), -1); }
+const int64_t *nb_shape(const nb_tensor *t) { return t ? t->shape : nbi_null_input("nb_shape"); }
+const int64_t *nb_strides(const nb_tensor *t) {
+    return t ? t->strides : nbi_null_input("nb_strides");
+}
+int64_t nb_numel(const nb_tensor *t) { return t ? t->numel : (nbi_null_input("nb_numel"), -1); }
+nb_dtype nb_dtype_of(const nb_tensor *t) { return t ? t->dtype : NB_F32; }
+void *nb_data(nb_tensor *t) { return t ? nbi_ptr(t) : nbi_null_input("nb_data"); }
+
+int64_t nb_size(const nb_tensor *t, int dim) {
+    if (!t) return (nbi_null_input("nb_size"), -1);
+    int d = nbi_dim("nb_size", dim, t->ndim);
+    if (d < 0) return -1;
+    return t->ndim ? t->shape[d] : 1;
+}
+
+bool nb_is_contiguous(const nb_tensor *t) {
+    if (!t) return false;
+    int64_t s = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] != 1 && t->strides[i] != s) return false;
+        s *= t->shape[i];
+    }
+    return true;
+}
+
+int64_t nbi_flat_offset(const nb_tensor *t, int64_t i) {
+    int64_t off = t->offset;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        int64_t n = t->shape[d];
+        off += (i % n) * t->strides[d];
+        i /= n;
+    }
+    return off;
+}
+
+static double load(nb_dtype d, const void *base, int64_t off) {
+    switch (d) {
+    case NB_F32: return ((const float *)base)[off];
+    case NB_F64: return ((const double *)base)[off];
+    case NB_I64: return (double)((const int64_t *)base)[off];
+    case NB_BOOL: return ((const bool *)base)[off];
+    }
+    return 0;
+}
+
+static int64_t to_i64(double v) {
+    return (v > -9.2e18 && v < 9.2e18) ? (int64_t)v : INT64_MIN;
+}
+
+static void store(nb_dtype d, void *base, int64_t off, double v) {
+    switch (d) {
+    case NB_F32: ((float *)base)[off] = (float)v; break;
+    case NB_F64: ((double *)base)[off] = v; break;
+    case NB_I64: ((int64_t *)base)[off] = to_i64(v); break;
+    case NB_BOOL: ((bool *)base)[off] = v != 0; break;
+    }
+}
+
+double nbi_get_flat(const nb_tensor *t, int64_t i) {
+    return load(t->dtype, t->storage->data, nbi_flat_offset(t, i));
+}
+
+void nbi_set_flat(nb_tensor *t, int64_t i, double v) {
+    store(t->dtype, t->storage->data, nbi_flat_offset(t, i), v);
+}
+
+double nb_item(const nb_tensor *t) {
+    if (!t) return (nbi_null_input("nb_item"), NAN);
+    if (t->numel != 1) {
+        nbi_error("nb_item: tensor of shape %s has %lld elements; nb_item needs exactly one",
+                  NBI_SHAPE(t), (long long)t->numel);
+        return NAN;
+    }
+    return nbi_get_flat(t, 0);
+}
+
+int nb_copy_to_f64(const nb_tensor *t, double *out) {
+    if (!t) return (nbi_null_input("nb_copy_to_f64"), -1);
+    if (!out) return (nbi_error("nb_copy_to_f64: out is NULL"), -1);
+    const int64_t *st[1] = {t->strides};
+    nbi_iter it;
+    nbi_iter_init(&it, t->ndim, t->shape, 1, st);
+    const void *base = nbi_ptr(t);
+    int64_t k = 0, s = NBI_INNER(&it, 0);
+    NBI_FOR_ROWS(&it, c)
+        for (int64_t j = 0; j < it.n; j++) out[k++] = load(t->dtype, base, c.off[0] + j * s);
+    return 0;
+}
+
+/* dst and src have dst's shape; src is read with src_strides. */
+void nbi_copy_strided(nb_tensor *dst, const int64_t *src_strides, const nb_tensor *src) {
+    const int64_t *st[2] = {dst->strides, src_strides};
+    nbi_iter it;
+    nbi_iter_init(&it, dst->ndim, dst->shape, 2, st);
+    char *d = nbi_ptr(dst);
+    const char *s = nbi_ptr(src);
+    int64_t sd = NBI_INNER(&it, 0), ss = NBI_INNER(&it, 1);
+    if (dst->dtype == src->dtype) {
+        size_t es = nbi_dtype_size(dst->dtype);
+        NBI_FOR_ROWS(&it, c) {
+            for (int64_t j = 0; j < it.n; j++)
+                memcpy(d + (size_t)(c.off[0] + j * sd) * es, s + (size_t)(c.off[1] + j * ss) * es,
+                       es);
+        }
+        return;
+    }
+    NBI_FOR_ROWS(&it, c) {
+        for (int64_t j = 0; j < it.n; j++)
+            store(dst->dtype, d, c.off[0] + j * sd, load(src->dtype, s, c.off[1] + j * ss));
+    }
+}
+
+static bool has_internal_overlap(const nb_tensor *t) {
+    for (int i = 0; i < t->ndim; i++)
+        if (t->strides[i] == 0 && t->shape[i] > 1) return true;
+    return false;
+}
+
+int nb_copy_into(nb_tensor *dst, const nb_tensor *src) {
+    const char *fn = "nb_copy_into";
+    if (!dst || !src) return (nbi_null_input(fn), -1);
+    int n;
+    int64_t shape[NB_MAX_DIMS];
+    if (!nbi_broadcast_shape(fn, dst->ndim, dst->shape, src->ndim, src->shape, &n, shape))
+        return -1;
+    if (n != dst->ndim || nbi_shape_numel(n, shape) != dst->numel)
+        return (nbi_error("%s: source of shape %s does not broadcast to destination shape %s", fn,
+                          NBI_SHAPE(src), NBI_SHAPE(dst)), -1);
+    if (has_internal_overlap(dst))
+        return (nbi_error("%s: destination of shape %s has overlapping elements (an expanded "
+                          "view); copy into a contiguous tensor instead", fn, NBI_SHAPE(dst)), -1);
+    nb_tensor *tmp = NULL;
+    if (src->storage == dst->storage) { /* may overlap: read from a snapshot */
+        tmp = nbi_new(fn, src->dtype, src->ndim, src->shape, false);
+        if (!tmp) return -1;
+        nbi_copy_strided(tmp, src->strides, src);
+        src = tmp;
+    }
+    int64_t st[NB_MAX_DIMS];
+    nbi_broadcast_strides(src, dst->ndim, dst->shape, st);
+    nbi_copy_strided(dst, st, src);
+    dst->storage->version++;
+    nb_free(tmp);
+    return 0;
+}

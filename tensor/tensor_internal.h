@@ -1,0 +1,138 @@
+/* tensor_internal.h: the tensor object, its storage and the helpers every op
+ * uses (errors, allocation, strided iteration, graph recording).
+ * Not part of the public API: nn/ and users see only nabla.h. */
+#ifndef NABLA_TENSOR_INTERNAL_H
+#define NABLA_TENSOR_INTERNAL_H
+
+#include "../nabla.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+typedef struct nbi_storage {
+    void *data;
+    size_t nbytes;
+    int refs;          /* tensors (views) sharing it */
+    uint32_t version;  /* bumped by every in-place write (nb_copy_into) */
+} nbi_storage;
+
+typedef struct nbi_node nbi_node;
+typedef struct nbi_scope nbi_scope;
+
+struct nb_tensor {
+    nb_dtype dtype;
+    int ndim;
+    int64_t shape[NB_MAX_DIMS];
+    int64_t strides[NB_MAX_DIMS]; /* in elements */
+    int64_t offset;               /* in elements */
+    int64_t numel;
+    nbi_storage *storage;
+
+    /* autograd */
+    bool requires_grad;
+    nbi_node *grad_fn;   /* NULL for leaves; owned */
+    nb_tensor *grad;     /* leaves: accumulated gradient; owned */
+    nb_tensor *gacc;     /* engine: gradient flowing in during one backward */
+    uint64_t mark;       /* engine: visit stamp */
+
+    /* ownership: refs counts the owner (scope or user, while `owned`) plus
+     * every graph node and engine slot that holds this tensor. */
+    int refs;
+    bool owned;
+    nbi_scope *scope;        /* scope that owns it; NULL = persistent */
+    nb_tensor *prev, *next;  /* membership list of that scope */
+};
+
+/* -------------------------------------------------------------- errors */
+/* Sets the thread's message (printf-style) and returns NULL. */
+void *nbi_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* For a NULL input: keeps an existing message, else sets "fn: input is NULL". */
+void *nbi_null_input(const char *fn);
+/* Formats a shape as "(2,3)" into a small thread-local ring of buffers. */
+const char *nbi_shape_str(int ndim, const int64_t *shape);
+#define NBI_SHAPE(t) nbi_shape_str((t)->ndim, (t)->shape)
+
+/* Argument checks: each sets the message and returns false on failure. */
+bool nbi_check_float(const char *fn, const nb_tensor *t);
+bool nbi_check_same_dtype(const char *fn, const nb_tensor *a, const nb_tensor *b);
+/* Normalizes a possibly negative dim into [0, ndim); -1 and a message if bad. */
+int nbi_dim(const char *fn, int dim, int ndim);
+/* Broadcast shape of two shapes; false + message if incompatible. */
+bool nbi_broadcast_shape(const char *fn, int na, const int64_t *sa, int nb, const int64_t *sb,
+                         int *nout, int64_t *out);
+/* Strides that read a tensor broadcast to (ndim, shape): 0 on new/expanded dims. */
+void nbi_broadcast_strides(const nb_tensor *t, int ndim, const int64_t *shape, int64_t *strides);
+
+size_t nbi_dtype_size(nb_dtype dtype);
+static inline bool nbi_is_float(nb_dtype d) { return d == NB_F32 || d == NB_F64; }
+
+/* ---------------------------------------------------------- allocation */
+/* A new contiguous tensor in the current scope, uninitialized (zeroed when
+ * zero is true). fn names the public caller for messages. */
+nb_tensor *nbi_new(const char *fn, nb_dtype dtype, int ndim, const int64_t *shape, bool zero);
+nb_tensor *nbi_new_like(const char *fn, const nb_tensor *t, bool zero);
+/* A new tensor object over base's storage with the given geometry. */
+nb_tensor *nbi_make_view(const nb_tensor *base, int ndim, const int64_t *shape,
+                         const int64_t *strides, int64_t offset);
+/* A new handle with the same geometry, recording an identity node named op. */
+nb_tensor *nbi_alias(const char *op, nb_tensor *t);
+/* Reference counting used by graph nodes and the engine. */
+void nbi_ref(nb_tensor *t);
+void nbi_unref(nb_tensor *t);
+/* Frees t (returns NULL): for an op that fails after allocating its output. */
+void *nbi_discard(nb_tensor *t);
+int64_t nbi_shape_numel(int ndim, const int64_t *shape); /* -1 on overflow */
+void nbi_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
+bool nbi_same_shape(const nb_tensor *a, const nb_tensor *b);
+
+/* A tensor made on the engine's behalf, owned by no scope (refs = 1). */
+nb_tensor *nbi_unscoped(nb_tensor *t);
+
+static inline void *nbi_ptr(const nb_tensor *t) {
+    return (char *)t->storage->data + (size_t)t->offset * nbi_dtype_size(t->dtype);
+}
+/* Element at a row-major flat index, as double (slow; tests/gradcheck only). */
+double nbi_get_flat(const nb_tensor *t, int64_t i);
+void nbi_set_flat(nb_tensor *t, int64_t i, double v);
+int64_t nbi_flat_offset(const nb_tensor *t, int64_t i); /* element offset from storage start */
+
+/* Copies src into dst of the same shape (any strides, any dtypes). */
+void nbi_copy_strided(nb_tensor *dst, const int64_t *src_strides, const nb_tensor *src);
+
+/* ------------------------------------------------------ strided iteration */
+/* Walks up to NBI_ITER_OPS operands over one shape, row by row: the last
+ * (coalesced) dim is the inner loop, the others are stepped by a cursor. */
+#define NBI_ITER_OPS 4
+typedef struct nbi_iter {
+    int ndim, nops;
+    int64_t shape[NB_MAX_DIMS];
+    int64_t st[NBI_ITER_OPS][NB_MAX_DIMS];
+    int64_t n;   /* inner length */
+    int64_t rows;
+} nbi_iter;
+typedef struct nbi_cursor {
+    int64_t row;
+    int64_t idx[NB_MAX_DIMS];
+    int64_t off[NBI_ITER_OPS];
+} nbi_cursor;
+/* strides[k] are operand k's strides over (ndim, shape); dims are coalesced. */
+void nbi_iter_init(nbi_iter *it, int ndim, const int64_t *shape, int nops,
+                   const int64_t *const *strides);
+nbi_cursor nbi_cursor_begin(const nbi_iter *it);
+void nbi_cursor_next(const nbi_iter *it, nbi_cursor *c);
+#define NBI_FOR_ROWS(it, c) \
+    for (nbi_cursor c = nbi_cursor_begin(it); (c).row < (it)->rows; nbi_cursor_next((it), &(c)))
+/* inner stride of operand k */
+#define NBI_INNER(it, k) ((it)->st[(k)][(it)->ndim - 1])
+
+/* ------------------------------------------------------------------ scopes */
+void nbi_scope_adopt(nb_tensor *t); /* puts a new tensor in the current scope */
+void nbi_scope_release(nb_tensor *t); /* removes t from its scope's list */
+
+/* --------------------------------------------------------------------- rng */
+/* Uniform [0,1) double for draw k of stream (seed, offset) */
+double nbi_rng_uniform(uint64_t seed, uint64_t counter);
+/* Reserves n draws: returns the first counter and advances the stream. */
+uint64_t nbi_rng_take(nb_rng *rng, uint64_t n);
+
+#endif

@@ -1,0 +1,20 @@
+/* run_tests.c: every Check suite in one runner. CK_RUN_SUITE=name runs one. */
+#include "test_util.h"
+
+#include <stdlib.h>
+
+int main(void) {
+    SRunner *sr = srunner_create(suite_tensor());
+    srunner_add_suite(sr, suite_views());
+    srunner_add_suite(sr, suite_elementwise());
+    srunner_add_suite(sr, suite_reduce());
+    srunner_add_suite(sr, suite_matmul());
+    srunner_add_suite(sr, suite_softmax());
+    srunner_add_suite(sr, suite_autograd());
+    srunner_add_suite(sr, suite_errors());
+    srunner_add_suite(sr, suite_scope());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

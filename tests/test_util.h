@@ -1,0 +1,52 @@
+/* test_util.h: what every Check suite shares: PyTorch fixtures, value
+ * comparison, gradcheck and error assertions. */
+#ifndef NABLA_TEST_UTIL_H
+#define NABLA_TEST_UTIL_H
+
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "nabla.h"
+
+/* Loads tensor `name` from tests/fixtures/<file> (written by gen_fixtures.py).
+ * The tensor is persistent and cached for the whole run: do not nb_free it.
+ * Fails the test when the file or the name is missing. */
+nb_tensor *fx(const char *file, const char *name);
+
+/* Asserts same shape and |got - want| <= atol + rtol*|want| everywhere;
+ * the failure message names the first bad element. */
+#define expect_close(got, want, atol, rtol) \
+    expect_close_at(__FILE__, __LINE__, (got), (want), (atol), (rtol))
+void expect_close_at(const char *file, int line, const nb_tensor *got, const nb_tensor *want,
+                     double atol, double rtol);
+
+/* Asserts that nb_gradcheck passes (default tolerances) and prints one line
+ * "gradcheck ok  <label> ..." so that `make test` lists what was checked. */
+#define expect_gradcheck(label, fn, ctx, n, inputs) \
+    expect_gradcheck_at(__FILE__, __LINE__, (label), (fn), (ctx), (n), (inputs))
+void expect_gradcheck_at(const char *file, int line, const char *label, nb_fn fn, void *ctx,
+                         int n, nb_tensor **inputs);
+
+/* Asserts that a call failed: result NULL and nb_last_error() containing
+ * every one of the NULL-terminated substrings; clears the error. */
+#define expect_error(result, ...) \
+    expect_error_at(__FILE__, __LINE__, (const void *)(result), __VA_ARGS__, (const char *)NULL)
+void expect_error_at(const char *file, int line, const void *result, ...);
+
+/* Deterministic f64 test input: values drawn from a fixed seed, requiring grad. */
+nb_tensor *rand_leaf(uint64_t seed, int ndim, const int64_t *shape);
+
+/* Each suite file defines one of these; run_tests.c runs them all. */
+Suite *suite_tensor(void);
+Suite *suite_views(void);
+Suite *suite_elementwise(void);
+Suite *suite_reduce(void);
+Suite *suite_matmul(void);
+Suite *suite_softmax(void);
+Suite *suite_autograd(void);
+Suite *suite_errors(void);
+Suite *suite_scope(void);
+
+#endif
