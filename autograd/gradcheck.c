@@ -28,6 +28,11 @@ static bool check_inputs(int n, nb_tensor **in) {
                                  "perturbing one would move several", FN, i), false;
     }
     if (!any) return nbi_error("%s: no input requires grad", FN), false;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (in[i]->requires_grad && in[j]->requires_grad && in[i]->storage == in[j]->storage)
+                return nbi_error("%s: inputs %d and %d share storage; perturbing one would move "
+                                 "the other", FN, j, i), false;
     return true;
 }
 
@@ -151,6 +156,11 @@ bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs, const nb_gradc
     if (!check_inputs(n, inputs)) return false;
     int64_t m = probe(fn, ctx, n, inputs);
     if (m < 0) return false;
+    for (int i = 0; i < n; i++)
+        if (inputs[i]->requires_grad && inputs[i]->numel > 0 && m > (INT64_C(1) << 26) / inputs[i]->numel)
+            return nbi_error("%s: input %d (%lld elements) x output (%lld elements) is too large "
+                             "for a full Jacobian; check a smaller case", FN, i,
+                             (long long)inputs[i]->numel, (long long)m), false;
 
     double **A = calloc((size_t)n, sizeof *A), **N = calloc((size_t)n, sizeof *N);
     nb_tensor **saved_grad = calloc((size_t)n, sizeof *saved_grad);
@@ -158,12 +168,12 @@ bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs, const nb_gradc
     int rc = (A && N && saved_grad) ? 0 : -1;
     for (int i = 0; rc == 0 && i < n; i++) {
         if (!inputs[i]->requires_grad) continue;
+        saved_grad[i] = inputs[i]->grad; /* put back afterwards */
+        inputs[i]->grad = NULL;
         size_t sz = (size_t)(inputs[i]->numel * m) + 1;
         A[i] = malloc(sz * sizeof **A);
         N[i] = malloc(sz * sizeof **N);
         if (!A[i] || !N[i]) rc = -1;
-        saved_grad[i] = inputs[i]->grad; /* put back afterwards */
-        inputs[i]->grad = NULL;
     }
     if (rc != 0) nbi_error("%s: out of memory", FN);
 
@@ -183,8 +193,9 @@ bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs, const nb_gradc
                  (long long)r.output_index, r.analytic, r.numeric, r.max_abs_err);
         if (!r.ok) nbi_error("%s", r.message);
     }
+    for (int i = 0; saved_grad && i < n; i++)
+        if (inputs[i]->requires_grad) inputs[i]->grad = saved_grad[i];
     for (int i = 0; i < n; i++) {
-        if (A && A[i]) inputs[i]->grad = saved_grad[i];
         if (A) free(A[i]);
         if (N) free(N[i]);
     }

@@ -91,6 +91,7 @@ bool nbi_broadcast_shape(const char *fn, int na, const int64_t *sa, int nb, cons
         int ia = i - (n - na), ib = i - (n - nb);
         int64_t a = ia >= 0 ? sa[ia] : 1, b = ib >= 0 ? sb[ib] : 1;
         if (a != b && a != 1 && b != 1) {
+            if (!fn) return false; /* a quiet probe */
             nbi_error("%s: shapes %s and %s cannot be broadcast (dim %d: %lld vs %lld)", fn,
                       nbi_shape_str(na, sa), nbi_shape_str(nb, sb), i - n, (long long)a,
                       (long long)b);

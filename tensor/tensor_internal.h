@@ -12,7 +12,7 @@
 typedef struct nbi_storage {
     void *data;
     size_t nbytes;
-    int refs;          /* tensors (views) sharing it */
+    _Atomic int refs;  /* tensors (views) sharing it; atomic: threads may share params */
     uint32_t version;  /* bumped by every in-place write (nb_copy_into) */
 } nbi_storage;
 
@@ -37,7 +37,7 @@ struct nb_tensor {
 
     /* ownership: refs counts the owner (scope or user, while `owned`) plus
      * every graph node and engine slot that holds this tensor. */
-    int refs;
+    _Atomic int refs;
     bool owned;
     nbi_scope *scope;        /* scope that owns it; NULL = persistent */
     nb_tensor *prev, *next;  /* membership list of that scope */
@@ -57,7 +57,8 @@ bool nbi_check_float(const char *fn, const nb_tensor *t);
 bool nbi_check_same_dtype(const char *fn, const nb_tensor *a, const nb_tensor *b);
 /* Normalizes a possibly negative dim into [0, ndim); -1 and a message if bad. */
 int nbi_dim(const char *fn, int dim, int ndim);
-/* Broadcast shape of two shapes; false + message if incompatible. */
+/* Broadcast shape of two shapes; false + message if incompatible (no
+ * message when fn is NULL). */
 bool nbi_broadcast_shape(const char *fn, int na, const int64_t *sa, int nb, const int64_t *sb,
                          int *nout, int64_t *out);
 /* Strides that read a tensor broadcast to (ndim, shape): 0 on new/expanded dims. */

@@ -34,6 +34,10 @@ void expect_gradcheck_at(const char *file, int line, const char *label, nb_fn fn
 #define expect_error(result, ...) \
     expect_error_at(__FILE__, __LINE__, (const void *)(result), __VA_ARGS__, (const char *)NULL)
 void expect_error_at(const char *file, int line, const void *result, ...);
+/* The same for functions that return an int status: rc must be negative. */
+#define expect_error_rc(rc, ...) \
+    expect_error_at(__FILE__, __LINE__, (rc) < 0 ? NULL : (const void *)"", __VA_ARGS__, \
+                    (const char *)NULL)
 
 /* Deterministic f64 test input: values drawn from a fixed seed, requiring grad. */
 nb_tensor *rand_leaf(uint64_t seed, int ndim, const int64_t *shape);

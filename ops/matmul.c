@@ -1,0 +1,181 @@
+/* matmul.c: nb_matmul with torch.matmul semantics, its kernels and its
+ * backward rule.
+ *
+ *   (K)       x (K)        -> ()            dot product
+ *   (K)       x (...,K,N)  -> (...,N)       a gets a dim prepended, removed after
+ *   (...,M,K) x (K)        -> (...,M)       b gets a dim appended, removed after
+ *   (...,M,K) x (...,K,N)  -> (broadcast(...),M,N)
+ *
+ * Operands are read in place through their strides (transposed, expanded and
+ * narrowed views alike); nothing is copied first. Each output matrix is made
+ * by one call of a small kernel (gemm_f32 / gemm_f64), which a packed or SIMD
+ * micro-kernel can replace later. Every output element is a sum over k in
+ * increasing order, accumulated in the output's dtype (f32 in float, as
+ * PyTorch does), so the result does not depend on the loop order chosen. */
+#include "ops_internal.h"
+
+static const char *FN = "nb_matmul";
+
+/* ------------------------------------------------------------------ kernels */
+/* One output matrix. a (M,K) with strides (sam, sak), b (K,N) with strides
+ * (sbk, sbn), c (M,N) contiguous (row stride N), fully overwritten.
+ * Two loop orders, the same arithmetic (c[i][j] = sum over k = 0..K-1 in
+ * order, starting from 0):
+ *   i-k-j: row i of c accumulates a[i][k] * (row k of b); the inner loop walks
+ *          a row of b and of c, unit stride when b is row-major.
+ *   i-j-k: a dot product per element, for b stored column-major (sbk == 1,
+ *          e.g. a transposed view), whose rows would be strided. */
+#define DEFINE_GEMM(NAME, T)                                                                   \
+    /* a (M,K), b (K,N) -> c (M,N) */                                                          \
+    static void NAME(int64_t M, int64_t N, int64_t K, const T *restrict a, int64_t sam,        \
+                     int64_t sak, const T *restrict b, int64_t sbk, int64_t sbn,              \
+                     T *restrict c) {                                                          \
+        if (sbk == 1 && sbn != 1 && N > 1) {                                                   \
+            for (int64_t i = 0; i < M; i++) {                                                  \
+                const T *ai = a + i * sam;                                                     \
+                for (int64_t j = 0; j < N; j++) {                                              \
+                    const T *bj = b + j * sbn;                                                 \
+                    T acc = 0;                                                                 \
+                    for (int64_t k = 0; k < K; k++) acc += ai[k * sak] * bj[k];                \
+                    c[i * N + j] = acc;                                                        \
+                }                                                                              \
+            }                                                                                  \
+            return;                                                                            \
+        }                                                                                      \
+        for (int64_t i = 0; i < M; i++) {                                                      \
+            T *ci = c + i * N;                                                                 \
+            for (int64_t j = 0; j < N; j++) ci[j] = 0;                                         \
+            for (int64_t k = 0; k < K; k++) {                                                  \
+                const T aik = a[i * sam + k * sak];                                            \
+                const T *bk = b + k * sbk;                                                     \
+                if (sbn == 1)                                                                  \
+                    for (int64_t j = 0; j < N; j++) ci[j] += aik * bk[j];                      \
+                else                                                                           \
+                    for (int64_t j = 0; j < N; j++) ci[j] += aik * bk[j * sbn];                \
+            }                                                                                  \
+        }                                                                                      \
+    }
+
+DEFINE_GEMM(gemm_f32, float)
+DEFINE_GEMM(gemm_f64, double)
+
+/* The operands as matrices: batch dims, sizes and strides. A 1-D a is a
+ * (1,K) matrix, a 1-D b a (K,1) one (the stride of the added dim is unused). */
+typedef struct {
+    int nbatch;                         /* batch dims of the output */
+    int64_t batch[NB_MAX_DIMS];         /* their sizes */
+    int64_t abst[NB_MAX_DIMS], bbst[NB_MAX_DIMS]; /* a's and b's strides over them (0 = broadcast) */
+    int64_t M, K, N;
+    int64_t sam, sak, sbk, sbn;
+} mm_geom;
+
+/* Strides of t's leading nb dims read as the batch (nbatch, batch): 0 for
+ * dims t lacks or has with size 1. */
+static void batch_strides(const nb_tensor *t, int nb, const mm_geom *g, int64_t *st) {
+    int lead = g->nbatch - nb;
+    for (int i = 0; i < g->nbatch; i++) {
+        int j = i - lead;
+        st[i] = (j < 0 || t->shape[j] == 1) ? 0 : t->strides[j];
+    }
+}
+
+/* a (B...,M,K), b (B...,K,N) -> c (B...,M,N) contiguous; the batch dims
+ * are walked with a counter, the operands' offsets follow their strides. */
+static void matmul_batched(const mm_geom *g, const nb_tensor *a, const nb_tensor *b,
+                           nb_tensor *c) {
+    int64_t mn = g->M * g->N, nbat = 1;
+    for (int i = 0; i < g->nbatch; i++) nbat *= g->batch[i];
+    if (mn == 0 || nbat == 0) return;
+    int64_t idx[NB_MAX_DIMS] = {0}, aoff = 0, boff = 0;
+    for (int64_t t = 0; t < nbat; t++) {
+        if (c->dtype == NB_F32)
+            gemm_f32(g->M, g->N, g->K, (const float *)nbi_ptr(a) + aoff, g->sam, g->sak,
+                     (const float *)nbi_ptr(b) + boff, g->sbk, g->sbn,
+                     (float *)nbi_ptr(c) + t * mn);
+        else
+            gemm_f64(g->M, g->N, g->K, (const double *)nbi_ptr(a) + aoff, g->sam, g->sak,
+                     (const double *)nbi_ptr(b) + boff, g->sbk, g->sbn,
+                     (double *)nbi_ptr(c) + t * mn);
+        for (int d = g->nbatch - 1; d >= 0; d--) { /* next batch index */
+            aoff += g->abst[d];
+            boff += g->bbst[d];
+            if (++idx[d] < g->batch[d]) break;
+            aoff -= g->abst[d] * g->batch[d];
+            boff -= g->bbst[d] * g->batch[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+/* ----------------------------------------------------------------- backward */
+/* out = a b  =>  dA = g bᵀ, dB = aᵀ g, each summed over the batch dims its
+ * input was broadcast along. A 1-D operand is seen as a matrix (a: (1,K),
+ * b: (K,1)) and g gets the matching size-1 dims back. */
+static int matmul_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    nb_tensor *a = n->in[0], *b = n->in[1];
+    bool a1 = a->ndim == 1, b1 = b->ndim == 1;
+    nb_tensor *a2 = a1 ? nb_unsqueeze(a, 0) : a; /* (1,K) */
+    nb_tensor *b2 = b1 ? nb_unsqueeze(b, 1) : b; /* (K,1) */
+    nb_tensor *g2 = g;                            /* (B...,M,N) */
+    if (g2 && a1) g2 = nb_unsqueeze(g2, b1 ? g2->ndim : g2->ndim - 1);
+    if (g2 && b1) g2 = nb_unsqueeze(g2, g2->ndim);
+    if (!a2 || !b2 || !g2) return -1;
+    if (nbi_wants(n, 0)) {
+        nb_tensor *da = nb_matmul(g2, nb_transpose(b2, -1, -2)); /* (B...,M,K) */
+        /* a 1-D a: (B...,1,K) sums to (K) like a broadcast */
+        if (!da || !(gin[0] = nbi_sum_to(da, a->ndim, a->shape))) return -1;
+    }
+    if (nbi_wants(n, 1)) {
+        nb_tensor *db = nb_matmul(nb_transpose(a2, -1, -2), g2); /* (B...,K,N) */
+        if (db && b1) db = nb_squeeze(db, -1);                    /* (B...,K) */
+        if (!db || !(gin[1] = nbi_sum_to(db, b->ndim, b->shape))) return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ forward */
+nb_tensor *nb_matmul(nb_tensor *a, nb_tensor *b) {
+    if (!a || !b) return nbi_null_input(FN);
+    if (!nbi_check_float(FN, a) || !nbi_check_float(FN, b)) return NULL;
+    if (!nbi_check_same_dtype(FN, a, b)) return NULL;
+    if (a->ndim == 0 || b->ndim == 0)
+        return nbi_error("%s: both arguments must be at least 1-d, got shapes %s and %s", FN,
+                         NBI_SHAPE(a), NBI_SHAPE(b));
+    bool a1 = a->ndim == 1, b1 = b->ndim == 1;
+    mm_geom g = {0};
+    int na = a->ndim, nb = b->ndim;
+    g.M = a1 ? 1 : a->shape[na - 2];
+    g.sam = a1 ? 0 : a->strides[na - 2];
+    g.K = a->shape[na - 1];
+    g.sak = a->strides[na - 1];
+    int64_t kb = b->shape[b1 ? 0 : nb - 2];
+    g.sbk = b->strides[b1 ? 0 : nb - 2];
+    g.N = b1 ? 1 : b->shape[nb - 1];
+    g.sbn = b1 ? 0 : b->strides[nb - 1];
+    if (g.K != kb)
+        return nbi_error("%s: shapes %s and %s cannot be multiplied (%lld != %lld)", FN,
+                         NBI_SHAPE(a), NBI_SHAPE(b), (long long)g.K, (long long)kb);
+    int nba = a1 ? 0 : na - 2, nbb = b1 ? 0 : nb - 2;
+    if (!nbi_broadcast_shape(NULL, nba, a->shape, nbb, b->shape, &g.nbatch, g.batch))
+        return nbi_error("%s: batch dims of shapes %s and %s cannot be broadcast", FN,
+                         NBI_SHAPE(a), NBI_SHAPE(b));
+    batch_strides(a, nba, &g, g.abst);
+    batch_strides(b, nbb, &g, g.bbst);
+
+    int64_t shape[NB_MAX_DIMS];
+    int nd = g.nbatch;
+    for (int i = 0; i < g.nbatch; i++) shape[i] = g.batch[i];
+    if (!a1) shape[nd++] = g.M;
+    if (!b1) shape[nd++] = g.N;
+    nb_tensor *c = nbi_new(FN, a->dtype, nd, shape, false);
+    if (!c) return NULL;
+    matmul_batched(&g, a, b, c); /* writes every element (zeros when K == 0) */
+
+    nb_tensor *in[2] = {a, b};
+    if (nbi_needs_grad(2, in)) {
+        nbi_node *node = nbi_record(c, FN, matmul_backward, 2, in);
+        if (!node) return nbi_discard(c);
+        node->saved = NBI_SAVE_IN(0) | NBI_SAVE_IN(1);
+    }
+    return c;
+}

@@ -1,0 +1,318 @@
+/* test_autograd.c: the engine (accumulation, shared subgraphs, broadcast,
+ * views, grad mode, detach, in-place checks, early frees, deep graphs) and
+ * nb_gradcheck itself (it must catch a wrong gradient and say where). */
+#include "test_util.h"
+
+static nb_tensor *vec(int n, const double *v) {
+    return nb_from_data(NB_F64, 1, (const int64_t[]){n}, v);
+}
+
+static void expect_values(const nb_tensor *t, int n, const double *want, double tol) {
+    ck_assert_ptr_nonnull(t);
+    ck_assert_int_eq(nb_numel(t), n);
+    double got[64];
+    nb_copy_to_f64(t, got);
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(fabs(got[i] - want[i]) <= tol, "element %d: %.12g, expected %.12g", i,
+                      got[i], want[i]);
+}
+
+START_TEST(accumulates_across_backward_calls) {
+    nb_tensor *x = nb_set_requires_grad(vec(3, (double[]){1, 2, 3}), true);
+    for (int k = 1; k <= 2; k++) {
+        nb_scope_begin();
+        ck_assert_int_eq(nb_backward(nb_sum_all(nb_mul(x, x))), 0);
+        nb_scope_end();
+        expect_values(nb_grad(x), 3, (double[]){2.0 * k, 4.0 * k, 6.0 * k}, 0);
+    }
+    nb_zero_grad(x);
+    expect_values(nb_grad(x), 3, (double[]){0, 0, 0}, 0);
+    nb_free(x);
+}
+END_TEST
+
+/* y = a*a + a with a = exp(x) used three times: dy/dx = (2a + 1) a */
+START_TEST(shared_subexpression) {
+    nb_tensor *x = nb_set_requires_grad(vec(2, (double[]){0.5, -1}), true);
+    nb_scope_begin();
+    nb_tensor *a = nb_exp(x);
+    ck_assert_int_eq(nb_backward(nb_sum_all(nb_add(nb_mul(a, a), a))), 0);
+    nb_scope_end();
+    double a0 = exp(0.5), a1 = exp(-1.0);
+    expect_values(nb_grad(x), 2, (double[]){(2 * a0 + 1) * a0, (2 * a1 + 1) * a1}, 1e-12);
+    nb_free(x);
+}
+END_TEST
+
+START_TEST(broadcast_gradients_sum_back) {
+    nb_tensor *a = nb_set_requires_grad(nb_ones(NB_F64, NB_SHAPE(3, 1)), true);
+    nb_tensor *b = nb_set_requires_grad(vec(4, (double[]){1, 2, 3, 4}), true);
+    nb_scope_begin();
+    nb_tensor *y = nb_mul(a, b); /* (3,4) */
+    ck_assert_int_eq(nb_ndim(y), 2);
+    ck_assert_int_eq(nb_backward(nb_sum_all(y)), 0);
+    nb_scope_end();
+    ck_assert_int_eq(nb_ndim(nb_grad(a)), 2);
+    expect_values(nb_grad(a), 3, (double[]){10, 10, 10}, 0);
+    expect_values(nb_grad(b), 4, (double[]){3, 3, 3, 3}, 0);
+    nb_free(a);
+    nb_free(b);
+}
+END_TEST
+
+START_TEST(gradient_through_views_reaches_leaf) {
+    nb_tensor *x = nb_set_requires_grad(nb_from_data(NB_F64, NB_SHAPE(2, 3),
+                                                     (double[]){1, 2, 3, 4, 5, 6}), true);
+    nb_scope_begin();
+    /* y = sum(w * x^T) with w = [[1,2],[3,4],[5,6]] -> dx = w^T */
+    nb_tensor *w = nb_from_data(NB_F64, NB_SHAPE(3, 2), (double[]){1, 2, 3, 4, 5, 6});
+    ck_assert_int_eq(nb_backward(nb_sum_all(nb_mul(nb_transpose(x, 0, 1), w))), 0);
+    nb_scope_end();
+    expect_values(nb_grad(x), 6, (double[]){1, 3, 5, 2, 4, 6}, 0);
+    ck_assert(nb_is_contiguous(nb_grad(x)));
+    nb_free(x);
+}
+END_TEST
+
+START_TEST(backward_with_grad_for_non_scalar) {
+    nb_tensor *x = nb_set_requires_grad(vec(3, (double[]){1, 2, 3}), true);
+    nb_scope_begin();
+    nb_tensor *y = nb_mul_scalar(x, 3);
+    ck_assert_int_eq(nb_backward_with_grad(y, vec(3, (double[]){1, 10, 100})), 0);
+    expect_error_rc(nb_backward(y), "nb_backward", "one element", "(3)");
+    nb_tensor *wrong = nb_zeros(NB_F64, NB_SHAPE(2));
+    ck_assert_int_eq(nb_backward_with_grad(y, wrong), -1);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "does not match"));
+    nb_clear_error();
+    nb_scope_end();
+    expect_values(nb_grad(x), 3, (double[]){3, 30, 300}, 0);
+    nb_free(x);
+}
+END_TEST
+
+START_TEST(grad_mode_off_records_nothing) {
+    nb_tensor *x = nb_set_requires_grad(vec(2, (double[]){1, 2}), true);
+    nb_scope_begin();
+    nb_set_grad_enabled(false);
+    ck_assert(!nb_grad_enabled());
+    nb_tensor *y = nb_sum_all(nb_mul(x, x));
+    nb_set_grad_enabled(true);
+    ck_assert(!nb_requires_grad(y));
+    ck_assert(nb_is_leaf(y));
+    ck_assert_int_eq(nb_backward(y), -1);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "does not require grad"));
+    nb_clear_error();
+    nb_scope_end();
+    ck_assert_ptr_null(nb_grad(x));
+    nb_free(x);
+}
+END_TEST
+
+START_TEST(detach_shares_storage_and_stops_gradient) {
+    nb_tensor *x = nb_set_requires_grad(vec(2, (double[]){1, 2}), true);
+    nb_scope_begin();
+    nb_tensor *d = nb_detach(nb_mul_scalar(x, 2));
+    ck_assert(!nb_requires_grad(d));
+    nb_tensor *y = nb_sum_all(nb_add(nb_mul(d, x), x)); /* dy/dx = d + 1 */
+    ck_assert_int_eq(nb_backward(y), 0);
+    nb_scope_end();
+    expect_values(nb_grad(x), 2, (double[]){3, 5}, 0);
+    nb_scope_begin();
+    nb_tensor *dx = nb_detach(x);
+    ck_assert_ptr_eq(nb_data(dx), nb_data(x));
+    nb_scope_end();
+    nb_free(x);
+}
+END_TEST
+
+START_TEST(in_place_change_of_saved_input_is_caught) {
+    nb_tensor *x = nb_set_requires_grad(vec(2, (double[]){1, 2}), true);
+    nb_tensor *w = vec(2, (double[]){3, 4});
+    nb_scope_begin();
+    nb_tensor *y = nb_sum_all(nb_mul(x, w));
+    ck_assert_int_eq(nb_copy_into(w, nb_scalar(NB_F64, 0)), 0);
+    ck_assert_int_eq(nb_backward(y), -1);
+    const char *e = nb_last_error();
+    ck_assert_ptr_nonnull(strstr(e, "nb_mul"));
+    ck_assert_ptr_nonnull(strstr(e, "modified in place"));
+    nb_clear_error();
+    /* nb_add does not read its inputs in backward: no false alarm */
+    nb_tensor *z = nb_sum_all(nb_add(x, w));
+    ck_assert_int_eq(nb_copy_into(w, nb_scalar(NB_F64, 1)), 0);
+    ck_assert_int_eq(nb_backward(z), 0);
+    nb_scope_end();
+    nb_free(x);
+    nb_free(w);
+}
+END_TEST
+
+START_TEST(requires_grad_rules) {
+    nb_tensor *i = nb_arange(NB_I64, 3);
+    expect_error(nb_set_requires_grad(i, true), "nb_set_requires_grad", "floating", "i64");
+    nb_tensor *x = nb_set_requires_grad(vec(2, (double[]){1, 2}), true);
+    ck_assert(nb_is_leaf(x));
+    nb_scope_begin();
+    nb_tensor *y = nb_exp(x);
+    ck_assert(!nb_is_leaf(y));
+    ck_assert_ptr_eq(nb_set_requires_grad(y, true), y);
+    expect_error(nb_set_requires_grad(y, false), "nb_set_requires_grad", "nb_exp", "nb_detach");
+    nb_scope_end();
+    nb_free(x);
+    nb_free(i);
+}
+END_TEST
+
+/* Tensors freed early live on while a graph needs them. */
+START_TEST(graph_keeps_freed_intermediates_alive) {
+    int64_t base = nb_live_tensors();
+    nb_tensor *x = nb_set_requires_grad(vec(2, (double[]){0, 1}), true);
+    nb_tensor *h = nb_exp(x);
+    nb_tensor *y = nb_sum_all(h);
+    nb_free(h); /* y's graph still holds it */
+    ck_assert_int_eq(nb_backward(y), 0);
+    expect_values(nb_grad(x), 2, (double[]){1, exp(1.0)}, 1e-12);
+    nb_free(y); /* releases h too */
+    nb_free(x);
+    ck_assert_int_eq(nb_live_tensors(), base);
+}
+END_TEST
+
+START_TEST(deep_chain_does_not_overflow_the_stack) {
+    int64_t base = nb_live_tensors();
+    nb_tensor *x = nb_set_requires_grad(nb_scalar(NB_F64, 1.0), true);
+    nb_scope_begin();
+    nb_tensor *y = x;
+    for (int k = 0; k < 200000; k++) y = nb_add_scalar(y, 1e-6);
+    ck_assert_int_eq(nb_backward(y), 0);
+    nb_scope_end();
+    ck_assert_double_eq(nb_item(nb_grad(x)), 1.0);
+    /* the same chain made persistent and freed from its head */
+    y = x;
+    for (int k = 0; k < 200000; k++) {
+        nb_tensor *next = nb_add_scalar(y, 1e-6);
+        if (y != x) nb_free(y); /* still held by next's graph node */
+        y = next;
+    }
+    nb_free(y);
+    nb_free(x);
+    ck_assert_int_eq(nb_live_tensors(), base);
+}
+END_TEST
+
+START_TEST(f32_gradients_are_f32) {
+    nb_tensor *x = nb_set_requires_grad(nb_full(NB_F32, NB_SHAPE(2, 2), 2.0), true);
+    nb_scope_begin();
+    ck_assert_int_eq(nb_backward(nb_mean_all(nb_pow_scalar(x, 3))), 0);
+    nb_scope_end();
+    ck_assert_int_eq(nb_dtype_of(nb_grad(x)), NB_F32);
+    expect_values(nb_grad(x), 4, (double[]){3, 3, 3, 3}, 1e-6); /* 3 x^2 / 4 */
+    nb_free(x);
+}
+END_TEST
+
+/* ---------------------------------------------------------- gradcheck */
+static nb_tensor *relu_fn(nb_tensor **in, int n, void *ctx) {
+    (void)n;
+    (void)ctx;
+    return nb_relu(in[0]);
+}
+
+static nb_tensor *mul_fn(nb_tensor **in, int n, void *ctx) {
+    (void)n;
+    (void)ctx;
+    return nb_mul(in[0], in[1]);
+}
+
+START_TEST(gradcheck_reports_the_worst_element) {
+    /* relu at exactly 0: analytic 0, central difference 0.5 */
+    nb_tensor *x = nb_set_requires_grad(vec(3, (double[]){1, 0, -2}), true);
+    nb_gradcheck_result r;
+    ck_assert(!nb_gradcheck(relu_fn, NULL, 1, &x, NULL, &r));
+    ck_assert(!r.ok);
+    ck_assert_int_eq(r.input, 0);
+    ck_assert_int_eq(r.index, 1);
+    ck_assert_int_eq(r.output_index, 1);
+    ck_assert_double_eq_tol(r.analytic, 0.0, 1e-15);
+    ck_assert_double_eq_tol(r.numeric, 0.5, 1e-9);
+    ck_assert_int_eq(r.checked, 9);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "MISMATCH"));
+    ck_assert_ptr_nonnull(strstr(r.message, "element 1"));
+    nb_clear_error();
+    /* values are restored */
+    expect_values(x, 3, (double[]){1, 0, -2}, 0);
+    nb_free(x);
+}
+END_TEST
+
+START_TEST(gradcheck_passes_and_restores_state) {
+    nb_tensor *in[2] = {rand_leaf(1, NB_SHAPE(2, 3)), rand_leaf(2, NB_SHAPE(3))};
+    double before[6];
+    nb_copy_to_f64(in[0], before);
+    nb_scope_begin();
+    ck_assert_int_eq(nb_backward(nb_sum_all(nb_mul(in[0], in[1]))), 0);
+    nb_scope_end();
+    nb_tensor *g0 = nb_grad(in[0]);
+    double g0v[6];
+    nb_copy_to_f64(g0, g0v);
+    nb_gradcheck_result r;
+    ck_assert(nb_gradcheck(mul_fn, NULL, 2, in, NULL, &r));
+    ck_assert(r.ok);
+    ck_assert_int_eq(r.checked, 6 * 6 + 3 * 6);
+    ck_assert(r.max_abs_err < 1e-8);
+    expect_values(in[0], 6, before, 0);
+    ck_assert_ptr_eq(nb_grad(in[0]), g0); /* earlier gradient put back untouched */
+    expect_values(nb_grad(in[0]), 6, g0v, 0);
+    expect_gradcheck("nb_mul (gradcheck self-test)", mul_fn, NULL, 2, in);
+    nb_free(in[0]);
+    nb_free(in[1]);
+}
+END_TEST
+
+START_TEST(gradcheck_rejects_bad_inputs) {
+    nb_tensor *f = nb_set_requires_grad(nb_ones(NB_F32, NB_SHAPE(2)), true);
+    ck_assert(!nb_gradcheck(relu_fn, NULL, 1, &f, NULL, NULL));
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "f64"));
+    nb_clear_error();
+    nb_tensor *plain = nb_ones(NB_F64, NB_SHAPE(2));
+    ck_assert(!nb_gradcheck(relu_fn, NULL, 1, &plain, NULL, NULL));
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "no input requires grad"));
+    nb_clear_error();
+    nb_tensor *e = nb_set_requires_grad(nb_expand(plain, NB_SHAPE(3, 2)), true);
+    ck_assert(!nb_gradcheck(relu_fn, NULL, 1, &e, NULL, NULL));
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "overlapping"));
+    nb_clear_error();
+    nb_gradcheck_opts bad = {.eps = 0, .atol = 1e-5, .rtol = 1e-3};
+    nb_set_requires_grad(plain, true);
+    ck_assert(!nb_gradcheck(relu_fn, NULL, 1, &plain, &bad, NULL));
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "eps"));
+    nb_clear_error();
+    nb_free(e);
+    nb_free(plain);
+    nb_free(f);
+}
+END_TEST
+
+Suite *suite_autograd(void) {
+    Suite *s = suite_create("autograd");
+    TCase *tc = tcase_create("engine");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, accumulates_across_backward_calls);
+    tcase_add_test(tc, shared_subexpression);
+    tcase_add_test(tc, broadcast_gradients_sum_back);
+    tcase_add_test(tc, gradient_through_views_reaches_leaf);
+    tcase_add_test(tc, backward_with_grad_for_non_scalar);
+    tcase_add_test(tc, grad_mode_off_records_nothing);
+    tcase_add_test(tc, detach_shares_storage_and_stops_gradient);
+    tcase_add_test(tc, in_place_change_of_saved_input_is_caught);
+    tcase_add_test(tc, requires_grad_rules);
+    tcase_add_test(tc, graph_keeps_freed_intermediates_alive);
+    tcase_add_test(tc, deep_chain_does_not_overflow_the_stack);
+    tcase_add_test(tc, f32_gradients_are_f32);
+    suite_add_tcase(s, tc);
+    TCase *gc = tcase_create("gradcheck");
+    tcase_add_test(gc, gradcheck_reports_the_worst_element);
+    tcase_add_test(gc, gradcheck_passes_and_restores_state);
+    tcase_add_test(gc, gradcheck_rejects_bad_inputs);
+    suite_add_tcase(s, gc);
+    return s;
+}

@@ -1,0 +1,476 @@
+/* test_matmul.c: nb_matmul against torch.matmul (tests/fixtures/gen_matmul.py):
+ * forward values in f64 and f32 for every rank combination, broadcast batch
+ * dims, zero sizes and non-contiguous operands read in place; backward values
+ * against torch autograd; nb_gradcheck on contiguous, transposed and
+ * broadcast inputs; and the error messages of bad input. */
+#include "test_util.h"
+
+static const char *FX = "matmul.txt";
+
+static nb_tensor *fxc(const char *cs, const char *suffix) {
+    char name[96];
+    snprintf(name, sizeof name, "%s_%s", cs, suffix);
+    return fx(FX, name);
+}
+
+#define CHECK_NOT_NULL(t) ck_assert_msg((t) != NULL, "%s", nb_last_error() ? nb_last_error() : "?")
+
+/* ------------------------------------------------------------ forward values */
+/* Cases whose operands are the stored inputs themselves. */
+static const char *const plain_cases[] = {
+    "dot", "vm", "mv", "mm", "mm_big", "bmm", "bcast", "b3m2", "m2b3", "vb3", "b3v",
+    "zero_m", "zero_k", "zero_b",
+};
+#define NPLAIN (int)(sizeof plain_cases / sizeof plain_cases[0])
+
+START_TEST(test_forward_fixtures) {
+    const char *cs = plain_cases[_i];
+    nb_tensor *a = fxc(cs, "a"), *b = fxc(cs, "b"), *out = fxc(cs, "out");
+    nb_tensor *a32 = fxc(cs, "a32"), *b32 = fxc(cs, "b32"), *out32 = fxc(cs, "out32");
+    nb_scope_begin();
+    nb_tensor *c = nb_matmul(a, b);
+    expect_close(c, out, 1e-12, 1e-12);
+    ck_assert_int_eq(nb_dtype_of(c), NB_F64);
+    ck_assert(nb_is_contiguous(c));
+    ck_assert(!nb_requires_grad(c));
+    nb_tensor *c32 = nb_matmul(a32, b32);
+    expect_close(c32, out32, 1e-5, 1e-5);
+    ck_assert_int_eq(nb_dtype_of(c32), NB_F32);
+    nb_scope_end();
+}
+END_TEST
+
+/* (2,0)x(0,3): an empty sum is 0, even in memory that held garbage. */
+START_TEST(test_zero_inner_is_zeros) {
+    nb_scope_begin();
+    for (int dt = NB_F32; dt <= NB_F64; dt++) {
+        nb_tensor *a = nb_empty((nb_dtype)dt, NB_SHAPE(2, 0)), *b = nb_empty((nb_dtype)dt, NB_SHAPE(0, 3));
+        nb_tensor *c = nb_matmul(a, b);
+        CHECK_NOT_NULL(c);
+        ck_assert_int_eq(nb_ndim(c), 2);
+        ck_assert_int_eq(nb_shape(c)[0], 2);
+        ck_assert_int_eq(nb_shape(c)[1], 3);
+        double v[6];
+        ck_assert_int_eq(nb_copy_to_f64(c, v), 0);
+        for (int i = 0; i < 6; i++) ck_assert(v[i] == 0.0);
+    }
+    nb_scope_end();
+}
+END_TEST
+
+static void expect_shape(nb_tensor *t, int ndim, const int64_t *shape) {
+    CHECK_NOT_NULL(t);
+    ck_assert_int_eq(nb_ndim(t), ndim);
+    for (int i = 0; i < ndim; i++)
+        ck_assert_msg(nb_shape(t)[i] == shape[i], "dim %d: %lld, expected %lld", i,
+                      (long long)nb_shape(t)[i], (long long)shape[i]);
+}
+
+START_TEST(test_output_shapes) {
+    nb_scope_begin();
+#define MM(sa, sb) nb_matmul(nb_zeros(NB_F64, NB_SHAPE sa), nb_zeros(NB_F64, NB_SHAPE sb))
+    nb_tensor *c = MM((7), (7));
+    CHECK_NOT_NULL(c);
+    ck_assert_int_eq(nb_ndim(c), 0);
+    ck_assert_int_eq(nb_numel(c), 1);
+    expect_shape(MM((3), (3, 4)), NB_SHAPE(4));
+    expect_shape(MM((2, 3), (3)), NB_SHAPE(2));
+    expect_shape(MM((2, 3), (3, 4)), NB_SHAPE(2, 4));
+    expect_shape(MM((2, 3, 4), (4)), NB_SHAPE(2, 3));
+    expect_shape(MM((4), (2, 4, 3)), NB_SHAPE(2, 3));
+    expect_shape(MM((1, 5, 2, 3), (4, 1, 3, 6)), NB_SHAPE(4, 5, 2, 6));
+    expect_shape(MM((2, 1, 3, 4), (5, 4, 2)), NB_SHAPE(2, 5, 3, 2));
+    expect_shape(MM((6, 2, 3), (3, 4)), NB_SHAPE(6, 2, 4));
+    expect_shape(MM((2, 3), (6, 3, 4)), NB_SHAPE(6, 2, 4));
+    expect_shape(MM((2, 3), (3, 0)), NB_SHAPE(2, 0));
+    expect_shape(MM((0, 2, 3), (1, 3, 4)), NB_SHAPE(0, 2, 4));
+    expect_shape(MM((1, 1, 1, 1, 1, 1, 2, 3), (3, 4)), NB_SHAPE(1, 1, 1, 1, 1, 1, 2, 4));
+    expect_shape(MM((2, 1, 1, 1, 1, 1, 2, 3), (3, 1, 1, 1, 1, 3, 4)),
+                 NB_SHAPE(2, 3, 1, 1, 1, 1, 2, 4));
+#undef MM
+    nb_scope_end();
+}
+END_TEST
+
+/* ---------------------------------------------------- non-contiguous operands */
+/* Each view is made from the stored (contiguous) data, and matmul must not
+ * copy it: only the output is a new tensor object. */
+typedef nb_tensor *(*view_fn)(nb_tensor *);
+static nb_tensor *v_same(nb_tensor *t) { return t; }
+static nb_tensor *v_t(nb_tensor *t) { return nb_transpose(t, 0, 1); }
+static nb_tensor *v_exp(nb_tensor *t) { return nb_expand(t, NB_SHAPE(3, 4, 2)); }
+static nb_tensor *v_nar(nb_tensor *t) { return nb_narrow(t, 1, 1, 4); }
+
+static void check_view_case(const char *cs, view_fn fa, view_fn fb) {
+    const char *sfx[2][3] = {{"a", "b", "out"}, {"a32", "b32", "out32"}};
+    for (int p = 0; p < 2; p++) {
+        nb_tensor *a = fxc(cs, sfx[p][0]), *b = fxc(cs, sfx[p][1]), *out = fxc(cs, sfx[p][2]);
+        nb_scope_begin();
+        nb_tensor *va = fa(a), *vb = fb(b);
+        CHECK_NOT_NULL(va);
+        CHECK_NOT_NULL(vb);
+        ck_assert_msg(!(nb_is_contiguous(va) && nb_is_contiguous(vb)),
+                      "%s: expected a non-contiguous operand", cs);
+        int64_t live = nb_live_tensors();
+        nb_tensor *c = nb_matmul(va, vb);
+        ck_assert_msg(nb_live_tensors() == live + 1,
+                      "%s: nb_matmul made %lld tensor objects (expected only its output): "
+                      "an operand was copied", cs, (long long)(nb_live_tensors() - live));
+        if (p == 0) expect_close(c, out, 1e-12, 1e-12);
+        else expect_close(c, out, 1e-5, 1e-5);
+        nb_scope_end();
+    }
+}
+
+START_TEST(test_transposed_b_in_place) {
+    nb_tensor *b = fxc("tr_b", "b");
+    nb_scope_begin();
+    nb_tensor *bt = nb_transpose(b, 0, 1);
+    CHECK_NOT_NULL(bt);
+    ck_assert(!nb_is_contiguous(bt));
+    ck_assert(nb_data(bt) == nb_data(b)); /* a view of the same memory */
+    nb_scope_end();
+    check_view_case("tr_b", v_same, v_t);
+}
+END_TEST
+
+START_TEST(test_transposed_a_in_place) { check_view_case("tr_a", v_t, v_same); }
+END_TEST
+
+START_TEST(test_transposed_both_in_place) { check_view_case("tr_ab", v_t, v_t); }
+END_TEST
+
+START_TEST(test_expanded_b_in_place) { check_view_case("exp_b", v_same, v_exp); }
+END_TEST
+
+START_TEST(test_narrowed_a_in_place) { check_view_case("nar_a", v_nar, v_same); }
+END_TEST
+
+/* ------------------------------------------------------------------- autograd */
+static nb_tensor *f_mm(nb_tensor **in, int n, void *ctx) {
+    (void)n, (void)ctx;
+    return nb_matmul(in[0], in[1]);
+}
+static nb_tensor *f_mm_tb(nb_tensor **in, int n, void *ctx) { /* a @ b.t() */
+    (void)n, (void)ctx;
+    return nb_matmul(in[0], nb_transpose(in[1], 0, 1));
+}
+static nb_tensor *f_mm_ta(nb_tensor **in, int n, void *ctx) { /* a.t() @ b */
+    (void)n, (void)ctx;
+    return nb_matmul(nb_transpose(in[0], 0, 1), in[1]);
+}
+static nb_tensor *f_mm_exp(nb_tensor **in, int n, void *ctx) { /* a @ b.expand(2,K,N) */
+    (void)n, (void)ctx;
+    nb_tensor *b = in[1];
+    return nb_matmul(in[0], nb_expand(b, NB_SHAPE(2, nb_shape(b)[0], nb_shape(b)[1])));
+}
+
+/* A leaf that is itself a non-contiguous view: randn data, transposed. */
+static nb_tensor *transposed_leaf(uint64_t seed, int64_t rows, int64_t cols) {
+    nb_rng r;
+    nb_rng_seed(&r, seed);
+    nb_tensor *t = nb_transpose(nb_randn(NB_F64, NB_SHAPE(cols, rows), &r), 0, 1);
+    CHECK_NOT_NULL(t);
+    ck_assert(nb_is_leaf(t));
+    ck_assert(!nb_is_contiguous(t));
+    return nb_set_requires_grad(t, true);
+}
+
+START_TEST(test_gradcheck_contiguous) {
+    nb_scope_begin();
+    nb_tensor *in[2];
+    in[0] = rand_leaf(1, NB_SHAPE(2, 3));
+    in[1] = rand_leaf(2, NB_SHAPE(3, 4));
+    expect_gradcheck("nb_matmul 2-D contiguous", f_mm, NULL, 2, in);
+    in[0] = rand_leaf(3, NB_SHAPE(2, 3, 4));
+    in[1] = rand_leaf(4, NB_SHAPE(2, 4, 2));
+    expect_gradcheck("nb_matmul batched 3-D", f_mm, NULL, 2, in);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_gradcheck_transposed) {
+    nb_scope_begin();
+    nb_tensor *in[2];
+    /* transposed inside the function: the graph goes through nb_transpose */
+    in[0] = rand_leaf(5, NB_SHAPE(2, 3));
+    in[1] = rand_leaf(6, NB_SHAPE(4, 3));
+    expect_gradcheck("nb_matmul 2-D transposed", f_mm_tb, NULL, 2, in);
+    in[0] = rand_leaf(7, NB_SHAPE(3, 2));
+    in[1] = rand_leaf(8, NB_SHAPE(3, 4));
+    expect_gradcheck("nb_matmul 2-D transposed a", f_mm_ta, NULL, 2, in);
+    /* leaves that are themselves transposed views */
+    in[0] = transposed_leaf(9, 2, 3);
+    in[1] = transposed_leaf(10, 3, 4);
+    expect_gradcheck("nb_matmul 2-D transposed leaves", f_mm, NULL, 2, in);
+    in[0] = transposed_leaf(11, 3, 2);
+    in[1] = rand_leaf(12, NB_SHAPE(3, 3));
+    expect_gradcheck("nb_matmul transposed leaf, transposed again", f_mm_ta, NULL, 2, in);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_gradcheck_broadcast) {
+    nb_scope_begin();
+    nb_tensor *in[2];
+    in[0] = rand_leaf(13, NB_SHAPE(2, 1, 2, 3));
+    in[1] = rand_leaf(14, NB_SHAPE(3, 3, 2));
+    expect_gradcheck("nb_matmul batched broadcast", f_mm, NULL, 2, in);
+    in[0] = rand_leaf(15, NB_SHAPE(2, 3, 4));
+    in[1] = rand_leaf(16, NB_SHAPE(4, 2));
+    expect_gradcheck("nb_matmul 3-D x 2-D", f_mm, NULL, 2, in);
+    in[0] = rand_leaf(17, NB_SHAPE(2, 3));
+    in[1] = rand_leaf(18, NB_SHAPE(2, 3, 2));
+    expect_gradcheck("nb_matmul 2-D x 3-D", f_mm, NULL, 2, in);
+    in[0] = rand_leaf(19, NB_SHAPE(2, 3));
+    in[1] = rand_leaf(20, NB_SHAPE(3, 2));
+    expect_gradcheck("nb_matmul expanded (stride-0) operand", f_mm_exp, NULL, 2, in);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_gradcheck_1d) {
+    nb_scope_begin();
+    nb_tensor *in[2];
+    in[0] = rand_leaf(21, NB_SHAPE(3));
+    in[1] = rand_leaf(22, NB_SHAPE(3, 2));
+    expect_gradcheck("nb_matmul 1-D x 2-D", f_mm, NULL, 2, in);
+    in[0] = rand_leaf(23, NB_SHAPE(2, 3));
+    in[1] = rand_leaf(24, NB_SHAPE(3));
+    expect_gradcheck("nb_matmul 2-D x 1-D", f_mm, NULL, 2, in);
+    in[0] = rand_leaf(25, NB_SHAPE(4));
+    in[1] = rand_leaf(26, NB_SHAPE(4));
+    expect_gradcheck("nb_matmul 1-D dot", f_mm, NULL, 2, in);
+    in[0] = rand_leaf(27, NB_SHAPE(3));
+    in[1] = rand_leaf(28, NB_SHAPE(2, 3, 2));
+    expect_gradcheck("nb_matmul 1-D x 3-D", f_mm, NULL, 2, in);
+    in[0] = rand_leaf(29, NB_SHAPE(2, 2, 3));
+    in[1] = rand_leaf(30, NB_SHAPE(3));
+    expect_gradcheck("nb_matmul 3-D x 1-D", f_mm, NULL, 2, in);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_gradcheck_one_input) {
+    nb_scope_begin();
+    nb_tensor *in[2];
+    nb_rng r;
+    nb_rng_seed(&r, 31);
+    in[0] = rand_leaf(32, NB_SHAPE(2, 3));
+    in[1] = nb_randn(NB_F64, NB_SHAPE(3, 2), &r); /* constant: no gradient wanted */
+    expect_gradcheck("nb_matmul only a requires grad", f_mm, NULL, 2, in);
+    in[0] = nb_randn(NB_F64, NB_SHAPE(2, 1, 3), &r);
+    in[1] = rand_leaf(33, NB_SHAPE(2, 3, 2));
+    expect_gradcheck("nb_matmul only b requires grad", f_mm, NULL, 2, in);
+    ck_assert(nb_grad(in[0]) == NULL);
+    nb_scope_end();
+}
+END_TEST
+
+/* loss = sum(matmul(a, b) * w); a.grad and b.grad against torch autograd. */
+static const char *const grad_cases[] = {"grad_bcast", "grad_vb3", "grad_b3v"};
+
+START_TEST(test_backward_vs_torch) {
+    const char *cs = grad_cases[_i];
+    nb_tensor *fa = fxc(cs, "a"), *fb = fxc(cs, "b"), *fw = fxc(cs, "w");
+    nb_tensor *want[2][2] = {{fxc(cs, "ga"), fxc(cs, "gb")}, {fxc(cs, "ga32"), fxc(cs, "gb32")}};
+    for (int p = 0; p < 2; p++) {
+        nb_dtype dt = p ? NB_F32 : NB_F64;
+        double tol = p ? 1e-5 : 1e-12;
+        nb_scope_begin();
+        nb_tensor *a = nb_set_requires_grad(nb_to(nb_detach(fa), dt), true);
+        nb_tensor *b = nb_set_requires_grad(nb_to(nb_detach(fb), dt), true);
+        nb_tensor *w = nb_to(fw, dt);
+        CHECK_NOT_NULL(a);
+        CHECK_NOT_NULL(b);
+        nb_tensor *out = nb_matmul(a, b);
+        CHECK_NOT_NULL(out);
+        ck_assert(nb_requires_grad(out));
+        ck_assert(!nb_is_leaf(out));
+        nb_tensor *loss = nb_sum_all(nb_mul(out, w));
+        ck_assert_msg(nb_backward(loss) == 0, "%s", nb_last_error());
+        expect_close(nb_grad(a), want[p][0], tol, tol);
+        expect_close(nb_grad(b), want[p][1], tol, tol);
+        ck_assert(!nb_requires_grad(fa)); /* the fixtures were not touched */
+        nb_scope_end();
+    }
+}
+END_TEST
+
+START_TEST(test_no_grad_records_nothing) {
+    nb_scope_begin();
+    nb_tensor *a = rand_leaf(40, NB_SHAPE(2, 3)), *b = rand_leaf(41, NB_SHAPE(3, 2));
+    nb_set_grad_enabled(false);
+    nb_tensor *c = nb_matmul(a, b);
+    nb_set_grad_enabled(true);
+    CHECK_NOT_NULL(c);
+    ck_assert(!nb_requires_grad(c));
+    ck_assert(nb_is_leaf(c));
+    nb_tensor *d = nb_matmul(a, b);
+    ck_assert(nb_requires_grad(d));
+    ck_assert(!nb_is_leaf(d));
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_in_place_write_after_use) {
+    /* backward reads both inputs: writing one after the forward is caught */
+    nb_scope_begin();
+    nb_tensor *a = rand_leaf(42, NB_SHAPE(2, 3)), *b = nb_ones(NB_F64, NB_SHAPE(3, 2));
+    nb_tensor *loss = nb_sum_all(nb_matmul(a, b));
+    CHECK_NOT_NULL(loss);
+    ck_assert_int_eq(nb_copy_into(b, nb_scalar(NB_F64, 2.0)), 0);
+    ck_assert_int_eq(nb_backward(loss), -1);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "nb_matmul"));
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "modified in place"));
+    nb_clear_error();
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_no_leak) {
+    int64_t live = nb_live_tensors();
+    nb_scope_begin();
+    nb_tensor *a = rand_leaf(43, NB_SHAPE(1, 1, 3)), *b = rand_leaf(44, NB_SHAPE(2, 3, 2));
+    ck_assert_int_eq(nb_backward(nb_sum_all(nb_matmul(a, b))), 0);
+    ck_assert_int_eq(nb_backward(nb_sum_all(nb_matmul(a, b))), 0); /* accumulates */
+    double g[3], b0[12];
+    nb_copy_to_f64(nb_grad(a), g);
+    nb_copy_to_f64(b, b0);
+    for (int k = 0; k < 3; k++) /* a is broadcast over b's 2 batches; two backward calls add up */
+        ck_assert_double_eq_tol(g[k], 2 * (b0[k * 2] + b0[k * 2 + 1] + b0[6 + k * 2] +
+                                           b0[6 + k * 2 + 1]), 1e-12);
+    nb_scope_end();
+    ck_assert_int_eq(nb_live_tensors(), live);
+}
+END_TEST
+
+/* --------------------------------------------------------------------- errors */
+START_TEST(test_error_inner_mismatch) {
+    nb_scope_begin();
+    nb_tensor *a = nb_zeros(NB_F64, NB_SHAPE(2, 3)), *b = nb_zeros(NB_F64, NB_SHAPE(4, 5));
+    expect_error(nb_matmul(a, b), "nb_matmul: shapes (2,3) and (4,5) cannot be multiplied (3 != 4)");
+    expect_error(nb_matmul(nb_zeros(NB_F32, NB_SHAPE(3)), nb_zeros(NB_F32, NB_SHAPE(4))),
+                 "nb_matmul: shapes (3) and (4) cannot be multiplied (3 != 4)");
+    expect_error(nb_matmul(nb_zeros(NB_F64, NB_SHAPE(2, 3)), nb_zeros(NB_F64, NB_SHAPE(2))),
+                 "nb_matmul", "(2,3) and (2)", "(3 != 2)");
+    expect_error(nb_matmul(nb_zeros(NB_F64, NB_SHAPE(5)), nb_zeros(NB_F64, NB_SHAPE(2, 4, 3))),
+                 "nb_matmul", "(5) and (2,4,3)", "(5 != 4)");
+    expect_error(nb_matmul(nb_zeros(NB_F64, NB_SHAPE(3, 4)), nb_transpose(b, 0, 1)),
+                 "nb_matmul", "(3,4) and (5,4)", "(4 != 5)");
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_error_batch_broadcast) {
+    nb_scope_begin();
+    nb_tensor *a = nb_zeros(NB_F64, NB_SHAPE(2, 3, 4)), *b = nb_zeros(NB_F64, NB_SHAPE(3, 4, 5));
+    expect_error(nb_matmul(a, b), "nb_matmul", "cannot be broadcast", "2", "3");
+    a = nb_zeros(NB_F64, NB_SHAPE(2, 2, 3, 4));
+    b = nb_zeros(NB_F64, NB_SHAPE(3, 1, 4, 5));
+    expect_error(nb_matmul(a, b), "nb_matmul", "cannot be broadcast");
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_error_dtypes) {
+    nb_scope_begin();
+    nb_tensor *f32 = nb_zeros(NB_F32, NB_SHAPE(2, 3)), *f64 = nb_zeros(NB_F64, NB_SHAPE(3, 2));
+    expect_error(nb_matmul(f32, f64), "nb_matmul", "dtype mismatch", "f32", "f64");
+    expect_error(nb_matmul(f64, f32), "nb_matmul", "dtype mismatch", "f64", "f32");
+    nb_tensor *i64 = nb_zeros(NB_I64, NB_SHAPE(3, 2)), *bl = nb_zeros(NB_BOOL, NB_SHAPE(3, 2));
+    expect_error(nb_matmul(nb_zeros(NB_I64, NB_SHAPE(2, 3)), i64), "nb_matmul", "floating",
+                 "i64");
+    expect_error(nb_matmul(f64, i64), "nb_matmul", "floating", "i64");
+    expect_error(nb_matmul(nb_zeros(NB_F64, NB_SHAPE(2, 3)), bl), "nb_matmul", "floating",
+                 "bool");
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_error_0d) {
+    nb_scope_begin();
+    nb_tensor *s = nb_scalar(NB_F64, 2.0), *v = nb_zeros(NB_F64, NB_SHAPE(3));
+    expect_error(nb_matmul(s, v),
+                 "nb_matmul: both arguments must be at least 1-d, got shapes () and (3)");
+    expect_error(nb_matmul(v, s),
+                 "nb_matmul: both arguments must be at least 1-d, got shapes (3) and ()");
+    expect_error(nb_matmul(s, s), "nb_matmul", "at least 1-d", "() and ()");
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_error_overflow) {
+    /* (2^32,1) x (1,2^32) -> 2^64 elements: too many to count, nothing allocated */
+    nb_scope_begin();
+    int64_t big = (int64_t)1 << 32;
+    nb_tensor *one = nb_zeros(NB_F64, NB_SHAPE(1, 1));
+    nb_tensor *a = nb_expand(one, NB_SHAPE(big, 1)), *b = nb_expand(one, NB_SHAPE(1, big));
+    CHECK_NOT_NULL(a);
+    CHECK_NOT_NULL(b);
+    expect_error(nb_matmul(a, b), "nb_matmul", "int64");
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_error_null_keeps_first) {
+    nb_scope_begin();
+    nb_clear_error();
+    nb_tensor *x = nb_zeros(NB_F64, NB_SHAPE(2, 2));
+    expect_error(nb_matmul(NULL, x), "nb_matmul: input is NULL");
+    expect_error(nb_matmul(x, NULL), "nb_matmul: input is NULL");
+    expect_error(nb_matmul(NULL, NULL), "nb_matmul");
+    /* a chain: the first failure's message survives the NULL-propagating calls */
+    nb_tensor *bad = nb_matmul(x, nb_zeros(NB_F64, NB_SHAPE(3, 2)));
+    ck_assert_ptr_null(bad);
+    char first[512];
+    snprintf(first, sizeof first, "%s", nb_last_error());
+    ck_assert_ptr_nonnull(strstr(first, "(2 != 3)"));
+    ck_assert_ptr_null(nb_matmul(bad, x));
+    ck_assert_ptr_null(nb_matmul(x, nb_matmul(bad, x)));
+    ck_assert_str_eq(nb_last_error(), first);
+    nb_clear_error();
+    nb_scope_end();
+}
+END_TEST
+
+Suite *suite_matmul(void) {
+    Suite *s = suite_create("matmul");
+    TCase *tc = tcase_create("forward");
+    tcase_add_loop_test(tc, test_forward_fixtures, 0, NPLAIN);
+    tcase_add_test(tc, test_zero_inner_is_zeros);
+    tcase_add_test(tc, test_output_shapes);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("strided");
+    tcase_add_test(tc, test_transposed_b_in_place);
+    tcase_add_test(tc, test_transposed_a_in_place);
+    tcase_add_test(tc, test_transposed_both_in_place);
+    tcase_add_test(tc, test_expanded_b_in_place);
+    tcase_add_test(tc, test_narrowed_a_in_place);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("autograd");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_gradcheck_contiguous);
+    tcase_add_test(tc, test_gradcheck_transposed);
+    tcase_add_test(tc, test_gradcheck_broadcast);
+    tcase_add_test(tc, test_gradcheck_1d);
+    tcase_add_test(tc, test_gradcheck_one_input);
+    tcase_add_loop_test(tc, test_backward_vs_torch, 0,
+                        (int)(sizeof grad_cases / sizeof grad_cases[0]));
+    tcase_add_test(tc, test_no_grad_records_nothing);
+    tcase_add_test(tc, test_in_place_write_after_use);
+    tcase_add_test(tc, test_no_leak);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("errors");
+    tcase_add_test(tc, test_error_inner_mismatch);
+    tcase_add_test(tc, test_error_batch_broadcast);
+    tcase_add_test(tc, test_error_dtypes);
+    tcase_add_test(tc, test_error_0d);
+    tcase_add_test(tc, test_error_overflow);
+    tcase_add_test(tc, test_error_null_keeps_first);
+    suite_add_tcase(s, tc);
+    return s;
+}
