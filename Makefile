@@ -17,7 +17,7 @@ TEST_BIN := $(BUILD)/tests/run_tests
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm)
 
-.PHONY: all test run bench clean check-deps
+.PHONY: all test run bench clean check-deps readme-check valgrind asan
 all: $(BUILD)/libnabla.a $(BUILD)/libnabla.so $(EXAMPLES)
 	@ln -sf $(BUILD)/libnabla.a libnabla.a
 	@ln -sf $(BUILD)/libnabla.so libnabla.so
@@ -61,10 +61,39 @@ test: check-deps
 	$(TEST_BIN)
 
 run: all
-	$(BUILD)/examples/copy_task
+	@if [ -x $(BUILD)/examples/copy_task ]; then $(BUILD)/examples/copy_task; else \
+	  echo "make run: examples/copy_task.c is not built yet (see README, 'What is not built yet')"; exit 1; fi
 
 bench: all
-	$(BUILD)/bench/bench
+	@if [ -f bench/bench.c ]; then $(MAKE) --no-print-directory $(BUILD)/bench/bench && $(BUILD)/bench/bench; else \
+	  echo "make bench: bench/bench.c is not built yet (see README, 'What is not built yet')"; exit 1; fi
+
+$(BUILD)/bench/bench: bench/bench.c $(BUILD)/libnabla.a nabla.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I. $< $(BUILD)/libnabla.a $(LDLIBS) -o $@
+
+# The README's example program, extracted and compiled as written.
+readme-check: all
+	@mkdir -p $(BUILD)/readme
+	@awk '/^```c$$/{on=1;next} /^```$$/{if(on)exit} on' README.md > $(BUILD)/readme/grad.c
+	$(CC) $(CFLAGS) -I. $(BUILD)/readme/grad.c $(BUILD)/libnabla.a $(LDLIBS) -o $(BUILD)/readme/grad
+	@$(BUILD)/readme/grad | tee $(BUILD)/readme/out.txt | head -1
+	@grep -q '^y = 1.462196$$' $(BUILD)/readme/out.txt && echo "README program: ok"
+
+# Stricter passes: the suites and examples under valgrind, and built with
+# AddressSanitizer + UndefinedBehaviorSanitizer.
+VALGRIND := valgrind -q --leak-check=full --errors-for-leak-kinds=definite --error-exitcode=1
+valgrind: all check-deps
+	@$(MAKE) --no-print-directory $(TEST_BIN)
+	CK_FORK=no $(VALGRIND) $(TEST_BIN) > $(BUILD)/valgrind-tests.log 2>&1 || { tail -30 $(BUILD)/valgrind-tests.log; exit 1; }
+	@tail -1 $(BUILD)/valgrind-tests.log
+	@for e in $(EXAMPLES); do $(VALGRIND) $$e > /dev/null || exit 1; echo "valgrind clean: $$e"; done
+
+asan: check-deps
+	@$(MAKE) --no-print-directory BUILD=build-asan OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	  LDLIBS="-fsanitize=address,undefined -lm -lpthread" build-asan/tests/run_tests all
+	build-asan/tests/run_tests
+	@for e in $(EXAMPLES:$(BUILD)/%=build-asan/%); do $$e > /dev/null || exit 1; echo "asan clean: $$e"; done
 
 clean:
-	rm -rf $(BUILD) libnabla.a libnabla.so
+	rm -rf $(BUILD) build-asan libnabla.a libnabla.so

@@ -192,6 +192,7 @@ typedef struct nb_gradcheck_result {
     double analytic, numeric; /* the two derivatives there */
     double max_abs_err;   /* the largest |analytic - numeric| seen */
     int64_t checked;      /* Jacobian entries compared */
+    int64_t mismatched;   /* entries outside the tolerance */
     char message[256];    /* human-readable summary */
 } nb_gradcheck_result;
 /* opts NULL = defaults; out may be NULL. false on mismatch or error (then

@@ -129,7 +129,10 @@ static void compare(int n, nb_tensor **in, int64_t m, double **A, double **N,
             double tol = o->atol + o->rtol * fabs(nu);
             double ratio = (err == err) ? err / tol : INFINITY;
             if (err > r->max_abs_err || err != err) r->max_abs_err = err;
-            if (!(err <= tol)) r->ok = false;
+            if (!(err <= tol)) {
+                r->ok = false;
+                r->mismatched++;
+            }
             if (ratio > worst) {
                 worst = ratio;
                 r->input = i;
@@ -187,9 +190,10 @@ bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs, const nb_gradc
     if (rc == 0) {
         compare(n, inputs, m, A, N, &o, &r);
         snprintf(r.message, sizeof r.message,
-                 "%s: %s %lld entries; worst: input %d element %lld, output element %lld: "
-                 "analytic %.10g vs numeric %.10g (max |diff| %.3g)", FN,
-                 r.ok ? "ok," : "MISMATCH in", (long long)r.checked, r.input, (long long)r.index,
+                 "%s: %s: %lld of %lld entries outside tolerance; worst: input %d element %lld, "
+                 "output element %lld: analytic %.10g vs numeric %.10g (max |diff| %.3g)", FN,
+                 r.ok ? "ok" : "MISMATCH", (long long)r.mismatched, (long long)r.checked,
+                 r.input, (long long)r.index,
                  (long long)r.output_index, r.analytic, r.numeric, r.max_abs_err);
         if (!r.ok) nbi_error("%s", r.message);
     }
