@@ -13,7 +13,7 @@ static bool check_inputs(int n, nb_tensor **in) {
     bool any = false;
     for (int i = 0; i < n; i++) {
         nb_tensor *t = in[i];
-        if (!t) return nbi_error("%s: input %d is NULL", FN, i), false;
+        if (!t) return nbi_null_input(FN), false;
         if (!t->requires_grad) continue;
         any = true;
         if (t->dtype != NB_F64)

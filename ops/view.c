@@ -287,11 +287,11 @@ nb_tensor *nb_narrow(nb_tensor *t, int dim, int64_t start, int64_t length) {
     if (t->ndim == 0) return nbi_error("%s: cannot narrow a 0-d tensor", fn);
     int d = nbi_dim(fn, dim, t->ndim);
     if (d < 0) return NULL;
-    int64_t size = t->shape[d];
+    int64_t size = t->shape[d], given = start;
     if (start < 0) start += size;
     if (start < 0 || length < 0 || start > size || length > size - start)
         return nbi_error("%s: start %lld and length %lld out of range for dim %d of size %lld",
-                         fn, (long long)start, (long long)length, dim, (long long)size);
+                         fn, (long long)given, (long long)length, dim, (long long)size);
     int64_t sh[NB_MAX_DIMS];
     memcpy(sh, t->shape, sizeof sh);
     sh[d] = length;

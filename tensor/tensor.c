@@ -89,6 +89,9 @@ nb_tensor *nbi_new(const char *fn, nb_dtype dtype, int ndim, const int64_t *shap
         return nbi_error("%s: shape %s needs more bytes than size_t can hold", fn,
                          nbi_shape_str(ndim, shape));
     size_t nbytes = (size_t)numel * es;
+    if (nbytes > (size_t)PTRDIFF_MAX - 64)
+        return nbi_error("%s: out of memory: shape %s needs %zu bytes", fn,
+                         nbi_shape_str(ndim, shape), nbytes);
     size_t cap = (nbytes + 63) & ~(size_t)63;
     nbi_storage *s = malloc(sizeof *s);
     void *data = s ? aligned_alloc(64, cap ? cap : 64) : NULL;
@@ -219,18 +222,22 @@ const int64_t *nb_strides(const nb_tensor *t) {
     return t ? t->strides : nbi_null_input("nb_strides");
 }
 int64_t nb_numel(const nb_tensor *t) { return t ? t->numel : (nbi_null_input("nb_numel"), -1); }
-nb_dtype nb_dtype_of(const nb_tensor *t) { return t ? t->dtype : NB_F32; }
+nb_dtype nb_dtype_of(const nb_tensor *t) {
+    if (!t) nbi_null_input("nb_dtype_of");
+    return t ? t->dtype : NB_F32;
+}
 void *nb_data(nb_tensor *t) { return t ? nbi_ptr(t) : nbi_null_input("nb_data"); }
 
 int64_t nb_size(const nb_tensor *t, int dim) {
     if (!t) return (nbi_null_input("nb_size"), -1);
+    if (t->ndim == 0) return (nbi_error("nb_size: a 0-d tensor has no dim %d", dim), -1);
     int d = nbi_dim("nb_size", dim, t->ndim);
-    if (d < 0) return -1;
-    return t->ndim ? t->shape[d] : 1;
+    return d < 0 ? -1 : t->shape[d];
 }
 
 bool nb_is_contiguous(const nb_tensor *t) {
     if (!t) return false;
+    if (t->numel == 0) return true; /* as PyTorch: no elements, no layout */
     int64_t s = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
         if (t->shape[i] != 1 && t->strides[i] != s) return false;
@@ -339,7 +346,9 @@ int nb_copy_into(nb_tensor *dst, const nb_tensor *src) {
     int64_t shape[NB_MAX_DIMS];
     if (!nbi_broadcast_shape(fn, dst->ndim, dst->shape, src->ndim, src->shape, &n, shape))
         return -1;
-    if (n != dst->ndim || nbi_shape_numel(n, shape) != dst->numel)
+    bool fits = n == dst->ndim;
+    for (int i = 0; fits && i < n; i++) fits = shape[i] == dst->shape[i];
+    if (!fits)
         return (nbi_error("%s: source of shape %s does not broadcast to destination shape %s", fn,
                           NBI_SHAPE(src), NBI_SHAPE(dst)), -1);
     if (has_internal_overlap(dst))
