@@ -29,7 +29,7 @@
     case NBI_SUB: ROWS2(T, x - y); break;                                     \
     case NBI_MUL: ROWS2(T, x * y); break;                                     \
     case NBI_DIV: ROWS2(T, x / y); break;                                     \
-    case NBI_RELU_GRAD: ROWS2(T, y > 0 ? x : 0); break;                       \
+    case NBI_RELU_GRAD: ROWS2(T, y <= 0 ? 0 : x); break;                      \
     case NBI_TANH_GRAD: ROWS2(T, x * (1 - y * y)); break;                     \
     case NBI_GELU_GRAD:                                                       \
         ROWS2(T, x * ((T)0.5 * (1 + ERF(y * (T)0.70710678118654752440)) +    \

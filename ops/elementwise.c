@@ -25,7 +25,7 @@ typedef enum { U_NEG, U_EXP, U_LOG, U_SQRT, U_TANH, U_RELU, U_GELU, U_POW, U_ADD
     case U_LOG: ROWS1(T, LOG(x)); break;                                      \
     case U_SQRT: ROWS1(T, SQRT(x)); break;                                    \
     case U_TANH: ROWS1(T, TANH(x)); break;                                    \
-    case U_RELU: ROWS1(T, x > 0 ? x : 0); break;                              \
+    case U_RELU: ROWS1(T, x <= 0 ? 0 : x); break; /* NaN stays NaN */         \
     case U_GELU: ROWS1(T, (T)0.5 * x * (1 + ERF(x * (T)0.70710678118654752440))); break; \
     case U_POW: ROWS1(T, POW(x, (T)s)); break;                                \
     case U_ADD: ROWS1(T, x + (T)s); break;                                    \
@@ -85,6 +85,8 @@ static int gelu_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 /* d(x^p)/dx = p x^(p-1) */
 static int pow_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     double p = n->d[0];
+    if (p == 0) /* x^0 is constant: 0 * x^-1 would be NaN at x = 0 */
+        return (gin[0] = nb_zeros(g->dtype, g->ndim, g->shape)) ? 0 : -1;
     nb_tensor *d = nb_mul_scalar(nb_pow_scalar(n->in[0], p - 1), p);
     return (gin[0] = nb_mul(g, d)) ? 0 : -1;
 }

@@ -198,8 +198,10 @@ nb_tensor *nb_unsqueeze(nb_tensor *t, int dim) {
     if (!t) return nbi_null_input(fn);
     if (t->ndim == NB_MAX_DIMS)
         return nbi_error("%s: tensor already has the maximum of %d dims", fn, NB_MAX_DIMS);
-    int d = nbi_dim(fn, dim, t->ndim + 1);
-    if (d < 0) return NULL;
+    if (dim < -(t->ndim + 1) || dim > t->ndim)
+        return nbi_error("%s: dim %d out of range for a %d-d tensor (expected %d..%d)", fn, dim,
+                         t->ndim, -(t->ndim + 1), t->ndim);
+    int d = dim < 0 ? dim + t->ndim + 1 : dim;
     int64_t sh[NB_MAX_DIMS], st[NB_MAX_DIMS];
     for (int i = 0, j = 0; i <= t->ndim; i++) {
         if (i == d) {
@@ -244,6 +246,9 @@ nb_tensor *nb_expand(nb_tensor *t, int ndim, const int64_t *shape) {
     for (int i = 0; i < ndim; i++) {
         int j = i - lead;
         int64_t want = shape[i];
+        if (want < -1)
+            return nbi_error("%s: invalid size %lld at dim %d of %s", fn, (long long)want, i,
+                             nbi_shape_str(ndim, shape));
         if (j < 0) {
             if (want < 0)
                 return nbi_error("%s: size %lld is invalid for new leading dim %d", fn,
