@@ -151,8 +151,8 @@ static int permute_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 nb_tensor *nb_permute(nb_tensor *t, int ndim, const int *dims) {
     const char *fn = "nb_permute";
     if (!t) return nbi_null_input(fn);
-    if (ndim != t->ndim || (ndim && !dims))
-        return nbi_error("%s: got %d dims for a %d-d tensor", fn, ndim, t->ndim);
+    if (ndim && !dims) return nbi_error("%s: dims is NULL", fn);
+    if (ndim != t->ndim) return nbi_error("%s: got %d dims for a %d-d tensor", fn, ndim, t->ndim);
     int64_t sh[NB_MAX_DIMS] = {0}, st[NB_MAX_DIMS] = {0};
     int perm[NB_MAX_DIMS];
     bool seen[NB_MAX_DIMS] = {false};
