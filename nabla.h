@@ -221,6 +221,13 @@ NB_API int64_t nb_live_tensors(void); /* tensor objects alive (all threads) */
  * prints the first error to stderr and calls abort(). */
 NB_API const char *nb_last_error(void);
 NB_API void nb_clear_error(void);
+/* Sets the message (printf-style), for code built on nabla that reports its
+ * own errors the same way (nn/ does). Honors NABLA_ABORT_ON_ERROR. */
+NB_API void nb_report_error(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
 
 /* ---------------------------------------------------------------- rng, threads */
 NB_API void nb_rng_seed(nb_rng *rng, uint64_t seed);
@@ -230,6 +237,126 @@ NB_API nb_rng *nb_global_rng(void);
  * CPUs. Results are bitwise identical for any count. */
 NB_API void nb_set_num_threads(int n);
 NB_API int nb_num_threads(void);
+
+/* ============================================================ nn: modules
+ * Built only from the public API above. A module is a small public struct
+ * (keep it on the stack or in your model struct); its parameters are
+ * persistent tensors registered by name in an nb_params registry, which owns
+ * them. Names follow PyTorch's state_dict keys: nb_mha_init(&m, ps,
+ * "decoder.layers.0.src_attn", ...) registers
+ * "decoder.layers.0.src_attn.w_q.weight", ... Parameters are made in
+ * nb_default_dtype(). */
+
+/* Persistent handle on t's storage, detached, owned by no scope (nb_free it). */
+NB_API nb_tensor *nb_persistent(nb_tensor *t);
+
+/* Gathers along dim: out[i][j] = t[index[i][j]][j] (dim 0), as torch.gather;
+ * index is NB_I64 of t's ndim, out has index's shape. Differentiable in t. */
+NB_API nb_tensor *nb_gather(nb_tensor *t, int dim, nb_tensor *index);
+/* Rows (dim 0) of t picked by a 1-D NB_I64 index: (len(index), ...). */
+NB_API nb_tensor *nb_index_select(nb_tensor *t, int dim, nb_tensor *index);
+
+typedef struct nb_params nb_params; /* opaque, ordered by registration */
+NB_API nb_params *nb_params_new(void);
+NB_API void nb_params_free(nb_params *ps); /* frees the tensors too */
+/* Registers t (made persistent, requires grad) under name; returns the
+ * registered tensor, or NULL for a duplicate name. */
+NB_API nb_tensor *nb_params_add(nb_params *ps, const char *name, nb_tensor *t);
+NB_API nb_tensor *nb_params_get(nb_params *ps, const char *name); /* NULL + message if absent */
+NB_API int nb_params_count(const nb_params *ps);
+NB_API nb_tensor *nb_params_at(const nb_params *ps, int i, const char **name);
+NB_API int64_t nb_params_numel(const nb_params *ps);
+NB_API void nb_params_zero_grad(nb_params *ps);
+
+/* functional forms */
+/* x (..., in), w (out, in), b (out) or NULL -> (..., out) = x w^T + b */
+NB_API nb_tensor *nb_linear(nb_tensor *x, nb_tensor *w, nb_tensor *b);
+/* weight (num, dim), idx NB_I64 (...) -> (..., dim) */
+NB_API nb_tensor *nb_embedding(nb_tensor *weight, nb_tensor *idx);
+/* Over the last dim, as torch.nn.LayerNorm: (x - mean) / sqrt(var + eps) * w + b
+ * with the biased variance; w, b (dim) or NULL. */
+NB_API nb_tensor *nb_layer_norm(nb_tensor *x, nb_tensor *w, nb_tensor *b, double eps);
+/* As torch.nn.CrossEntropyLoss (mean reduction): logits (N, C), targets
+ * NB_I64 (N); targets equal to ignore_index count for nothing (use -1 for
+ * none); label_smoothing in [0, 1]. Returns a 0-d tensor. */
+NB_API nb_tensor *nb_cross_entropy(nb_tensor *logits, nb_tensor *targets, int64_t ignore_index,
+                                   double label_smoothing);
+/* Scaled dot-product attention built from public ops:
+ * softmax(q k^T / sqrt(D) with -inf where keep_mask is false) -> dropout -> · v.
+ * q (..., Lq, D), k (..., Lk, D), v (..., Lk, Dv) -> (..., Lq, Dv).
+ * keep_mask NB_BOOL broadcasting to (..., Lq, Lk), true = may attend, or NULL:
+ * (B,1,1,Lk) padding, (Lq,Lk) causal, (B,1,Lq,Lk) both. A fully masked row
+ * attends to nothing (zero weights, zero output). weights_out (optional)
+ * receives the post-dropout weights (..., Lq, Lk). */
+NB_API nb_tensor *nb_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *keep_mask,
+                               double dropout_p, bool training, nb_rng *rng,
+                               nb_tensor **weights_out);
+
+/* modules */
+typedef struct nb_Linear {
+    nb_tensor *weight; /* (out, in): kaiming-uniform(a = sqrt 5), i.e. U(+-1/sqrt(in)) */
+    nb_tensor *bias;   /* (out) U(+-1/sqrt(in)), or NULL */
+    int64_t in_features, out_features;
+} nb_Linear;
+NB_API int nb_linear_init(nb_Linear *m, nb_params *ps, const char *name, int64_t in, int64_t out,
+                          bool bias, nb_rng *rng);
+NB_API nb_tensor *nb_linear_forward(const nb_Linear *m, nb_tensor *x);
+
+typedef struct nb_Embedding {
+    nb_tensor *weight; /* (num, dim), N(0, 1) as torch */
+    int64_t num_embeddings, embedding_dim;
+} nb_Embedding;
+NB_API int nb_embedding_init(nb_Embedding *m, nb_params *ps, const char *name, int64_t num,
+                             int64_t dim, nb_rng *rng);
+NB_API nb_tensor *nb_embedding_forward(const nb_Embedding *m, nb_tensor *idx);
+
+typedef struct nb_LayerNorm {
+    nb_tensor *weight, *bias; /* (dim): ones, zeros */
+    int64_t dim;
+    double eps;
+} nb_LayerNorm;
+NB_API int nb_layernorm_init(nb_LayerNorm *m, nb_params *ps, const char *name, int64_t dim,
+                             double eps);
+NB_API nb_tensor *nb_layernorm_forward(const nb_LayerNorm *m, nb_tensor *x);
+
+/* Multi-head attention, batch first: projections w_q w_k w_v w_o (d_model x
+ * d_model), heads split with view + transpose to (B, H, L, d_k). */
+typedef struct nb_MHA {
+    nb_Linear w_q, w_k, w_v, w_o;
+    int64_t d_model, heads, d_k;
+    double dropout;
+} nb_MHA;
+NB_API int nb_mha_init(nb_MHA *m, nb_params *ps, const char *name, int64_t d_model,
+                       int64_t heads, double dropout, bool bias, nb_rng *rng);
+/* q (B, Lq, d_model), k and v (B, Lk, d_model) -> (B, Lq, d_model); keep_mask
+ * as nb_attention, broadcasting to (B, H, Lq, Lk); weights_out (optional)
+ * receives the per-head weights (B, H, Lq, Lk). */
+NB_API nb_tensor *nb_mha_forward(nb_MHA *m, nb_tensor *q, nb_tensor *k, nb_tensor *v,
+                                 nb_tensor *keep_mask, bool training, nb_rng *rng,
+                                 nb_tensor **weights_out);
+
+/* optimizers: state is allocated at creation; step reads each parameter's
+ * .grad (parameters without one are skipped) and updates it in place. */
+typedef struct nb_optim nb_optim; /* opaque */
+/* torch.optim.SGD (dampening 0, no nesterov) */
+NB_API nb_optim *nb_sgd(nb_params *ps, double lr, double momentum, double weight_decay);
+/* torch.optim.Adam (L2 weight decay added to the gradient) */
+NB_API nb_optim *nb_adam(nb_params *ps, double lr, double beta1, double beta2, double eps,
+                         double weight_decay);
+/* torch.optim.AdamW (decoupled weight decay) */
+NB_API nb_optim *nb_adamw(nb_params *ps, double lr, double beta1, double beta2, double eps,
+                          double weight_decay);
+NB_API void nb_optim_step(nb_optim *opt);
+NB_API void nb_optim_zero_grad(nb_optim *opt);
+NB_API void nb_optim_set_lr(nb_optim *opt, double lr);
+NB_API double nb_optim_lr(const nb_optim *opt);
+NB_API void nb_optim_free(nb_optim *opt);
+/* Scales all gradients so that their joint L2 norm is at most max_norm, as
+ * torch.nn.utils.clip_grad_norm_; returns the norm before clipping. */
+NB_API double nb_clip_grad_norm(nb_params *ps, double max_norm);
+/* The Annotated Transformer's schedule: factor * d_model^-0.5 *
+ * min(step^-0.5, step * warmup^-1.5), with step 0 counted as 1. */
+NB_API double nb_noam_rate(int64_t step, int64_t d_model, double factor, int64_t warmup);
 
 #ifdef __cplusplus
 }

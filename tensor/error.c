@@ -26,6 +26,15 @@ void *nbi_error(const char *fmt, ...) {
     return NULL;
 }
 
+void nb_report_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char buf[512];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    nbi_error("%s", buf);
+}
+
 void *nbi_null_input(const char *fn) {
     if (!has_msg) nbi_error("%s: input is NULL", fn);
     return NULL;

@@ -81,3 +81,10 @@ nb_tensor *nb_keep(nb_tensor *t) {
     top = cur;
     return k;
 }
+
+nb_tensor *nb_persistent(nb_tensor *t) {
+    if (!t) return nbi_null_input("nb_persistent");
+    nb_tensor *k = nbi_make_view(t, t->ndim, t->shape, t->strides, t->offset);
+    if (k) nbi_scope_release(k); /* owned by the caller now, like a tensor made outside scopes */
+    return k;
+}

@@ -1,0 +1,55 @@
+/* linear.c: y = x w^T + b, as torch.nn.Linear, with its default init. */
+#include <math.h>
+
+#include "nn_internal.h"
+
+/* x (..., in), w (out, in), b (out) -> (..., out) */
+nb_tensor *nb_linear(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
+    const char *fn = "nb_linear";
+    if (!x || !w) return nn_null(fn);
+    if (nb_ndim(w) != 2) return nn_error("%s: weight must be 2-d (out, in), got %d-d", fn, nb_ndim(w));
+    int64_t in = nb_shape(w)[1], out = nb_shape(w)[0];
+    if (nb_ndim(x) < 1 || nb_shape(x)[nb_ndim(x) - 1] != in)
+        return nn_error("%s: input's last dim (%lld) does not match weight (%lld,%lld)", fn,
+                        nb_ndim(x) ? (long long)nb_shape(x)[nb_ndim(x) - 1] : 0LL,
+                        (long long)out, (long long)in);
+    if (b && (nb_ndim(b) != 1 || nb_shape(b)[0] != out))
+        return nn_error("%s: bias must have shape (%lld)", fn, (long long)out);
+    nb_tensor *y = nb_matmul(x, nb_transpose(w, 0, 1));
+    return b ? nb_add(y, b) : y;
+}
+
+/* U(-bound, bound) in the default dtype, registered as name */
+nb_tensor *nn_uniform_param(nb_params *ps, const char *name, int ndim, const int64_t *shape,
+                            double bound, nb_rng *rng) {
+    nb_scope_begin();
+    nb_tensor *u = nb_rand(nb_default_dtype(), ndim, shape, rng);
+    nb_tensor *p = nb_params_add(ps, name, nb_add_scalar(nb_mul_scalar(u, 2 * bound), -bound));
+    nb_scope_end();
+    return p;
+}
+
+/* torch's default: kaiming_uniform(a = sqrt(5)) gives bound 1/sqrt(in) for
+ * the weight, and the bias uses the same bound. */
+int nb_linear_init(nb_Linear *m, nb_params *ps, const char *name, int64_t in, int64_t out,
+                   bool bias, nb_rng *rng) {
+    if (!m || !ps) return (nn_error("nb_linear_init: module or registry is NULL"), -1);
+    if (in <= 0 || out <= 0)
+        return (nn_error("nb_linear_init: sizes must be positive, got in %lld, out %lld",
+                         (long long)in, (long long)out), -1);
+    char buf[512];
+    double bound = 1.0 / sqrt((double)in);
+    *m = (nb_Linear){.in_features = in, .out_features = out};
+    m->weight = nn_uniform_param(ps, nn_join(buf, sizeof buf, name, "weight"), 2,
+                                 (const int64_t[]){out, in}, bound, rng);
+    if (!m->weight) return -1;
+    if (bias && !(m->bias = nn_uniform_param(ps, nn_join(buf, sizeof buf, name, "bias"), 1,
+                                             (const int64_t[]){out}, bound, rng)))
+        return -1;
+    return 0;
+}
+
+nb_tensor *nb_linear_forward(const nb_Linear *m, nb_tensor *x) {
+    if (!m) return nn_error("nb_linear_forward: module is NULL");
+    return nb_linear(x, m->weight, m->bias);
+}

@@ -1,0 +1,25 @@
+/* nn_internal.h: helpers shared by the modules in nn/. nn/ sees only the
+ * public API (nabla.h); errors are reported through nb_report_error. */
+#ifndef NABLA_NN_INTERNAL_H
+#define NABLA_NN_INTERNAL_H
+
+#include <stdio.h>
+
+#include "../nabla.h"
+
+/* Reports through nb_report_error and returns NULL. */
+void *nn_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A NULL input: keep an earlier message, or say which function got it. */
+#define nn_null(fn) ((void *)(nb_last_error() ? NULL : nn_error("%s: input is NULL", (fn))))
+
+/* "name.suffix" into buf (module parameter names) */
+static inline const char *nn_join(char *buf, size_t cap, const char *name, const char *suffix) {
+    snprintf(buf, cap, "%s%s%s", name && *name ? name : "", name && *name ? "." : "", suffix);
+    return buf;
+}
+
+/* U(-bound, bound) in the default dtype, registered in ps as name. */
+nb_tensor *nn_uniform_param(nb_params *ps, const char *name, int ndim, const int64_t *shape,
+                            double bound, nb_rng *rng);
+
+#endif
