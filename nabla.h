@@ -85,6 +85,10 @@ NB_API bool nb_is_contiguous(const nb_tensor *t);
 /* Pointer to the first element (storage + offset); the layout is given by
  * nb_strides. For reading and writing values outside of autograd. */
 NB_API void *nb_data(nb_tensor *t);
+/* Call after writing t's values through nb_data: a recorded graph that saved
+ * t (or a view of its storage) then refuses to backpropagate through stale
+ * values, as after nb_copy_into. */
+NB_API void nb_mark_modified(nb_tensor *t);
 NB_API double nb_item(const nb_tensor *t);           /* one element -> double; NaN on error */
 NB_API int nb_copy_to_f64(const nb_tensor *t, double *out); /* numel values, row-major */
 NB_API void nb_print(const nb_tensor *t);              /* to stdout */
@@ -335,6 +339,71 @@ NB_API nb_tensor *nb_mha_forward(nb_MHA *m, nb_tensor *q, nb_tensor *k, nb_tenso
                                  nb_tensor *keep_mask, bool training, nb_rng *rng,
                                  nb_tensor **weights_out);
 
+/* Position-wise feed-forward: w_2(dropout(relu(w_1(x)))). */
+typedef struct nb_FeedForward {
+    nb_Linear w_1, w_2; /* (d_ff, d_model), (d_model, d_ff) */
+    double dropout;
+} nb_FeedForward;
+NB_API int nb_feedforward_init(nb_FeedForward *m, nb_params *ps, const char *name,
+                               int64_t d_model, int64_t d_ff, double dropout, nb_rng *rng);
+NB_API nb_tensor *nb_feedforward_forward(const nb_FeedForward *m, nb_tensor *x, bool training,
+                                         nb_rng *rng);
+
+/* Sinusoidal positional encoding table (max_len, d_model), as The Annotated
+ * Transformer: pe[p, 2i] = sin(p / 10000^(2i/d)), pe[p, 2i+1] = cos(...). */
+NB_API nb_tensor *nb_positional_encoding(int64_t max_len, int64_t d_model, nb_dtype dtype);
+/* Fills t in place with U(+-sqrt(6 / (fan_in + fan_out))), torch's
+ * xavier_uniform_ (t at least 2-d; fans from dims 1 and 0). */
+NB_API int nb_init_xavier_uniform(nb_tensor *t, nb_rng *rng);
+
+/* The encoder-decoder of The Annotated Transformer, pre-norm: each sublayer
+ * is x + dropout(sublayer(norm(x))); final norms on both stacks; the
+ * generator is a linear layer to the target vocabulary. Parameter names:
+ * src_embed.weight, tgt_embed.weight, encoder.layers.{i}.self_attn.w_q.weight,
+ * encoder.layers.{i}.feed_forward.w_1.weight, encoder.layers.{i}.norm1.weight,
+ * ..., decoder.layers.{i}.src_attn..., encoder.norm.weight, decoder.norm.weight,
+ * generator.weight, generator.bias. */
+typedef struct nb_EncoderLayer {
+    nb_MHA self_attn;
+    nb_FeedForward feed_forward;
+    nb_LayerNorm norm1, norm2;
+} nb_EncoderLayer;
+typedef struct nb_DecoderLayer {
+    nb_MHA self_attn, src_attn;
+    nb_FeedForward feed_forward;
+    nb_LayerNorm norm1, norm2, norm3;
+} nb_DecoderLayer;
+typedef struct nb_TransformerConfig {
+    int64_t src_vocab, tgt_vocab;
+    int64_t d_model, d_ff, heads, layers;
+    int64_t max_len;  /* longest sequence (positional table) */
+    double dropout;
+} nb_TransformerConfig;
+typedef struct nb_Transformer {
+    nb_TransformerConfig cfg;
+    nb_Embedding src_embed, tgt_embed; /* scaled by sqrt(d_model) in forward */
+    nb_tensor *pe;                     /* (max_len, d_model), not a parameter */
+    nb_EncoderLayer *encoder;          /* cfg.layers of each */
+    nb_DecoderLayer *decoder;
+    nb_LayerNorm encoder_norm, decoder_norm;
+    nb_Linear generator;
+} nb_Transformer;
+/* Registers every parameter in ps; weights with 2+ dims get xavier-uniform
+ * (as The Annotated Transformer's make_model). Free with nb_transformer_free
+ * (the parameters belong to ps). */
+NB_API int nb_transformer_init(nb_Transformer *m, nb_params *ps, const nb_TransformerConfig *cfg,
+                               nb_rng *rng);
+NB_API void nb_transformer_free(nb_Transformer *m);
+/* src NB_I64 (B, Ls), src_keep (B,1,1,Ls) or NULL -> memory (B, Ls, d_model) */
+NB_API nb_tensor *nb_transformer_encode(nb_Transformer *m, nb_tensor *src, nb_tensor *src_keep,
+                                        bool training, nb_rng *rng);
+/* tgt NB_I64 (B, Lt), tgt_keep (Lt,Lt) or (B,1,Lt,Lt) -> (B, Lt, d_model) */
+NB_API nb_tensor *nb_transformer_decode(nb_Transformer *m, nb_tensor *memory,
+                                        nb_tensor *src_keep, nb_tensor *tgt,
+                                        nb_tensor *tgt_keep, bool training, nb_rng *rng);
+/* (B, L, d_model) -> logits (B, L, tgt_vocab) */
+NB_API nb_tensor *nb_transformer_logits(nb_Transformer *m, nb_tensor *x);
+
 /* optimizers: state is allocated at creation; step reads each parameter's
  * .grad (parameters without one are skipped) and updates it in place. */
 typedef struct nb_optim nb_optim; /* opaque */
@@ -352,10 +421,12 @@ NB_API void nb_optim_set_lr(nb_optim *opt, double lr);
 NB_API double nb_optim_lr(const nb_optim *opt);
 NB_API void nb_optim_free(nb_optim *opt);
 /* Scales all gradients so that their joint L2 norm is at most max_norm, as
- * torch.nn.utils.clip_grad_norm_; returns the norm before clipping. */
+ * torch.nn.utils.clip_grad_norm_; returns the norm before clipping, or -1.0
+ * on error (NULL registry, max_norm < 0 or NaN). */
 NB_API double nb_clip_grad_norm(nb_params *ps, double max_norm);
 /* The Annotated Transformer's schedule: factor * d_model^-0.5 *
- * min(step^-0.5, step * warmup^-1.5), with step 0 counted as 1. */
+ * min(step^-0.5, step * warmup^-1.5), with step 0 counted as 1; warmup 0
+ * means none. -1.0 on error (step < 0, d_model <= 0, warmup < 0, factor < 0). */
 NB_API double nb_noam_rate(int64_t step, int64_t d_model, double factor, int64_t warmup);
 
 #ifdef __cplusplus

@@ -228,6 +228,10 @@ nb_dtype nb_dtype_of(const nb_tensor *t) {
 }
 void *nb_data(nb_tensor *t) { return t ? nbi_ptr(t) : nbi_null_input("nb_data"); }
 
+void nb_mark_modified(nb_tensor *t) {
+    if (t) t->storage->version++;
+}
+
 int64_t nb_size(const nb_tensor *t, int dim) {
     if (!t) return (nbi_null_input("nb_size"), -1);
     if (t->ndim == 0) return (nbi_error("nb_size: a 0-d tensor has no dim %d", dim), -1);

@@ -1,0 +1,289 @@
+/* optim.c: SGD, Adam and AdamW with PyTorch 1.13's exact update rules
+ * (torch/optim/sgd.py, adam.py, adamw.py, single-tensor path), gradient norm
+ * clipping as torch.nn.utils.clip_grad_norm_, and the Noam learning-rate
+ * schedule of The Annotated Transformer.
+ *
+ * The optimizer remembers the parameters registered when it was made, in
+ * registration order, and owns one state tensor per parameter and buffer
+ * (same shape and dtype, persistent). A step reads each parameter's .grad and
+ * updates values in place through nb_data: plain loops, arithmetic in double,
+ * results stored in the parameter's dtype, no allocation and nothing recorded
+ * by autograd. Parameters without a .grad are skipped and their step count
+ * does not advance, as in torch. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "nn_internal.h"
+
+typedef enum { OPT_SGD, OPT_ADAM, OPT_ADAMW } opt_kind;
+
+struct nb_optim {
+    opt_kind kind;
+    double lr, momentum, beta1, beta2, eps, wd;
+    int n;
+    nb_tensor **params; /* borrowed from the registry */
+    nb_tensor **m;      /* SGD: momentum buffer (NULL without momentum); Adam: exp_avg */
+    nb_tensor **v;      /* Adam: exp_avg_sq */
+    int64_t *steps;     /* per parameter: steps that found a gradient */
+};
+
+static const char *kind_name(opt_kind k) {
+    return k == OPT_SGD ? "nb_sgd" : k == OPT_ADAM ? "nb_adam" : "nb_adamw";
+}
+
+void nb_optim_free(nb_optim *o) {
+    if (!o) return;
+    for (int i = 0; i < o->n; i++) {
+        if (o->m) nb_free(o->m[i]);
+        if (o->v) nb_free(o->v[i]);
+    }
+    free(o->params);
+    free(o->m);
+    free(o->v);
+    free(o->steps);
+    free(o);
+}
+
+/* A persistent zero tensor shaped like p, whatever scope is open. */
+static nb_tensor *state_like(nb_tensor *p) {
+    nb_scope_begin();
+    nb_tensor *s = nb_persistent(nb_zeros(nb_dtype_of(p), nb_ndim(p), nb_shape(p)));
+    nb_scope_end();
+    return s;
+}
+
+static nb_optim *make(opt_kind kind, nb_params *ps, double lr, double momentum, double beta1,
+                      double beta2, double eps, double wd) {
+    const char *fn = kind_name(kind);
+    if (!ps) return nn_error("%s: parameter registry is NULL", fn);
+    /* !(x >= 0) also rejects NaN */
+    if (!(lr >= 0)) return nn_error("%s: invalid learning rate %g (must be >= 0)", fn, lr);
+    if (!(momentum >= 0)) return nn_error("%s: invalid momentum %g (must be >= 0)", fn, momentum);
+    if (!(beta1 >= 0 && beta1 < 1))
+        return nn_error("%s: invalid beta1 %g (must be in [0, 1))", fn, beta1);
+    if (!(beta2 >= 0 && beta2 < 1))
+        return nn_error("%s: invalid beta2 %g (must be in [0, 1))", fn, beta2);
+    if (!(eps >= 0)) return nn_error("%s: invalid eps %g (must be >= 0)", fn, eps);
+    if (!(wd >= 0)) return nn_error("%s: invalid weight_decay %g (must be >= 0)", fn, wd);
+    int n = nb_params_count(ps);
+    if (n == 0) return nn_error("%s: the registry has no parameters", fn);
+    for (int i = 0; i < n; i++) {
+        const char *name = "";
+        nb_tensor *p = nb_params_at(ps, i, &name);
+        if (!p) return NULL;
+        nb_dtype d = nb_dtype_of(p);
+        if (d != NB_F32 && d != NB_F64)
+            return nn_error("%s: parameter \"%s\" must be f32 or f64, got %s", fn, name,
+                            nb_dtype_name(d));
+        if (!nb_is_contiguous(p))
+            return nn_error("%s: parameter \"%s\" is not contiguous (register a contiguous "
+                            "tensor, e.g. through nb_contiguous)", fn, name);
+    }
+
+    nb_optim *o = calloc(1, sizeof *o);
+    if (!o) return nn_error("%s: out of memory", fn);
+    *o = (nb_optim){.kind = kind, .lr = lr, .momentum = momentum, .beta1 = beta1,
+                    .beta2 = beta2, .eps = eps, .wd = wd, .n = n};
+    bool need_m = kind != OPT_SGD || momentum != 0, need_v = kind != OPT_SGD;
+    o->params = calloc((size_t)n, sizeof *o->params);
+    o->steps = calloc((size_t)n, sizeof *o->steps);
+    if (need_m) o->m = calloc((size_t)n, sizeof *o->m);
+    if (need_v) o->v = calloc((size_t)n, sizeof *o->v);
+    if (!o->params || !o->steps || (need_m && !o->m) || (need_v && !o->v)) {
+        nb_optim_free(o);
+        return nn_error("%s: out of memory", fn);
+    }
+    for (int i = 0; i < n; i++) {
+        nb_tensor *p = o->params[i] = nb_params_at(ps, i, NULL);
+        if ((need_m && !(o->m[i] = state_like(p))) || (need_v && !(o->v[i] = state_like(p)))) {
+            nb_optim_free(o);
+            return NULL;
+        }
+    }
+    return o;
+}
+
+nb_optim *nb_sgd(nb_params *ps, double lr, double momentum, double weight_decay) {
+    return make(OPT_SGD, ps, lr, momentum, 0, 0, 0, weight_decay);
+}
+
+nb_optim *nb_adam(nb_params *ps, double lr, double beta1, double beta2, double eps,
+                  double weight_decay) {
+    return make(OPT_ADAM, ps, lr, 0, beta1, beta2, eps, weight_decay);
+}
+
+nb_optim *nb_adamw(nb_params *ps, double lr, double beta1, double beta2, double eps,
+                   double weight_decay) {
+    return make(OPT_ADAMW, ps, lr, 0, beta1, beta2, eps, weight_decay);
+}
+
+/* ------------------------------------------------------------ update kernels
+ * One copy per element type T. The order of operations follows torch's
+ * kernels: add(a, b, alpha) = a + alpha*b, addcmul(a, b, c, value) =
+ * a + value*b*c, addcdiv(a, b, c, value) = a + value*b/c. */
+#define DEFINE_KERNELS(T)                                                                       \
+    /* torch.optim.SGD: d = g + wd p; buf = d (first step) or momentum buf + d; p -= lr buf */  \
+    static void sgd_##T(const nb_optim *o, T *p, const T *g, T *buf, bool first, int64_t n) {  \
+        double lr = o->lr, wd = o->wd, mom = o->momentum;                                      \
+        for (int64_t i = 0; i < n; i++) {                                                      \
+            double pi = p[i], d = g[i];                                                        \
+            if (wd != 0) d = d + wd * pi;                                                      \
+            if (buf) {                                                                         \
+                if (!first) d = (double)buf[i] * mom + d;                                      \
+                buf[i] = (T)d;                                                                 \
+            }                                                                                  \
+            p[i] = (T)(pi + -lr * d);                                                          \
+        }                                                                                      \
+    }                                                                                          \
+    /* torch.optim.Adam (wd: g += wd p) and AdamW (wd: p *= 1 - lr wd):                        \
+     * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; step_size = lr / (1 - b1^t);                \
+     * p += -step_size * m / (sqrt(v) / sqrt(1 - b2^t) + eps) */                               \
+    static void adam_##T(const nb_optim *o, T *p, const T *g, T *m, T *v, int64_t t,           \
+                         int64_t n) {                                                          \
+        double lr = o->lr, wd = o->wd, b1 = o->beta1, b2 = o->beta2, eps = o->eps;             \
+        double step_size = lr / (1 - pow(b1, (double)t));                                      \
+        double bc2_sqrt = sqrt(1 - pow(b2, (double)t));                                        \
+        bool adamw = o->kind == OPT_ADAMW;                                                     \
+        double decay = 1 - lr * wd;                                                            \
+        for (int64_t i = 0; i < n; i++) {                                                      \
+            double pi = p[i], gi = g[i];                                                       \
+            if (adamw) pi = pi * decay;                                                        \
+            else if (wd != 0) gi = gi + wd * pi;                                               \
+            double mi = (double)m[i] * b1 + (1 - b1) * gi;                                     \
+            double vi = (double)v[i] * b2 + (1 - b2) * gi * gi;                                \
+            m[i] = (T)mi;                                                                      \
+            v[i] = (T)vi;                                                                      \
+            double denom = sqrt(vi) / bc2_sqrt + eps;                                          \
+            p[i] = (T)(pi + -step_size * mi / denom);                                          \
+        }                                                                                      \
+    }
+
+DEFINE_KERNELS(float)
+DEFINE_KERNELS(double)
+
+void nb_optim_step(nb_optim *o) {
+    if (!o) {
+        nn_null("nb_optim_step");
+        return;
+    }
+    for (int i = 0; i < o->n; i++) {
+        nb_tensor *p = o->params[i], *g = nb_grad(p);
+        if (!g) continue;
+        if (nb_dtype_of(g) != nb_dtype_of(p) || nb_numel(g) != nb_numel(p) ||
+            !nb_is_contiguous(g) || !nb_is_contiguous(p)) {
+            nn_error("nb_optim_step: parameter %d (%lld elements, %s) has a gradient of %lld "
+                     "elements, %s%s; skipped", i, (long long)nb_numel(p),
+                     nb_dtype_name(nb_dtype_of(p)), (long long)nb_numel(g),
+                     nb_dtype_name(nb_dtype_of(g)),
+                     nb_is_contiguous(g) ? "" : ", not contiguous");
+            continue;
+        }
+        int64_t n = nb_numel(p), t = ++o->steps[i];
+        bool f64 = nb_dtype_of(p) == NB_F64;
+        void *pd = nb_data(p), *gd = nb_data(g);
+        void *md = o->m ? nb_data(o->m[i]) : NULL, *vd = o->v ? nb_data(o->v[i]) : NULL;
+        if (o->kind == OPT_SGD) {
+            if (f64) sgd_double(o, pd, gd, md, t == 1, n);
+            else sgd_float(o, pd, gd, md, t == 1, n);
+        } else {
+            if (f64) adam_double(o, pd, gd, md, vd, t, n);
+            else adam_float(o, pd, gd, md, vd, t, n);
+        }
+        nb_mark_modified(p); /* a graph that saved p can no longer backpropagate */
+    }
+}
+
+void nb_optim_zero_grad(nb_optim *o) {
+    if (!o) {
+        nn_null("nb_optim_zero_grad");
+        return;
+    }
+    for (int i = 0; i < o->n; i++) nb_zero_grad(o->params[i]);
+}
+
+void nb_optim_set_lr(nb_optim *o, double lr) {
+    if (!o) {
+        nn_null("nb_optim_set_lr");
+        return;
+    }
+    if (!(lr >= 0)) {
+        nn_error("nb_optim_set_lr: invalid learning rate %g (must be >= 0); keeping %g", lr,
+                 o->lr);
+        return;
+    }
+    o->lr = lr;
+}
+
+double nb_optim_lr(const nb_optim *o) {
+    if (!o) {
+        nn_null("nb_optim_lr");
+        return NAN;
+    }
+    return o->lr;
+}
+
+/* ------------------------------------------------------------ grad clipping */
+/* torch.nn.utils.clip_grad_norm_ (norm_type 2): total = sqrt(sum of g^2 over
+ * every gradient), coef = max_norm / (total + 1e-6), gradients are scaled by
+ * coef when coef < 1. Returns total (0 when no parameter has a gradient), or
+ * -1 on error. */
+double nb_clip_grad_norm(nb_params *ps, double max_norm) {
+    const char *fn = "nb_clip_grad_norm";
+    if (!ps) return (nn_error("%s: parameter registry is NULL", fn), -1.0);
+    if (!(max_norm >= 0)) return (nn_error("%s: invalid max_norm %g (must be >= 0)", fn, max_norm), -1.0);
+    int n = nb_params_count(ps);
+    for (int i = 0; i < n; i++) {
+        nb_tensor *g = nb_grad(nb_params_at(ps, i, NULL));
+        if (g && !nb_is_contiguous(g))
+            return (nn_error("%s: the gradient of parameter %d is not contiguous", fn, i), -1.0);
+    }
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        nb_tensor *g = nb_grad(nb_params_at(ps, i, NULL));
+        if (!g) continue;
+        int64_t k = nb_numel(g);
+        if (nb_dtype_of(g) == NB_F64) {
+            const double *d = nb_data(g);
+            for (int64_t j = 0; j < k; j++) sum += d[j] * d[j];
+        } else {
+            const float *d = nb_data(g);
+            for (int64_t j = 0; j < k; j++) sum += (double)d[j] * d[j];
+        }
+    }
+    double total = sqrt(sum);
+    double coef = max_norm / (total + 1e-6);
+    if (coef < 1) { /* torch multiplies by min(coef, 1): 1 changes nothing */
+        for (int i = 0; i < n; i++) {
+            nb_tensor *g = nb_grad(nb_params_at(ps, i, NULL));
+            if (!g) continue;
+            int64_t k = nb_numel(g);
+            if (nb_dtype_of(g) == NB_F64) {
+                double *d = nb_data(g);
+                for (int64_t j = 0; j < k; j++) d[j] *= coef;
+            } else {
+                float *d = nb_data(g);
+                float c = (float)coef;
+                for (int64_t j = 0; j < k; j++) d[j] *= c;
+            }
+        }
+    }
+    return total;
+}
+
+/* ------------------------------------------------------------ schedule */
+/* The Annotated Transformer's rate(step, model_size, factor, warmup):
+ * factor * (d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)), step 0 -> 1.
+ * warmup 0 means no warmup (step^-0.5 from the start). -1 on error. */
+double nb_noam_rate(int64_t step, int64_t d_model, double factor, int64_t warmup) {
+    const char *fn = "nb_noam_rate";
+    if (step < 0) return (nn_error("%s: step must be >= 0, got %lld", fn, (long long)step), -1.0);
+    if (d_model <= 0)
+        return (nn_error("%s: d_model must be > 0, got %lld", fn, (long long)d_model), -1.0);
+    if (warmup < 0)
+        return (nn_error("%s: warmup must be >= 0, got %lld", fn, (long long)warmup), -1.0);
+    if (!(factor >= 0)) return (nn_error("%s: factor must be >= 0, got %g", fn, factor), -1.0);
+    double s = step == 0 ? 1.0 : (double)step;
+    double decay = pow(s, -0.5);
+    double warm = warmup > 0 ? s * pow((double)warmup, -1.5) : INFINITY;
+    return factor * (pow((double)d_model, -0.5) * (warm < decay ? warm : decay));
+}
