@@ -27,8 +27,12 @@ void nb_rng_seed(nb_rng *rng, uint64_t seed) {
 
 void nb_manual_seed(uint64_t seed) { nb_rng_seed(&global_rng, seed); }
 
+/* The global generator may be used by several threads at once: reserving
+ * draws is atomic, so two calls never get the same numbers. A caller's own
+ * nb_rng belongs to one thread at a time. */
 uint64_t nbi_rng_take(nb_rng *rng, uint64_t n) {
-    if (!rng) rng = &global_rng;
+    if (!rng || rng == &global_rng)
+        return __atomic_fetch_add(&global_rng.offset, n, __ATOMIC_RELAXED);
     uint64_t first = rng->offset;
     rng->offset += n;
     return first;
