@@ -263,8 +263,9 @@ NB_API nb_tensor *nb_index_select(nb_tensor *t, int dim, nb_tensor *index);
 typedef struct nb_params nb_params; /* opaque, ordered by registration */
 NB_API nb_params *nb_params_new(void);
 NB_API void nb_params_free(nb_params *ps); /* frees the tensors too */
-/* Registers t (made persistent, requires grad) under name; returns the
- * registered tensor, or NULL for a duplicate name. */
+/* Registers t's values under name: the registry keeps its own persistent
+ * handle on t's storage (requires grad) and returns it; t itself stays the
+ * caller's (freed by its scope, or by nb_free). NULL for a duplicate name. */
 NB_API nb_tensor *nb_params_add(nb_params *ps, const char *name, nb_tensor *t);
 NB_API nb_tensor *nb_params_get(nb_params *ps, const char *name); /* NULL + message if absent */
 NB_API int nb_params_count(const nb_params *ps);

@@ -7,12 +7,16 @@
 nb_tensor *nb_linear(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
     const char *fn = "nb_linear";
     if (!x || !w) return nn_null(fn);
+    if (nb_dtype_of(x) != nb_dtype_of(w) || (b && nb_dtype_of(b) != nb_dtype_of(w)))
+        return nn_error("%s: dtype mismatch: input %s, weight %s%s%s", fn,
+                        nb_dtype_name(nb_dtype_of(x)), nb_dtype_name(nb_dtype_of(w)),
+                        b ? ", bias " : "", b ? nb_dtype_name(nb_dtype_of(b)) : "");
     if (nb_ndim(w) != 2) return nn_error("%s: weight must be 2-d (out, in), got %d-d", fn, nb_ndim(w));
     int64_t in = nb_shape(w)[1], out = nb_shape(w)[0];
-    if (nb_ndim(x) < 1 || nb_shape(x)[nb_ndim(x) - 1] != in)
+    if (nb_ndim(x) < 1) return nn_error("%s: input must be at least 1-d, got a 0-d tensor", fn);
+    if (nb_shape(x)[nb_ndim(x) - 1] != in)
         return nn_error("%s: input's last dim (%lld) does not match weight (%lld,%lld)", fn,
-                        nb_ndim(x) ? (long long)nb_shape(x)[nb_ndim(x) - 1] : 0LL,
-                        (long long)out, (long long)in);
+                        (long long)nb_shape(x)[nb_ndim(x) - 1], (long long)out, (long long)in);
     if (b && (nb_ndim(b) != 1 || nb_shape(b)[0] != out))
         return nn_error("%s: bias must have shape (%lld)", fn, (long long)out);
     nb_tensor *y = nb_matmul(x, nb_transpose(w, 0, 1));

@@ -75,9 +75,10 @@ static void gather_into(nb_tensor *out, const int64_t *ist, const nb_tensor *idx
     }
 }
 
-/* node: in[0] = t, extra = index; i[0] = dim, i[1] = 1 for index_select */
+/* node: in[0] = t, in[1] = index (version-checked: backward re-reads it);
+ * i[0] = dim, i[1] = 1 for index_select */
 static int pick_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    nb_tensor *t = n->in[0], *idx = n->extra;
+    nb_tensor *t = n->in[0], *idx = n->in[1];
     int dim = (int)n->i[0];
     nb_tensor *z = nb_zeros(g->dtype, t->ndim, t->shape);
     if (!z) return -1;
@@ -124,14 +125,13 @@ static nb_tensor *pick_op(const char *fn, nb_tensor *t, int dim, nb_tensor *inde
     nb_tensor *y = nbi_new(fn, t->dtype, t->ndim, sh, false);
     if (!y) return NULL;
     gather_into(y, ist, index, t, d);
-    if (nbi_is_float(t->dtype) && nbi_needs_grad(1, &t)) {
-        nbi_node *n = nbi_record(y, fn, pick_backward, 1, &t);
+    nb_tensor *in[2] = {t, index};
+    if (nbi_is_float(t->dtype) && nbi_needs_grad(2, in)) {
+        nbi_node *n = nbi_record(y, fn, pick_backward, 2, in);
         if (!n) return nbi_discard(y);
         n->i[0] = d;
         n->i[1] = select;
-        nbi_ref(index);
-        n->extra = index;
-        n->saved = 0; /* the index is checked below, t's values are not needed */
+        n->saved = NBI_SAVE_IN(1); /* t's values are not needed, the index is */
     }
     return y;
 }

@@ -13,6 +13,10 @@ int main(void) {
     srunner_add_suite(sr, suite_autograd());
     srunner_add_suite(sr, suite_errors());
     srunner_add_suite(sr, suite_scope());
+    srunner_add_suite(sr, suite_nn());
+    srunner_add_suite(sr, suite_attention());
+    srunner_add_suite(sr, suite_optim());
+    srunner_add_suite(sr, suite_transformer());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

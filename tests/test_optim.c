@@ -9,7 +9,7 @@
 
 #include <stdlib.h>
 
-Suite *suite_optim(void);
+
 
 static const char *FX = "optim.txt";
 #define STEPS 5

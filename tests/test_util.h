@@ -52,5 +52,9 @@ Suite *suite_softmax(void);
 Suite *suite_autograd(void);
 Suite *suite_errors(void);
 Suite *suite_scope(void);
+Suite *suite_nn(void);
+Suite *suite_attention(void);
+Suite *suite_optim(void);
+Suite *suite_transformer(void);
 
 #endif
