@@ -72,13 +72,16 @@ $(BUILD)/bench/bench: bench/bench.c $(BUILD)/libnabla.a nabla.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -I. $< $(BUILD)/libnabla.a $(LDLIBS) -o $@
 
-# The README's example program, extracted and compiled as written.
+# Every C program in the README (code blocks opening with "/* name.c:"),
+# extracted and compiled as written, then run.
 readme-check: all
-	@mkdir -p $(BUILD)/readme
-	@awk '/^```c$$/{on=1;next} /^```$$/{if(on)exit} on' README.md > $(BUILD)/readme/grad.c
-	$(CC) $(CFLAGS) -I. $(BUILD)/readme/grad.c $(BUILD)/libnabla.a $(LDLIBS) -o $(BUILD)/readme/grad
-	@$(BUILD)/readme/grad | tee $(BUILD)/readme/out.txt | head -1
-	@grep -q '^y = 1.462196$$' $(BUILD)/readme/out.txt && echo "README program: ok"
+	@rm -rf $(BUILD)/readme && mkdir -p $(BUILD)/readme
+	@awk '/^```c$$/{getline; if ($$0 ~ /^\/\* [a-z_]+\.c:/) {split($$2, n, ":"); f="$(BUILD)/readme/" n[1]; print > f; on=1}; next} /^```$$/{on=0} on{print > f}' README.md
+	@for f in $(BUILD)/readme/*.c; do \
+	  $(CC) $(CFLAGS) -I. $$f $(BUILD)/libnabla.a $(LDLIBS) -o $${f%.c} || exit 1; \
+	  $${f%.c} > $${f%.c}.out || { echo "README program $$f failed"; exit 1; }; \
+	  echo "README program $$(basename $$f): compiled and ran; first line: $$(head -1 $${f%.c}.out)"; done
+	@grep -q '^y = 1.462196$$' $(BUILD)/readme/grad.out
 
 # Stricter passes: the suites and examples under valgrind, and built with
 # AddressSanitizer + UndefinedBehaviorSanitizer.

@@ -32,14 +32,26 @@ static nb_tensor *reduction_begin(const char *fn, nb_tensor *t, int d, bool keep
     return y;
 }
 
-/* x (..., n, ...) -> out (..., [1], ...): sum over the dim, accumulated in double */
+/* x (..., n, ...) -> out (..., [1], ...): sum over the dim, accumulated in
+ * double, k ascending for every output element. The k loop is outside the j
+ * loop so that rows of x stream through memory (and vectorize); outputs are
+ * done in blocks of SUM_BLOCK to keep the accumulators in L1. */
+#define SUM_BLOCK 512
 #define SUM_ROWS(T)                                                                \
     NBI_FOR_ROWS(&r.it, c) {                                                       \
-        for (int64_t j = 0; j < r.it.n; j++) {                                     \
-            const T *x = (const T *)px + c.off[1] + j * NBI_INNER(&r.it, 1);       \
-            double acc = 0;                                                        \
-            for (int64_t k = 0; k < r.len; k++) acc += x[k * r.rstride];           \
-            ((T *)po)[c.off[0] + j * NBI_INNER(&r.it, 0)] = (T)(acc * scale);      \
+        int64_t sx = NBI_INNER(&r.it, 1), so = NBI_INNER(&r.it, 0);                \
+        for (int64_t j0 = 0; j0 < r.it.n; j0 += SUM_BLOCK) {                       \
+            int64_t nj = r.it.n - j0 < SUM_BLOCK ? r.it.n - j0 : SUM_BLOCK;        \
+            for (int64_t j = 0; j < nj; j++) acc[j] = 0;                           \
+            const T *x = (const T *)px + c.off[1] + j0 * sx;                       \
+            for (int64_t k = 0; k < r.len; k++, x += r.rstride) {                  \
+                if (sx == 1)                                                       \
+                    for (int64_t j = 0; j < nj; j++) acc[j] += x[j];               \
+                else                                                               \
+                    for (int64_t j = 0; j < nj; j++) acc[j] += x[j * sx];          \
+            }                                                                      \
+            T *o = (T *)po + c.off[0] + j0 * so;                                   \
+            for (int64_t j = 0; j < nj; j++) o[j * so] = (T)(acc[j] * scale);      \
         }                                                                          \
     }
 
@@ -50,6 +62,7 @@ static nb_tensor *sum_kernel(const char *fn, nb_tensor *t, int d, bool keepdim, 
     if (!y) return NULL;
     void *po = nbi_ptr(y);
     const void *px = nbi_ptr(t);
+    double acc[SUM_BLOCK];
     if (t->dtype == NB_F32) SUM_ROWS(float)
     else SUM_ROWS(double)
     return y;
