@@ -22,15 +22,6 @@
 
 #include "nn_internal.h"
 
-/* "(2,3,4)" into buf */
-static const char *shape_str(char *buf, size_t cap, int ndim, const int64_t *shape) {
-    size_t n = (size_t)snprintf(buf, cap, "(");
-    for (int i = 0; i < ndim && n < cap; i++)
-        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? "," : "", (long long)shape[i]);
-    if (n < cap) snprintf(buf + n, cap - n, ")");
-    return buf;
-}
-#define SHAPE(buf, t) shape_str((buf), sizeof(buf), nb_ndim(t), nb_shape(t))
 
 /* The broadcast of two batch shapes (all but the last two dims) into out;
  * false when they do not broadcast. */
@@ -60,7 +51,7 @@ nb_tensor *nb_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *kee
     int nq = nb_ndim(q), nk = nb_ndim(k), nv = nb_ndim(v);
     if (nq < 2 || nk < 2 || nv < 2)
         return nn_error("%s: q, k and v must be at least 2-d (..., L, D), got q %s, k %s, v %s",
-                        fn, SHAPE(sq, q), SHAPE(sk, k), SHAPE(sv, v));
+                        fn, NN_SHAPE(sq, q), NN_SHAPE(sk, k), NN_SHAPE(sv, v));
     nb_dtype dt = nb_dtype_of(q);
     if (dt != NB_F32 && dt != NB_F64)
         return nn_error("%s: q must be floating (f32 or f64), got %s", fn, nb_dtype_name(dt));
@@ -72,23 +63,23 @@ nb_tensor *nb_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *kee
     int64_t Lq = qs[nq - 2], D = qs[nq - 1], Lk = ks[nk - 2];
     if (ks[nk - 1] != D)
         return nn_error("%s: q %s and k %s must have the same last dim D (%lld != %lld)", fn,
-                        SHAPE(sq, q), SHAPE(sk, k), (long long)D, (long long)ks[nk - 1]);
+                        NN_SHAPE(sq, q), NN_SHAPE(sk, k), (long long)D, (long long)ks[nk - 1]);
     if (D == 0)
         return nn_error("%s: q %s and k %s have last dim 0: nothing to compare (the scale "
-                        "1/sqrt(D) is undefined)", fn, SHAPE(sq, q), SHAPE(sk, k));
+                        "1/sqrt(D) is undefined)", fn, NN_SHAPE(sq, q), NN_SHAPE(sk, k));
     if (vs[nv - 2] != Lk)
         return nn_error("%s: k %s and v %s must have the same length Lk, dim -2 (%lld != %lld)",
-                        fn, SHAPE(sk, k), SHAPE(sv, v), (long long)Lk, (long long)vs[nv - 2]);
+                        fn, NN_SHAPE(sk, k), NN_SHAPE(sv, v), (long long)Lk, (long long)vs[nv - 2]);
 
     /* the scores' shape (broadcast(q..., k...), Lq, Lk), and v's batch dims */
     int ns, no;
     int64_t sshape[NB_MAX_DIMS], oshape[NB_MAX_DIMS];
     if (!batch_broadcast(nq - 2, qs, nk - 2, ks, &ns, sshape))
         return nn_error("%s: the batch dims of q %s and k %s cannot be broadcast together", fn,
-                        SHAPE(sq, q), SHAPE(sk, k));
+                        NN_SHAPE(sq, q), NN_SHAPE(sk, k));
     if (!batch_broadcast(ns, sshape, nv - 2, vs, &no, oshape))
         return nn_error("%s: the batch dims of v %s cannot be broadcast with those of q %s and "
-                        "k %s", fn, SHAPE(sv, v), SHAPE(sq, q), SHAPE(sk, k));
+                        "k %s", fn, NN_SHAPE(sv, v), NN_SHAPE(sq, q), NN_SHAPE(sk, k));
     sshape[ns++] = Lq;
     sshape[ns++] = Lk;
 
@@ -96,7 +87,7 @@ nb_tensor *nb_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *kee
     if (keep_mask) {
         if (nb_dtype_of(keep_mask) != NB_BOOL)
             return nn_error("%s: keep_mask must be bool (true = may attend), got %s %s", fn,
-                            nb_dtype_name(nb_dtype_of(keep_mask)), SHAPE(sm, keep_mask));
+                            nb_dtype_name(nb_dtype_of(keep_mask)), NN_SHAPE(sm, keep_mask));
         int nm = nb_ndim(keep_mask);
         const int64_t *ms = nb_shape(keep_mask);
         bool ok = nm <= ns;
@@ -106,8 +97,8 @@ nb_tensor *nb_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *kee
         }
         if (!ok)
             return nn_error("%s: keep_mask %s cannot be broadcast to the scores' shape %s "
-                            "(batch..., Lq, Lk) of q %s and k %s", fn, SHAPE(sm, keep_mask),
-                            shape_str(ss, sizeof ss, ns, sshape), SHAPE(sq, q), SHAPE(sk, k));
+                            "(batch..., Lq, Lk) of q %s and k %s", fn, NN_SHAPE(sm, keep_mask),
+                            nn_shape_str(ss, sizeof ss, ns, sshape), NN_SHAPE(sq, q), NN_SHAPE(sk, k));
     }
 
     /* ---- q (..., Lq, D) · kᵀ (..., D, Lk) -> scores (..., Lq, Lk), scaled */

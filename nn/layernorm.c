@@ -3,22 +3,14 @@
  * is autograd's: y = (x - mean) / sqrt(var + eps) * w + b, var biased. */
 #include "nn_internal.h"
 
-/* "(2,3,5)" into buf */
-static const char *shape_str(char *buf, size_t cap, const nb_tensor *t) {
-    size_t k = (size_t)snprintf(buf, cap, "(");
-    for (int i = 0; i < nb_ndim(t) && k < cap; i++)
-        k += (size_t)snprintf(buf + k, cap - k, "%s%lld", i ? "," : "", (long long)nb_shape(t)[i]);
-    if (k < cap) snprintf(buf + k, cap - k, ")");
-    return buf;
-}
 
 /* w or b: (D) and x's dtype */
 static bool check_affine(const char *fn, const char *what, nb_tensor *p, nb_tensor *x, int64_t d) {
     char bp[128], bx[128];
     if (nb_ndim(p) != 1 || nb_shape(p)[0] != d)
         return nn_error("%s: %s must have shape (%lld), the last dim of input %s; got %s", fn,
-                        what, (long long)d, shape_str(bx, sizeof bx, x),
-                        shape_str(bp, sizeof bp, p)), false;
+                        what, (long long)d, NN_SHAPE(bx, x),
+                        NN_SHAPE(bp, p)), false;
     if (nb_dtype_of(p) != nb_dtype_of(x))
         return nn_error("%s: %s is %s but input is %s", fn, what, nb_dtype_name(nb_dtype_of(p)),
                         nb_dtype_name(nb_dtype_of(x))), false;

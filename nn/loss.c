@@ -6,14 +6,6 @@
  * (0 / 0 = nan when every row is ignored, as torch). */
 #include "nn_internal.h"
 
-/* "(2,3,5)" into buf */
-static const char *shape_str(char *buf, size_t cap, const nb_tensor *t) {
-    size_t k = (size_t)snprintf(buf, cap, "(");
-    for (int i = 0; i < nb_ndim(t) && k < cap; i++)
-        k += (size_t)snprintf(buf + k, cap - k, "%s%lld", i ? "," : "", (long long)nb_shape(t)[i]);
-    if (k < cap) snprintf(buf + k, cap - k, ")");
-    return buf;
-}
 
 /* The first target (1-d NB_I64, any stride) outside [0, c) that is not
  * ignore; false when all are fine. */
@@ -38,7 +30,7 @@ nb_tensor *nb_cross_entropy(nb_tensor *logits, nb_tensor *targets, int64_t ignor
         return nn_error("%s: logits must be floating (f32 or f64), got %s", fn, nb_dtype_name(dt));
     if (nb_ndim(logits) != 2)
         return nn_error("%s: logits must be 2-d (N, C), got shape %s", fn,
-                        shape_str(b1, sizeof b1, logits));
+                        NN_SHAPE(b1, logits));
     int64_t n = nb_shape(logits)[0], c = nb_shape(logits)[1];
     if (c < 1) return nn_error("%s: logits have no classes (C = 0)", fn);
     if (nb_dtype_of(targets) != NB_I64)
@@ -47,7 +39,7 @@ nb_tensor *nb_cross_entropy(nb_tensor *logits, nb_tensor *targets, int64_t ignor
     if (nb_ndim(targets) != 1 || nb_shape(targets)[0] != n)
         return nn_error("%s: targets must have shape (%lld) to match logits (%lld,%lld), got %s",
                         fn, (long long)n, (long long)n, (long long)c,
-                        shape_str(b1, sizeof b1, targets));
+                        NN_SHAPE(b1, targets));
     if (!(label_smoothing >= 0 && label_smoothing <= 1))
         return nn_error("%s: label_smoothing must be in [0, 1], got %g", fn, label_smoothing);
     int64_t bad;

@@ -18,15 +18,6 @@
  * (Lq != Lk is fine). */
 #include "nn_internal.h"
 
-/* "(2,3,4)" into buf */
-static const char *shape_str(char *buf, size_t cap, int ndim, const int64_t *shape) {
-    size_t n = (size_t)snprintf(buf, cap, "(");
-    for (int i = 0; i < ndim && n < cap; i++)
-        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? "," : "", (long long)shape[i]);
-    if (n < cap) snprintf(buf + n, cap - n, ")");
-    return buf;
-}
-#define SHAPE(buf, t) shape_str((buf), sizeof(buf), nb_ndim(t), nb_shape(t))
 
 int nb_mha_init(nb_MHA *m, nb_params *ps, const char *name, int64_t d_model, int64_t heads,
                 double dropout, bool bias, nb_rng *rng) {
@@ -78,27 +69,27 @@ nb_tensor *nb_mha_forward(nb_MHA *m, nb_tensor *q, nb_tensor *k, nb_tensor *v,
     for (int i = 0; i < 3; i++) {
         if (nb_ndim(in[i]) != 3)
             return nn_error("%s: %s must be 3-d (B, L, d_model), got %s", fn, iname[i],
-                            SHAPE(s1, in[i]));
+                            NN_SHAPE(s1, in[i]));
         if (nb_shape(in[i])[2] != m->d_model)
             return nn_error("%s: %s %s must have last dim d_model %lld", fn, iname[i],
-                            SHAPE(s1, in[i]), (long long)m->d_model);
+                            NN_SHAPE(s1, in[i]), (long long)m->d_model);
         if (nb_dtype_of(in[i]) != pdt)
             return nn_error("%s: %s is %s but the parameters are %s", fn, iname[i],
                             nb_dtype_name(nb_dtype_of(in[i])), nb_dtype_name(pdt));
     }
     int64_t B = nb_shape(q)[0], Lq = nb_shape(q)[1], Lk = nb_shape(k)[1], H = m->heads;
     if (nb_shape(k)[0] != B || nb_shape(v)[0] != B)
-        return nn_error("%s: batch sizes differ: q %s, k %s, v %s", fn, SHAPE(s1, q),
-                        SHAPE(s2, k), SHAPE(s3, v));
+        return nn_error("%s: batch sizes differ: q %s, k %s, v %s", fn, NN_SHAPE(s1, q),
+                        NN_SHAPE(s2, k), NN_SHAPE(s3, v));
     if (nb_shape(v)[1] != Lk)
         return nn_error("%s: k %s and v %s must have the same length Lk (%lld != %lld)", fn,
-                        SHAPE(s1, k), SHAPE(s2, v), (long long)Lk, (long long)nb_shape(v)[1]);
+                        NN_SHAPE(s1, k), NN_SHAPE(s2, v), (long long)Lk, (long long)nb_shape(v)[1]);
 
     /* ---- the keep mask broadcasts to (B,H,Lq,Lk), unchanged */
     if (keep_mask) {
         if (nb_dtype_of(keep_mask) != NB_BOOL)
             return nn_error("%s: keep_mask must be bool (true = may attend), got %s %s", fn,
-                            nb_dtype_name(nb_dtype_of(keep_mask)), SHAPE(s1, keep_mask));
+                            nb_dtype_name(nb_dtype_of(keep_mask)), NN_SHAPE(s1, keep_mask));
         const int64_t ws[4] = {B, H, Lq, Lk};
         int nm = nb_ndim(keep_mask);
         const int64_t *ms = nb_shape(keep_mask);
@@ -106,8 +97,8 @@ nb_tensor *nb_mha_forward(nb_MHA *m, nb_tensor *q, nb_tensor *k, nb_tensor *v,
         for (int i = 0; ok && i < nm; i++) ok = ms[nm - 1 - i] == ws[3 - i] || ms[nm - 1 - i] == 1;
         if (!ok)
             return nn_error("%s: keep_mask %s cannot be broadcast to the attention weights' "
-                            "shape %s (B,H,Lq,Lk)", fn, SHAPE(s1, keep_mask),
-                            shape_str(s2, sizeof s2, 4, ws));
+                            "shape %s (B,H,Lq,Lk)", fn, NN_SHAPE(s1, keep_mask),
+                            nn_shape_str(s2, sizeof s2, 4, ws));
     }
 
     /* ---- project and split heads: (B,L,d_model) -> (B,H,L,d_k) */

@@ -12,6 +12,17 @@ void *nn_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* A NULL input: keep an earlier message, or say which function got it. */
 #define nn_null(fn) ((void *)(nb_last_error() ? NULL : nn_error("%s: input is NULL", (fn))))
 
+/* "(2,3,4)" into buf */
+static inline const char *nn_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape) {
+    size_t n = (size_t)snprintf(buf, cap, "(");
+    for (int i = 0; i < ndim && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? "," : "", (long long)shape[i]);
+    if (n < cap) snprintf(buf + n, cap - n, ")");
+    return buf;
+}
+/* a tensor's shape, into a char array buf */
+#define NN_SHAPE(buf, t) nn_shape_str((buf), sizeof(buf), nb_ndim(t), nb_shape(t))
+
 /* "name.suffix" into buf (module parameter names) */
 static inline const char *nn_join(char *buf, size_t cap, const char *name, const char *suffix) {
     snprintf(buf, cap, "%s%s%s", name && *name ? name : "", name && *name ? "." : "", suffix);
