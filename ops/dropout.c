@@ -52,17 +52,18 @@ static uint64_t from_slot(int64_t s) {
  * and scaled; dropped elements are 0. p == 1 drops everything (u < 1). */
 static void apply_mask(nb_tensor *dst, const nb_tensor *src, uint64_t seed, uint64_t base,
                        double p) {
+    uint64_t key = nbi_rng_key(seed);
     if (dst->dtype == NB_F32) {
         float *pd = nbi_ptr(dst), scale = 1.0f / (float)(1.0 - p);
         const float *ps = nbi_ptr(src);
         FOR_LOGICAL(dst->ndim, dst->shape, dst->strides, src->strides,
-                    pd[o0] = nbi_rng_uniform(seed, base + (uint64_t)k) >= p ? ps[o1] * scale
+                    pd[o0] = nbi_rng_uniform_key(key, base + (uint64_t)k) >= p ? ps[o1] * scale
                                                                           : 0.0f;);
     } else {
         double *pd = nbi_ptr(dst), scale = 1.0 / (1.0 - p);
         const double *ps = nbi_ptr(src);
         FOR_LOGICAL(dst->ndim, dst->shape, dst->strides, src->strides,
-                    pd[o0] = nbi_rng_uniform(seed, base + (uint64_t)k) >= p ? ps[o1] * scale
+                    pd[o0] = nbi_rng_uniform_key(key, base + (uint64_t)k) >= p ? ps[o1] * scale
                                                                           : 0.0;);
     }
 }

@@ -33,13 +33,23 @@ static nb_tensor *reduction_begin(const char *fn, nb_tensor *t, int d, bool keep
 }
 
 /* x (..., n, ...) -> out (..., [1], ...): sum over the dim, accumulated in
- * double, k ascending for every output element. The k loop is outside the j
- * loop so that rows of x stream through memory (and vectorize); outputs are
- * done in blocks of SUM_BLOCK to keep the accumulators in L1. */
+ * double, k ascending for every output element. When the reduced dim is
+ * contiguous each output sums one run; otherwise the k loop is outside the
+ * j loop so that rows of x stream through memory (and vectorize), with
+ * outputs in blocks of SUM_BLOCK to keep the accumulators in L1. */
 #define SUM_BLOCK 512
 #define SUM_ROWS(T)                                                                \
     NBI_FOR_ROWS(&r.it, c) {                                                       \
         int64_t sx = NBI_INNER(&r.it, 1), so = NBI_INNER(&r.it, 0);                \
+        if (r.rstride == 1) { /* the reduced dim is contiguous: one run each */    \
+            for (int64_t j = 0; j < r.it.n; j++) {                                 \
+                const T *x = (const T *)px + c.off[1] + j * sx;                    \
+                double a = 0;                                                      \
+                for (int64_t k = 0; k < r.len; k++) a += x[k];                     \
+                ((T *)po)[c.off[0] + j * so] = (T)(a * scale);                     \
+            }                                                                      \
+            continue;                                                              \
+        }                                                                          \
         for (int64_t j0 = 0; j0 < r.it.n; j0 += SUM_BLOCK) {                       \
             int64_t nj = r.it.n - j0 < SUM_BLOCK ? r.it.n - j0 : SUM_BLOCK;        \
             for (int64_t j = 0; j < nj; j++) acc[j] = 0;                           \

@@ -1,18 +1,12 @@
 /* rng.c: a counter-based generator. Draw number c of a stream is
- * splitmix64's finalizer applied to (mixed seed + (c+1) * golden gamma), so
+ * splitmix64's finalizer applied to (mixed seed + (c+1) * golden gamma)
+ * (tensor_internal.h has the inline form kernels use), so
  * any element's random number is known without generating the ones before
  * it: kernels can split work across threads and get the same numbers. */
 #include "tensor_internal.h"
 
-static uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
 double nbi_rng_uniform(uint64_t seed, uint64_t counter) {
-    uint64_t z = mix64(seed ^ 0x6A09E667F3BCC909ULL) + (counter + 1) * 0x9E3779B97F4A7C15ULL;
-    return (double)(mix64(z) >> 11) * 0x1.0p-53;
+    return nbi_rng_uniform_key(nbi_rng_key(seed), counter);
 }
 
 static nb_rng global_rng = {.seed = 0, .offset = 0};

@@ -131,7 +131,17 @@ void nbi_scope_adopt(nb_tensor *t); /* puts a new tensor in the current scope */
 void nbi_scope_release(nb_tensor *t); /* removes t from its scope's list */
 
 /* --------------------------------------------------------------------- rng */
-/* Uniform [0,1) double for draw k of stream (seed, offset) */
+/* Uniform [0,1) double for draw `counter` of the stream of `seed`. Kernels
+ * compute the key once per call and the draws inline. */
+static inline uint64_t nbi_mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+static inline uint64_t nbi_rng_key(uint64_t seed) { return nbi_mix64(seed ^ 0x6A09E667F3BCC909ULL); }
+static inline double nbi_rng_uniform_key(uint64_t key, uint64_t counter) {
+    return (double)(nbi_mix64(key + (counter + 1) * 0x9E3779B97F4A7C15ULL) >> 11) * 0x1.0p-53;
+}
 double nbi_rng_uniform(uint64_t seed, uint64_t counter);
 /* Reserves n draws: returns the first counter and advances the stream. */
 uint64_t nbi_rng_take(nb_rng *rng, uint64_t n);
