@@ -19,8 +19,18 @@ nb_tensor *nb_linear(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
                         (long long)nb_shape(x)[nb_ndim(x) - 1], (long long)out, (long long)in);
     if (b && (nb_ndim(b) != 1 || nb_shape(b)[0] != out))
         return nn_error("%s: bias must have shape (%lld)", fn, (long long)out);
-    nb_tensor *y = nb_matmul(x, nb_transpose(w, 0, 1));
-    return b ? nb_add(y, b) : y;
+    /* Fold the batch dims into rows: one (N, in) x (in, out) product, whose
+     * backward gives the weight gradient in one product too, instead of a
+     * batch of small products and a sum over the batch. */
+    int nd = nb_ndim(x);
+    nb_tensor *x2 = nd == 2 ? x : nb_reshape(x, NB_SHAPE(-1, in));
+    nb_tensor *y = nb_matmul(x2, nb_transpose(w, 0, 1));
+    if (b) y = nb_add(y, b);
+    if (nd == 2 || !y) return y;
+    int64_t shape[NB_MAX_DIMS];
+    for (int i = 0; i < nd - 1; i++) shape[i] = nb_shape(x)[i];
+    shape[nd - 1] = out;
+    return nb_view(y, nd, shape);
 }
 
 /* U(-bound, bound) in the default dtype, registered as name */
