@@ -11,7 +11,7 @@
  *
  *   build/examples/copy_task [--d-model 64] [--heads 4] [--layers 2] [--d-ff 256]
  *       [--batch 80] [--batches 20] [--epochs 40] [--dropout 0.1] [--lr 1.0]
- *       [--warmup 400] [--seed 1] [--threads N] [--all-epochs]
+ *       [--warmup 200] [--seed 1] [--threads N] [--all-epochs]
  */
 #include <math.h>
 #include <stdio.h>
@@ -48,7 +48,7 @@ static void usage(const char *prog) {
 
 static int parse(int argc, char **argv, options *o) {
     *o = (options){.d_model = 64, .heads = 4, .layers = 2, .d_ff = 256, .batch = 80,
-                   .batches = 20, .epochs = 40, .warmup = 400, .threads = 0, .dropout = 0.1,
+                   .batches = 20, .epochs = 40, .warmup = 200, .threads = 0, .dropout = 0.1,
                    .lr = 1.0, .seed = 1, .all_epochs = false};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
