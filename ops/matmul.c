@@ -8,56 +8,16 @@
  *
  * Operands are read in place through their strides (transposed, expanded and
  * narrowed views alike); nothing is copied first. Each output matrix is made
- * by one call of a small kernel (gemm_f32 / gemm_f64), which a packed or SIMD
- * micro-kernel can replace later. Every output element is a sum over k in
- * increasing order, accumulated in the output's dtype (f32 in float, as
- * PyTorch does), so the result does not depend on the loop order chosen. */
+ * by one call of the blocked SIMD kernel in gemm.c (nbi_gemm_f32/f64), which
+ * packs blocks of the operands through their strides; a batch whose b is
+ * shared and whose a steps over its rows is one taller product. Every output
+ * element is a sum over k in increasing order from 0, accumulated in the
+ * output's dtype (f32 in float, as PyTorch does; fused multiply-adds where the
+ * CPU has them), so the result does not depend on blocking or tiling. */
+#include "gemm_internal.h"
 #include "ops_internal.h"
 
 static const char *FN = "nb_matmul";
-
-/* ------------------------------------------------------------------ kernels */
-/* One output matrix. a (M,K) with strides (sam, sak), b (K,N) with strides
- * (sbk, sbn), c (M,N) contiguous (row stride N), fully overwritten.
- * Two loop orders, the same arithmetic (c[i][j] = sum over k = 0..K-1 in
- * order, starting from 0):
- *   i-k-j: row i of c accumulates a[i][k] * (row k of b); the inner loop walks
- *          a row of b and of c, unit stride when b is row-major.
- *   i-j-k: a dot product per element, for b stored column-major (sbk == 1,
- *          e.g. a transposed view), whose rows would be strided. */
-#define DEFINE_GEMM(NAME, T)                                                                   \
-    /* a (M,K), b (K,N) -> c (M,N) */                                                          \
-    static void NAME(int64_t M, int64_t N, int64_t K, const T *restrict a, int64_t sam,        \
-                     int64_t sak, const T *restrict b, int64_t sbk, int64_t sbn,              \
-                     T *restrict c) {                                                          \
-        if (sbk == 1 && sbn != 1 && N > 1) {                                                   \
-            for (int64_t i = 0; i < M; i++) {                                                  \
-                const T *ai = a + i * sam;                                                     \
-                for (int64_t j = 0; j < N; j++) {                                              \
-                    const T *bj = b + j * sbn;                                                 \
-                    T acc = 0;                                                                 \
-                    for (int64_t k = 0; k < K; k++) acc += ai[k * sak] * bj[k];                \
-                    c[i * N + j] = acc;                                                        \
-                }                                                                              \
-            }                                                                                  \
-            return;                                                                            \
-        }                                                                                      \
-        for (int64_t i = 0; i < M; i++) {                                                      \
-            T *ci = c + i * N;                                                                 \
-            for (int64_t j = 0; j < N; j++) ci[j] = 0;                                         \
-            for (int64_t k = 0; k < K; k++) {                                                  \
-                const T aik = a[i * sam + k * sak];                                            \
-                const T *bk = b + k * sbk;                                                     \
-                if (sbn == 1)                                                                  \
-                    for (int64_t j = 0; j < N; j++) ci[j] += aik * bk[j];                      \
-                else                                                                           \
-                    for (int64_t j = 0; j < N; j++) ci[j] += aik * bk[j * sbn];                \
-            }                                                                                  \
-        }                                                                                      \
-    }
-
-DEFINE_GEMM(gemm_f32, float)
-DEFINE_GEMM(gemm_f64, double)
 
 /* The operands as matrices: batch dims, sizes and strides. A 1-D a is a
  * (1,K) matrix, a 1-D b a (K,1) one (the stride of the added dim is unused). */
@@ -79,32 +39,66 @@ static void batch_strides(const nb_tensor *t, int nb, const mm_geom *g, int64_t 
     }
 }
 
+/* A's batch dims and its M dim as one (rows, stride) when b is the same matrix
+ * for every batch (all its batch strides 0) and a's batch dims step exactly
+ * over its rows (a contiguous (B...,M,K), or a row-major view of one): then
+ * the batch is one taller product, c being contiguous (B...,M,N). */
+static bool fold_batch(const mm_geom *g, int64_t *rows, int64_t *stride) {
+    int64_t n = g->M, st = g->sam; /* the running (size, stride) of the folded dims */
+    for (int d = g->nbatch - 1; d >= 0; d--) {
+        if (g->batch[d] == 1) continue;
+        if (g->bbst[d] != 0) return false;
+        if (n == 1) st = g->abst[d];
+        else if (g->abst[d] != st * n) return false;
+        n *= g->batch[d];
+    }
+    *rows = n;
+    *stride = st;
+    return true;
+}
+
+static int gemm(nbi_gemm_ws *ws, nb_dtype dt, int64_t M, const mm_geom *g, const void *a,
+                int64_t sam, const void *b, void *c) {
+    if (dt == NB_F32)
+        return nbi_gemm_f32(ws, M, g->N, g->K, a, sam, g->sak, b, g->sbk, g->sbn, c, g->N, 1);
+    return nbi_gemm_f64(ws, M, g->N, g->K, a, sam, g->sak, b, g->sbk, g->sbn, c, g->N, 1);
+}
+
 /* a (B...,M,K), b (B...,K,N) -> c (B...,M,N) contiguous; the batch dims
- * are walked with a counter, the operands' offsets follow their strides. */
-static void matmul_batched(const mm_geom *g, const nb_tensor *a, const nb_tensor *b,
-                           nb_tensor *c) {
+ * are walked with a counter, the operands' offsets follow their strides.
+ * 0, or -1 (message set) when the kernel's buffers cannot be allocated. */
+static int matmul_batched(const mm_geom *g, const nb_tensor *a, const nb_tensor *b,
+                          nb_tensor *c) {
     int64_t mn = g->M * g->N, nbat = 1;
     for (int i = 0; i < g->nbatch; i++) nbat *= g->batch[i];
-    if (mn == 0 || nbat == 0) return;
-    int64_t idx[NB_MAX_DIMS] = {0}, aoff = 0, boff = 0;
-    for (int64_t t = 0; t < nbat; t++) {
-        if (c->dtype == NB_F32)
-            gemm_f32(g->M, g->N, g->K, (const float *)nbi_ptr(a) + aoff, g->sam, g->sak,
-                     (const float *)nbi_ptr(b) + boff, g->sbk, g->sbn,
-                     (float *)nbi_ptr(c) + t * mn);
-        else
-            gemm_f64(g->M, g->N, g->K, (const double *)nbi_ptr(a) + aoff, g->sam, g->sak,
-                     (const double *)nbi_ptr(b) + boff, g->sbk, g->sbn,
-                     (double *)nbi_ptr(c) + t * mn);
-        for (int d = g->nbatch - 1; d >= 0; d--) { /* next batch index */
-            aoff += g->abst[d];
-            boff += g->bbst[d];
-            if (++idx[d] < g->batch[d]) break;
-            aoff -= g->abst[d] * g->batch[d];
-            boff -= g->bbst[d] * g->batch[d];
-            idx[d] = 0;
+    if (mn == 0 || nbat == 0) return 0;
+    size_t es = nbi_dtype_size(c->dtype);
+    const char *pa = nbi_ptr(a), *pb = nbi_ptr(b);
+    char *pc = nbi_ptr(c);
+    nbi_gemm_ws ws = {0};
+    int rc = 0;
+    int64_t rows, rstride;
+    if (nbat > 1 && fold_batch(g, &rows, &rstride)) {
+        rc = gemm(&ws, c->dtype, rows, g, pa, rstride, pb, pc);
+    } else {
+        int64_t idx[NB_MAX_DIMS] = {0}, aoff = 0, boff = 0;
+        for (int64_t t = 0; t < nbat && rc == 0; t++) {
+            rc = gemm(&ws, c->dtype, g->M, g, pa + aoff * (int64_t)es, g->sam,
+                      pb + boff * (int64_t)es, pc + t * mn * (int64_t)es);
+            for (int d = g->nbatch - 1; d >= 0; d--) { /* next batch index */
+                aoff += g->abst[d];
+                boff += g->bbst[d];
+                if (++idx[d] < g->batch[d]) break;
+                aoff -= g->abst[d] * g->batch[d];
+                boff -= g->bbst[d] * g->batch[d];
+                idx[d] = 0;
+            }
         }
     }
+    nbi_gemm_ws_free(&ws);
+    if (rc) nbi_error("%s: out of memory for the packing buffers of a %lld x %lld x %lld product",
+                      FN, (long long)g->M, (long long)g->K, (long long)g->N);
+    return rc;
 }
 
 /* ----------------------------------------------------------------- backward */
@@ -169,7 +163,8 @@ nb_tensor *nb_matmul(nb_tensor *a, nb_tensor *b) {
     if (!b1) shape[nd++] = g.N;
     nb_tensor *c = nbi_new(FN, a->dtype, nd, shape, false);
     if (!c) return NULL;
-    matmul_batched(&g, a, b, c); /* writes every element (zeros when K == 0) */
+    /* writes every element (zeros when K == 0) */
+    if (matmul_batched(&g, a, b, c)) return nbi_discard(c);
 
     nb_tensor *in[2] = {a, b};
     if (nbi_needs_grad(2, in)) {

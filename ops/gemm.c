@@ -1,0 +1,485 @@
+/* gemm.c: the blocked, register-tiled matrix multiply behind nb_matmul.
+ *
+ * C (M,N) = A (M,K) B (K,N) in the layout of the classic Goto/BLIS GEMM:
+ *
+ *   for jc over N in NC columns
+ *     for pc over K in KC steps       pack B[pc.., jc..] (KC x NC) into panels
+ *       for ic over M in MC rows      of NR = 2 vectors of columns; pack A
+ *         for jr over NC in NR        [ic.., pc..] into panels of MR rows, or
+ *           for ir over MC in MR      read it in place; micro-kernel: an MR x NR
+ *                                     tile of C in registers, one FMA per
+ *                                     (row, vector) per k
+ *
+ * Packing reads through the operands' strides, so transposed, expanded and
+ * narrowed views need no copy to contiguous first; panels at the N edge (and
+ * packed ones at the M edge) are zero-padded, and only the valid part of a
+ * tile is written back. The micro-kernel loads its tile of C when pc > 0 and
+ * keeps accumulating, so every c[i][j] is one chain of multiply-adds over
+ * k = 0..K-1 in order, starting from 0: the same bits whatever the blocking,
+ * the tile an element falls in, or the thread that would compute it.
+ *
+ * A is read in place (no packing) when one of its strides is 1: the rows of
+ * A^T (sam == 1) are already contiguous per k, and a row-major A (sak == 1) is
+ * read row by row. At the M edge, tiles of MR/2 rows take over; in place, a
+ * last one of fewer rows is the last MR/2 rows of the product with only the
+ * new ones stored (it recomputes a few rows rather than reading past A).
+ *
+ * Everything is compiled once per instruction-set path from one macro
+ * (GEMM_DEFINE): AVX-512 (512-bit GCC vectors under a target attribute),
+ * AVX2+FMA (256-bit) and a portable one (128-bit vectors, whatever the
+ * baseline target makes of them). The library is built without -march, so the
+ * target attributes are what enable the wider instructions; the path is picked
+ * once with __builtin_cpu_supports. Multiply-adds are contracted to FMA by
+ * -ffp-contract=fast (set for this file in the Makefile: ISO C modes turn
+ * contraction off in GCC) on the paths that have FMA. */
+#include "gemm_internal.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define GEMM_X86 1
+#else
+#define GEMM_X86 0
+#endif
+
+#define GEMM_INLINE inline __attribute__((always_inline))
+#define GEMM_UNROLL _Pragma("GCC unroll 32")
+#define GEMM_MIN(x, y) ((x) < (y) ? (x) : (y))
+
+typedef float v4sf __attribute__((vector_size(16)));
+typedef double v2df __attribute__((vector_size(16)));
+#if GEMM_X86
+typedef float v8sf __attribute__((vector_size(32)));
+typedef double v4df __attribute__((vector_size(32)));
+typedef float v16sf __attribute__((vector_size(64)));
+typedef double v8df __attribute__((vector_size(64)));
+#endif
+
+/* ------------------------------------------------------------- workspace */
+/* Buffers are 64-byte aligned blocks with a 64-byte header holding their size.
+ * The last one released is kept (one per process, taken and given back with
+ * atomic exchanges, so threads never share one) for the next product: small
+ * products then pay neither for the allocation nor for faulting its pages in
+ * (glibc returns large freed blocks to the OS). It stays reachable from here
+ * until exit; blocks above GEMM_CACHE_MAX are freed instead. */
+#define GEMM_HDR 64
+#define GEMM_CACHE_MAX ((size_t)16 << 20)
+static _Atomic(void *) ws_cache;
+
+static size_t blk_cap(void *blk) {
+    size_t cap;
+    memcpy(&cap, blk, sizeof cap);
+    return cap;
+}
+
+void nbi_gemm_ws_free(nbi_gemm_ws *ws) {
+    if (ws->buf) {
+        void *blk = (char *)ws->buf - GEMM_HDR;
+        if (ws->cap <= GEMM_CACHE_MAX) blk = atomic_exchange(&ws_cache, blk);
+        free(blk);
+    }
+    ws->buf = NULL;
+    ws->cap = 0;
+}
+
+/* At least n bytes at ws->buf, 64-byte aligned; 0, or -1 when out of memory. */
+static int ws_reserve(nbi_gemm_ws *ws, size_t n) {
+    if (n <= ws->cap) return 0;
+    nbi_gemm_ws_free(ws);
+    void *blk = atomic_exchange(&ws_cache, NULL);
+    if (blk && blk_cap(blk) < n) {
+        free(blk);
+        blk = NULL;
+    }
+    if (!blk) {
+        n = (n + 63) & ~(size_t)63;
+        if (n > SIZE_MAX - GEMM_HDR || !(blk = aligned_alloc(64, n + GEMM_HDR))) return -1;
+        memcpy(blk, &n, sizeof n);
+    }
+    ws->buf = (char *)blk + GEMM_HDR;
+    ws->cap = blk_cap(blk);
+    return 0;
+}
+
+/* ------------------------------------------------------------ transposes */
+/* dst[j*ds + i] = src[i*ss + j] for a 4x4 (f32) or 2x2 (f64) block: the
+ * packing of a k-contiguous operand into k-major panels, four (two) elements
+ * per shuffle instead of one load and store each. */
+#if defined(__clang__) || __GNUC__ >= 12
+#define GEMM_SHUF4(x, y, i, j, k, l) __builtin_shufflevector(x, y, i, j, k, l)
+#define GEMM_SHUF2(x, y, i, j) __builtin_shufflevector(x, y, i, j)
+#else
+typedef int32_t v4si __attribute__((vector_size(16)));
+typedef int64_t v2di __attribute__((vector_size(16)));
+#define GEMM_SHUF4(x, y, i, j, k, l) __builtin_shuffle(x, y, (v4si){i, j, k, l})
+#define GEMM_SHUF2(x, y, i, j) __builtin_shuffle(x, y, (v2di){i, j})
+#endif
+
+/* Source rows q >= n (n in 1..4, resp. 1..2) read as zeros: padding for free. */
+static GEMM_INLINE void tr_f32(const float *src, int64_t ss, float *dst, int64_t ds, int n) {
+    v4sf x0, x1 = {0}, x2 = {0}, x3 = {0};
+    memcpy(&x0, src, 16);
+    if (n > 1) memcpy(&x1, src + ss, 16);
+    if (n > 2) memcpy(&x2, src + 2 * ss, 16);
+    if (n > 3) memcpy(&x3, src + 3 * ss, 16);
+    v4sf t0 = GEMM_SHUF4(x0, x1, 0, 4, 1, 5), t1 = GEMM_SHUF4(x0, x1, 2, 6, 3, 7);
+    v4sf t2 = GEMM_SHUF4(x2, x3, 0, 4, 1, 5), t3 = GEMM_SHUF4(x2, x3, 2, 6, 3, 7);
+    x0 = GEMM_SHUF4(t0, t2, 0, 1, 4, 5);
+    x1 = GEMM_SHUF4(t0, t2, 2, 3, 6, 7);
+    x2 = GEMM_SHUF4(t1, t3, 0, 1, 4, 5);
+    x3 = GEMM_SHUF4(t1, t3, 2, 3, 6, 7);
+    memcpy(dst, &x0, 16);
+    memcpy(dst + ds, &x1, 16);
+    memcpy(dst + 2 * ds, &x2, 16);
+    memcpy(dst + 3 * ds, &x3, 16);
+}
+
+static GEMM_INLINE void tr_f64(const double *src, int64_t ss, double *dst, int64_t ds, int n) {
+    v2df x0, x1 = {0};
+    memcpy(&x0, src, 16);
+    if (n > 1) memcpy(&x1, src + ss, 16);
+    v2df y0 = GEMM_SHUF2(x0, x1, 0, 2), y1 = GEMM_SHUF2(x0, x1, 1, 3);
+    memcpy(dst, &y0, 16);
+    memcpy(dst + ds, &y1, 16);
+}
+
+/* dst[k*w + j] = src[j*sj + k] for j < n, k < kc, and 0 for n <= j < w: groups of
+ * TB source rows by TR (TB x TB blocks, missing rows as zeros), the ragged
+ * ends one element at a time. */
+#define GEMM_TRANSPOSE(T, TB, TR, kc, n, w, src, sj, dst)                                     \
+    do {                                                                                       \
+        for (int64_t j_ = 0; j_ < (w); j_ += (TB)) {                                           \
+            const int nj_ = (int)((n) - j_ <= 0 ? 0 : (n) - j_ < (TB) ? (n) - j_ : (TB));       \
+            int64_t k_ = 0;                                                                    \
+            if (j_ + (TB) <= (w))                                                              \
+                for (; k_ + (TB) <= (kc); k_ += (TB)) {                                        \
+                    if (nj_ > 0)                                                               \
+                        TR((src) + j_ * (sj) + k_, (sj), (dst) + k_ * (w) + j_, (w), nj_);     \
+                    else                                                                       \
+                        for (int q_ = 0; q_ < (TB); q_++)                                      \
+                            memset((dst) + (k_ + q_) * (w) + j_, 0, 16);                       \
+                }                                                                              \
+            for (; k_ < (kc); k_++)                                                            \
+                for (int64_t q_ = 0; q_ < (TB) && j_ + q_ < (w); q_++)                         \
+                    (dst)[k_ * (w) + j_ + q_] = q_ < nj_ ? (src)[(j_ + q_) * (sj) + k_] : (T)0; \
+        }                                                                                      \
+    } while (0)
+
+/* The micro-kernel's rows, written out: row r keeps x<r>0 and x<r>1 (its two
+ * vectors); rows >= `rows` and the second vector when nv == 1 fold away. Used
+ * inside P##_kern (rows, nv, a, b, c, gemm_t, ... in scope); at most 8 rows. */
+#define GEMM_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define GEMM_ACC_DECL(r) x##r##0 = {0}, x##r##1 = {0},
+#define GEMM_ACC_ROW_OK(r) ((r) < rows && (!guard || ((r) >= r0 && (r) < r1)))
+#define GEMM_ACC_LOAD(r)                                                                       \
+    if (load && GEMM_ACC_ROW_OK(r)) {                                                          \
+        memcpy(&x##r##0, c + (r) * ldc, sizeof x##r##0);                                       \
+        if (nv == 2) memcpy(&x##r##1, c + (r) * ldc + sizeof x##r##0 / sizeof *c, sizeof x##r##1); \
+    }
+#define GEMM_ACC_FMA(r)                                                                        \
+    if ((r) < rows) {                                                                          \
+        const gemm_t s_ = arow ? a[(r) * ars] : a[(r)];                                        \
+        x##r##0 += s_ * b0;                                                                    \
+        if (nv == 2) x##r##1 += s_ * b1;                                                       \
+    }
+#define GEMM_ACC_STORE(r)                                                                      \
+    if (GEMM_ACC_ROW_OK(r)) {                                                                  \
+        memcpy(c + (r) * ldc, &x##r##0, sizeof x##r##0);                                       \
+        if (nv == 2) memcpy(c + (r) * ldc + sizeof x##r##0 / sizeof *c, &x##r##1, sizeof x##r##1); \
+    }
+
+/* -------------------------------------------------------- one ISA's gemm */
+/* P: name prefix; T: element type; V: vector of T, W elements wide; MR x 2W:
+ * the register tile (two vectors per row); KC, MC, NC: cache blocks; TB, TR:
+ * the transpose block (above); ATTR: the target attribute. */
+#define GEMM_DEFINE(P, T, V, W, MR, KC, MC, NC, TB, TR, ATTR)                                 \
+    enum { P##_NR = 2 * (W), P##_CH = 16 / (int)sizeof(T) };                                   \
+                                                                                               \
+    /* The tile: c (rows x nv*W, row stride ldc) = (load ? c : 0) + a b over kc steps.      \
+     * b: packed panel, row k at b + k*nv*W. a: element (r,k) at a[r*ars + k*aks] with       \
+     * either ars == 1 (packed, or A^T in place) or aks == 1 (row-major A in place): arow    \
+     * picks the second. guard: only rows r0 <= r < r1 of c are read and written (the        \
+     * others are computed from readable rows of a, and dropped). rows (MR or MR/2), nv,     \
+     * arow, guard: constant at each call; the accumulators are named variables, one per   \
+     * (row, vector), so that every compiler keeps them in registers. */                     \
+    static ATTR GEMM_INLINE void P##_kern(const int rows, const int nv, const int arow,        \
+                                          const int guard, int64_t kc, const T *restrict a,    \
+                                          int64_t ars, int64_t aks, const T *restrict b,       \
+                                          T *restrict c, int64_t ldc, int load, int r0,        \
+                                          int r1) {                                            \
+        typedef T gemm_t;                                                                      \
+        _Static_assert((MR) <= 8, "GEMM_ROWS writes out 8 rows");                              \
+        V GEMM_ROWS(GEMM_ACC_DECL) x_end = {0}; /* x_end closes the list of declarators */     \
+        (void)x_end;                                                                           \
+        GEMM_ROWS(GEMM_ACC_LOAD)                                                               \
+        for (int64_t k = 0; k < kc; k++) {                                                     \
+            V b0, b1 = {0};                                                                    \
+            memcpy(&b0, b, sizeof(V));                                                         \
+            if (nv == 2) memcpy(&b1, b + (W), sizeof(V));                                      \
+            GEMM_ROWS(GEMM_ACC_FMA)                                                            \
+            a += arow ? 1 : aks;                                                               \
+            b += nv * (W);                                                                     \
+        }                                                                                      \
+        GEMM_ROWS(GEMM_ACC_STORE)                                                              \
+    }                                                                                          \
+                                                                                               \
+    /* Whole tiles (MR rows) unguarded, half tiles (MR/2, at the M edge) guarded. */          \
+    static ATTR void P##_kern_any(int half, int nv, int arow, int64_t kc, const T *a,          \
+                                  int64_t ars, int64_t aks, const T *b, T *c, int64_t ldc,     \
+                                  int load, int r0, int r1) {                                  \
+        enum { H = (MR) / 2 };                                                                 \
+        if (!half && nv == 2 && arow) P##_kern(MR, 2, 1, 0, kc, a, ars, aks, b, c, ldc, load, 0, 0); \
+        else if (!half && nv == 2) P##_kern(MR, 2, 0, 0, kc, a, ars, aks, b, c, ldc, load, 0, 0); \
+        else if (!half && arow) P##_kern(MR, 1, 1, 0, kc, a, ars, aks, b, c, ldc, load, 0, 0);  \
+        else if (!half) P##_kern(MR, 1, 0, 0, kc, a, ars, aks, b, c, ldc, load, 0, 0);          \
+        else if (nv == 2 && arow) P##_kern(H, 2, 1, 1, kc, a, ars, aks, b, c, ldc, load, r0, r1); \
+        else if (nv == 2) P##_kern(H, 2, 0, 1, kc, a, ars, aks, b, c, ldc, load, r0, r1);      \
+        else if (arow) P##_kern(H, 1, 1, 1, kc, a, ars, aks, b, c, ldc, load, r0, r1);         \
+        else P##_kern(H, 1, 0, 1, kc, a, ars, aks, b, c, ldc, load, r0, r1);                   \
+    }                                                                                          \
+                                                                                               \
+    /* dst[0..n) = src[0..n) for n <= NR: a few fixed-size pieces, the last one ending at n \
+     * (overlapping the one before); never a loop that compilers turn into a memmove call. */ \
+    static ATTR GEMM_INLINE void P##_copy(T *restrict dst, const T *restrict src, int64_t n) { \
+        const int64_t b = n * (int64_t)sizeof(T);                                              \
+        char *d = (char *)dst;                                                                 \
+        const char *s = (const char *)src;                                                     \
+        if (b >= 64) {                                                                         \
+            GEMM_UNROLL for (int q = 0; q < (int)(P##_NR * sizeof(T) / 64); q++)               \
+                if ((q + 1) * 64 <= b) memcpy(d + q * 64, s + q * 64, 64);                     \
+            memcpy(d + b - 64, s + b - 64, 64);                                                \
+        } else if (b >= 32) {                                                                  \
+            memcpy(d, s, 32);                                                                  \
+            memcpy(d + b - 32, s + b - 32, 32);                                                \
+        } else if (b >= 16) {                                                                  \
+            memcpy(d, s, 16);                                                                  \
+            memcpy(d + b - 16, s + b - 16, 16);                                                \
+        } else {                                                                               \
+            GEMM_UNROLL for (int q = 0; q < P##_CH; q++) if (q < n) dst[q] = src[q];           \
+        }                                                                                      \
+    }                                                                                          \
+                                                                                               \
+    /* Rows r0 <= r < r1, columns j < nr of a tile of c (MR rows, or MR/2 when half;       \
+     * strides scm, scn): straight into c when the columns are whole vectors and            \
+     * unit-strided, else through a local tile (only the valid part of c is touched). */      \
+    static ATTR void P##_tile(int half, int r0, int r1, int64_t nr, int64_t kc, const T *a,    \
+                              int64_t ars, int64_t aks, int arow, const T *b, T *c,            \
+                              int64_t scm, int64_t scn, int load) {                            \
+        const int nv = nr > (W) ? 2 : 1;                                                       \
+        if (nr == nv * (W) && scn == 1) {                                                      \
+            P##_kern_any(half, nv, arow, kc, a, ars, aks, b, c, scm, load, r0, r1);            \
+            return;                                                                            \
+        }                                                                                      \
+        T tmp[(MR) * P##_NR] __attribute__((aligned(64)));                                     \
+        const int64_t ld = nv * (W);                                                           \
+        if (load)                                                                              \
+            for (int64_t r = r0; r < r1; r++) {                                                \
+                if (scn == 1) P##_copy(tmp + r * ld, c + r * scm, nr);                         \
+                else for (int64_t j = 0; j < nr; j++) tmp[r * ld + j] = c[r * scm + j * scn];  \
+            }                                                                                  \
+        P##_kern_any(half, nv, arow, kc, a, ars, aks, b, tmp, ld, load, r0, r1);               \
+        for (int64_t r = r0; r < r1; r++) {                                                    \
+            if (scn == 1) P##_copy(c + r * scm, tmp + r * ld, nr);                             \
+            else for (int64_t j = 0; j < nr; j++) c[r * scm + j * scn] = tmp[r * ld + j];      \
+        }                                                                                      \
+    }                                                                                          \
+                                                                                               \
+    /* Packing, one panel per call (each layout its own small function):                 \
+     * dst[k*w + j] = src[k*sk + j*sj] for k < kc, j < n, zeros for n <= j < w. A panel of  \
+     * A is (rows of A as j, w = MR), a panel of B (columns of B as j, w = W or NR). */       \
+    static ATTR __attribute__((noinline)) void P##_pack_rows(int64_t kc, int64_t n, int64_t w, \
+                                                             const T *src, int64_t sk,         \
+                                                             T *restrict dst) { /* sj == 1 */   \
+        const V z = {0};                                                                       \
+        if (n == P##_NR && w == P##_NR)                                                        \
+            for (int64_t k = 0; k < kc; k++) memcpy(dst + k * P##_NR, src + k * sk, sizeof(T) * P##_NR); \
+        else if (n == (W) && w == (W))                                                         \
+            for (int64_t k = 0; k < kc; k++) memcpy(dst + k * (W), src + k * sk, sizeof(V));   \
+        else if (w == (W))                                                                     \
+            for (int64_t k = 0; k < kc; k++) {                                                 \
+                memcpy(dst + k * (W), &z, sizeof(V));                                          \
+                P##_copy(dst + k * (W), src + k * sk, n);                                      \
+            }                                                                                  \
+        else if (w == P##_NR)                                                                  \
+            for (int64_t k = 0; k < kc; k++) {                                                 \
+                memcpy(dst + k * P##_NR, &z, sizeof(V));                                       \
+                memcpy(dst + k * P##_NR + (W), &z, sizeof(V));                                 \
+                P##_copy(dst + k * P##_NR, src + k * sk, n);                                   \
+            }                                                                                  \
+        else /* A panels (w == MR) */                                                          \
+            for (int64_t k = 0; k < kc; k++)                                                   \
+                for (int64_t j = 0; j < w; j++) dst[k * w + j] = j < n ? src[k * sk + j] : 0;  \
+    }                                                                                          \
+    static ATTR __attribute__((noinline)) void P##_pack_cols(int64_t kc, int64_t n, int64_t w, \
+                                                             const T *src, int64_t sj,         \
+                                                             T *restrict dst) { /* sk == 1 */   \
+        GEMM_TRANSPOSE(T, TB, TR, kc, n, w, src, sj, dst);                                     \
+    }                                                                                          \
+    static ATTR __attribute__((noinline)) void P##_pack_any(int64_t kc, int64_t n, int64_t w,  \
+                                                            const T *src, int64_t sk,          \
+                                                            int64_t sj, T *restrict dst) {     \
+        for (int64_t k = 0; k < kc; k++)                                                       \
+            for (int64_t j = 0; j < w; j++) dst[k * w + j] = j < n ? src[k * sk + j * sj] : 0; \
+    }                                                                                          \
+    static ATTR GEMM_INLINE void P##_pack(int64_t kc, int64_t n, int64_t w, const T *src,       \
+                                          int64_t sk, int64_t sj, T *dst) {                    \
+        if (sj == 1) P##_pack_rows(kc, n, w, src, sk, dst);                                    \
+        else if (sk == 1) P##_pack_cols(kc, n, w, src, sj, dst);                               \
+        else P##_pack_any(kc, n, w, src, sk, sj, dst);                                         \
+    }                                                                                          \
+                                                                                               \
+    /* One packed block of B (kc x nc at pb) times the rows of A for c's rows [0, mc):       \
+     * amode 0: A packed at a (panels of MR rows); 1: A^T in place (a[r + k*sak]); 2:        \
+     * row-major A in place (a[r*sam + k]). Whole tiles of MR rows, then at the edge half    \
+     * tiles; in place, a last one of fewer rows is the product's last MR/2 rows with only   \
+     * the new ones written (rows before the block belong to the same A and C; M >= MR/2). */ \
+    static ATTR __attribute__((noinline)) void P##_block(int64_t mc, int64_t nc, int64_t kc,   \
+                                                         const T *a, int64_t sam, int64_t sak, \
+                                                         int amode, const T *pb, T *c,        \
+                                                         int64_t scm, int64_t scn, int load) { \
+        enum { H = (MR) / 2 };                                                                 \
+        for (int64_t jr = 0; jr < nc; jr += P##_NR) {                                          \
+            const int64_t nr = GEMM_MIN(P##_NR, nc - jr);                                      \
+            const T *bp = pb + jr * kc;                                                        \
+            T *cj = c + jr * scn;                                                              \
+            for (int64_t ir = 0; ir < mc;) {                                                   \
+                const int64_t rem = mc - ir;                                                   \
+                const int half = rem < (MR);                                                   \
+                int64_t i0 = ir;      /* first row of the tile */                              \
+                int r0 = 0, r1 = half ? H : (MR); /* its rows written */                       \
+                if (rem < H) {                                                                 \
+                    if (amode) i0 = ir - (H - rem), r0 = (int)(H - rem);                       \
+                    else r1 = (int)rem;                                                        \
+                }                                                                              \
+                if (amode == 0)                                                                \
+                    P##_tile(half, r0, r1, nr, kc, a + ir / (MR) * (MR) * kc + ir % (MR), 1,   \
+                             (MR), 0, bp, cj + i0 * scm, scm, scn, load);                      \
+                else                                                                           \
+                    P##_tile(half, r0, r1, nr, kc, a + i0 * sam, sam, sak, amode == 2, bp,     \
+                             cj + i0 * scm, scm, scn, load);                                   \
+                ir += half ? H : (MR);                                                         \
+            }                                                                                  \
+        }                                                                                      \
+    }                                                                                          \
+                                                                                               \
+    static ATTR int P##_gemm(nbi_gemm_ws *ws, int64_t M, int64_t N, int64_t K, const T *a,     \
+                             int64_t sam, int64_t sak, const T *b, int64_t sbk, int64_t sbn,   \
+                             T *c, int64_t scm, int64_t scn) {                                 \
+        const int64_t kcap = GEMM_MIN((KC), K);                                                \
+        const int64_t mcap = (GEMM_MIN((MC), M) + (MR)-1) / (MR) * (MR);                       \
+        const int64_t ncap = (GEMM_MIN((NC), N) + P##_NR - 1) / P##_NR * P##_NR;               \
+        const int64_t asz = (mcap * kcap + 15) & ~(int64_t)15;                                 \
+        if (ws_reserve(ws, sizeof(T) * (size_t)(asz + ncap * kcap))) return -1;                \
+        T *pa = ws->buf, *pb = pa + asz;                                                       \
+        /* A in place when A^T is a row-major view (sam == 1) or A is row-major (sak == 1) */ \
+        int amode = sam == 1 && sak != 1 ? 1 : sak == 1 ? 2 : 0;                               \
+        if (M < (MR) / 2) amode = 0;                                                           \
+        for (int64_t jc = 0; jc < N; jc += (NC)) {                                             \
+            const int64_t nc = GEMM_MIN((NC), N - jc);                                         \
+            for (int64_t pc = 0; pc < K; pc += (KC)) {                                         \
+                const int64_t kc = GEMM_MIN((KC), K - pc);                                     \
+                for (int64_t j = 0; j < nc; j += P##_NR) { /* B: panels of NR (or W) columns */ \
+                    const int64_t nr = GEMM_MIN(P##_NR, nc - j);                               \
+                    P##_pack(kc, nr, nr > (W) ? P##_NR : (W), b + pc * sbk + (jc + j) * sbn,   \
+                             sbk, sbn, pb + j * kc);                                           \
+                }                                                                              \
+                for (int64_t ic = 0; ic < M; ic += (MC)) {                                     \
+                    const int64_t mc = GEMM_MIN((MC), M - ic);                                 \
+                    const T *ablk = a + ic * sam + pc * sak;                                   \
+                    for (int64_t i = 0; amode == 0 && i < mc; i += (MR)) /* A: MR rows */    \
+                        P##_pack(kc, GEMM_MIN((MR), mc - i), (MR), ablk + i * sam, sak, sam,   \
+                                 pa + i * kc);                                                 \
+                    P##_block(mc, nc, kc, amode ? ablk : pa, sam, sak, amode, pb,              \
+                              c + ic * scm + jc * scn, scm, scn, pc > 0);                      \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+        return 0;                                                                              \
+    }
+
+/* ----------------------------------------------------------------- paths */
+/* Register tiles: AVX-512 8 x 2 zmm (16 accumulators of 32 registers; 8 rows
+ * measured as fast as 12 here and wastes less at the M edge), AVX2 6 x 2 ymm
+ * (12 of 16), portable 4 x 2 xmm (8 of 16: without FMA the products need
+ * registers too). Blocks: KC x NR of B stays in L1/L2 across a column of
+ * tiles, MC x KC of A and KC x NC of B in L2 (f64: about half in columns). */
+GEMM_DEFINE(f32_port, float, v4sf, 4, 4, 256, 128, 2048, 4, tr_f32, )
+GEMM_DEFINE(f64_port, double, v2df, 2, 4, 256, 64, 1024, 2, tr_f64, )
+#if GEMM_X86
+#define GEMM_AVX2 __attribute__((target("avx2,fma")))
+#define GEMM_AVX512 __attribute__((target("avx512f")))
+GEMM_DEFINE(f32_avx2, float, v8sf, 8, 6, 256, 120, 2048, 4, tr_f32, GEMM_AVX2)
+GEMM_DEFINE(f64_avx2, double, v4df, 4, 6, 256, 60, 1024, 2, tr_f64, GEMM_AVX2)
+GEMM_DEFINE(f32_avx512, float, v16sf, 16, 8, 384, 96, 1024, 4, tr_f32, GEMM_AVX512)
+GEMM_DEFINE(f64_avx512, double, v8df, 8, 8, 256, 96, 512, 2, tr_f64, GEMM_AVX512)
+#endif
+
+static _Atomic int gemm_path = NBI_GEMM_AUTO;
+
+static int detect_path(void) {
+#if GEMM_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return NBI_GEMM_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return NBI_GEMM_AVX2;
+#endif
+    return NBI_GEMM_PORTABLE;
+}
+
+int nbi_gemm_path(int force) {
+    int best = detect_path();
+    int p = force == NBI_GEMM_AUTO || force > best ? best : force < 0 ? NBI_GEMM_PORTABLE : force;
+    atomic_store_explicit(&gemm_path, p, memory_order_relaxed);
+    return p;
+}
+
+static int current_path(void) {
+    int p = atomic_load_explicit(&gemm_path, memory_order_relaxed);
+    if (p < 0) {
+        p = detect_path();
+        atomic_store_explicit(&gemm_path, p, memory_order_relaxed);
+    }
+    return p;
+}
+
+/* Shapes with nothing to sum, and K == 0 (an empty sum is 0). */
+#define GEMM_TRIVIAL(T)                                                                        \
+    if (M <= 0 || N <= 0) return 0;                                                            \
+    if (K <= 0) {                                                                              \
+        for (int64_t i = 0; i < M; i++)                                                        \
+            for (int64_t j = 0; j < N; j++) c[i * scm + j * scn] = (T)0;                       \
+        return 0;                                                                              \
+    }
+
+int nbi_gemm_f32(nbi_gemm_ws *ws, int64_t M, int64_t N, int64_t K, const float *a, int64_t sam,
+                 int64_t sak, const float *b, int64_t sbk, int64_t sbn, float *c, int64_t scm,
+                 int64_t scn) {
+    GEMM_TRIVIAL(float)
+    switch (current_path()) {
+#if GEMM_X86
+    case NBI_GEMM_AVX512:
+        return f32_avx512_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+    case NBI_GEMM_AVX2:
+        return f32_avx2_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+#endif
+    default:
+        return f32_port_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+    }
+}
+
+int nbi_gemm_f64(nbi_gemm_ws *ws, int64_t M, int64_t N, int64_t K, const double *a,
+                 int64_t sam, int64_t sak, const double *b, int64_t sbk, int64_t sbn, double *c,
+                 int64_t scm, int64_t scn) {
+    GEMM_TRIVIAL(double)
+    switch (current_path()) {
+#if GEMM_X86
+    case NBI_GEMM_AVX512:
+        return f64_avx512_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+    case NBI_GEMM_AVX2:
+        return f64_avx2_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+#endif
+    default:
+        return f64_port_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+    }
+}

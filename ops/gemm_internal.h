@@ -1,0 +1,42 @@
+/* gemm_internal.h: the matrix-multiply kernel behind nb_matmul.
+ *
+ * C (M,N) = A (M,K) * B (K,N), one matrix, every operand addressed through
+ * element strides (transposed, expanded and narrowed views are read in place).
+ * Each c[i][j] is the sum over k = 0, 1, ..., K-1 in that order, starting from
+ * 0 and accumulated in the dtype (with fused multiply-adds when the path has
+ * them), so the result does not depend on blocking, tiling or threads; it may
+ * depend on the instruction-set path, which is chosen once per process
+ * (AVX-512, AVX2+FMA or portable). K == 0 writes zeros. */
+#ifndef NABLA_GEMM_INTERNAL_H
+#define NABLA_GEMM_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Packing buffers, kept across the calls of one batched product; start it
+ * zeroed ({0}) and release it with nbi_gemm_ws_free (which keeps the last
+ * released buffer for the next product, see gemm.c). */
+typedef struct nbi_gemm_ws {
+    void *buf;
+    size_t cap; /* bytes */
+} nbi_gemm_ws;
+
+void nbi_gemm_ws_free(nbi_gemm_ws *ws);
+
+/* a: element (i,k) at a[i*sam + k*sak]; b: (k,j) at b[k*sbk + j*sbn];
+ * c: (i,j) at c[i*scm + j*scn], fully overwritten. Returns 0, or -1 when the
+ * packing buffers cannot be allocated (c is then left unspecified). */
+int nbi_gemm_f32(nbi_gemm_ws *ws, int64_t M, int64_t N, int64_t K, const float *a, int64_t sam,
+                 int64_t sak, const float *b, int64_t sbk, int64_t sbn, float *c, int64_t scm,
+                 int64_t scn);
+int nbi_gemm_f64(nbi_gemm_ws *ws, int64_t M, int64_t N, int64_t K, const double *a,
+                 int64_t sam, int64_t sak, const double *b, int64_t sbk, int64_t sbn, double *c,
+                 int64_t scm, int64_t scn);
+
+/* The instruction-set path: NBI_GEMM_AUTO picks the best the CPU supports
+ * (the default); tests and benchmarks may force one. Returns the path in use
+ * after the call (a forced path the CPU lacks falls back to the portable one). */
+enum { NBI_GEMM_AUTO = -1, NBI_GEMM_PORTABLE = 0, NBI_GEMM_AVX2 = 1, NBI_GEMM_AVX512 = 2 };
+int nbi_gemm_path(int force);
+
+#endif
