@@ -12,6 +12,9 @@ struct nbi_scope {
 static _Thread_local nbi_scope *top;
 static _Thread_local nbi_scope *spare; /* ended scopes, reused */
 static _Thread_local int depth;
+/* Scopes begun while no scope record could be allocated: their tensors stay
+ * in the enclosing scope, and the matching ends do nothing. */
+static _Thread_local int unrecorded;
 
 void nbi_scope_adopt(nb_tensor *t) {
     t->refs = 1;
@@ -38,7 +41,12 @@ void nbi_scope_release(nb_tensor *t) {
 void nb_scope_begin(void) {
     nbi_scope *s = spare;
     if (s) spare = s->parent;
-    else if (!(s = malloc(sizeof *s))) abort(); /* a 16-byte allocation: nothing sane to do */
+    else if (!(s = malloc(sizeof *s))) {
+        nbi_error("nb_scope_begin: out of memory; tensors of this scope go to the enclosing one");
+        unrecorded++;
+        depth++;
+        return;
+    }
     s->head = NULL;
     s->parent = top;
     top = s;
@@ -46,6 +54,11 @@ void nb_scope_begin(void) {
 }
 
 void nb_scope_end(void) {
+    if (unrecorded > 0) {
+        unrecorded--;
+        depth--;
+        return;
+    }
     nbi_scope *s = top;
     if (!s) {
         nbi_error("nb_scope_end: no scope is open");

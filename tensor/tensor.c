@@ -158,11 +158,18 @@ void nbi_ref(nb_tensor *t) { t->refs++; }
 static _Thread_local nb_tensor **doomed;
 static _Thread_local size_t ndoomed, capdoomed;
 
+static void destroy(nb_tensor *x);
+
+/* Queues t for destruction; if the queue cannot grow (out of memory), t is
+ * destroyed right away, recursively, which is correct but uses stack. */
 static void push_doomed(nb_tensor *t) {
     if (ndoomed == capdoomed) {
         size_t cap = capdoomed ? 2 * capdoomed : 64;
         nb_tensor **p = realloc(doomed, cap * sizeof *p);
-        if (!p) abort(); /* internal invariant: cannot continue freeing safely */
+        if (!p) {
+            destroy(t);
+            return;
+        }
         doomed = p;
         capdoomed = cap;
     }
@@ -177,23 +184,24 @@ void nbi_unref(nb_tensor *t) {
     if (!t) return;
     size_t base = ndoomed;
     release_into(t);
-    while (ndoomed > base) {
-        nb_tensor *x = doomed[--ndoomed];
-        nbi_node *n = x->grad_fn;
-        if (n) {
-            for (int i = 0; i < n->nin; i++) release_into(n->in[i]);
-            release_into(n->extra);
-            nbi_node_free(n);
-        }
-        release_into(x->grad);
-        release_into(x->gacc);
-        if (--x->storage->refs == 0) {
-            free(x->storage->data);
-            free(x->storage);
-        }
-        free(x);
-        atomic_fetch_sub(&live_tensors, 1);
+    while (ndoomed > base) destroy(doomed[--ndoomed]);
+}
+
+static void destroy(nb_tensor *x) {
+    nbi_node *n = x->grad_fn;
+    if (n) {
+        for (int i = 0; i < n->nin; i++) release_into(n->in[i]);
+        release_into(n->extra);
+        nbi_node_free(n);
     }
+    release_into(x->grad);
+    release_into(x->gacc);
+    if (--x->storage->refs == 0) {
+        free(x->storage->data);
+        free(x->storage);
+    }
+    free(x);
+    atomic_fetch_sub(&live_tensors, 1);
 }
 
 void nb_free(nb_tensor *t) {
