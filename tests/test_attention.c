@@ -59,27 +59,6 @@ static nb_tensor *noncontig_copy(nb_tensor *t) {
     return v;
 }
 
-/* A non-contiguous f64 leaf: random values with the last two dims swapped in memory. */
-static nb_tensor *transposed_leaf(uint64_t seed, int ndim, const int64_t *shape) {
-    int64_t sw[NB_MAX_DIMS];
-    for (int i = 0; i < ndim; i++) sw[i] = shape[i];
-    sw[ndim - 2] = shape[ndim - 1];
-    sw[ndim - 1] = shape[ndim - 2];
-    nb_tensor *base = nb_set_requires_grad(rand_leaf(seed, ndim, sw), false);
-    nb_tensor *v = nb_transpose(base, -2, -1);
-    ck_assert_msg(v != NULL && nb_is_leaf(v), "%s", nb_last_error());
-    ck_assert(!nb_is_contiguous(v));
-    return nb_set_requires_grad(v, true);
-}
-
-static double *values(const nb_tensor *t) {
-    int64_t n = nb_numel(t);
-    double *v = malloc((size_t)(n ? n : 1) * sizeof *v);
-    ck_assert(v != NULL);
-    ck_assert_msg(nb_copy_to_f64(t, v) == 0, "%s", nb_last_error());
-    return v;
-}
-
 /* max |a - b| over all elements (same numel) */
 static double max_diff(const nb_tensor *a, const nb_tensor *b) {
     CHECK_NOT_NULL(a);
@@ -399,7 +378,7 @@ START_TEST(test_gradcheck_attention_shapes) {
     in[2] = rand_leaf(35, NB_SHAPE(4, 2));
     expect_gradcheck("nb_attention broadcast batch dims", f_att, &c, 3, in);
     /* a transposed (non-contiguous) q leaf */
-    in[0] = transposed_leaf(36, NB_SHAPE(1, 2, 3, 4));
+    in[0] = transposed_leaf(36, NB_SHAPE(1, 2, 3, 4), -2, -1);
     in[1] = rand_leaf(37, NB_SHAPE(1, 2, 3, 4));
     in[2] = rand_leaf(38, NB_SHAPE(1, 2, 3, 4));
     c.mask = nb_tril_mask(3, 3);

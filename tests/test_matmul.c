@@ -166,7 +166,7 @@ static nb_tensor *f_mm_exp(nb_tensor **in, int n, void *ctx) { /* a @ b.expand(2
 }
 
 /* A leaf that is itself a non-contiguous view: randn data, transposed. */
-static nb_tensor *transposed_leaf(uint64_t seed, int64_t rows, int64_t cols) {
+static nb_tensor *transposed_matrix_leaf(uint64_t seed, int64_t rows, int64_t cols) {
     nb_rng r;
     nb_rng_seed(&r, seed);
     nb_tensor *t = nb_transpose(nb_randn(NB_F64, NB_SHAPE(cols, rows), &r), 0, 1);
@@ -200,10 +200,10 @@ START_TEST(test_gradcheck_transposed) {
     in[1] = rand_leaf(8, NB_SHAPE(3, 4));
     expect_gradcheck("nb_matmul 2-D transposed a", f_mm_ta, NULL, 2, in);
     /* leaves that are themselves transposed views */
-    in[0] = transposed_leaf(9, 2, 3);
-    in[1] = transposed_leaf(10, 3, 4);
+    in[0] = transposed_matrix_leaf(9, 2, 3);
+    in[1] = transposed_matrix_leaf(10, 3, 4);
     expect_gradcheck("nb_matmul 2-D transposed leaves", f_mm, NULL, 2, in);
-    in[0] = transposed_leaf(11, 3, 2);
+    in[0] = transposed_matrix_leaf(11, 3, 2);
     in[1] = rand_leaf(12, NB_SHAPE(3, 3));
     expect_gradcheck("nb_matmul transposed leaf, transposed again", f_mm_ta, NULL, 2, in);
     nb_scope_end();

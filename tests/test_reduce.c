@@ -306,7 +306,7 @@ static nb_tensor *spaced_leaf(int ndim, const int64_t *shape, int shift) {
 }
 
 /* A leaf that is a transposed view of data made without grad. */
-static nb_tensor *transposed_leaf(int64_t a, int64_t b, int64_t c, int shift) {
+static nb_tensor *transposed_leaf3(int64_t a, int64_t b, int64_t c, int shift) {
     nb_tensor *t = spaced_leaf(3, (const int64_t[]){b, a, c}, shift);
     nb_set_requires_grad(t, false);
     nb_tensor *v = nb_transpose(t, 0, 1);
@@ -354,7 +354,7 @@ START_TEST(test_gradcheck_transposed) {
             int dim = dims[k];
             /* a transposed leaf (non-contiguous strides in the input itself) */
             rctx c = {op, dim, k % 2 == 0, 0};
-            nb_tensor *in[1] = {transposed_leaf(2, 3, 4, 3)};
+            nb_tensor *in[1] = {transposed_leaf3(2, 3, 4, 3)};
             if (op < 3) snprintf(label, sizeof label, "%s dim %d transposed leaf", op_names[op], dim);
             else snprintf(label, sizeof label, "%s transposed leaf", op_names[op]);
             expect_gradcheck(label, f_reduce, &c, 1, in);

@@ -35,28 +35,6 @@ static nb_tensor *noncontig_copy(nb_tensor *t) {
     return v;
 }
 
-/* A non-contiguous f64 leaf of shape (ndim, shape): random values laid out
- * with dims d0 and d1 swapped in memory. */
-static nb_tensor *transposed_leaf(uint64_t seed, int ndim, const int64_t *shape, int d0, int d1) {
-    int64_t sw[NB_MAX_DIMS];
-    for (int i = 0; i < ndim; i++) sw[i] = shape[i];
-    sw[d0] = shape[d1];
-    sw[d1] = shape[d0];
-    nb_tensor *base = nb_set_requires_grad(rand_leaf(seed, ndim, sw), false);
-    nb_tensor *v = nb_transpose(base, d0, d1);
-    ck_assert_msg(v != NULL && nb_is_leaf(v), "%s", nb_last_error());
-    ck_assert(!nb_is_contiguous(v));
-    return nb_set_requires_grad(v, true);
-}
-
-static double *values(const nb_tensor *t) {
-    int64_t n = nb_numel(t);
-    double *v = malloc((size_t)(n ? n : 1) * sizeof *v);
-    ck_assert(v != NULL);
-    ck_assert_msg(nb_copy_to_f64(t, v) == 0, "%s", nb_last_error());
-    return v;
-}
-
 static void expect_identical(const nb_tensor *a, const nb_tensor *b) {
     ck_assert_int_eq(nb_numel(a), nb_numel(b));
     double *x = values(a), *y = values(b);

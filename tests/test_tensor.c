@@ -13,7 +13,7 @@
     ck_assert_msg((t) != NULL, "%s", nb_last_error() ? nb_last_error() : "(no error set)")
 
 /* All values of t in row-major order into out (which holds nb_numel(t)). */
-static void values(const nb_tensor *t, double *out) {
+static void read_values(const nb_tensor *t, double *out) {
     CHECK_NOT_NULL(t);
     ck_assert_int_eq(nb_copy_to_f64(t, out), 0);
 }
@@ -22,7 +22,7 @@ static void expect_values(const nb_tensor *t, const double *want, int64_t n) {
     CHECK_NOT_NULL(t);
     ck_assert_int_eq(nb_numel(t), n);
     double *got = malloc((size_t)(n ? n : 1) * sizeof *got);
-    values(t, got);
+    read_values(t, got);
     for (int64_t i = 0; i < n; i++)
         ck_assert_msg(got[i] == want[i], "element %lld is %g, expected %g", (long long)i, got[i],
                       want[i]);
@@ -84,11 +84,11 @@ START_TEST(test_zeros_ones_full_all_dtypes) {
         ck_assert(nb_is_leaf(all[k]));
     }
     double v[24];
-    values(z, v);
+    read_values(z, v);
     for (int i = 0; i < 24; i++) ck_assert(v[i] == 0.0);
-    values(o, v);
+    read_values(o, v);
     for (int i = 0; i < 24; i++) ck_assert(v[i] == 1.0);
-    values(f, v);
+    read_values(f, v);
     for (int i = 0; i < 24; i++) ck_assert(v[i] == (dt == NB_BOOL ? 1.0 : 7.0));
     nb_scope_end();
 }
@@ -164,7 +164,7 @@ START_TEST(test_from_data_all_dtypes) {
     expect_shape(tf, 2, (const int64_t[]){2, 3});
     ck_assert_int_eq(nb_dtype_of(tf), NB_F32);
     double v[6];
-    values(tf, v);
+    read_values(tf, v);
     for (int i = 0; i < 6; i++) ck_assert(v[i] == (double)f[i]);
     ck_assert(((const float *)nb_data(tf))[2] == 3.25f);
 
@@ -525,8 +525,8 @@ static bool same_values(const nb_tensor *a, const nb_tensor *b) {
     int64_t n = nb_numel(a);
     if (n != nb_numel(b)) return false;
     double *x = malloc((size_t)n * sizeof *x), *y = malloc((size_t)n * sizeof *y);
-    values(a, x);
-    values(b, y);
+    read_values(a, x);
+    read_values(b, y);
     bool same = memcmp(x, y, (size_t)n * sizeof *x) == 0;
     free(x);
     free(y);
@@ -596,7 +596,7 @@ START_TEST(test_rand_in_unit_interval) {
         CHECK_NOT_NULL(u);
         ck_assert_int_eq(nb_dtype_of(u), dt);
         double *v = malloc(100000 * sizeof *v);
-        values(u, v);
+        read_values(u, v);
         double sum = 0, lo = 1, hi = 0;
         for (int i = 0; i < 100000; i++) {
             ck_assert_msg(v[i] >= 0.0 && v[i] < 1.0, "nb_rand value %.17g outside [0,1)", v[i]);
@@ -623,7 +623,7 @@ START_TEST(test_randn_moments) {
         const int n = 100000;
         nb_tensor *x = nb_randn(dt, NB_SHAPE(n), &r);
         double *v = malloc((size_t)n * sizeof *v);
-        values(x, v);
+        read_values(x, v);
         double mean = 0, var = 0;
         for (int i = 0; i < n; i++) {
             ck_assert(isfinite(v[i]));

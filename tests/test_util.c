@@ -147,3 +147,25 @@ nb_tensor *rand_leaf(uint64_t seed, int ndim, const int64_t *shape) {
     ck_assert_msg(t != NULL, "%s", nb_last_error());
     return nb_set_requires_grad(t, true);
 }
+
+nb_tensor *transposed_leaf(uint64_t seed, int ndim, const int64_t *shape, int d0, int d1) {
+    if (d0 < 0) d0 += ndim;
+    if (d1 < 0) d1 += ndim;
+    int64_t sw[NB_MAX_DIMS];
+    for (int i = 0; i < ndim; i++) sw[i] = shape[i];
+    sw[d0] = shape[d1];
+    sw[d1] = shape[d0];
+    nb_tensor *base = nb_set_requires_grad(rand_leaf(seed, ndim, sw), false);
+    nb_tensor *v = nb_transpose(base, d0, d1);
+    ck_assert_msg(v != NULL && nb_is_leaf(v), "%s", nb_last_error());
+    ck_assert(!nb_is_contiguous(v));
+    return nb_set_requires_grad(v, true);
+}
+
+double *values(const nb_tensor *t) {
+    int64_t n = nb_numel(t);
+    double *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    ck_assert(v != NULL);
+    ck_assert_msg(nb_copy_to_f64(t, v) == 0, "%s", nb_last_error());
+    return v;
+}

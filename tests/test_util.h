@@ -42,6 +42,12 @@ void expect_error_at(const char *file, int line, const void *result, ...);
 /* Deterministic f64 test input: values drawn from a fixed seed, requiring grad. */
 nb_tensor *rand_leaf(uint64_t seed, int ndim, const int64_t *shape);
 
+/* A non-contiguous f64 leaf (requires grad) of shape (ndim, shape): random
+ * values from seed laid out with dims d0 and d1 swapped in memory. */
+nb_tensor *transposed_leaf(uint64_t seed, int ndim, const int64_t *shape, int d0, int d1);
+/* A tensor's values in row-major order, as a malloc'ed array (free it). */
+double *values(const nb_tensor *t);
+
 /* Each suite file defines one of these; run_tests.c runs them all. */
 Suite *suite_tensor(void);
 Suite *suite_views(void);
