@@ -77,41 +77,49 @@ static nb_tensor *residual(nb_tensor *x, nb_tensor *y, double p, bool training, 
 }
 
 /* ------------------------------------------------------------------ init */
-static int layer_name(char *buf, size_t cap, const char *stack, int i, const char *part) {
+/* "encoder.layers.3.self_attn" into buf */
+static const char *layer_part(char *buf, size_t cap, const char *stack, int i, const char *part) {
     snprintf(buf, cap, "%s.layers.%d.%s", stack, i, part);
-    return 0;
+    return buf;
 }
 
 static int init_encoder_layer(nb_EncoderLayer *l, nb_params *ps, int i,
                               const nb_TransformerConfig *c, nb_rng *rng) {
     char b[256];
-    return (layer_name(b, sizeof b, "encoder", i, "self_attn"),
-            nb_mha_init(&l->self_attn, ps, b, c->d_model, c->heads, c->dropout, true, rng)) ||
-           (layer_name(b, sizeof b, "encoder", i, "feed_forward"),
-            nb_feedforward_init(&l->feed_forward, ps, b, c->d_model, c->d_ff, c->dropout, rng)) ||
-           (layer_name(b, sizeof b, "encoder", i, "norm1"),
-            nb_layernorm_init(&l->norm1, ps, b, c->d_model, LN_EPS)) ||
-           (layer_name(b, sizeof b, "encoder", i, "norm2"),
-            nb_layernorm_init(&l->norm2, ps, b, c->d_model, LN_EPS))
-               ? -1 : 0;
+    const char *e = "encoder";
+    if (nb_mha_init(&l->self_attn, ps, layer_part(b, sizeof b, e, i, "self_attn"), c->d_model,
+                    c->heads, c->dropout, true, rng) != 0)
+        return -1;
+    if (nb_feedforward_init(&l->feed_forward, ps, layer_part(b, sizeof b, e, i, "feed_forward"),
+                            c->d_model, c->d_ff, c->dropout, rng) != 0)
+        return -1;
+    if (nb_layernorm_init(&l->norm1, ps, layer_part(b, sizeof b, e, i, "norm1"), c->d_model,
+                          LN_EPS) != 0)
+        return -1;
+    return nb_layernorm_init(&l->norm2, ps, layer_part(b, sizeof b, e, i, "norm2"), c->d_model,
+                             LN_EPS);
 }
 
 static int init_decoder_layer(nb_DecoderLayer *l, nb_params *ps, int i,
                               const nb_TransformerConfig *c, nb_rng *rng) {
     char b[256];
-    return (layer_name(b, sizeof b, "decoder", i, "self_attn"),
-            nb_mha_init(&l->self_attn, ps, b, c->d_model, c->heads, c->dropout, true, rng)) ||
-           (layer_name(b, sizeof b, "decoder", i, "src_attn"),
-            nb_mha_init(&l->src_attn, ps, b, c->d_model, c->heads, c->dropout, true, rng)) ||
-           (layer_name(b, sizeof b, "decoder", i, "feed_forward"),
-            nb_feedforward_init(&l->feed_forward, ps, b, c->d_model, c->d_ff, c->dropout, rng)) ||
-           (layer_name(b, sizeof b, "decoder", i, "norm1"),
-            nb_layernorm_init(&l->norm1, ps, b, c->d_model, LN_EPS)) ||
-           (layer_name(b, sizeof b, "decoder", i, "norm2"),
-            nb_layernorm_init(&l->norm2, ps, b, c->d_model, LN_EPS)) ||
-           (layer_name(b, sizeof b, "decoder", i, "norm3"),
-            nb_layernorm_init(&l->norm3, ps, b, c->d_model, LN_EPS))
-               ? -1 : 0;
+    const char *d = "decoder";
+    nb_MHA *attn[2] = {&l->self_attn, &l->src_attn};
+    const char *attn_name[2] = {"self_attn", "src_attn"};
+    for (int k = 0; k < 2; k++)
+        if (nb_mha_init(attn[k], ps, layer_part(b, sizeof b, d, i, attn_name[k]), c->d_model,
+                        c->heads, c->dropout, true, rng) != 0)
+            return -1;
+    if (nb_feedforward_init(&l->feed_forward, ps, layer_part(b, sizeof b, d, i, "feed_forward"),
+                            c->d_model, c->d_ff, c->dropout, rng) != 0)
+        return -1;
+    nb_LayerNorm *norm[3] = {&l->norm1, &l->norm2, &l->norm3};
+    const char *norm_name[3] = {"norm1", "norm2", "norm3"};
+    for (int k = 0; k < 3; k++)
+        if (nb_layernorm_init(norm[k], ps, layer_part(b, sizeof b, d, i, norm_name[k]),
+                              c->d_model, LN_EPS) != 0)
+            return -1;
+    return 0;
 }
 
 static bool config_ok(const nb_TransformerConfig *c) {
