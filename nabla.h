@@ -237,8 +237,9 @@ NB_API void nb_report_error(const char *fmt, ...)
 NB_API void nb_rng_seed(nb_rng *rng, uint64_t seed);
 NB_API void nb_manual_seed(uint64_t seed); /* the global generator */
 NB_API nb_rng *nb_global_rng(void);
-/* Worker threads for large kernels; default NABLA_NUM_THREADS or the online
- * CPUs. Results are bitwise identical for any count. */
+/* The thread count for kernels: default NABLA_NUM_THREADS or the online
+ * CPUs. For now only recorded: every kernel runs on the calling thread.
+ * Results are to stay bitwise identical for any count. */
 NB_API void nb_set_num_threads(int n);
 NB_API int nb_num_threads(void);
 
