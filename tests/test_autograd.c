@@ -146,6 +146,26 @@ START_TEST(in_place_change_of_saved_input_is_caught) {
 }
 END_TEST
 
+
+/* Writes through nb_data are invisible to autograd until nb_mark_modified. */
+START_TEST(mark_modified_invalidates_saved_tensors) {
+    nb_tensor *x = nb_set_requires_grad(vec(2, (double[]){1, 2}), true);
+    nb_tensor *w = vec(2, (double[]){3, 4});
+    nb_scope_begin();
+    nb_tensor *y = nb_sum_all(nb_mul(x, w));
+    ((double *)nb_data(w))[0] = 5;
+    nb_mark_modified(w);
+    ck_assert_int_eq(nb_backward(y), -1);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "input 1 of nb_mul was modified in place"));
+    nb_clear_error();
+    nb_scope_end();
+    ck_assert_ptr_null(nb_grad(x));
+    nb_mark_modified(NULL); /* harmless */
+    nb_free(x);
+    nb_free(w);
+}
+END_TEST
+
 START_TEST(requires_grad_rules) {
     nb_tensor *i = nb_arange(NB_I64, 3);
     expect_error(nb_set_requires_grad(i, true), "nb_set_requires_grad", "floating", "i64");
@@ -304,6 +324,7 @@ Suite *suite_autograd(void) {
     tcase_add_test(tc, grad_mode_off_records_nothing);
     tcase_add_test(tc, detach_shares_storage_and_stops_gradient);
     tcase_add_test(tc, in_place_change_of_saved_input_is_caught);
+    tcase_add_test(tc, mark_modified_invalidates_saved_tensors);
     tcase_add_test(tc, requires_grad_rules);
     tcase_add_test(tc, graph_keeps_freed_intermediates_alive);
     tcase_add_test(tc, deep_chain_does_not_overflow_the_stack);

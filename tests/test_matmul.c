@@ -3,6 +3,9 @@
  * dims, zero sizes and non-contiguous operands read in place; backward values
  * against torch autograd; nb_gradcheck on contiguous, transposed and
  * broadcast inputs; and the error messages of bad input. */
+#include <stdlib.h>
+
+#include "ops/gemm_internal.h" /* to force each kernel path */
 #include "test_util.h"
 
 static const char *FX = "matmul.txt";
@@ -434,11 +437,69 @@ START_TEST(test_error_null_keeps_first) {
 }
 END_TEST
 
+
+/* Every instruction-set path of the kernel (forced in turn; a path the CPU
+ * lacks falls back to the portable one) against a plain double-precision
+ * reference, on sizes that leave edge tiles and K beyond one cache block,
+ * with B read through a transposed view. */
+
+static void reference(const nb_tensor *a, const nb_tensor *b, double *out) {
+    int64_t M = nb_shape(a)[0], K = nb_shape(a)[1], N = nb_shape(b)[1];
+    double *x = values(a), *y = values(b);
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double acc = 0;
+            for (int64_t k = 0; k < K; k++) acc += x[i * K + k] * y[k * N + j];
+            out[i * N + j] = acc;
+        }
+    free(x);
+    free(y);
+}
+
+START_TEST(test_every_kernel_path) {
+    static const int64_t shapes[][3] = {{37, 70, 45}, {5, 400, 3}, {1, 1, 1}, {17, 9, 33}, {96, 800, 40}};
+    int paths[3] = {NBI_GEMM_PORTABLE, NBI_GEMM_AVX2, NBI_GEMM_AVX512};
+    for (int p = 0; p < 3; p++) {
+        int used = nbi_gemm_path(paths[p]);
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            int64_t M = shapes[s][0], K = shapes[s][1], N = shapes[s][2];
+            for (int f64 = 0; f64 < 2; f64++) {
+                nb_scope_begin();
+                nb_rng r;
+                nb_rng_seed(&r, 100 + s);
+                nb_dtype dt = f64 ? NB_F64 : NB_F32;
+                nb_tensor *a = nb_randn(dt, NB_SHAPE(M, K), &r);
+                nb_tensor *bt = nb_randn(dt, NB_SHAPE(N, K), &r);
+                nb_tensor *b = nb_transpose(bt, 0, 1); /* (K, N), strided */
+                nb_tensor *c = nb_matmul(a, b), *c2 = nb_matmul(a, b);
+                ck_assert_msg(c != NULL, "%s", nb_last_error());
+                double *want = malloc((size_t)(M * N) * sizeof *want), *got = values(c), *got2 = values(c2);
+                reference(a, nb_contiguous(b), want);
+                for (int64_t i = 0; i < M * N; i++) {
+                    double tol = (f64 ? 1e-12 : 1e-4) * (1 + sqrt((double)K));
+                    ck_assert_msg(fabs(got[i] - want[i]) <= tol,
+                                  "path %d, %s (%lld,%lld)x(%lld,%lld), element %lld: %.9g vs %.9g",
+                                  used, f64 ? "f64" : "f32", (long long)M, (long long)K,
+                                  (long long)K, (long long)N, (long long)i, got[i], want[i]);
+                    ck_assert(got[i] == got2[i]); /* same path, same bits */
+                }
+                free(want);
+                free(got);
+                free(got2);
+                nb_scope_end();
+            }
+        }
+    }
+    nbi_gemm_path(NBI_GEMM_AUTO);
+}
+END_TEST
+
 Suite *suite_matmul(void) {
     Suite *s = suite_create("matmul");
     TCase *tc = tcase_create("forward");
     tcase_add_loop_test(tc, test_forward_fixtures, 0, NPLAIN);
     tcase_add_test(tc, test_zero_inner_is_zeros);
+    tcase_add_test(tc, test_every_kernel_path);
     tcase_add_test(tc, test_output_shapes);
     suite_add_tcase(s, tc);
 

@@ -143,6 +143,72 @@ START_TEST(short_copy_task_run_learns) {
 }
 END_TEST
 
+
+START_TEST(positional_encoding_matches_pytorch) {
+    nb_tensor *want7 = fx("transformer.txt", "pe_7_6"), *want50 = fx("transformer.txt", "pe_50_64");
+    nb_tensor *pe7 = nb_positional_encoding(7, 6, NB_F64);
+    nb_tensor *pe50 = nb_positional_encoding(50, 64, NB_F64);
+    nb_tensor *pe50f = nb_positional_encoding(50, 64, NB_F32);
+    expect_close(pe7, want7, 1e-12, 1e-12);
+    expect_close(pe50, want50, 1e-12, 1e-12);
+    expect_close(pe50f, want50, 1e-6, 1e-6);
+    ck_assert_int_eq(nb_dtype_of(pe50f), NB_F32);
+    nb_free(pe7);
+    nb_free(pe50);
+    nb_free(pe50f);
+    expect_error(nb_positional_encoding(0, 4, NB_F32), "nb_positional_encoding", "max_len 0");
+    expect_error(nb_positional_encoding(4, -2, NB_F32), "nb_positional_encoding", "d_model -2");
+}
+END_TEST
+
+START_TEST(xavier_init_bounds_and_errors) {
+    nb_rng r;
+    nb_rng_seed(&r, 9);
+    nb_tensor *w = nb_zeros(NB_F64, NB_SHAPE(40, 60));
+    ck_assert_int_eq(nb_init_xavier_uniform(w, &r), 0);
+    double bound = sqrt(6.0 / (40 + 60)), lo = 1, hi = -1, sum = 0;
+    double *v = values(w);
+    for (int i = 0; i < 2400; i++) {
+        lo = fmin(lo, v[i]);
+        hi = fmax(hi, v[i]);
+        sum += v[i];
+    }
+    free(v);
+    ck_assert(lo >= -bound && hi <= bound);
+    ck_assert_msg(lo < -0.95 * bound && hi > 0.95 * bound, "range [%g, %g] of +-%g", lo, hi, bound);
+    ck_assert_msg(fabs(sum / 2400) < 0.02, "mean %g", sum / 2400);
+    nb_tensor *b = nb_zeros(NB_F64, NB_SHAPE(5));
+    ck_assert_int_eq(nb_init_xavier_uniform(b, &r), -1);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "nb_init_xavier_uniform: needs a tensor of 2"));
+    nb_clear_error();
+    nb_free(w);
+    nb_free(b);
+}
+END_TEST
+
+START_TEST(feedforward_and_persistent_errors) {
+    nb_params *ps = nb_params_new();
+    nb_FeedForward ff;
+    ck_assert_int_eq(nb_feedforward_init(&ff, ps, "ff", 4, 8, 1.5, NULL), -1);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "nb_feedforward_init: dropout must be in [0, 1], got 1.5"));
+    nb_clear_error();
+    ck_assert_int_eq(nb_params_count(ps), 0);
+    expect_error(nb_persistent(NULL), "nb_persistent", "input is NULL");
+    /* a persistent handle outlives the scope its source was made in */
+    int64_t base = nb_live_tensors();
+    nb_scope_begin();
+    nb_tensor *p = nb_persistent(nb_full(NB_F32, NB_SHAPE(3), 2.0));
+    nb_scope_end();
+    ck_assert_int_eq(nb_live_tensors(), base + 1);
+    nb_scope_begin();
+    ck_assert_double_eq(nb_item(nb_select(p, 0, 2)), 2.0);
+    nb_scope_end();
+    nb_free(p);
+    ck_assert_int_eq(nb_live_tensors(), base);
+    nb_params_free(ps);
+}
+END_TEST
+
 Suite *suite_transformer(void) {
     Suite *s = suite_create("transformer");
     TCase *tc = tcase_create("transformer");
@@ -151,6 +217,9 @@ Suite *suite_transformer(void) {
     tcase_add_test(tc, parameter_names_follow_pytorch);
     tcase_add_test(tc, bad_config_is_an_error);
     tcase_add_test(tc, short_copy_task_run_learns);
+    tcase_add_test(tc, positional_encoding_matches_pytorch);
+    tcase_add_test(tc, xavier_init_bounds_and_errors);
+    tcase_add_test(tc, feedforward_and_persistent_errors);
     suite_add_tcase(s, tc);
     return s;
 }
