@@ -217,6 +217,16 @@ NB_API nb_tensor *nb_keep(nb_tensor *t);
  * needed by a recorded graph lives on until they are gone too. NULL is ok. */
 NB_API void nb_free(nb_tensor *t);
 NB_API int64_t nb_live_tensors(void); /* tensor objects alive (all threads) */
+/* Storage bytes (all threads), as torch.cuda.memory_allocated and friends:
+ * in use now, the peak since the last reset, and held in the cache of freed
+ * buffers that new tensors reuse (at most NABLA_CACHE_MB MiB, default 1024,
+ * so fresh pages are not faulted in per op). nb_empty_cache returns the
+ * cache to the system. */
+NB_API int64_t nb_memory_allocated(void);
+NB_API int64_t nb_memory_peak(void);
+NB_API void nb_memory_reset_peak(void);
+NB_API int64_t nb_memory_cached(void);
+NB_API void nb_empty_cache(void);
 
 /* ------------------------------------------------------------------- errors */
 /* The message of the most recent failure on this thread, or NULL if none

@@ -59,14 +59,15 @@ typedef double v8df __attribute__((vector_size(64)));
 
 /* ------------------------------------------------------------- workspace */
 /* Buffers are 64-byte aligned blocks with a 64-byte header holding their size.
- * The last one released is kept (one per process, taken and given back with
- * atomic exchanges, so threads never share one) for the next product: small
- * products then pay neither for the allocation nor for faulting its pages in
- * (glibc returns large freed blocks to the OS). It stays reachable from here
- * until exit; blocks above GEMM_CACHE_MAX are freed instead. */
+ * Released blocks are kept in a few slots (taken and given back with atomic
+ * exchanges, so each pool thread can hold one and none is shared) for the
+ * next product: small products then pay neither for the allocation nor for
+ * faulting its pages in. Blocks above GEMM_CACHE_MAX are freed instead; the
+ * slots are emptied at exit. */
 #define GEMM_HDR 64
 #define GEMM_CACHE_MAX ((size_t)16 << 20)
-static _Atomic(void *) ws_cache;
+#define GEMM_SLOTS 8
+static _Atomic(void *) ws_cache[GEMM_SLOTS];
 
 static size_t blk_cap(void *blk) {
     size_t cap;
@@ -77,18 +78,26 @@ static size_t blk_cap(void *blk) {
 void nbi_gemm_ws_free(nbi_gemm_ws *ws) {
     if (ws->buf) {
         void *blk = (char *)ws->buf - GEMM_HDR;
-        if (ws->cap <= GEMM_CACHE_MAX) blk = atomic_exchange(&ws_cache, blk);
+        for (int i = 0; blk && ws->cap <= GEMM_CACHE_MAX && i < GEMM_SLOTS; i++) {
+            void *empty = NULL;
+            if (atomic_compare_exchange_strong(&ws_cache[i], &empty, blk)) blk = NULL;
+        }
         free(blk);
     }
     ws->buf = NULL;
     ws->cap = 0;
 }
 
+__attribute__((destructor)) static void free_ws_cache(void) {
+    for (int i = 0; i < GEMM_SLOTS; i++) free(atomic_exchange(&ws_cache[i], NULL));
+}
+
 /* At least n bytes at ws->buf, 64-byte aligned; 0, or -1 when out of memory. */
 static int ws_reserve(nbi_gemm_ws *ws, size_t n) {
     if (n <= ws->cap) return 0;
     nbi_gemm_ws_free(ws);
-    void *blk = atomic_exchange(&ws_cache, NULL);
+    void *blk = NULL;
+    for (int i = 0; !blk && i < GEMM_SLOTS; i++) blk = atomic_exchange(&ws_cache[i], NULL);
     if (blk && blk_cap(blk) < n) {
         free(blk);
         blk = NULL;

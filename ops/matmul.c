@@ -15,6 +15,8 @@
  * output's dtype (f32 in float, as PyTorch does; fused multiply-adds where the
  * CPU has them), so the result does not depend on blocking or tiling. */
 #include "gemm_internal.h"
+
+#include <stdatomic.h>
 #include "ops_internal.h"
 
 static const char *FN = "nb_matmul";
@@ -64,41 +66,82 @@ static int gemm(nbi_gemm_ws *ws, nb_dtype dt, int64_t M, const mm_geom *g, const
     return nbi_gemm_f64(ws, M, g->N, g->K, a, sam, g->sak, b, g->sbk, g->sbn, c, g->N, 1);
 }
 
-/* a (B...,M,K), b (B...,K,N) -> c (B...,M,N) contiguous; the batch dims
- * are walked with a counter, the operands' offsets follow their strides.
+/* One batched product cut into tasks: each is rows [r0, r0 + tile) of one
+ * output matrix, a kernel call of its own. Results do not depend on the cut
+ * (see gemm_internal.h), so the thread count never changes them. */
+typedef struct {
+    const mm_geom *g;
+    nb_dtype dt;
+    size_t es;
+    const char *pa, *pb;
+    char *pc;
+    int64_t M, sam;       /* rows per matrix and their stride in a */
+    int64_t tiles, tile;  /* row tiles per matrix, rows per tile */
+    _Atomic int failed;
+} mm_job;
+
+/* Offsets of batch t's matrices in a and b (elements). */
+static void batch_offsets(const mm_geom *g, int64_t t, int64_t *aoff, int64_t *boff) {
+    *aoff = *boff = 0;
+    for (int d = g->nbatch - 1; d >= 0; d--) {
+        int64_t i = t % g->batch[d];
+        t /= g->batch[d];
+        *aoff += i * g->abst[d];
+        *boff += i * g->bbst[d];
+    }
+}
+
+static void mm_tasks(void *ctx, int64_t lo, int64_t hi) {
+    mm_job *j = ctx;
+    nbi_gemm_ws ws = {0};
+    for (int64_t t = lo; t < hi && !atomic_load(&j->failed); t++) {
+        int64_t bt = t / j->tiles, r0 = (t % j->tiles) * j->tile;
+        int64_t rows = j->M - r0 < j->tile ? j->M - r0 : j->tile;
+        int64_t aoff = 0, boff = 0;
+        if (j->g->nbatch) batch_offsets(j->g, bt, &aoff, &boff);
+        aoff += r0 * j->sam;
+        int64_t coff = (bt * j->M + r0) * j->g->N;
+        if (gemm(&ws, j->dt, rows, j->g, j->pa + aoff * (int64_t)j->es, j->sam,
+                 j->pb + boff * (int64_t)j->es, j->pc + coff * (int64_t)j->es))
+            atomic_store(&j->failed, 1);
+    }
+    nbi_gemm_ws_free(&ws);
+}
+
+/* a (B...,M,K), b (B...,K,N) -> c (B...,M,N) contiguous. A batch whose b is
+ * shared and whose a steps over its rows is one taller matrix. Rows are cut
+ * into tiles only as far as needed to give every thread work; a task should
+ * be worth at least ~2 MFLOP, or the pool's wake-up costs more than it saves.
  * 0, or -1 (message set) when the kernel's buffers cannot be allocated. */
 static int matmul_batched(const mm_geom *g, const nb_tensor *a, const nb_tensor *b,
                           nb_tensor *c) {
-    int64_t mn = g->M * g->N, nbat = 1;
+    int64_t nbat = 1;
     for (int i = 0; i < g->nbatch; i++) nbat *= g->batch[i];
-    if (mn == 0 || nbat == 0) return 0;
-    size_t es = nbi_dtype_size(c->dtype);
-    const char *pa = nbi_ptr(a), *pb = nbi_ptr(b);
-    char *pc = nbi_ptr(c);
-    nbi_gemm_ws ws = {0};
-    int rc = 0;
-    int64_t rows, rstride;
-    if (nbat > 1 && fold_batch(g, &rows, &rstride)) {
-        rc = gemm(&ws, c->dtype, rows, g, pa, rstride, pb, pc);
-    } else {
-        int64_t idx[NB_MAX_DIMS] = {0}, aoff = 0, boff = 0;
-        for (int64_t t = 0; t < nbat && rc == 0; t++) {
-            rc = gemm(&ws, c->dtype, g->M, g, pa + aoff * (int64_t)es, g->sam,
-                      pb + boff * (int64_t)es, pc + t * mn * (int64_t)es);
-            for (int d = g->nbatch - 1; d >= 0; d--) { /* next batch index */
-                aoff += g->abst[d];
-                boff += g->bbst[d];
-                if (++idx[d] < g->batch[d]) break;
-                aoff -= g->abst[d] * g->batch[d];
-                boff -= g->bbst[d] * g->batch[d];
-                idx[d] = 0;
-            }
-        }
+    if (g->M * g->N == 0 || nbat == 0) return 0;
+    mm_job j = {.g = g, .dt = c->dtype, .es = nbi_dtype_size(c->dtype), .pa = nbi_ptr(a),
+                .pb = nbi_ptr(b), .pc = nbi_ptr(c), .M = g->M, .sam = g->sam};
+    if (nbat > 1 && fold_batch(g, &j.M, &j.sam)) nbat = 1;
+    mm_geom flat = *g;
+    if (nbat == 1) flat.nbatch = 0; /* one matrix: no batch offsets */
+    j.g = &flat;
+    double flops = 2.0 * (double)j.M * (double)g->N * (double)g->K;
+    int threads = nb_num_threads();
+    /* tiles per matrix: one per thread for a single product (each tile packs
+     * all of b, so fewer is cheaper), else enough to balance the batch */
+    int64_t want = nbat == 1 ? threads : nbat >= 2 * threads ? 1 : (2 * threads + nbat - 1) / nbat;
+    int64_t by_work = (int64_t)(flops / 2e6);
+    if (want > by_work) want = by_work > 1 ? by_work : 1;
+    j.tile = (j.M + want - 1) / want;
+    j.tile = (j.tile + 15) & ~(int64_t)15; /* whole register tiles of the f32 AVX-512 path */
+    j.tiles = (j.M + j.tile - 1) / j.tile;
+    int64_t per_task = (int64_t)(2e6 / (flops / (double)j.tiles + 1.0)) + 1;
+    nbi_parallel_for(nbat * j.tiles, per_task, mm_tasks, &j);
+    if (atomic_load(&j.failed)) {
+        nbi_error("%s: out of memory for the packing buffers of a %lld x %lld x %lld product", FN,
+                  (long long)g->M, (long long)g->K, (long long)g->N);
+        return -1;
     }
-    nbi_gemm_ws_free(&ws);
-    if (rc) nbi_error("%s: out of memory for the packing buffers of a %lld x %lld x %lld product",
-                      FN, (long long)g->M, (long long)g->K, (long long)g->N);
-    return rc;
+    return 0;
 }
 
 /* ----------------------------------------------------------------- backward */

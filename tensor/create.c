@@ -1,11 +1,10 @@
 /* create.c: making tensors: empty, filled, from data, ranges, random, masks;
- * the default dtype; the thread count setting. */
+ * the default dtype. */
 #include "tensor_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 static nb_dtype default_dtype = NB_F32;
 
@@ -121,25 +120,4 @@ nb_tensor *nb_tril_mask(int64_t rows, int64_t cols) {
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < cols; j++) p[i * cols + j] = j <= i;
     return t;
-}
-
-/* ------------------------------------------------------------------ threads */
-static int num_threads;
-
-void nb_set_num_threads(int n) {
-    if (n < 1) {
-        nbi_error("nb_set_num_threads: n must be >= 1, got %d", n);
-        return;
-    }
-    num_threads = n;
-}
-
-int nb_num_threads(void) {
-    if (num_threads == 0) {
-        const char *e = getenv("NABLA_NUM_THREADS");
-        long n = e ? strtol(e, NULL, 10) : 0;
-        if (n < 1) n = sysconf(_SC_NPROCESSORS_ONLN);
-        num_threads = n < 1 ? 1 : (int)n;
-    }
-    return num_threads;
 }

@@ -92,19 +92,19 @@ nb_tensor *nbi_new(const char *fn, nb_dtype dtype, int ndim, const int64_t *shap
     if (nbytes > (size_t)PTRDIFF_MAX - 64)
         return nbi_error("%s: out of memory: shape %s needs %zu bytes", fn,
                          nbi_shape_str(ndim, shape), nbytes);
-    size_t cap = (nbytes + 63) & ~(size_t)63;
+    size_t cap = 0;
     nbi_storage *s = malloc(sizeof *s);
-    void *data = s ? aligned_alloc(64, cap ? cap : 64) : NULL;
+    void *data = s ? nbi_buf_alloc(nbytes, &cap) : NULL;
     if (!data) {
         free(s);
         return nbi_error("%s: out of memory allocating %zu bytes for shape %s", fn, nbytes,
                          nbi_shape_str(ndim, shape));
     }
     if (zero) memset(data, 0, nbytes);
-    *s = (nbi_storage){.data = data, .nbytes = nbytes, .refs = 1};
+    *s = (nbi_storage){.data = data, .nbytes = nbytes, .cap = cap, .refs = 1};
     nb_tensor *t = tensor_object();
     if (!t) {
-        free(data);
+        nbi_buf_free(data, cap);
         free(s);
         return nbi_error("%s: out of memory", fn);
     }
@@ -197,7 +197,7 @@ static void destroy(nb_tensor *x) {
     release_into(x->grad);
     release_into(x->gacc);
     if (--x->storage->refs == 0) {
-        free(x->storage->data);
+        nbi_buf_free(x->storage->data, x->storage->cap);
         free(x->storage);
     }
     free(x);

@@ -12,6 +12,7 @@
 typedef struct nbi_storage {
     void *data;
     size_t nbytes;
+    size_t cap;        /* bytes reserved (alloc.c's size class) */
     _Atomic int refs;  /* tensors (views) sharing it; atomic: threads may share params */
     uint32_t version;  /* bumped by every in-place write (nb_copy_into) */
 } nbi_storage;
@@ -68,6 +69,10 @@ size_t nbi_dtype_size(nb_dtype dtype);
 static inline bool nbi_is_float(nb_dtype d) { return d == NB_F32 || d == NB_F64; }
 
 /* ---------------------------------------------------------- allocation */
+/* Storage buffers (alloc.c): 64-byte aligned, at least nbytes; *cap gets the
+ * size reserved, which nbi_buf_free needs back. NULL when out of memory. */
+void *nbi_buf_alloc(size_t nbytes, size_t *cap);
+void nbi_buf_free(void *p, size_t cap);
 /* A new contiguous tensor in the current scope, uninitialized (zeroed when
  * zero is true). fn names the public caller for messages. */
 nb_tensor *nbi_new(const char *fn, nb_dtype dtype, int ndim, const int64_t *shape, bool zero);
@@ -125,6 +130,18 @@ void nbi_cursor_next(const nbi_iter *it, nbi_cursor *c);
     for (nbi_cursor c = nbi_cursor_begin(it); (c).row < (it)->rows; nbi_cursor_next((it), &(c)))
 /* inner stride of operand k */
 #define NBI_INNER(it, k) ((it)->st[(k)][(it)->ndim - 1])
+
+/* ---------------------------------------------------------------- threads */
+/* Runs fn(ctx, lo, hi) over contiguous ranges covering [0, n), each of at
+ * least `grain` items (except the last), on up to nb_num_threads() threads,
+ * and returns when all are done. fn must
+ * compute each item wholly within its range, so results never depend on the
+ * thread count. Ranges of 64 or more items start on multiples of 16. Nested
+ * or concurrent calls run serially. */
+typedef void (*nbi_range_fn)(void *ctx, int64_t lo, int64_t hi);
+void nbi_parallel_for(int64_t n, int64_t grain, nbi_range_fn fn, void *ctx);
+/* How many ranges nbi_parallel_for would use (1 = serial). */
+int nbi_parallel_chunks(int64_t n, int64_t grain);
 
 /* ------------------------------------------------------------------ scopes */
 void nbi_scope_adopt(nb_tensor *t); /* puts a new tensor in the current scope */

@@ -1,0 +1,120 @@
+/* alloc.c: tensor storage buffers, and a cache that keeps them.
+ *
+ * On this kind of machine touching fresh pages costs more than most
+ * arithmetic on them (a new 32 MiB buffer is ~15 ms of page faults, reusing
+ * one ~1 ms), and glibc hands large freed blocks straight back to the OS. So
+ * freed buffers of 4 KiB and more are kept in size classes (four per power of
+ * two, so at most 25% is wasted) and handed out again; the cache holds at
+ * most NABLA_CACHE_MB MiB (default 1024) and nb_empty_cache() returns it to
+ * the system. Counters give the bytes in use and their peak, as
+ * torch.cuda.memory_allocated and max_memory_allocated do. */
+#include "tensor_internal.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SMALL ((size_t)4096) /* below this, plain aligned_alloc/free */
+#define NCLASS 256
+
+typedef struct cached { struct cached *next; } cached;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static cached *classes[NCLASS];
+static size_t cached_bytes, cache_limit = (size_t)-1;
+static _Atomic int64_t in_use, peak;
+
+/* Class of a request and its capacity: 4 steps per power of two. */
+static int size_class(size_t n, size_t *cap) {
+    int k = 63 - __builtin_clzll((unsigned long long)n); /* 2^k <= n < 2^(k+1) */
+    size_t step = (size_t)1 << (k - 2);
+    size_t q = (n - ((size_t)1 << k) + step - 1) / step; /* 0..4 steps above 2^k */
+    *cap = ((size_t)1 << k) + q * step;
+    return 4 * k + (int)q;
+}
+
+static size_t limit(void) {
+    if (cache_limit == (size_t)-1) {
+        const char *e = getenv("NABLA_CACHE_MB");
+        long mb = e ? strtol(e, NULL, 10) : 1024;
+        cache_limit = (size_t)(mb < 0 ? 0 : mb) << 20;
+    }
+    return cache_limit;
+}
+
+static void count(int64_t delta) {
+    int64_t now = atomic_fetch_add(&in_use, delta) + delta;
+    int64_t p = atomic_load(&peak);
+    while (now > p && !atomic_compare_exchange_weak(&peak, &p, now)) {
+    }
+}
+
+void *nbi_buf_alloc(size_t nbytes, size_t *cap) {
+    if (nbytes < SMALL) {
+        *cap = (nbytes + 63) & ~(size_t)63;
+        if (!*cap) *cap = 64;
+        void *p = aligned_alloc(64, *cap);
+        if (p) count((int64_t)*cap);
+        return p;
+    }
+    if (nbytes > ((size_t)1 << 61)) return NULL;
+    int c = size_class(nbytes, cap);
+    pthread_mutex_lock(&mu);
+    cached *b = classes[c];
+    if (b) {
+        classes[c] = b->next;
+        cached_bytes -= *cap;
+    }
+    pthread_mutex_unlock(&mu);
+    if (!b) b = aligned_alloc(64, *cap);
+    if (b) count((int64_t)*cap);
+    return b;
+}
+
+void nbi_buf_free(void *p, size_t cap) {
+    if (!p) return;
+    count(-(int64_t)cap);
+    if (cap < SMALL) {
+        free(p);
+        return;
+    }
+    size_t c;
+    int k = size_class(cap, &c);
+    pthread_mutex_lock(&mu);
+    bool keep = cached_bytes + cap <= limit();
+    if (keep) {
+        cached *b = p;
+        b->next = classes[k];
+        classes[k] = b;
+        cached_bytes += cap;
+    }
+    pthread_mutex_unlock(&mu);
+    if (!keep) free(p);
+}
+
+void nb_empty_cache(void) {
+    pthread_mutex_lock(&mu);
+    for (int k = 0; k < NCLASS; k++) {
+        while (classes[k]) {
+            cached *b = classes[k];
+            classes[k] = b->next;
+            free(b);
+        }
+    }
+    cached_bytes = 0;
+    pthread_mutex_unlock(&mu);
+}
+
+/* The cache is returned at exit, so leak checkers see nothing held. */
+__attribute__((destructor)) static void release_cache_at_exit(void) { nb_empty_cache(); }
+
+int64_t nb_memory_allocated(void) { return atomic_load(&in_use); }
+int64_t nb_memory_peak(void) { return atomic_load(&peak); }
+void nb_memory_reset_peak(void) { atomic_store(&peak, atomic_load(&in_use)); }
+int64_t nb_memory_cached(void) {
+    pthread_mutex_lock(&mu);
+    int64_t n = (int64_t)cached_bytes;
+    pthread_mutex_unlock(&mu);
+    return n;
+}

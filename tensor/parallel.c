@@ -1,0 +1,171 @@
+/* parallel.c: the persistent thread pool behind every parallel kernel.
+ *
+ * nbi_parallel_for(n, grain, fn, ctx) cuts [0, n) into contiguous ranges and
+ * runs fn on them, the caller taking part. Kernels compute each output
+ * element entirely inside one range, in a fixed order, so where the cuts fall
+ * (which depends on the thread count) never changes a result. Ranges of 64
+ * items or more start on multiples of 16, so vector bodies and scalar tails
+ * of element kernels (whose grains are far larger) fall on the same elements
+ * for any thread count too.
+ *
+ * Workers spin briefly after a job (back-to-back ops are common) and then
+ * sleep on a condition variable. One job runs at a time: a call made while
+ * the pool is busy (from a worker, or from a second user thread) runs
+ * serially on its caller. A forked child starts with no workers (Check forks
+ * per test). The workers are joined at exit so leak checkers see no thread. */
+#include "tensor_internal.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define MAX_THREADS 64
+#define SPIN 20000 /* pause iterations (~tens of µs) before sleeping */
+
+/* A job is claimed range by range through one atomic word, the ticket:
+ * generation << 16 | ranges << 8 | next range. Claiming with a compare-and-
+ * swap means a worker that wakes late can never take a range of a newer job
+ * by mistake, and the job's fields are read only after a successful claim,
+ * which keeps the job alive (its pending count is not zero yet). */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t wake;
+    pthread_t th[MAX_THREADS];
+    int nworkers;
+    bool stop;
+    nbi_range_fn fn;
+    void *ctx;
+    int64_t n, chunk;
+    _Atomic uint64_t ticket;
+    _Atomic int pending;
+} pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+
+static atomic_flag busy = ATOMIC_FLAG_INIT;
+static _Atomic int num_threads; /* 0 = not chosen yet */
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void run_chunks(void) {
+    uint64_t t = atomic_load_explicit(&pool.ticket, memory_order_acquire);
+    for (;;) {
+        int idx = (int)(t & 0xff), nch = (int)((t >> 8) & 0xff);
+        if (idx >= nch) return;
+        if (!atomic_compare_exchange_weak(&pool.ticket, &t, t + 1)) continue;
+        int64_t lo = idx * pool.chunk, hi = lo + pool.chunk < pool.n ? lo + pool.chunk : pool.n;
+        pool.fn(pool.ctx, lo, hi);
+        atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_release);
+        t = atomic_load_explicit(&pool.ticket, memory_order_acquire);
+    }
+}
+
+static void *worker(void *arg) {
+    (void)arg;
+    uint64_t seen = atomic_load(&pool.ticket) >> 16;
+    for (;;) {
+        uint64_t g;
+        int spins = 0;
+        while ((g = atomic_load_explicit(&pool.ticket, memory_order_acquire) >> 16) == seen &&
+               spins++ < SPIN)
+            cpu_relax();
+        if (g == seen) {
+            pthread_mutex_lock(&pool.mu);
+            while ((g = atomic_load(&pool.ticket) >> 16) == seen && !pool.stop)
+                pthread_cond_wait(&pool.wake, &pool.mu);
+            bool stop = pool.stop;
+            pthread_mutex_unlock(&pool.mu);
+            if (stop) return NULL;
+        }
+        seen = g;
+        run_chunks();
+    }
+}
+
+static void child_after_fork(void) {
+    pthread_mutex_init(&pool.mu, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    pool.nworkers = 0;
+    atomic_flag_clear(&busy);
+}
+
+static void install_atfork(void) { pthread_atfork(NULL, NULL, child_after_fork); }
+
+/* Starts workers until there are `want`; returns how many there are. */
+static int grow(int want) {
+    pthread_once(&atfork_once, install_atfork);
+    while (pool.nworkers < want && pool.nworkers < MAX_THREADS - 1) {
+        if (pthread_create(&pool.th[pool.nworkers], NULL, worker, NULL)) break;
+        pool.nworkers++;
+    }
+    return pool.nworkers;
+}
+
+__attribute__((destructor)) static void stop_workers(void) {
+    if (!atomic_flag_test_and_set(&busy)) {
+        pthread_mutex_lock(&pool.mu);
+        pool.stop = true;
+        pthread_cond_broadcast(&pool.wake);
+        pthread_mutex_unlock(&pool.mu);
+        for (int i = 0; i < pool.nworkers; i++) pthread_join(pool.th[i], NULL);
+        pool.nworkers = 0;
+    }
+}
+
+int nbi_parallel_chunks(int64_t n, int64_t grain) {
+    int t = nb_num_threads();
+    if (t <= 1 || n <= grain) return 1;
+    int64_t c = grain > 0 ? n / grain : n;
+    return c < t ? (int)(c < 1 ? 1 : c) : t;
+}
+
+void nbi_parallel_for(int64_t n, int64_t grain, nbi_range_fn fn, void *ctx) {
+    if (n <= 0) return;
+    int nt = nbi_parallel_chunks(n, grain);
+    if (nt <= 1 || atomic_flag_test_and_set(&busy)) {
+        fn(ctx, 0, n);
+        return;
+    }
+    int workers = grow(nt - 1);
+    if (workers + 1 < nt) nt = workers + 1;
+    int64_t chunk = (n + nt - 1) / nt;
+    if (chunk >= 64) chunk = (chunk + 15) & ~(int64_t)15;
+    int nchunks = (int)((n + chunk - 1) / chunk);
+    pool.fn = fn;
+    pool.ctx = ctx;
+    pool.n = n;
+    pool.chunk = chunk;
+    atomic_store(&pool.pending, nchunks);
+    uint64_t gen = (atomic_load(&pool.ticket) >> 16) + 1;
+    pthread_mutex_lock(&pool.mu);
+    atomic_store_explicit(&pool.ticket, gen << 16 | (uint64_t)nchunks << 8, memory_order_release);
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.mu);
+    run_chunks();
+    while (atomic_load_explicit(&pool.pending, memory_order_acquire) > 0) cpu_relax();
+    atomic_flag_clear(&busy);
+}
+
+void nb_set_num_threads(int n) {
+    if (n < 1 || n > MAX_THREADS) {
+        nbi_error("nb_set_num_threads: n must be in 1..%d, got %d", MAX_THREADS, n);
+        return;
+    }
+    atomic_store(&num_threads, n);
+}
+
+int nb_num_threads(void) {
+    int n = atomic_load(&num_threads);
+    if (n == 0) {
+        const char *e = getenv("NABLA_NUM_THREADS");
+        long v = e ? strtol(e, NULL, 10) : 0;
+        if (v < 1) v = sysconf(_SC_NPROCESSORS_ONLN);
+        n = v < 1 ? 1 : v > MAX_THREADS ? MAX_THREADS : (int)v;
+        atomic_store(&num_threads, n);
+    }
+    return n;
+}
