@@ -5,26 +5,37 @@
 
 #include <math.h>
 
-/* a (...), b (...) broadcast -> out (broadcast shape); any strides */
-#define ROWS2(T, EXPR)                                                          \
-    NBI_FOR_ROWS(&it, c) {                                                      \
-        T *o = (T *)po + c.off[0];                                              \
-        const T *xa = (const T *)pa + c.off[1], *xb = (const T *)pb + c.off[2]; \
-        if (so == 1 && sa == 1 && sb == 1) {                                    \
-            for (int64_t j = 0; j < it.n; j++) {                                \
-                T x = xa[j], y = xb[j];                                         \
-                o[j] = (EXPR);                                                  \
-            }                                                                   \
-        } else {                                                                \
-            for (int64_t j = 0; j < it.n; j++) {                                \
-                T x = xa[j * sa], y = xb[j * sb];                               \
-                o[j * so] = (EXPR);                                             \
-            }                                                                   \
-        }                                                                       \
+/* a (...), b (...) broadcast -> out (broadcast shape); any strides.
+ * One job, cut into element ranges run on the thread pool. */
+typedef struct {
+    nbi_binop op;
+    nb_dtype dt;
+    nbi_iter it;
+    char *po;
+    const char *pa, *pb;
+} binary_job;
+
+#define ROWS2(T, EXPR)                                                                   \
+    NBI_FOR_SPAN(&j->it, lo, hi, c, jb, je) {                                            \
+        T *o = (T *)j->po + c.off[0] + jb * so;                                          \
+        const T *xa = (const T *)j->pa + c.off[1] + jb * sa;                             \
+        const T *xb = (const T *)j->pb + c.off[2] + jb * sb;                             \
+        int64_t len = je - jb;                                                           \
+        if (so == 1 && sa == 1 && sb == 1) {                                             \
+            for (int64_t i = 0; i < len; i++) {                                          \
+                T x = xa[i], y = xb[i];                                                  \
+                o[i] = (EXPR);                                                           \
+            }                                                                            \
+        } else {                                                                         \
+            for (int64_t i = 0; i < len; i++) {                                          \
+                T x = xa[i * sa], y = xb[i * sb];                                        \
+                o[i * so] = (EXPR);                                                      \
+            }                                                                            \
+        }                                                                                \
     }
 
 #define BINARY_CASES(T, ERF)                                                  \
-    switch (op) {                                                             \
+    switch (j->op) {                                                          \
     case NBI_ADD: ROWS2(T, x + y); break;                                     \
     case NBI_SUB: ROWS2(T, x - y); break;                                     \
     case NBI_MUL: ROWS2(T, x * y); break;                                     \
@@ -37,6 +48,13 @@
         break;                                                                \
     }
 
+static void binary_span(void *ctx, int64_t lo, int64_t hi) {
+    const binary_job *j = ctx;
+    int64_t so = NBI_INNER(&j->it, 0), sa = NBI_INNER(&j->it, 1), sb = NBI_INNER(&j->it, 2);
+    if (j->dt == NB_F32) BINARY_CASES(float, erff)
+    else BINARY_CASES(double, erf)
+}
+
 /* out = a op b over out's shape; a and b are read broadcast, out may alias a
  * when they have the same geometry. */
 void nbi_binary_into(nbi_binop op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b) {
@@ -44,13 +62,11 @@ void nbi_binary_into(nbi_binop op, nb_tensor *out, const nb_tensor *a, const nb_
     nbi_broadcast_strides(a, out->ndim, out->shape, sta);
     nbi_broadcast_strides(b, out->ndim, out->shape, stb);
     const int64_t *st[3] = {out->strides, sta, stb};
-    nbi_iter it;
-    nbi_iter_init(&it, out->ndim, out->shape, 3, st);
-    void *po = nbi_ptr(out);
-    const void *pa = nbi_ptr(a), *pb = nbi_ptr(b);
-    int64_t so = NBI_INNER(&it, 0), sa = NBI_INNER(&it, 1), sb = NBI_INNER(&it, 2);
-    if (out->dtype == NB_F32) BINARY_CASES(float, erff)
-    else BINARY_CASES(double, erf)
+    binary_job j = {.op = op, .dt = out->dtype, .po = nbi_ptr(out), .pa = nbi_ptr(a),
+                    .pb = nbi_ptr(b)};
+    nbi_iter_init(&j.it, out->ndim, out->shape, 3, st);
+    int64_t grain = op >= NBI_TANH_GRAD ? NBI_GRAIN_HEAVY : NBI_GRAIN;
+    nbi_parallel_for(out->numel, grain, binary_span, &j);
 }
 
 nb_tensor *nbi_binary(const char *fn, nbi_binop op, nb_tensor *a, nb_tensor *b) {

@@ -32,40 +32,69 @@ static uint64_t from_slot(int64_t s) {
     return u;
 }
 
-/* Row-major walk over one shape with two operands, counting the logical
- * index k of each element: BODY sees k, o0, o1 (offsets in each operand). */
-#define FOR_LOGICAL(ndim, shape, st0, st1, BODY)                               \
-    do {                                                                       \
-        const int64_t *st_[2] = {(st0), (st1)};                                \
-        nbi_iter it_;                                                          \
-        nbi_iter_init(&it_, (ndim), (shape), 2, st_);                          \
-        int64_t i0_ = NBI_INNER(&it_, 0), i1_ = NBI_INNER(&it_, 1), k = 0;     \
-        NBI_FOR_ROWS(&it_, c_) {                                               \
-            for (int64_t j_ = 0; j_ < it_.n; j_++, k++) {                      \
-                int64_t o0 = c_.off[0] + j_ * i0_, o1 = c_.off[1] + j_ * i1_;  \
-                BODY                                                           \
-            }                                                                  \
-        }                                                                      \
+/* dst (S) contiguous <- src (S) any strides, kept by the mask of (seed, base)
+ * and scaled; dropped elements are 0. p == 1 drops everything (u < 1).
+ *
+ * u = (z >> 11) * 2^-53 >= p is tested as (z >> 11) >= ceil(p * 2^53), the
+ * same decision in integers. Element ranges run on the thread pool; each row
+ * segment is one loop the compiler vectorizes (the 64-bit multiplies of the
+ * hash want AVX-512DQ, so that variant is built too and picked at run time;
+ * integer arithmetic gives identical masks on every path). */
+typedef struct {
+    nbi_iter it;
+    nb_dtype dt;
+    uint64_t key, base, thr;
+    double scale;
+    char *pd;
+    const char *ps;
+} mask_job;
+
+#define MASK_ROW(T)                                                                      \
+    do {                                                                                 \
+        const T scale = (T)j->scale;                                                     \
+        NBI_FOR_SPAN(&j->it, lo, hi, c, jb, je) {                                        \
+            T *o = (T *)j->pd + c.off[0] + jb * sd;                                      \
+            const T *x = (const T *)j->ps + c.off[1] + jb * ss;                          \
+            uint64_t h = j->key + (j->base + (uint64_t)(c.row * j->it.n + jb) + 1) *     \
+                                      0x9E3779B97F4A7C15ULL;                             \
+            int64_t len = je - jb;                                                       \
+            for (int64_t i = 0; i < len; i++) {                                          \
+                uint64_t z = nbi_mix64(h + (uint64_t)i * 0x9E3779B97F4A7C15ULL);         \
+                o[i * sd] = (z >> 11) >= j->thr ? x[i * ss] * scale : (T)0;              \
+            }                                                                            \
+        }                                                                                \
     } while (0)
 
-/* dst (S) contiguous <- src (S) any strides, kept by the mask of (seed, base)
- * and scaled; dropped elements are 0. p == 1 drops everything (u < 1). */
+#define DEFINE_MASK_SPAN(NAME, ATTR)                                                     \
+    ATTR static void NAME(void *ctx, int64_t lo, int64_t hi) {                           \
+        const mask_job *j = ctx;                                                         \
+        int64_t sd = NBI_INNER(&j->it, 0), ss = NBI_INNER(&j->it, 1);                    \
+        if (j->dt == NB_F32) MASK_ROW(float);                                            \
+        else MASK_ROW(double);                                                           \
+    }
+DEFINE_MASK_SPAN(mask_span, )
+#if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__))
+DEFINE_MASK_SPAN(mask_span_avx512, __attribute__((target("avx512f,avx512dq"))))
+#define HAVE_AVX512_MASK 1
+#endif
+
+static nbi_range_fn mask_kernel(void) {
+#ifdef HAVE_AVX512_MASK
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512dq")) return mask_span_avx512;
+#endif
+    return mask_span;
+}
+
 static void apply_mask(nb_tensor *dst, const nb_tensor *src, uint64_t seed, uint64_t base,
                        double p) {
-    uint64_t key = nbi_rng_key(seed);
-    if (dst->dtype == NB_F32) {
-        float *pd = nbi_ptr(dst), scale = 1.0f / (float)(1.0 - p);
-        const float *ps = nbi_ptr(src);
-        FOR_LOGICAL(dst->ndim, dst->shape, dst->strides, src->strides,
-                    pd[o0] = nbi_rng_uniform_key(key, base + (uint64_t)k) >= p ? ps[o1] * scale
-                                                                          : 0.0f;);
-    } else {
-        double *pd = nbi_ptr(dst), scale = 1.0 / (1.0 - p);
-        const double *ps = nbi_ptr(src);
-        FOR_LOGICAL(dst->ndim, dst->shape, dst->strides, src->strides,
-                    pd[o0] = nbi_rng_uniform_key(key, base + (uint64_t)k) >= p ? ps[o1] * scale
-                                                                          : 0.0;);
-    }
+    mask_job j = {.dt = dst->dtype, .key = nbi_rng_key(seed), .base = base,
+                  .thr = (uint64_t)ceil(p * 0x1p53), .scale = 1.0 / (1.0 - p),
+                  .pd = nbi_ptr(dst), .ps = nbi_ptr(src)};
+    if (dst->dtype == NB_F32) j.scale = 1.0f / (float)(1.0 - p); /* the scale in f32, as before */
+    const int64_t *st[2] = {dst->strides, src->strides};
+    nbi_iter_init(&j.it, dst->ndim, dst->shape, 2, st);
+    nbi_parallel_for(dst->numel, NBI_GRAIN_HEAVY, mask_kernel(), &j);
 }
 
 /* ------------------------------------------------------------- backward */

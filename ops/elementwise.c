@@ -7,19 +7,37 @@
 
 typedef enum { U_NEG, U_EXP, U_LOG, U_SQRT, U_TANH, U_RELU, U_GELU, U_POW, U_ADD, U_MUL } unop;
 
-/* x (...) any strides -> y (...) contiguous; s is the scalar argument */
+/* x (...) any strides -> y (...) contiguous; s is the scalar argument.
+ * Element ranges run on the thread pool. */
+typedef struct {
+    unop op;
+    nb_dtype dt;
+    double s;
+    nbi_iter it;
+    char *po;
+    const char *px;
+} unary_job;
+
 #define ROWS1(T, EXPR)                                             \
-    NBI_FOR_ROWS(&it, c) {                                         \
-        T *o = (T *)po + c.off[0];                                 \
-        const T *in = (const T *)px + c.off[1];                    \
-        for (int64_t j = 0; j < it.n; j++) {                       \
-            T x = in[j * sx];                                      \
-            o[j] = (EXPR);                                         \
+    NBI_FOR_SPAN(&j->it, lo, hi, c, jb, je) {                      \
+        T *o = (T *)j->po + c.off[0] + jb;                         \
+        const T *in = (const T *)j->px + c.off[1] + jb * sx;       \
+        int64_t len = je - jb;                                     \
+        if (sx == 1) {                                             \
+            for (int64_t i = 0; i < len; i++) {                    \
+                T x = in[i];                                       \
+                o[i] = (EXPR);                                     \
+            }                                                      \
+        } else {                                                   \
+            for (int64_t i = 0; i < len; i++) {                    \
+                T x = in[i * sx];                                  \
+                o[i] = (EXPR);                                     \
+            }                                                      \
         }                                                          \
     }
 
 #define UNARY_CASES(T, EXP, LOG, SQRT, TANH, ERF, POW)                        \
-    switch (op) {                                                             \
+    switch (j->op) {                                                          \
     case U_NEG: ROWS1(T, -x); break;                                          \
     case U_EXP: ROWS1(T, EXP(x)); break;                                      \
     case U_LOG: ROWS1(T, LOG(x)); break;                                      \
@@ -32,19 +50,24 @@ typedef enum { U_NEG, U_EXP, U_LOG, U_SQRT, U_TANH, U_RELU, U_GELU, U_POW, U_ADD
     case U_MUL: ROWS1(T, x * (T)s); break;                                    \
     }
 
+static void unary_span(void *ctx, int64_t lo, int64_t hi) {
+    const unary_job *j = ctx;
+    int64_t sx = NBI_INNER(&j->it, 1);
+    double s = j->s;
+    if (j->dt == NB_F32) UNARY_CASES(float, expf, logf, sqrtf, tanhf, erff, powf)
+    else UNARY_CASES(double, exp, log, sqrt, tanh, erf, pow)
+}
+
 static nb_tensor *unary(const char *fn, unop op, double s, nb_tensor *t) {
     if (!t) return nbi_null_input(fn);
     if (!nbi_check_float(fn, t)) return NULL;
     nb_tensor *y = nbi_new_like(fn, t, false);
     if (!y) return NULL;
     const int64_t *st[2] = {y->strides, t->strides};
-    nbi_iter it;
-    nbi_iter_init(&it, t->ndim, t->shape, 2, st);
-    void *po = nbi_ptr(y);
-    const void *px = nbi_ptr(t);
-    int64_t sx = NBI_INNER(&it, 1);
-    if (t->dtype == NB_F32) UNARY_CASES(float, expf, logf, sqrtf, tanhf, erff, powf)
-    else UNARY_CASES(double, exp, log, sqrt, tanh, erf, pow)
+    unary_job j = {.op = op, .dt = t->dtype, .s = s, .po = nbi_ptr(y), .px = nbi_ptr(t)};
+    nbi_iter_init(&j.it, t->ndim, t->shape, 2, st);
+    bool cheap = op == U_NEG || op == U_RELU || op == U_ADD || op == U_MUL;
+    nbi_parallel_for(t->numel, cheap ? NBI_GRAIN : NBI_GRAIN_HEAVY, unary_span, &j);
     return y;
 }
 

@@ -8,6 +8,48 @@
  * value = -INFINITY (softmax then gives 0 there). */
 #include "ops_internal.h"
 
+/* ---------------------------------------------------------------- kernel */
+/* x (S) read with xst, mask read with mst -> out (S) contiguous:
+ * out = mask ? value : x. Forward fills with the value, backward with 0.
+ * Element ranges run on the thread pool. */
+typedef struct {
+    nbi_iter it;
+    nb_dtype dt;
+    double value;
+    char *po;
+    const char *px;
+    const bool *pm;
+} fill_job;
+
+#define FILL_ROWS(T)                                                              \
+    do {                                                                          \
+        const T v = (T)j->value;                                                  \
+        NBI_FOR_SPAN(&j->it, lo, hi, c, jb, je) {                                 \
+            T *o = (T *)j->po + c.off[0] + jb * s0;                               \
+            const T *x = (const T *)j->px + c.off[1] + jb * s1;                   \
+            const bool *m = j->pm + c.off[2] + jb * s2;                           \
+            for (int64_t i = 0; i < je - jb; i++) o[i * s0] = m[i * s2] ? v : x[i * s1]; \
+        }                                                                         \
+    } while (0)
+
+static void fill_span(void *ctx, int64_t lo, int64_t hi) {
+    const fill_job *j = ctx;
+    int64_t s0 = NBI_INNER(&j->it, 0), s1 = NBI_INNER(&j->it, 1), s2 = NBI_INNER(&j->it, 2);
+    if (j->dt == NB_F32) FILL_ROWS(float);
+    else FILL_ROWS(double);
+}
+
+static void fill_where(nb_tensor *out, const nb_tensor *x, const int64_t *xst,
+                       const nb_tensor *mask, double value) {
+    int64_t mst[NB_MAX_DIMS];
+    nbi_broadcast_strides(mask, out->ndim, out->shape, mst);
+    const int64_t *st[3] = {out->strides, xst, mst};
+    fill_job j = {.dt = out->dtype, .value = value, .po = nbi_ptr(out), .px = nbi_ptr(x),
+                  .pm = nbi_ptr(mask)};
+    nbi_iter_init(&j.it, out->ndim, out->shape, 3, st);
+    nbi_parallel_for(out->numel, NBI_GRAIN, fill_span, &j);
+}
+
 /* ------------------------------------------------------------- backward */
 /* g (S) any strides, mask broadcast to S -> g with zeros where mask is true,
  * summed back to t's shape. node->in = {t, mask}. */
@@ -16,26 +58,7 @@ static int masked_fill_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     if (!nbi_wants(n, 0)) return 0;
     nb_tensor *gm = nbi_new(n->op, g->dtype, g->ndim, g->shape, false);
     if (!gm) return -1;
-    int64_t mst[NB_MAX_DIMS];
-    nbi_broadcast_strides(mask, g->ndim, g->shape, mst);
-    const int64_t *st[3] = {gm->strides, g->strides, mst};
-    nbi_iter it;
-    nbi_iter_init(&it, g->ndim, g->shape, 3, st);
-    int64_t s0 = NBI_INNER(&it, 0), s1 = NBI_INNER(&it, 1), s2 = NBI_INNER(&it, 2);
-    const bool *pm = nbi_ptr(mask);
-    if (g->dtype == NB_F32) {
-        float *po = nbi_ptr(gm);
-        const float *pg = nbi_ptr(g);
-        NBI_FOR_ROWS(&it, c)
-            for (int64_t j = 0; j < it.n; j++)
-                po[c.off[0] + j * s0] = pm[c.off[2] + j * s2] ? 0.0f : pg[c.off[1] + j * s1];
-    } else {
-        double *po = nbi_ptr(gm);
-        const double *pg = nbi_ptr(g);
-        NBI_FOR_ROWS(&it, c)
-            for (int64_t j = 0; j < it.n; j++)
-                po[c.off[0] + j * s0] = pm[c.off[2] + j * s2] ? 0.0 : pg[c.off[1] + j * s1];
-    }
+    fill_where(gm, g, g->strides, mask, 0.0);
     nb_tensor *gt = nbi_sum_to(gm, t->ndim, t->shape);
     if (!gt) return -1;
     gin[0] = gt;
@@ -56,27 +79,9 @@ nb_tensor *nb_masked_fill(nb_tensor *t, nb_tensor *mask, double value) {
         return NULL;
     nb_tensor *out = nbi_new(fn, t->dtype, nd, shape, false);
     if (!out) return NULL;
-    int64_t tst[NB_MAX_DIMS], mst[NB_MAX_DIMS];
+    int64_t tst[NB_MAX_DIMS];
     nbi_broadcast_strides(t, nd, shape, tst);
-    nbi_broadcast_strides(mask, nd, shape, mst);
-    const int64_t *st[3] = {out->strides, tst, mst};
-    nbi_iter it;
-    nbi_iter_init(&it, nd, shape, 3, st);
-    int64_t s0 = NBI_INNER(&it, 0), s1 = NBI_INNER(&it, 1), s2 = NBI_INNER(&it, 2);
-    const bool *pm = nbi_ptr(mask);
-    if (t->dtype == NB_F32) {
-        float *po = nbi_ptr(out), v = (float)value;
-        const float *pt = nbi_ptr(t);
-        NBI_FOR_ROWS(&it, c)
-            for (int64_t j = 0; j < it.n; j++)
-                po[c.off[0] + j * s0] = pm[c.off[2] + j * s2] ? v : pt[c.off[1] + j * s1];
-    } else {
-        double *po = nbi_ptr(out);
-        const double *pt = nbi_ptr(t);
-        NBI_FOR_ROWS(&it, c)
-            for (int64_t j = 0; j < it.n; j++)
-                po[c.off[0] + j * s0] = pm[c.off[2] + j * s2] ? value : pt[c.off[1] + j * s1];
-    }
+    fill_where(out, t, tst, mask, value);
     if (nbi_needs_grad(1, &t)) {
         nb_tensor *ins[2] = {t, mask};
         nbi_node *node = nbi_record(out, fn, masked_fill_backward, 2, ins);

@@ -5,6 +5,11 @@
 
 #include "../autograd/autograd_internal.h"
 
+/* Elements per range below which splitting across threads does not pay:
+ * cheap arithmetic, and transcendental functions (exp, tanh, erf...). */
+#define NBI_GRAIN ((int64_t)1 << 15)
+#define NBI_GRAIN_HEAVY ((int64_t)1 << 12)
+
 /* Sums g over broadcast dims so that it has (ndim, shape); g itself when it
  * already has that shape. */
 nb_tensor *nbi_sum_to(nb_tensor *g, int ndim, const int64_t *shape);

@@ -36,25 +36,33 @@ static nb_tensor *reduction_begin(const char *fn, nb_tensor *t, int d, bool keep
  * double, k ascending for every output element. When the reduced dim is
  * contiguous each output sums one run; otherwise the k loop is outside the
  * j loop so that rows of x stream through memory (and vectorize), with
- * outputs in blocks of SUM_BLOCK to keep the accumulators in L1. */
+ * outputs in blocks of SUM_BLOCK to keep the accumulators in L1. Output
+ * ranges run on the thread pool; each output is summed wholly by one. */
 #define SUM_BLOCK 512
+typedef struct {
+    reduction r;
+    nb_dtype dt;
+    double scale;
+    char *po;
+    const char *px;
+} sum_job;
+
 #define SUM_ROWS(T)                                                                \
-    NBI_FOR_ROWS(&r.it, c) {                                                       \
-        int64_t sx = NBI_INNER(&r.it, 1), so = NBI_INNER(&r.it, 0);                \
-        if (r.rstride == 1) { /* the reduced dim is contiguous: one run each */    \
-            for (int64_t j = 0; j < r.it.n; j++) {                                 \
+    NBI_FOR_SPAN(&r->it, lo, hi, c, jb, je) {                                      \
+        if (r->rstride == 1) { /* the reduced dim is contiguous: one run each */   \
+            for (int64_t j = jb; j < je; j++) {                                    \
                 const T *x = (const T *)px + c.off[1] + j * sx;                    \
                 double a = 0;                                                      \
-                for (int64_t k = 0; k < r.len; k++) a += x[k];                     \
+                for (int64_t k = 0; k < r->len; k++) a += x[k];                    \
                 ((T *)po)[c.off[0] + j * so] = (T)(a * scale);                     \
             }                                                                      \
             continue;                                                              \
         }                                                                          \
-        for (int64_t j0 = 0; j0 < r.it.n; j0 += SUM_BLOCK) {                       \
-            int64_t nj = r.it.n - j0 < SUM_BLOCK ? r.it.n - j0 : SUM_BLOCK;        \
+        for (int64_t j0 = jb; j0 < je; j0 += SUM_BLOCK) {                          \
+            int64_t nj = je - j0 < SUM_BLOCK ? je - j0 : SUM_BLOCK;                \
             for (int64_t j = 0; j < nj; j++) acc[j] = 0;                           \
             const T *x = (const T *)px + c.off[1] + j0 * sx;                       \
-            for (int64_t k = 0; k < r.len; k++, x += r.rstride) {                  \
+            for (int64_t k = 0; k < r->len; k++, x += r->rstride) {                \
                 if (sx == 1)                                                       \
                     for (int64_t j = 0; j < nj; j++) acc[j] += x[j];               \
                 else                                                               \
@@ -65,16 +73,24 @@ static nb_tensor *reduction_begin(const char *fn, nb_tensor *t, int d, bool keep
         }                                                                          \
     }
 
+static void sum_span(void *ctx, int64_t lo, int64_t hi) {
+    const sum_job *jb_ = ctx;
+    const reduction *r = &jb_->r;
+    char *po = jb_->po;
+    const char *px = jb_->px;
+    double scale = jb_->scale, acc[SUM_BLOCK];
+    int64_t sx = NBI_INNER(&r->it, 1), so = NBI_INNER(&r->it, 0);
+    if (jb_->dt == NB_F32) SUM_ROWS(float)
+    else SUM_ROWS(double)
+}
+
 /* sum (scale 1) or mean (scale 1/n) without recording */
 static nb_tensor *sum_kernel(const char *fn, nb_tensor *t, int d, bool keepdim, double scale) {
-    reduction r;
-    nb_tensor *y = reduction_begin(fn, t, d, keepdim, t->dtype, &r);
+    sum_job j = {.dt = t->dtype, .scale = scale, .px = nbi_ptr(t)};
+    nb_tensor *y = reduction_begin(fn, t, d, keepdim, t->dtype, &j.r);
     if (!y) return NULL;
-    void *po = nbi_ptr(y);
-    const void *px = nbi_ptr(t);
-    double acc[SUM_BLOCK];
-    if (t->dtype == NB_F32) SUM_ROWS(float)
-    else SUM_ROWS(double)
+    j.po = nbi_ptr(y);
+    nbi_parallel_for(y->numel, NBI_GRAIN / (j.r.len + 1) + 1, sum_span, &j);
     return y;
 }
 

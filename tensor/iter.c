@@ -39,6 +39,16 @@ nbi_cursor nbi_cursor_begin(const nbi_iter *it) {
     return c;
 }
 
+nbi_cursor nbi_cursor_at(const nbi_iter *it, int64_t row) {
+    nbi_cursor c = {.row = row};
+    for (int d = it->ndim - 2; d >= 0 && row > 0; d--) {
+        c.idx[d] = row % it->shape[d];
+        row /= it->shape[d];
+        for (int o = 0; o < it->nops; o++) c.off[o] += c.idx[d] * it->st[o][d];
+    }
+    return c;
+}
+
 void nbi_cursor_next(const nbi_iter *it, nbi_cursor *c) {
     c->row++;
     for (int d = it->ndim - 2; d >= 0; d--) {

@@ -126,6 +126,19 @@ void nbi_iter_init(nbi_iter *it, int ndim, const int64_t *shape, int nops,
                    const int64_t *const *strides);
 nbi_cursor nbi_cursor_begin(const nbi_iter *it);
 void nbi_cursor_next(const nbi_iter *it, nbi_cursor *c);
+/* Cursor at the start of row `row`. */
+nbi_cursor nbi_cursor_at(const nbi_iter *it, int64_t row);
+/* The rows holding elements [lo, hi) of the walk (row-major order, lo < hi):
+ * the body sees the row's cursor c and the part [jb, je) of it in range.
+ * Kernels split across threads take their range this way. */
+#define NBI_FOR_SPAN(it, lo, hi, c, jb, je)                                                \
+    for (nbi_cursor c = nbi_cursor_at((it), (lo) / (it)->n); (c).row * (it)->n < (hi);    \
+         nbi_cursor_next((it), &(c)))                                                      \
+        for (int64_t jb = (c).row * (it)->n < (lo) ? (lo) - (c).row * (it)->n : 0,        \
+                     je = (hi) - (c).row * (it)->n < (it)->n ? (hi) - (c).row * (it)->n    \
+                                                             : (it)->n,                    \
+                     once_ = 1;                                                            \
+             once_; once_ = 0)
 #define NBI_FOR_ROWS(it, c) \
     for (nbi_cursor c = nbi_cursor_begin(it); (c).row < (it)->rows; nbi_cursor_next((it), &(c)))
 /* inner stride of operand k */
