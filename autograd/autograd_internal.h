@@ -32,6 +32,11 @@ bool nbi_needs_grad(int n, nb_tensor *const *inputs);
 nbi_node *nbi_record(nb_tensor *out, const char *op, nbi_backward_fn bw, int n,
                      nb_tensor *const *inputs);
 void nbi_node_free(nbi_node *n);
+/* Declares what backward reads (NBI_SAVE_* bits): those tensors keep their
+ * data while the node lives; an input nobody saved loses its storage as soon
+ * as its owner frees it (see nbi_drop_unneeded_data), even though the graph
+ * still holds it as an edge. */
+void nbi_save(nbi_node *n, uint32_t bits);
 /* Whether backward should compute the gradient of input i. */
 static inline bool nbi_wants(const nbi_node *n, int i) {
     return n->in[i]->requires_grad;

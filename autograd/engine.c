@@ -45,6 +45,7 @@ nbi_node *nbi_record(nb_tensor *out, const char *op, nbi_backward_fn bw, int n,
         node->in[i] = inputs[i];
         node->ver[i] = inputs[i]->storage->version;
         nbi_ref(inputs[i]);
+        inputs[i]->edges++;
     }
     node->ver_out = out->storage->version;
     out->grad_fn = node;
@@ -52,7 +53,19 @@ nbi_node *nbi_record(nb_tensor *out, const char *op, nbi_backward_fn bw, int n,
     return node;
 }
 
+void nbi_save(nbi_node *n, uint32_t bits) {
+    n->saved = bits;
+    for (int i = 0; i < n->nin && i < 31; i++)
+        if (bits & NBI_SAVE_IN(i)) n->in[i]->holds++;
+    if (bits & NBI_SAVE_OUT) n->out->holds++;
+}
+
 void nbi_node_free(nbi_node *n) {
+    for (int i = 0; i < n->nin; i++) {
+        n->in[i]->edges--;
+        if (i < 31 && (n->saved & NBI_SAVE_IN(i))) n->in[i]->holds--;
+    }
+    if (n->saved & NBI_SAVE_OUT) n->out->holds--;
     if (n->in != n->in_inline) free(n->in);
     if (n->ver != n->ver_inline) free(n->ver);
     free(n);

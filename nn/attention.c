@@ -1,6 +1,6 @@
 /* attention.c: scaled dot-product attention, built only from public ops.
  *
- *   q (..., Lq, D), k (..., Lk, D)  -> scores  = q · kᵀ / sqrt(D)   (..., Lq, Lk)
+ *   q (..., Lq, D), k (..., Lk, D)  -> scores  = (q / sqrt(D)) · kᵀ (..., Lq, Lk)
  *   keep_mask broadcast to scores   -> scores  = -inf where the mask is false
  *   softmax over the last dim       -> weights                      (..., Lq, Lk)
  *   dropout(weights)                -> weights (what weights_out receives)
@@ -101,14 +101,31 @@ nb_tensor *nb_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *kee
                             nn_shape_str(ss, sizeof ss, ns, sshape), NN_SHAPE(sq, q), NN_SHAPE(sk, k));
     }
 
-    /* ---- q (..., Lq, D) · kᵀ (..., D, Lk) -> scores (..., Lq, Lk), scaled */
-    nb_tensor *scores = nb_mul_scalar(nb_matmul(q, nb_transpose(k, -2, -1)), 1.0 / sqrt((double)D));
+    /* ---- (q / sqrt(D)) (..., Lq, D) · kᵀ (..., D, Lk) -> scores (..., Lq, Lk).
+     * Scaling q rather than the scores touches D/Lk as many elements (for a
+     * power-of-4 D the result is bitwise the same). Each (..., Lq, Lk)
+     * intermediate is freed as soon as the next one exists: the graph keeps
+     * only what backward reads (softmax's output, the weights for the last
+     * matmul), so the scores and masked scores cost no memory after. */
+    nb_tensor *qs_ = nb_mul_scalar(q, 1.0 / sqrt((double)D));
+    nb_tensor *scores = nb_matmul(qs_, nb_transpose(k, -2, -1));
+    nb_free(qs_);
     /* -inf where the keep mask is false: softmax gives those keys weight 0 */
-    if (keep_mask) scores = nb_masked_fill(scores, nb_logical_not(keep_mask), -INFINITY);
+    if (keep_mask) {
+        nb_tensor *drop = nb_logical_not(keep_mask);
+        nb_tensor *masked = nb_masked_fill(scores, drop, -INFINITY);
+        nb_free(drop);
+        nb_free(scores);
+        scores = masked;
+    }
     /* softmax over the keys; then dropout on the weights (identity unless training) */
-    nb_tensor *weights = nb_dropout(nb_softmax(scores, -1), dropout_p, training, rng);
+    nb_tensor *probs = nb_softmax(scores, -1);
+    nb_free(scores);
+    nb_tensor *weights = nb_dropout(probs, dropout_p, training, rng);
+    if (weights != probs) nb_free(probs);
     /* weights (..., Lq, Lk) · v (..., Lk, Dv) -> (..., Lq, Dv) */
     nb_tensor *out = nb_matmul(weights, v);
     if (out && weights_out) *weights_out = weights;
+    else nb_free(weights);
     return out;
 }

@@ -123,7 +123,7 @@ static nb_tensor *binary_op(const char *fn, nbi_binop op, nbi_backward_fn bw, ui
     if (!y || !nbi_needs_grad(2, in)) return y;
     nbi_node *n = nbi_record(y, fn, bw, 2, in);
     if (!n) return nbi_discard(y);
-    n->saved = saved;
+    nbi_save(n, saved);
     return y;
 }
 

@@ -130,7 +130,7 @@ nb_tensor *nb_where(nb_tensor *cond, nb_tensor *a, nb_tensor *b) {
     if (nbi_is_float(a->dtype) && nbi_needs_grad(3, in)) {
         nbi_node *node = nbi_record(y, fn, where_backward, 3, in);
         if (!node) return nbi_discard(y);
-        node->saved = NBI_SAVE_IN(0);
+        nbi_save(node, NBI_SAVE_IN(0));
     }
     return y;
 }

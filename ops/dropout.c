@@ -130,7 +130,7 @@ nb_tensor *nb_dropout(nb_tensor *t, double p, bool training, nb_rng *rng) {
     if (nbi_needs_grad(1, &t)) {
         nbi_node *node = nbi_record(y, fn, dropout_backward, 1, &t);
         if (!node) return nbi_discard(y);
-        node->saved = 0; /* nothing: the mask is regenerated from the stream */
+        nbi_save(node, 0); /* nothing: the mask is regenerated from the stream */
         node->i[0] = to_slot(seed);
         node->i[1] = to_slot(base);
         node->d[0] = p;

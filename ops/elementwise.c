@@ -78,7 +78,7 @@ static nb_tensor *unary_op(const char *fn, unop op, double s, nbi_backward_fn bw
     if (!y || !nbi_needs_grad(1, &t)) return y;
     nbi_node *n = nbi_record(y, fn, bw, 1, &t);
     if (!n) return nbi_discard(y);
-    n->saved = saved;
+    nbi_save(n, saved);
     n->d[0] = s;
     return y;
 }

@@ -131,7 +131,7 @@ static nb_tensor *pick_op(const char *fn, nb_tensor *t, int dim, nb_tensor *inde
         if (!n) return nbi_discard(y);
         n->i[0] = d;
         n->i[1] = select;
-        n->saved = NBI_SAVE_IN(1); /* t's values are not needed, the index is */
+        nbi_save(n, NBI_SAVE_IN(1)); /* t's values are not needed, the index is */
     }
     return y;
 }

@@ -86,7 +86,7 @@ nb_tensor *nb_masked_fill(nb_tensor *t, nb_tensor *mask, double value) {
         nb_tensor *ins[2] = {t, mask};
         nbi_node *node = nbi_record(out, fn, masked_fill_backward, 2, ins);
         if (!node) return nbi_discard(out);
-        node->saved = NBI_SAVE_IN(1); /* backward reads the mask, not t */
+        nbi_save(node, NBI_SAVE_IN(1)); /* backward reads the mask, not t */
         node->d[0] = value;
     }
     return out;

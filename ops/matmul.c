@@ -213,7 +213,7 @@ nb_tensor *nb_matmul(nb_tensor *a, nb_tensor *b) {
     if (nbi_needs_grad(2, in)) {
         nbi_node *node = nbi_record(c, FN, matmul_backward, 2, in);
         if (!node) return nbi_discard(c);
-        node->saved = NBI_SAVE_IN(0) | NBI_SAVE_IN(1);
+        nbi_save(node, NBI_SAVE_IN(0) | NBI_SAVE_IN(1));
     }
     return c;
 }

@@ -271,7 +271,7 @@ static nb_tensor *softmax_common(const char *fn, nb_tensor *t, int dim, bool log
     if (nbi_needs_grad(1, &t)) {
         nbi_node *node = nbi_record(y, fn, softmax_backward, 1, &t);
         if (!node) return nbi_discard(y);
-        node->saved = NBI_SAVE_OUT; /* backward reads only the output */
+        nbi_save(node, NBI_SAVE_OUT); /* backward reads only the output */
         node->i[0] = d;
         node->i[1] = log_mode;
     }

@@ -72,6 +72,7 @@ void nb_scope_end(void) {
         t->scope = NULL;
         t->prev = t->next = NULL;
         t->owned = false;
+        if (t->refs > 1) nbi_drop_unneeded_data(t);
         nbi_unref(t);
         t = next;
     }

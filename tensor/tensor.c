@@ -187,6 +187,24 @@ void nbi_unref(nb_tensor *t) {
     while (ndoomed > base) destroy(doomed[--ndoomed]);
 }
 
+/* The storage of tensors whose data was dropped: no bytes, never freed. */
+static nbi_storage released_storage = {.refs = 1};
+
+static void release_storage(nbi_storage *s) {
+    if (s != &released_storage && --s->refs == 0) {
+        nbi_buf_free(s->data, s->cap);
+        free(s);
+    }
+}
+
+void nbi_drop_unneeded_data(nb_tensor *t) {
+    if (t->owned || t->holds > 0 || t->refs - 1 != t->edges || t->edges == 0 ||
+        t->storage == &released_storage)
+        return;
+    release_storage(t->storage);
+    t->storage = &released_storage;
+}
+
 static void destroy(nb_tensor *x) {
     nbi_node *n = x->grad_fn;
     if (n) {
@@ -196,10 +214,7 @@ static void destroy(nb_tensor *x) {
     }
     release_into(x->grad);
     release_into(x->gacc);
-    if (--x->storage->refs == 0) {
-        nbi_buf_free(x->storage->data, x->storage->cap);
-        free(x->storage);
-    }
+    release_storage(x->storage);
     free(x);
     atomic_fetch_sub(&live_tensors, 1);
 }
@@ -208,6 +223,7 @@ void nb_free(nb_tensor *t) {
     if (!t || !t->owned) return;
     nbi_scope_release(t);
     t->owned = false;
+    if (t->refs > 1) nbi_drop_unneeded_data(t);
     nbi_unref(t);
 }
 

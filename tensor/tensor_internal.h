@@ -39,6 +39,8 @@ struct nb_tensor {
     /* ownership: refs counts the owner (scope or user, while `owned`) plus
      * every graph node and engine slot that holds this tensor. */
     _Atomic int refs;
+    _Atomic int edges;       /* graph nodes that have it as an input (part of refs) */
+    _Atomic int holds;       /* those of them whose backward reads its data */
     bool owned;
     nbi_scope *scope;        /* scope that owns it; NULL = persistent */
     nb_tensor *prev, *next;  /* membership list of that scope */
@@ -91,6 +93,13 @@ int64_t nbi_shape_numel(int ndim, const int64_t *shape); /* -1 on overflow */
 void nbi_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
 bool nbi_same_shape(const nb_tensor *a, const nb_tensor *b);
 
+/* Gives up t's storage when no one can read it any more: its owner has freed
+ * it, only graph nodes still reference it, and none of them saved it (t lives
+ * on only as an edge of the graph). Called by the owner as it lets go, while
+ * its reference is still counted.
+ * Intermediates of a big graph (attention scores) then cost no memory once
+ * the code that made them frees them. */
+void nbi_drop_unneeded_data(nb_tensor *t);
 /* A tensor made on the engine's behalf, owned by no scope (refs = 1). */
 nb_tensor *nbi_unscoped(nb_tensor *t);
 
