@@ -247,11 +247,19 @@ NB_API void nb_report_error(const char *fmt, ...)
 NB_API void nb_rng_seed(nb_rng *rng, uint64_t seed);
 NB_API void nb_manual_seed(uint64_t seed); /* the global generator */
 NB_API nb_rng *nb_global_rng(void);
-/* The thread count for kernels: default NABLA_NUM_THREADS or the online
- * CPUs. For now only recorded: every kernel runs on the calling thread.
- * Results are to stay bitwise identical for any count. */
+/* The thread count for kernels (1..64): default NABLA_NUM_THREADS or the
+ * online CPUs. Kernels split work across a persistent pool only above a size
+ * where it pays; each output element is always computed the same way, so
+ * results are bitwise identical for any count. */
 NB_API void nb_set_num_threads(int n);
 NB_API int nb_num_threads(void);
+/* Runs fn(ctx, lo, hi) over contiguous ranges covering [0, n), each of at
+ * least `grain` items (but the last), on the pool, and returns when all are
+ * done. fn must handle each item wholly within its range (then results do
+ * not depend on the thread count). A call made from inside fn, or while
+ * another thread uses the pool, runs serially on its caller. */
+NB_API void nb_parallel_for(int64_t n, int64_t grain,
+                            void (*fn)(void *ctx, int64_t lo, int64_t hi), void *ctx);
 
 /* ============================================================ nn: modules
  * Built only from the public API above. A module is a small public struct

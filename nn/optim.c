@@ -161,6 +161,31 @@ nb_optim *nb_adamw(nb_params *ps, double lr, double beta1, double beta2, double 
 DEFINE_KERNELS(float)
 DEFINE_KERNELS(double)
 
+/* One parameter's update, elements [lo, hi) of it. */
+typedef struct {
+    const nb_optim *o;
+    int64_t t;
+    bool f64;
+    void *p, *g, *m, *v;
+} update_job;
+
+#define AT(T, ptr, lo) ((ptr) ? (T *)(ptr) + (lo) : NULL)
+static void update_span(void *ctx, int64_t lo, int64_t hi) {
+    const update_job *j = ctx;
+    int64_t n = hi - lo;
+    if (j->o->kind == OPT_SGD) {
+        if (j->f64) sgd_double(j->o, AT(double, j->p, lo), AT(double, j->g, lo),
+                               AT(double, j->m, lo), j->t == 1, n);
+        else sgd_float(j->o, AT(float, j->p, lo), AT(float, j->g, lo), AT(float, j->m, lo),
+                       j->t == 1, n);
+    } else {
+        if (j->f64) adam_double(j->o, AT(double, j->p, lo), AT(double, j->g, lo),
+                                AT(double, j->m, lo), AT(double, j->v, lo), j->t, n);
+        else adam_float(j->o, AT(float, j->p, lo), AT(float, j->g, lo), AT(float, j->m, lo),
+                        AT(float, j->v, lo), j->t, n);
+    }
+}
+
 void nb_optim_step(nb_optim *o) {
     if (!o) {
         nn_null("nb_optim_step");
@@ -178,17 +203,11 @@ void nb_optim_step(nb_optim *o) {
                      nb_is_contiguous(g) ? "" : ", not contiguous");
             continue;
         }
-        int64_t n = nb_numel(p), t = ++o->steps[i];
-        bool f64 = nb_dtype_of(p) == NB_F64;
-        void *pd = nb_data(p), *gd = nb_data(g);
-        void *md = o->m ? nb_data(o->m[i]) : NULL, *vd = o->v ? nb_data(o->v[i]) : NULL;
-        if (o->kind == OPT_SGD) {
-            if (f64) sgd_double(o, pd, gd, md, t == 1, n);
-            else sgd_float(o, pd, gd, md, t == 1, n);
-        } else {
-            if (f64) adam_double(o, pd, gd, md, vd, t, n);
-            else adam_float(o, pd, gd, md, vd, t, n);
-        }
+        update_job j = {.o = o, .t = ++o->steps[i], .f64 = nb_dtype_of(p) == NB_F64,
+                        .p = nb_data(p), .g = nb_data(g),
+                        .m = o->m ? nb_data(o->m[i]) : NULL, .v = o->v ? nb_data(o->v[i]) : NULL};
+        /* elementwise, so the same result for any split across threads */
+        nb_parallel_for(nb_numel(p), 1 << 14, update_span, &j);
         nb_mark_modified(p); /* a graph that saved p can no longer backpropagate */
     }
 }

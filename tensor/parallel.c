@@ -150,6 +150,15 @@ void nbi_parallel_for(int64_t n, int64_t grain, nbi_range_fn fn, void *ctx) {
     atomic_flag_clear(&busy);
 }
 
+void nb_parallel_for(int64_t n, int64_t grain, void (*fn)(void *ctx, int64_t lo, int64_t hi),
+                     void *ctx) {
+    if (!fn) {
+        nbi_error("nb_parallel_for: fn is NULL");
+        return;
+    }
+    nbi_parallel_for(n, grain, fn, ctx);
+}
+
 void nb_set_num_threads(int n) {
     if (n < 1 || n > MAX_THREADS) {
         nbi_error("nb_set_num_threads: n must be in 1..%d, got %d", MAX_THREADS, n);
