@@ -68,13 +68,17 @@ run: all
 	@if [ -x $(BUILD)/examples/copy_task ]; then $(BUILD)/examples/copy_task; else \
 	  echo "make run: examples/copy_task.c is not built yet (see README, 'What is not built yet')"; exit 1; fi
 
+# Relinked every time, so that BLAS=1 and the default build never mix.
 bench: all
-	@if [ -f bench/bench.c ]; then $(MAKE) --no-print-directory $(BUILD)/bench/bench && $(BUILD)/bench/bench; else \
+	@if [ -f bench/bench.c ]; then rm -f $(BUILD)/bench/bench; \
+	  $(MAKE) --no-print-directory $(BUILD)/bench/bench && $(BUILD)/bench/bench; else \
 	  echo "make bench: bench/bench.c is not built yet (see README, 'What is not built yet')"; exit 1; fi
 
+# make bench BLAS=1: also OpenBLAS's sgemm beside nb_matmul (links only this binary).
 $(BUILD)/bench/bench: bench/bench.c $(BUILD)/libnabla.a nabla.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -I. $< $(BUILD)/libnabla.a $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) -I. -DNB_BENCH_DIR='"$(CURDIR)/bench"' $(if $(filter 1,$(BLAS)),-DNB_BENCH_BLAS) \
+	  $< $(BUILD)/libnabla.a $(if $(filter 1,$(BLAS)),-lopenblas) $(LDLIBS) -o $@
 
 # Every C program in the README (code blocks opening with "/* name.c:"),
 # extracted and compiled as written, then run.

@@ -62,5 +62,6 @@ Suite *suite_nn(void);
 Suite *suite_attention(void);
 Suite *suite_optim(void);
 Suite *suite_transformer(void);
+Suite *suite_threads(void);
 
 #endif
