@@ -25,7 +25,7 @@ bool nbi_needs_grad(int n, nb_tensor *const *inputs) {
 
 nbi_node *nbi_record(nb_tensor *out, const char *op, nbi_backward_fn bw, int n,
                      nb_tensor *const *inputs) {
-    nbi_node *node = calloc(1, sizeof *node);
+    nbi_node *node = nbi_obj_alloc(NBI_OBJ_NODE, sizeof *node);
     if (!node) return nbi_error("%s: out of memory recording the graph", op);
     node->in = node->in_inline;
     node->ver = node->ver_inline;
@@ -68,7 +68,7 @@ void nbi_node_free(nbi_node *n) {
     if (n->saved & NBI_SAVE_OUT) n->out->holds--;
     if (n->in != n->in_inline) free(n->in);
     if (n->ver != n->ver_inline) free(n->ver);
-    free(n);
+    nbi_obj_free(NBI_OBJ_NODE, n);
 }
 
 nb_tensor *nb_set_requires_grad(nb_tensor *t, bool requires_grad) {

@@ -48,7 +48,7 @@ bool nbi_same_shape(const nb_tensor *a, const nb_tensor *b) {
 }
 
 static nb_tensor *tensor_object(void) {
-    nb_tensor *t = calloc(1, sizeof *t);
+    nb_tensor *t = nbi_obj_alloc(NBI_OBJ_TENSOR, sizeof *t);
     if (!t) return NULL;
     atomic_fetch_add(&live_tensors, 1);
     nbi_scope_adopt(t);
@@ -93,10 +93,10 @@ nb_tensor *nbi_new(const char *fn, nb_dtype dtype, int ndim, const int64_t *shap
         return nbi_error("%s: out of memory: shape %s needs %zu bytes", fn,
                          nbi_shape_str(ndim, shape), nbytes);
     size_t cap = 0;
-    nbi_storage *s = malloc(sizeof *s);
+    nbi_storage *s = nbi_obj_alloc(NBI_OBJ_STORAGE, sizeof *s);
     void *data = s ? nbi_buf_alloc(nbytes, &cap) : NULL;
     if (!data) {
-        free(s);
+        nbi_obj_free(NBI_OBJ_STORAGE, s);
         return nbi_error("%s: out of memory allocating %zu bytes for shape %s", fn, nbytes,
                          nbi_shape_str(ndim, shape));
     }
@@ -105,7 +105,7 @@ nb_tensor *nbi_new(const char *fn, nb_dtype dtype, int ndim, const int64_t *shap
     nb_tensor *t = tensor_object();
     if (!t) {
         nbi_buf_free(data, cap);
-        free(s);
+        nbi_obj_free(NBI_OBJ_STORAGE, s);
         return nbi_error("%s: out of memory", fn);
     }
     t->dtype = dtype;
@@ -193,7 +193,7 @@ static nbi_storage released_storage = {.refs = 1};
 static void release_storage(nbi_storage *s) {
     if (s != &released_storage && --s->refs == 0) {
         nbi_buf_free(s->data, s->cap);
-        free(s);
+        nbi_obj_free(NBI_OBJ_STORAGE, s);
     }
 }
 
@@ -215,7 +215,7 @@ static void destroy(nb_tensor *x) {
     release_into(x->grad);
     release_into(x->gacc);
     release_storage(x->storage);
-    free(x);
+    nbi_obj_free(NBI_OBJ_TENSOR, x);
     atomic_fetch_sub(&live_tensors, 1);
 }
 

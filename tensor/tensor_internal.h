@@ -75,6 +75,11 @@ static inline bool nbi_is_float(nb_dtype d) { return d == NB_F32 || d == NB_F64;
  * size reserved, which nbi_buf_free needs back. NULL when out of memory. */
 void *nbi_buf_alloc(size_t nbytes, size_t *cap);
 void nbi_buf_free(void *p, size_t cap);
+/* Fixed-size objects from per-thread free lists (alloc.c): zeroed like
+ * calloc; each kind always has the same size. */
+enum { NBI_OBJ_TENSOR, NBI_OBJ_STORAGE, NBI_OBJ_NODE, NBI_OBJ_KINDS };
+void *nbi_obj_alloc(int kind, size_t size);
+void nbi_obj_free(int kind, void *p);
 /* A new contiguous tensor in the current scope, uninitialized (zeroed when
  * zero is true). fn names the public caller for messages. */
 nb_tensor *nbi_new(const char *fn, nb_dtype dtype, int ndim, const int64_t *shape, bool zero);
