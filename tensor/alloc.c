@@ -147,9 +147,21 @@ static void flush_lists(obj_lists *l) {
     }
 }
 
-static void flush_at_thread_exit(void *arg) { flush_lists(arg); }
+/* Runs on a thread that used nabla as it exits: its caches go back too. */
+static void flush_at_thread_exit(void *arg) {
+    flush_lists(arg);
+    nbi_scope_thread_exit();
+    nbi_tensor_thread_exit();
+}
 static void make_key(void) { pthread_key_create(&lists_key, flush_at_thread_exit); }
 __attribute__((destructor)) static void flush_main_lists(void) { flush_lists(&lists); }
+
+void nbi_thread_register(void) {
+    if (lists_registered) return;
+    pthread_once(&lists_once, make_key);
+    pthread_setspecific(lists_key, &lists);
+    lists_registered = true;
+}
 
 void *nbi_obj_alloc(int kind, size_t size) {
     free_obj *o = lists.head[kind];
@@ -168,11 +180,7 @@ void nbi_obj_free(int kind, void *p) {
         free(p);
         return;
     }
-    if (!lists_registered) {
-        pthread_once(&lists_once, make_key);
-        pthread_setspecific(lists_key, &lists);
-        lists_registered = true;
-    }
+    nbi_thread_register();
     free_obj *o = p;
     o->next = lists.head[kind];
     lists.head[kind] = o;

@@ -41,7 +41,7 @@ void nbi_scope_release(nb_tensor *t) {
 void nb_scope_begin(void) {
     nbi_scope *s = spare;
     if (s) spare = s->parent;
-    else if (!(s = malloc(sizeof *s))) {
+    else if (nbi_thread_register(), !(s = malloc(sizeof *s))) {
         nbi_error("nb_scope_begin: out of memory; tensors of this scope go to the enclosing one");
         unrecorded++;
         depth++;
@@ -83,6 +83,14 @@ void nb_scope_end(void) {
 }
 
 int nb_scope_depth(void) { return depth; }
+
+void nbi_scope_thread_exit(void) {
+    while (spare) {
+        nbi_scope *s = spare;
+        spare = s->parent;
+        free(s);
+    }
+}
 
 nb_tensor *nb_keep(nb_tensor *t) {
     if (!t) return nbi_null_input("nb_keep");

@@ -165,6 +165,7 @@ static void destroy(nb_tensor *x);
 static void push_doomed(nb_tensor *t) {
     if (ndoomed == capdoomed) {
         size_t cap = capdoomed ? 2 * capdoomed : 64;
+        nbi_thread_register();
         nb_tensor **p = realloc(doomed, cap * sizeof *p);
         if (!p) {
             destroy(t);
@@ -174,6 +175,12 @@ static void push_doomed(nb_tensor *t) {
         capdoomed = cap;
     }
     doomed[ndoomed++] = t;
+}
+
+void nbi_tensor_thread_exit(void) {
+    free(doomed);
+    doomed = NULL;
+    ndoomed = capdoomed = 0;
 }
 
 static void release_into(nb_tensor *t) {

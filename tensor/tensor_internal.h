@@ -79,6 +79,11 @@ void nbi_buf_free(void *p, size_t cap);
  * calloc; each kind always has the same size. */
 enum { NBI_OBJ_TENSOR, NBI_OBJ_STORAGE, NBI_OBJ_NODE, NBI_OBJ_KINDS };
 void *nbi_obj_alloc(int kind, size_t size);
+/* Makes the calling thread return its per-thread caches (object lists, spare
+ * scopes, the destruction queue) when it exits. */
+void nbi_thread_register(void);
+void nbi_scope_thread_exit(void);
+void nbi_tensor_thread_exit(void);
 void nbi_obj_free(int kind, void *p);
 /* A new contiguous tensor in the current scope, uninitialized (zeroed when
  * zero is true). fn names the public caller for messages. */

@@ -10,10 +10,18 @@
  * different NaN payload is a failure, not just a value difference); a
  * failure names the output, the thread count, the first differing element
  * and how many differ. The thread count is restored after every case, before
- * anything is compared. Also: the nb_set_num_threads errors and the memory
- * statistics (nb_memory_allocated and friends). */
+ * anything is compared, and every run must free all it made (tensors and
+ * storage bytes). Under valgrind the sizes shrink (still above the parallel
+ * thresholds); NB_SLOW_TESTS=1 keeps the full ones.
+ *
+ * Also: the harness itself (a thread-dependent result is caught), the
+ * nb_set_num_threads errors, the memory statistics (nb_memory_allocated and
+ * friends), nb_parallel_for's contract, and user threads calling ops at the
+ * same time. */
 #include "test_util.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <time.h>
@@ -25,7 +33,7 @@
 typedef struct {
     int n;
     char name[MAX_OUT][80];
-    int kind[MAX_OUT]; /* nb_dtype, or -1 for raw bytes */
+    nb_dtype kind[MAX_OUT];
     int ndim[MAX_OUT];
     int64_t shape[MAX_OUT][NB_MAX_DIMS];
     size_t nbytes[MAX_OUT];
@@ -35,7 +43,7 @@ typedef struct {
 static const int COUNTS[3] = {1, 2, 3};
 static int cur_threads; /* the thread count of the run in progress, for messages */
 
-static size_t elem_size(int kind) {
+static size_t elem_size(nb_dtype kind) {
     switch (kind) {
     case NB_F32: return sizeof(float);
     case NB_F64: return sizeof(double);
@@ -56,17 +64,27 @@ static nb_tensor *ok_at(int line, const char *what, nb_tensor *t) {
                                 __LINE__, #rc, cur_threads,                                 \
                                 nb_last_error() ? nb_last_error() : "(no error set)")
 
-static void snap_raw(snapshot *s, const char *name, const void *p, size_t n) {
+/* count plain C values of a dtype (double, int64_t, ...) */
+static void snap_values(snapshot *s, const char *name, nb_dtype kind, const void *p, size_t count) {
     ck_assert_msg(s->n < MAX_OUT, "too many outputs in one snapshot");
     int i = s->n++;
+    size_t n = count * elem_size(kind);
     snprintf(s->name[i], sizeof s->name[i], "%s", name);
-    s->kind[i] = -1;
+    s->kind[i] = kind;
     s->ndim[i] = 1;
-    s->shape[i][0] = (int64_t)n;
+    s->shape[i][0] = (int64_t)count;
     s->nbytes[i] = n;
     s->bytes[i] = malloc(n ? n : 1);
     ck_assert(s->bytes[i] != NULL);
     memcpy(s->bytes[i], p, n);
+}
+
+/* an nb_rng's (seed, offset) */
+static void snap_rng(snapshot *s, const char *name, const nb_rng *r) {
+    int64_t w[2];
+    memcpy(&w[0], &r->seed, sizeof w[0]);
+    memcpy(&w[1], &r->offset, sizeof w[1]);
+    snap_values(s, name, NB_I64, w, 2);
 }
 
 /* Copies t's values (row-major, through nb_contiguous) into the snapshot. */
@@ -101,7 +119,7 @@ static void snap_free(snapshot *s) {
     s->n = 0;
 }
 
-static double elem_value(int kind, const unsigned char *p) {
+static double elem_value(nb_dtype kind, const unsigned char *p) {
     switch (kind) {
     case NB_F32: { float v; memcpy(&v, p, sizeof v); return v; }
     case NB_F64: { double v; memcpy(&v, p, sizeof v); return v; }
@@ -135,8 +153,8 @@ static bool describe_diff(char *msg, size_t cap, const char *label, const snapsh
         if (a->kind[i] != b->kind[i] || strcmp(sa, sb) != 0) {
             snprintf(msg + len, cap - len, "%s: output %s is %s %s with 1 thread but %s %s with "
                      "%d threads. ", label, a->name[i],
-                     a->kind[i] < 0 ? "bytes" : nb_dtype_name((nb_dtype)a->kind[i]), sa,
-                     b->kind[i] < 0 ? "bytes" : nb_dtype_name((nb_dtype)b->kind[i]), sb, threads);
+                     nb_dtype_name(a->kind[i]), sa,
+                     nb_dtype_name(b->kind[i]), sb, threads);
             return true;
         }
         if (memcmp(a->bytes[i], b->bytes[i], a->nbytes[i]) == 0) continue;
@@ -150,7 +168,7 @@ static bool describe_diff(char *msg, size_t cap, const char *label, const snapsh
         snprintf(msg + len, cap - len, "%s: output %s %s %s differs between 1 and %d threads: "
                  "first differing element %lld of %zu is %.17g with 1 thread, %.17g with %d "
                  "(%lld elements differ). ", label, a->name[i],
-                 a->kind[i] < 0 ? "bytes" : nb_dtype_name((nb_dtype)a->kind[i]), sa, threads,
+                 nb_dtype_name(a->kind[i]), sa, threads,
                  (long long)first, ne, elem_value(a->kind[i], a->bytes[i] + (size_t)first * es),
                  elem_value(b->kind[i], b->bytes[i] + (size_t)first * es), threads,
                  (long long)ndiff);
@@ -161,9 +179,6 @@ static bool describe_diff(char *msg, size_t cap, const char *label, const snapsh
 
 typedef void (*compute_fn)(snapshot *out, void *ctx);
 
-/* Runs fn with 1, 2 and 3 threads (each in its own scope, which must free
- * everything it made), restores the thread count, then compares. Returns
- * NULL when all runs are bitwise identical, else a malloc'ed message. */
 static double run_ms[3]; /* the time of each run, in ms, for the summary line */
 
 static double now_ms(void) {
@@ -171,6 +186,11 @@ static double now_ms(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
 }
+
+/* Runs fn with 1, 2 and 3 threads (each in its own scope, which must free
+ * every tensor and storage byte it made), restores the thread count, then
+ * compares. Returns NULL when all runs are bitwise identical, else a
+ * malloc'ed message naming every difference found. */
 
 static char *run_thread_counts(const char *label, compute_fn fn, void *ctx, size_t *total) {
     int orig = nb_num_threads();
@@ -243,12 +263,15 @@ static nb_tensor *rand_t(nb_dtype dt, uint64_t seed, double lo, int ndim, const 
     return OK(nb_add_scalar(OK(nb_rand(dt, ndim, shape, &r)), lo));
 }
 
-/* A fresh leaf (own storage, requires grad) with t's values. */
-static nb_tensor *leaf(nb_tensor *t) {
+/* A tensor with its own storage and t's values. */
+static nb_tensor *copy_of(nb_tensor *t) {
     nb_tensor *x = OK(nb_empty(nb_dtype_of(t), nb_ndim(t), nb_shape(t)));
     OK_RC(nb_copy_into(x, t));
-    return OK(nb_set_requires_grad(x, true));
+    return x;
 }
+
+/* A fresh leaf (own storage, requires grad) with t's values. */
+static nb_tensor *leaf(nb_tensor *t) { return OK(nb_set_requires_grad(copy_of(t), true)); }
 
 /* A (rows, cols) tensor whose values are laid out transposed in memory: the
  * transpose of a contiguous (cols, rows) tensor. */
@@ -270,6 +293,7 @@ static int64_t MB0 = 8, MB1 = 8, MM = 128, MK = 64, MN = 128; /* batched matmul 
 static int64_t AB = 2, AH = 4, AL = 257, AD = 64; /* attention f32; f64 at (AB,2,AL,AD/2) */
 static int64_t LNR = 17, LNC = 61, LND = 515;    /* f64 layer norm (LNR,LNC,LND) */
 static int64_t BATCH = 80;                        /* transformer batch */
+static int64_t ON = 200003, OR = 199;             /* optimizer params (ON), (OR,C) f64 */
 static bool reduced;
 
 static void choose_sizes(void) {
@@ -289,6 +313,7 @@ static void choose_sizes(void) {
     AB = 2, AH = 2, AL = 129, AD = 32;
     LNR = 5, LND = 257;
     BATCH = 24;
+    ON = 50003, OR = 53;
 }
 
 /* --------------------------------------------------- the harness itself */
@@ -764,7 +789,7 @@ static void dropouts(snapshot *s, void *ctx) {
     nb_tensor *y = OK(nb_dropout(x, 0.1, true, &r));
     nb_tensor *yt = OK(nb_dropout(OK(nb_transpose(xt, -1, -2)), 0.1, true, &r));
     nb_tensor *y64 = OK(nb_dropout(x64, 0.1, true, &r));
-    snap_raw(s, "rng state after three dropouts", &r, sizeof r);
+    snap_rng(s, "rng state after three dropouts", &r);
     snap(s, "dropout p=0.1 f32 (B,H,L,L)", y);
     snap(s, "dropout p=0.1 f32 transposed view", yt);
     snap(s, "dropout p=0.1 f64 flat", y64);
@@ -920,7 +945,7 @@ static void attentions(snapshot *s, void *ctx) {
     snap_grad(s, "f64 grad q", q64);
     snap_grad(s, "f64 grad k", k64);
     snap_grad(s, "f64 grad v", v64);
-    snap_raw(s, "rng state", &r, sizeof r);
+    snap_rng(s, "rng state", &r);
 }
 
 START_TEST(attention_forward_backward) {
@@ -1011,7 +1036,7 @@ static void transformer_training(snapshot *s, void *ctx) {
         nb_tensor *p = nb_params_at(ps, i, &pn);
         snap(s, pn, p);
     }
-    snap_raw(s, "dropout rng state", &drop, sizeof drop);
+    snap_rng(s, "dropout rng state", &drop);
     nb_optim_free(opt);
     nb_transformer_free(&m);
     nb_params_free(ps);
@@ -1023,15 +1048,216 @@ START_TEST(transformer_training_steps) {
 }
 END_TEST
 
+/* ------------------------------------------------------------ optimizers */
+typedef struct {
+    nb_tensor *p32, *p64, *g32, *g64;
+} opt_inputs;
+
+/* Registers copies of the two parameters, then three steps of: loss =
+ * sum(p * p * g) (gradient 2 p g), clip_grad_norm, step. */
+static void optimizer_run(snapshot *s, opt_inputs *in, int kind, const char *tag) {
+    nb_params *ps = nb_params_new();
+    ck_assert_ptr_nonnull(ps);
+    /* the registry shares the storage it is given and steps update it in
+     * place: give it copies, so every run starts from the same values */
+    nb_tensor *p32 = OK(nb_params_add(ps, "p32", copy_of(in->p32)));
+    nb_tensor *p64 = OK(nb_params_add(ps, "p64", copy_of(in->p64)));
+    nb_optim *opt = kind == 0   ? nb_adam(ps, 1e-2, 0.9, 0.98, 1e-9, 0.01)
+                    : kind == 1 ? nb_adamw(ps, 1e-2, 0.9, 0.999, 1e-8, 0.1)
+                                : nb_sgd(ps, 0.05, 0.9, 1e-4);
+    ck_assert_ptr_nonnull(opt);
+    char name[96];
+    for (int step = 0; step < 3; step++) {
+        nb_scope_begin();
+        nb_tensor *l32 = OK(nb_sum_all(OK(nb_mul(OK(nb_mul(p32, p32)), in->g32))));
+        nb_tensor *l64 = OK(nb_sum_all(OK(nb_mul(OK(nb_mul(p64, p64)), in->g64))));
+        OK_RC(nb_backward(l32));
+        OK_RC(nb_backward(l64));
+        double norm = nb_clip_grad_norm(ps, 50.0);
+        ck_assert_msg(norm >= 0, "%s", nb_last_error());
+        snprintf(name, sizeof name, "%s: clip_grad_norm total of step %d", tag, step);
+        snap_values(s, name, NB_F64, &norm, 1);
+        nb_optim_step(opt);
+        nb_optim_zero_grad(opt);
+        nb_scope_end();
+    }
+    snprintf(name, sizeof name, "%s: f32 parameter after 3 steps", tag);
+    snap(s, name, p32);
+    snprintf(name, sizeof name, "%s: f64 parameter after 3 steps", tag);
+    snap(s, name, p64);
+    nb_optim_free(opt);
+    nb_params_free(ps);
+}
+
+static void optimizers(snapshot *s, void *ctx) {
+    optimizer_run(s, ctx, 0, "adam");
+    optimizer_run(s, ctx, 1, "adamw");
+    optimizer_run(s, ctx, 2, "sgd momentum");
+}
+
+START_TEST(optimizer_steps) {
+    nb_scope_begin();
+    opt_inputs in = {randn_t(NB_F32, 140, NB_SHAPE(ON)), randn_t(NB_F64, 141, NB_SHAPE(OR, C)),
+                     randn_t(NB_F32, 142, NB_SHAPE(ON)), randn_t(NB_F64, 143, NB_SHAPE(OR, C))};
+    expect_same_for_1_2_3_threads("adam adamw sgd steps + clip_grad_norm (big params)",
+                                  optimizers, &in);
+    nb_scope_end();
+}
+END_TEST
+
+/* ------------------------------------------------------ the pool itself */
+typedef struct {
+    int64_t n, grain;
+    unsigned char *mark;
+    _Atomic int64_t ranges, short_ranges, bad, nested_ok;
+} pf_ctx;
+
+static void pf_inner(void *ctx, int64_t lo, int64_t hi) {
+    _Atomic int64_t *sum = ctx;
+    for (int64_t i = lo; i < hi; i++) atomic_fetch_add(sum, i);
+}
+
+static void pf_fn(void *ctx, int64_t lo, int64_t hi) {
+    pf_ctx *c = ctx;
+    atomic_fetch_add(&c->ranges, 1);
+    if (lo < 0 || hi > c->n || lo >= hi) {
+        atomic_fetch_add(&c->bad, 1);
+        return;
+    }
+    if (hi - lo < c->grain && hi != c->n) atomic_fetch_add(&c->short_ranges, 1);
+    for (int64_t i = lo; i < hi; i++) c->mark[i]++;
+    /* a call from inside fn runs (serially) and still covers its range */
+    _Atomic int64_t sum = 0;
+    nb_parallel_for(1000, 10, pf_inner, &sum);
+    if (atomic_load(&sum) == 999 * 1000 / 2) atomic_fetch_add(&c->nested_ok, 1);
+}
+
+START_TEST(parallel_for_covers_every_item_once) {
+    int orig = nb_num_threads();
+    const int64_t ns[4] = {1000003, 100, 17, 1};
+    const int64_t grains[4] = {1000, 1, 16, 1};
+    for (int t = 0; t < 3; t++) {
+        nb_set_num_threads(COUNTS[t]);
+        for (int k = 0; k < 4; k++) {
+            pf_ctx c = {.n = ns[k], .grain = grains[k], .mark = calloc((size_t)ns[k], 1)};
+            ck_assert_ptr_nonnull(c.mark);
+            nb_parallel_for(c.n, c.grain, pf_fn, &c);
+            int64_t wrong = -1;
+            for (int64_t i = 0; i < c.n && wrong < 0; i++)
+                if (c.mark[i] != 1) wrong = i;
+            int mark = wrong >= 0 ? c.mark[wrong] : 1;
+            free(c.mark);
+            int64_t ranges = atomic_load(&c.ranges);
+            nb_set_num_threads(orig);
+            ck_assert_msg(wrong < 0, "nb_parallel_for(%lld, grain %lld), %d threads: item %lld "
+                          "was done %d times", (long long)ns[k], (long long)grains[k],
+                          COUNTS[t], (long long)wrong, mark);
+            ck_assert_msg(atomic_load(&c.bad) == 0 && atomic_load(&c.short_ranges) == 0,
+                          "nb_parallel_for(%lld, grain %lld), %d threads: %lld ranges out of "
+                          "bounds, %lld shorter than the grain", (long long)ns[k],
+                          (long long)grains[k], COUNTS[t], (long long)atomic_load(&c.bad),
+                          (long long)atomic_load(&c.short_ranges));
+            ck_assert_int_eq(atomic_load(&c.nested_ok), ranges);
+            if (COUNTS[t] == 1) ck_assert_int_eq(ranges, 1);
+            nb_set_num_threads(COUNTS[t]);
+        }
+    }
+    nb_parallel_for(0, 1, pf_fn, NULL); /* nothing to do: fn is not called */
+    nb_set_num_threads(orig);
+    ck_assert_int_eq(nb_num_threads(), orig);
+}
+END_TEST
+
+/* Two user threads computing at once (each with its own scope) while the
+ * pool is set to 3 threads: one gets the pool, the other runs serially, and
+ * both get the 1-thread bytes. */
+typedef struct {
+    nb_tensor *x, *a, *b;
+    snapshot out;
+    char error[256];
+} user_job;
+
+static void user_compute(snapshot *s, user_job *j) {
+    snap(s, "softmax", OK(nb_softmax(j->x, -1)));
+    snap(s, "matmul", OK(nb_matmul(j->a, j->b)));
+    snap(s, "sum dim 0", OK(nb_sum(j->x, 0, false)));
+    snap(s, "gelu", OK(nb_gelu(j->x)));
+}
+
+static void *user_thread(void *arg) {
+    user_job *j = arg;
+    nb_scope_begin();
+    /* no ck_assert off the main thread: record the first error instead */
+    nb_tensor *r[4] = {nb_softmax(j->x, -1), nb_matmul(j->a, j->b), nb_sum(j->x, 0, false),
+                       nb_gelu(j->x)};
+    const char *names[4] = {"softmax", "matmul", "sum dim 0", "gelu"};
+    for (int i = 0; i < 4; i++) {
+        nb_tensor *c = r[i] ? nb_contiguous(r[i]) : NULL;
+        if (!c) {
+            snprintf(j->error, sizeof j->error, "%s failed on a user thread: %s", names[i],
+                     nb_last_error() ? nb_last_error() : "(no error set)");
+            break;
+        }
+        int k = j->out.n++;
+        snprintf(j->out.name[k], sizeof j->out.name[k], "%s", names[i]);
+        j->out.kind[k] = nb_dtype_of(c);
+        j->out.ndim[k] = nb_ndim(c);
+        for (int d = 0; d < nb_ndim(c); d++) j->out.shape[k][d] = nb_shape(c)[d];
+        j->out.nbytes[k] = (size_t)nb_numel(c) * elem_size(j->out.kind[k]);
+        j->out.bytes[k] = malloc(j->out.nbytes[k]);
+        if (j->out.bytes[k]) memcpy(j->out.bytes[k], nb_data(c), j->out.nbytes[k]);
+    }
+    nb_scope_end();
+    return NULL;
+}
+
+START_TEST(concurrent_user_threads) {
+    int orig = nb_num_threads();
+    nb_scope_begin();
+    user_job ref = {.x = randn_t(NB_F32, 150, NB_SHAPE(R, C)),
+                    .a = randn_t(NB_F32, 151, NB_SHAPE(M, M)),
+                    .b = randn_t(NB_F32, 152, NB_SHAPE(M, M))};
+    nb_set_num_threads(1);
+    cur_threads = 1;
+    user_compute(&ref.out, &ref);
+    nb_set_num_threads(3);
+    enum { NU = 3 };
+    user_job *jobs = calloc(NU, sizeof *jobs);
+    pthread_t th[NU];
+    for (int i = 0; i < NU; i++) {
+        jobs[i].x = ref.x;
+        jobs[i].a = ref.a;
+        jobs[i].b = ref.b;
+        ck_assert_int_eq(pthread_create(&th[i], NULL, user_thread, &jobs[i]), 0);
+    }
+    for (int i = 0; i < NU; i++) pthread_join(th[i], NULL);
+    nb_set_num_threads(orig);
+    cur_threads = orig;
+    char msg[4096] = "";
+    for (int i = 0; i < NU && !msg[0]; i++) {
+        if (jobs[i].error[0]) snprintf(msg, sizeof msg, "user thread %d: %s", i, jobs[i].error);
+        else describe_diff(msg, sizeof msg, "concurrent user thread", &ref.out, &jobs[i].out, 3);
+    }
+    for (int i = 0; i < NU; i++) snap_free(&jobs[i].out);
+    free(jobs);
+    snap_free(&ref.out);
+    nb_scope_end();
+    ck_assert_msg(!msg[0], "%s", msg);
+}
+END_TEST
+
 Suite *suite_threads(void) {
     choose_sizes();
     if (reduced)
         printf("threads: under valgrind, reduced sizes (NB_SLOW_TESTS=1 for the full ones)\n");
     Suite *s = suite_create("threads");
     TCase *tc = tcase_create("harness");
+    tcase_set_timeout(tc, 60);
     tcase_add_test(tc, harness_detects_differences);
     tcase_add_test(tc, num_threads_api);
     tcase_add_test(tc, memory_stats);
+    tcase_add_test(tc, parallel_for_covers_every_item_once);
+    tcase_add_test(tc, concurrent_user_threads);
     suite_add_tcase(s, tc);
     tc = tcase_create("identical");
     tcase_set_timeout(tc, 300);
@@ -1045,6 +1271,7 @@ Suite *suite_threads(void) {
     tcase_add_test(tc, matmul_square_batched_transposed);
     tcase_add_test(tc, layer_norm_forward_backward);
     tcase_add_test(tc, attention_forward_backward);
+    tcase_add_test(tc, optimizer_steps);
     tcase_add_test(tc, transformer_training_steps);
     suite_add_tcase(s, tc);
     return s;
