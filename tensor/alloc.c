@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SMALL ((size_t)4096) /* below this, plain aligned_alloc/free */
+#define SMALL ((size_t)4096) /* up to half this, per-thread lists of powers of two */
 #define NCLASS 256
 
 typedef struct cached { struct cached *next; } cached;
@@ -50,11 +50,18 @@ static void count(int64_t delta) {
     }
 }
 
+static void *list_pop(int kind);
+static bool list_push(int kind, void *p);
+
+/* Small buffers: powers of two from 64 bytes, kept in per-thread lists. */
+static int small_kind(size_t cap) { return NBI_OBJ_KINDS + __builtin_ctzll(cap) - 6; }
+
 void *nbi_buf_alloc(size_t nbytes, size_t *cap) {
-    if (nbytes < SMALL) {
-        *cap = (nbytes + 63) & ~(size_t)63;
-        if (!*cap) *cap = 64;
-        void *p = aligned_alloc(64, *cap);
+    if (nbytes <= SMALL / 2) {
+        *cap = 64;
+        while (*cap < nbytes) *cap *= 2;
+        void *p = list_pop(small_kind(*cap));
+        if (!p) p = aligned_alloc(64, *cap);
         if (p) count((int64_t)*cap);
         return p;
     }
@@ -75,8 +82,8 @@ void *nbi_buf_alloc(size_t nbytes, size_t *cap) {
 void nbi_buf_free(void *p, size_t cap) {
     if (!p) return;
     count(-(int64_t)cap);
-    if (cap < SMALL) {
-        free(p);
+    if (cap <= SMALL / 2) {
+        if (!list_push(small_kind(cap), p)) free(p);
         return;
     }
     size_t c;
@@ -127,9 +134,10 @@ int64_t nb_memory_cached(void) {
  * when it exits (the main thread's at process exit). */
 #define LIST_MAX 4096
 typedef struct free_obj { struct free_obj *next; } free_obj;
+#define ALL_KINDS (NBI_OBJ_KINDS + 6) /* objects, then buffers of 64..2048 bytes */
 typedef struct {
-    free_obj *head[NBI_OBJ_KINDS];
-    int n[NBI_OBJ_KINDS];
+    free_obj *head[ALL_KINDS];
+    int n[ALL_KINDS];
 } obj_lists;
 static _Thread_local obj_lists lists;
 static _Thread_local bool lists_registered;
@@ -137,7 +145,7 @@ static pthread_key_t lists_key;
 static pthread_once_t lists_once = PTHREAD_ONCE_INIT;
 
 static void flush_lists(obj_lists *l) {
-    for (int k = 0; k < NBI_OBJ_KINDS; k++) {
+    for (int k = 0; k < ALL_KINDS; k++) {
         while (l->head[k]) {
             free_obj *o = l->head[k];
             l->head[k] = o->next;
@@ -163,11 +171,28 @@ void nbi_thread_register(void) {
     lists_registered = true;
 }
 
-void *nbi_obj_alloc(int kind, size_t size) {
+static void *list_pop(int kind) {
     free_obj *o = lists.head[kind];
     if (o) {
         lists.head[kind] = o->next;
         lists.n[kind]--;
+    }
+    return o;
+}
+
+static bool list_push(int kind, void *p) {
+    if (lists.n[kind] >= LIST_MAX) return false;
+    nbi_thread_register();
+    free_obj *o = p;
+    o->next = lists.head[kind];
+    lists.head[kind] = o;
+    lists.n[kind]++;
+    return true;
+}
+
+void *nbi_obj_alloc(int kind, size_t size) {
+    void *o = list_pop(kind);
+    if (o) {
         memset(o, 0, size);
         return o;
     }
@@ -175,14 +200,5 @@ void *nbi_obj_alloc(int kind, size_t size) {
 }
 
 void nbi_obj_free(int kind, void *p) {
-    if (!p) return;
-    if (lists.n[kind] >= LIST_MAX) {
-        free(p);
-        return;
-    }
-    nbi_thread_register();
-    free_obj *o = p;
-    o->next = lists.head[kind];
-    lists.head[kind] = o;
-    lists.n[kind]++;
+    if (p && !list_push(kind, p)) free(p);
 }

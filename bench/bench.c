@@ -1,0 +1,824 @@
+/* bench.c: what nabla costs on this machine, in one run of `make bench`.
+ *
+ *   1. machine peak: independent chains of f32 FMAs (AVX-512 and AVX2+FMA,
+ *      whichever the CPU has), on 1 thread and on every CPU; the best vector
+ *      width is the peak that the matmul ratios use (f64 peak = f32 peak / 2)
+ *   2. nb_matmul GFLOP/s (2MNK / time), square and attention shapes, with B
+ *      contiguous and with B a transposed view; f64 at n = 512
+ *   3. nb_attention (causal mask, dropout 0.1, training) forward and
+ *      forward + backward of its sum; the allocator's peak for one fwd+bwd
+ *   4. nb_mha_forward (d_model 512, 8 heads, dropout 0.1) forward + backward
+ *   5. autograd overhead: ns per op of a chain of 10,000 ops on (4,4) tensors
+ *   6. the copy task's training step (examples/copy_task.c), two model sizes
+ *   7. the process's peak RSS
+ *
+ * Each figure is the median of several timed runs (CLOCK_MONOTONIC) after
+ * warm-up runs; "1t" runs with nb_set_num_threads(1), "Nt" with one thread
+ * per online CPU. PyTorch figures come from bench/torch_results.txt (written
+ * by bench/torch_bench.py, `key value` lines) when it exists; "-" otherwise.
+ * Built with -DNB_BENCH_BLAS (make bench BLAS=1), the matmul table also has
+ * OpenBLAS's sgemm/dgemm on the same operands.
+ *
+ * The machine may be shared: the load average is printed at both ends, and
+ * other work skews the all-thread figures most. `bench 2 3` runs only
+ * sections 2 and 3. Nothing here asserts a speed. */
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nabla.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_X86_PEAK 1
+#endif
+
+#ifdef NB_BENCH_BLAS
+#include <cblas.h>
+/* OpenBLAS extensions, declared here because the cblas.h found first may be
+ * the reference one. */
+void openblas_set_num_threads(int num_threads);
+char *openblas_get_corename(void);
+#endif
+
+#ifndef NB_BENCH_DIR
+#define NB_BENCH_DIR "bench"
+#endif
+
+static int ncpu = 1;
+static double peak_1t = NAN, peak_nt = NAN; /* f32 GFLOP/s */
+
+/* ------------------------------------------------------------------ utilities */
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void die(const char *what) {
+    const char *msg = nb_last_error();
+    fprintf(stderr, "bench: %s failed: %s\n", what, msg ? msg : "(no message)");
+    exit(1);
+}
+
+static nb_tensor *need(nb_tensor *t, const char *what) {
+    if (!t) die(what);
+    return t;
+}
+
+static nb_tensor *leaf_randn(nb_dtype dt, int ndim, const int64_t *shape, bool grad,
+                             nb_rng *rng) {
+    nb_tensor *t = need(nb_randn(dt, ndim, shape, rng), "nb_randn");
+    if (grad) need(nb_set_requires_grad(t, true), "nb_set_requires_grad");
+    return t;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+typedef void (*work_fn)(void *ctx);
+
+#define MAX_REPS 31
+
+/* Median wall time of one call of fn, in seconds. */
+static double median_time(work_fn fn, void *ctx, int warmup, int reps) {
+    double t[MAX_REPS];
+    if (reps > MAX_REPS) reps = MAX_REPS;
+    for (int i = 0; i < warmup; i++) fn(ctx);
+    for (int i = 0; i < reps; i++) {
+        double t0 = now();
+        fn(ctx);
+        t[i] = now() - t0;
+    }
+    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+    return reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+}
+
+static double ratio(double a, double b) {
+    return isnan(a) || isnan(b) || b == 0 ? NAN : a / b;
+}
+
+/* A right-aligned number, or "-" for a missing one (NaN). */
+static void cell(double v, int width, int prec) {
+    if (isnan(v)) printf("%*s", width, "-");
+    else printf("%*.*f", width, prec, v);
+}
+
+/* The thread counts measured: 1, then one per CPU. */
+static int next_threads(int t) { return t < ncpu ? ncpu : ncpu + 1; }
+
+static void section(const char *title) {
+    printf("\n%s\n", title);
+    fflush(stdout);
+}
+
+/* ------------------------------------------------------- PyTorch reference */
+
+#define MAX_REFS 256
+static struct {
+    char key[80];
+    double value;
+} refs[MAX_REFS];
+static int nrefs;
+static char ref_header[256];
+
+static void load_refs(void) {
+    FILE *f = fopen(NB_BENCH_DIR "/torch_results.txt", "r");
+    if (!f) return;
+    char line[256];
+    while (fgets(line, sizeof line, f) && nrefs < MAX_REFS) {
+        line[strcspn(line, "\n")] = 0;
+        if (line[0] == '#') {
+            if (!ref_header[0]) snprintf(ref_header, sizeof ref_header, "%s", line + 1);
+            continue;
+        }
+        if (sscanf(line, "%79s %lf", refs[nrefs].key, &refs[nrefs].value) == 2) nrefs++;
+    }
+    fclose(f);
+}
+
+/* The PyTorch figure for a printf-formatted key, NaN when there is none. */
+static double ref(const char *fmt, ...) {
+    char key[80];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(key, sizeof key, fmt, ap);
+    va_end(ap);
+    for (int i = 0; i < nrefs; i++)
+        if (!strcmp(refs[i].key, key)) return refs[i].value;
+    return NAN;
+}
+
+/* ------------------------------------------------------------------ header */
+
+static void cpu_model(char *out, size_t n) {
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512], name[256] = "unknown";
+    int family = -1, model = -1;
+    while (f && fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (!colon) continue;
+        if (!strncmp(line, "model name", 10) && !strcmp(name, "unknown")) {
+            snprintf(name, sizeof name, "%s", colon + 2);
+            name[strcspn(name, "\n")] = 0;
+        } else if (!strncmp(line, "cpu family", 10) && family < 0) {
+            family = atoi(colon + 1);
+        } else if (!strncmp(line, "model\t", 6) && model < 0) {
+            model = atoi(colon + 1);
+        }
+    }
+    if (f) fclose(f);
+    snprintf(out, n, "%s (family %d, model %d)", name, family, model);
+}
+
+/* The first three fields of /proc/loadavg: other work on the machine skews
+ * the figures, the all-thread ones most. */
+static const char *loadavg(void) {
+    static char buf[64];
+    FILE *f = fopen("/proc/loadavg", "r");
+    double a, b, c;
+    if (f && fscanf(f, "%lf %lf %lf", &a, &b, &c) == 3)
+        snprintf(buf, sizeof buf, "%.2f %.2f %.2f (1, 5, 15 min)\n", a, b, c);
+    else
+        snprintf(buf, sizeof buf, "unknown\n");
+    if (f) fclose(f);
+    return buf;
+}
+
+static void print_header(void) {
+    char date[64], cpu[320];
+    time_t t = time(NULL);
+    struct tm tm;
+    localtime_r(&t, &tm);
+    strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S %Z", &tm);
+    cpu_model(cpu, sizeof cpu);
+    printf("nabla benchmark, %s\n", date);
+    printf("cpu      %s, %d online CPU(s)\n", cpu, ncpu);
+    printf("threads  1t = nb_set_num_threads(1), %dt = nb_set_num_threads(%d); default %d\n",
+           ncpu, ncpu, nb_num_threads());
+#if defined(__clang__)
+    printf("compiler %s\n", __VERSION__);
+#elif defined(__GNUC__)
+    printf("compiler gcc %s\n", __VERSION__);
+#endif
+    if (nrefs)
+        printf("pytorch  %s (%s)\n", ref_header[0] ? ref_header + 1 : "?",
+               NB_BENCH_DIR "/torch_results.txt");
+    else
+        printf("pytorch  no %s: PyTorch columns show -\n", NB_BENCH_DIR "/torch_results.txt");
+    printf("load     %s", loadavg());
+    printf("method   median of several timed runs after warm-up; nb/pt = nabla / PyTorch "
+           "(time: < 1 is faster; GFLOP/s: > 1 is faster)\n");
+}
+
+/* ------------------------------------------------------- 1. machine FMA peak */
+
+typedef float (*fma_kernel)(long iters);
+
+#ifdef HAVE_X86_PEAK
+/* Read at run time, so that no compiler can fold the loops into constants. */
+static volatile float fma_mul = 0.9999999f, fma_add = 1e-7f, fma_init = 1.0f;
+
+#define REP12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define REP16(X) REP12(X) X(12) X(13) X(14) X(15)
+
+/* 16 independent zmm chains: more than latency x throughput of any current
+ * core, so the FMA pipes never wait. m, c keep the values bounded. */
+__attribute__((target("avx512f"))) static float fma_avx512(long iters) {
+    __m512 m = _mm512_set1_ps(fma_mul), c = _mm512_set1_ps(fma_add), s = _mm512_setzero_ps();
+    float init = fma_init;
+#define DECL(i) __m512 a##i = _mm512_set1_ps(init + 0.01f * (float)(i));
+#define STEP(i) a##i = _mm512_fmadd_ps(a##i, m, c);
+#define SUM(i) s = _mm512_add_ps(s, a##i);
+    REP16(DECL)
+    for (long i = 0; i < iters; i++) {
+        REP16(STEP)
+    }
+    REP16(SUM)
+    float out[16];
+    _mm512_storeu_ps(out, s);
+    return out[0] + out[15];
+}
+
+/* 12 ymm chains: 16 registers hold them plus m and c. */
+__attribute__((target("avx2,fma"))) static float fma_avx2(long iters) {
+    __m256 m = _mm256_set1_ps(fma_mul), c = _mm256_set1_ps(fma_add), s = _mm256_setzero_ps();
+    float init = fma_init;
+#undef DECL
+#undef STEP
+#undef SUM
+#define DECL(i) __m256 a##i = _mm256_set1_ps(init + 0.01f * (float)(i));
+#define STEP(i) a##i = _mm256_fmadd_ps(a##i, m, c);
+#define SUM(i) s = _mm256_add_ps(s, a##i);
+    REP12(DECL)
+    for (long i = 0; i < iters; i++) {
+        REP12(STEP)
+    }
+    REP12(SUM)
+    float out[8];
+    _mm256_storeu_ps(out, s);
+    return out[0] + out[7];
+}
+#endif
+
+typedef struct {
+    fma_kernel kernel;
+    long iters;
+    int threads;
+} peak_job;
+
+typedef struct {
+    const peak_job *job;
+    float out; /* kept, so the loop is not dead code */
+} peak_arg;
+
+static volatile float peak_sink;
+
+static void *peak_thread(void *p) {
+    peak_arg *a = p;
+    a->out = a->job->kernel(a->job->iters);
+    return NULL;
+}
+
+/* All threads run the same loop; total flops over wall time from the first
+ * pthread_create to the last join (creation is microseconds of ~40 ms). */
+static void peak_run(void *p) {
+    const peak_job *j = p;
+    pthread_t th[64];
+    peak_arg args[64];
+    int n = j->threads < 64 ? j->threads : 64;
+    for (int i = 0; i < n; i++) {
+        args[i] = (peak_arg){j, 0};
+        if (pthread_create(&th[i], NULL, peak_thread, &args[i]) != 0) {
+            fprintf(stderr, "bench: pthread_create failed\n");
+            exit(1);
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        pthread_join(th[i], NULL);
+        peak_sink += args[i].out;
+    }
+}
+
+static double peak_gflops(fma_kernel k, double flops_per_iter, int threads) {
+    peak_job j = {k, 1L << 24, threads};
+    double t = median_time(peak_run, &j, 1, 7);
+    return flops_per_iter * (double)j.iters * threads / t * 1e-9;
+}
+
+static void bench_peak(void) {
+    section("1. machine f32 FMA peak (GFLOP/s)");
+    printf("%-36s %10s %10s\n", "loop", "1t", "Nt");
+#ifdef HAVE_X86_PEAK
+    struct {
+        const char *name, *feature;
+        fma_kernel k;
+        double flops_per_iter;
+    } kinds[2] = {{"AVX-512F, 16 zmm FMA chains", "avx512f", fma_avx512, 16 * 16 * 2},
+                  {"AVX2+FMA, 12 ymm FMA chains", "avx2", fma_avx2, 12 * 8 * 2}};
+    __builtin_cpu_init();
+    for (int i = 0; i < 2; i++) {
+        bool ok = i == 0 ? __builtin_cpu_supports("avx512f")
+                         : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        printf("%-36s", kinds[i].name);
+        if (!ok) {
+            printf(" %10s %10s  (not supported by this CPU)\n", "-", "-");
+            continue;
+        }
+        double g1 = peak_gflops(kinds[i].k, kinds[i].flops_per_iter, 1);
+        double gn = peak_gflops(kinds[i].k, kinds[i].flops_per_iter, ncpu);
+        printf(" %10.1f %10.1f\n", g1, gn);
+        if (isnan(peak_1t)) { /* the widest supported vector comes first */
+            peak_1t = g1;
+            peak_nt = gn;
+            printf("  (the peak for %%pk ratios; f64 peak taken as half)\n");
+        }
+    }
+#else
+    printf("%-36s %10s %10s  (no x86-64 FMA loop for this target)\n", "-", "-", "-");
+#endif
+}
+
+/* ------------------------------------------------------------- 2. matmul */
+
+typedef struct {
+    int64_t m, n, k;
+} mnk;
+
+typedef struct {
+    nb_dtype dt;
+    mnk s;
+    bool trans;       /* B is nb_transpose of a contiguous (N,K) tensor */
+    nb_tensor *a, *b; /* a (M,K); b (K,N), a view when trans */
+    void *pa, *pb, *pc; /* the same operands for BLAS, and its output */
+    int inner;        /* calls per timed sample, so that small shapes take ~ms */
+} mm_ctx;
+
+static void mm_nabla(void *p) {
+    mm_ctx *c = p;
+    for (int i = 0; i < c->inner; i++) {
+        nb_scope_begin();
+        need(nb_matmul(c->a, c->b), "nb_matmul");
+        nb_scope_end();
+    }
+}
+
+#ifdef NB_BENCH_BLAS
+static void mm_blas(void *p) {
+    mm_ctx *c = p;
+    enum CBLAS_TRANSPOSE tb = c->trans ? CblasTrans : CblasNoTrans;
+    int m = (int)c->s.m, n = (int)c->s.n, k = (int)c->s.k, ldb = c->trans ? k : n;
+    for (int i = 0; i < c->inner; i++) {
+        if (c->dt == NB_F32)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, m, n, k, 1.0f, c->pa, k, c->pb, ldb,
+                        0.0f, c->pc, n);
+        else
+            cblas_dgemm(CblasRowMajor, CblasNoTrans, tb, m, n, k, 1.0, c->pa, k, c->pb, ldb,
+                        0.0, c->pc, n);
+    }
+}
+#endif
+
+/* GFLOP/s of one product on `threads` threads, by nabla or by BLAS. */
+static double mm_gflops(mm_ctx *c, int threads, bool blas) {
+    double flops = 2.0 * (double)c->s.m * (double)c->s.n * (double)c->s.k;
+    int reps = flops >= 5e9 ? 5 : flops >= 1e9 ? 7 : 11;
+    work_fn fn = mm_nabla;
+    c->inner = flops >= 2e8 ? 1 : (int)(2e8 / flops);
+    nb_set_num_threads(threads);
+#ifdef NB_BENCH_BLAS
+    openblas_set_num_threads(threads);
+    if (blas) fn = mm_blas;
+#else
+    (void)blas;
+#endif
+    return flops * c->inner / median_time(fn, c, 1, reps) * 1e-9;
+}
+
+typedef struct {
+    mnk s;
+    nb_dtype dt;
+    bool trans;
+    double nb[2], blas[2]; /* GFLOP/s; [0] 1 thread, [1] all */
+} mm_row;
+
+static void mm_measure(mm_row *r, bool blas) {
+    nb_rng rng;
+    nb_rng_seed(&rng, 42);
+    mm_ctx c = {.dt = r->dt, .s = r->s, .trans = r->trans};
+    int64_t rows = r->trans ? r->s.n : r->s.k, cols = r->trans ? r->s.k : r->s.n;
+    c.a = leaf_randn(r->dt, NB_SHAPE(r->s.m, r->s.k), false, &rng);
+    nb_tensor *base = leaf_randn(r->dt, NB_SHAPE(rows, cols), false, &rng);
+    c.b = r->trans ? need(nb_transpose(base, 0, 1), "nb_transpose") : base;
+    c.pa = nb_data(c.a);
+    c.pb = nb_data(base);
+    if (blas && !(c.pc = malloc((size_t)(r->s.m * r->s.n) * (r->dt == NB_F32 ? 4 : 8)))) {
+        fprintf(stderr, "bench: out of memory\n");
+        exit(1);
+    }
+    double *out = blas ? r->blas : r->nb;
+    out[0] = mm_gflops(&c, 1, blas);
+    out[1] = mm_gflops(&c, ncpu, blas);
+    free(c.pc);
+    if (c.b != base) nb_free(c.b);
+    nb_free(base);
+    nb_free(c.a);
+}
+
+static void mm_print_row(const mm_row *r) {
+    char shape[40];
+    long long m = r->s.m, n = r->s.n, k = r->s.k;
+    double pk = r->dt == NB_F32 ? 1.0 : 0.5; /* f64 peak = half the f32 one */
+    snprintf(shape, sizeof shape, "%s %lldx%lldx%lld", nb_dtype_name(r->dt), m, n, k);
+    printf("%-20s %-4s", shape, r->trans ? "B^T" : "B");
+    cell(r->nb[0], 8, 1);
+    cell(100 * ratio(r->nb[0], pk * peak_1t), 5, 0);
+    cell(r->nb[1], 8, 1);
+    cell(100 * ratio(r->nb[1], pk * peak_nt), 5, 0);
+    cell(ratio(r->nb[1], r->nb[0]), 7, 2);
+    double t1 = NAN, tn = NAN; /* PyTorch measured f32 with B contiguous */
+    if (r->dt == NB_F32 && !r->trans) {
+        t1 = ref("matmul_gflops_1t_%lldx%lldx%lld", m, n, k);
+        tn = ref("matmul_gflops_%dt_%lldx%lldx%lld", ncpu, m, n, k);
+    }
+    cell(t1, 8, 1);
+    cell(ratio(r->nb[0], t1), 7, 1);
+    cell(tn, 8, 1);
+    cell(ratio(r->nb[1], tn), 7, 1);
+#ifdef NB_BENCH_BLAS
+    cell(r->blas[0], 8, 1);
+    cell(ratio(r->nb[0], r->blas[0]), 7, 2);
+    cell(r->blas[1], 8, 1);
+    cell(ratio(r->nb[1], r->blas[1]), 7, 2);
+#endif
+    printf("\n");
+}
+
+static void mm_print_table(const mm_row *rows, int n) {
+    printf("%-20s %-4s%8s%5s%8s%5s%7s%8s%7s%8s%7s", "dtype MxNxK", "B", "1t", "%pk", "Nt",
+           "%pk", "Nt/1t", "pt 1t", "nb/pt", "pt Nt", "nb/pt");
+#ifdef NB_BENCH_BLAS
+    printf("%8s%7s%8s%7s", "blas 1t", "nb/bl", "blas Nt", "nb/bl");
+#endif
+    printf("\n");
+    for (int i = 0; i < n; i++) mm_print_row(&rows[i]);
+#ifdef NB_BENCH_BLAS
+    const char *env = getenv("OPENBLAS_CORETYPE");
+    printf("blas: OpenBLAS cblas_sgemm/dgemm, core type %s (OPENBLAS_CORETYPE=%s)\n",
+           openblas_get_corename(), env ? env : "unset");
+#endif
+}
+
+static void bench_matmul(void) {
+    static const mnk shapes[] = {{64, 64, 64},    {128, 128, 128},   {256, 256, 256},
+                                 {512, 512, 512}, {1024, 1024, 1024}, {2048, 2048, 2048},
+                                 {128, 128, 64},  {512, 512, 64},    {512, 64, 512}};
+    enum { NSHAPES = sizeof shapes / sizeof shapes[0] };
+    mm_row rows[2 * NSHAPES + 2];
+    int n = 0;
+    for (int i = 0; i < NSHAPES; i++)
+        for (int t = 0; t < 2; t++) rows[n++] = (mm_row){.s = shapes[i], .dt = NB_F32, .trans = t};
+    for (int t = 0; t < 2; t++) rows[n++] = (mm_row){.s = {512, 512, 512}, .dt = NB_F64, .trans = t};
+
+    section("2. nb_matmul GFLOP/s = 2MNK / time; B contiguous (K,N), B^T = nb_transpose of "
+            "a contiguous (N,K); %pk of the FMA peak");
+    for (int i = 0; i < n; i++) mm_measure(&rows[i], false);
+#ifdef NB_BENCH_BLAS
+    /* After all of nabla's runs: OpenBLAS's idle threads spin for a while
+     * after each call and would take CPU from nabla's timings. */
+    for (int i = 0; i < n; i++) mm_measure(&rows[i], true);
+    openblas_set_num_threads(1);
+    nanosleep(&(struct timespec){0, 300000000}, NULL);
+#endif
+    mm_print_table(rows, n);
+}
+
+/* ------------------------------------------------------------- 3. attention */
+
+typedef struct {
+    nb_tensor *q, *k, *v, *mask;
+    nb_rng rng;
+    bool backward;
+} attn_ctx;
+
+static void attn_run(void *p) {
+    attn_ctx *c = p;
+    nb_scope_begin();
+    nb_tensor *out = nb_attention(c->q, c->k, c->v, c->mask, 0.1, true, &c->rng, NULL);
+    if (!out) die("nb_attention");
+    if (c->backward && nb_backward(nb_sum_all(out)) != 0) die("attention backward");
+    nb_scope_end();
+}
+
+static attn_ctx attn_setup(const int64_t s[4]) {
+    attn_ctx c = {0};
+    nb_rng_seed(&c.rng, 7);
+    c.q = leaf_randn(NB_F32, NB_SHAPE(s[0], s[1], s[2], s[3]), true, &c.rng);
+    c.k = leaf_randn(NB_F32, NB_SHAPE(s[0], s[1], s[2], s[3]), true, &c.rng);
+    c.v = leaf_randn(NB_F32, NB_SHAPE(s[0], s[1], s[2], s[3]), true, &c.rng);
+    c.mask = need(nb_tril_mask(s[2], s[2]), "nb_tril_mask"); /* (L,L) broadcasts over B,H */
+    return c;
+}
+
+static void attn_free(attn_ctx *c) {
+    nb_free(c->q);
+    nb_free(c->k);
+    nb_free(c->v);
+    nb_free(c->mask);
+}
+
+/* Storage bytes one fwd+bwd adds at its peak, from fresh leaves (their
+ * gradients are part of it, as in PyTorch's figure). */
+static double attn_memory_mib(const int64_t s[4]) {
+    nb_set_num_threads(1);
+    attn_ctx c = attn_setup(s);
+    c.backward = true;
+    int64_t before = nb_memory_allocated();
+    nb_memory_reset_peak();
+    attn_run(&c);
+    double mib = (double)(nb_memory_peak() - before) / (1 << 20);
+    attn_free(&c);
+    return mib;
+}
+
+/* One row: forward and forward + backward at one shape and thread count. */
+static void attn_row(attn_ctx *c, const char *name, int threads, int reps) {
+    nb_set_num_threads(threads);
+    c->backward = false;
+    double fwd = 1e3 * median_time(attn_run, c, 1, reps);
+    c->backward = true;
+    double fb = 1e3 * median_time(attn_run, c, 1, reps);
+    double pf = ref("attn_fwd_ms_%dt_%s", threads, name);
+    double pb = ref("attn_fb_ms_%dt_%s", threads, name);
+    printf("%-16s %4d", name, threads);
+    cell(fwd, 10, 2);
+    cell(pf, 10, 2);
+    cell(ratio(fwd, pf), 8, 2);
+    cell(fb, 10, 2);
+    cell(pb, 10, 2);
+    cell(ratio(fb, pb), 8, 2);
+    printf("\n");
+}
+
+static void bench_attention(void) {
+    static const int64_t shapes[4][4] = {{8, 8, 128, 64}, {4, 8, 512, 64}, {1, 8, 1024, 64},
+                                         {2, 4, 64, 32}};
+    section("3. nb_attention f32, causal (L,L) keep-mask, dropout 0.1, training (ms)");
+    printf("%-16s %4s %9s %9s %7s %9s %9s %7s\n", "B x H x L x D", "thr", "fwd", "pt fwd",
+           "nb/pt", "fwd+bwd", "pt f+b", "nb/pt");
+    for (int i = 0; i < 4; i++) {
+        const int64_t *s = shapes[i];
+        char name[40];
+        snprintf(name, sizeof name, "%lldx%lldx%lldx%lld", (long long)s[0], (long long)s[1],
+                 (long long)s[2], (long long)s[3]);
+        attn_ctx c = attn_setup(s);
+        for (int t = 1; t <= ncpu; t = next_threads(t)) attn_row(&c, name, t, s[2] >= 512 ? 7 : 15);
+        attn_free(&c);
+    }
+    double mib = attn_memory_mib(shapes[2]), pt = ref("attn_mem_mib_1x8x1024x64");
+    printf("peak memory of one fwd+bwd at 1x8x1024x64, 1t: %.1f MiB (nb_memory_peak - "
+           "allocated before); PyTorch ", mib);
+    cell(pt, 0, 1);
+    printf(" MiB (RSS high-water increment); nb/pt ");
+    cell(ratio(mib, pt), 0, 2);
+    printf("\n");
+}
+
+/* ------------------------------------------------------------------ 4. MHA */
+
+typedef struct {
+    nb_MHA m;
+    nb_tensor *x;
+    nb_rng rng;
+} mha_ctx;
+
+static void mha_run(void *p) {
+    mha_ctx *c = p;
+    nb_scope_begin();
+    nb_tensor *y = nb_mha_forward(&c->m, c->x, c->x, c->x, NULL, true, &c->rng, NULL);
+    if (!y || nb_backward(nb_sum_all(y)) != 0) die("nb_mha_forward + backward");
+    nb_scope_end();
+}
+
+static void bench_mha(void) {
+    static const int64_t shapes[2][2] = {{8, 128}, {4, 512}};
+    section("4. nb_mha_forward self-attention, d_model 512, 8 heads, dropout 0.1, training, "
+            "no mask: fwd+bwd (ms)");
+    printf("%-16s %4s %9s %9s %7s\n", "B x L", "thr", "fwd+bwd", "pt f+b", "nb/pt");
+    nb_params *ps = nb_params_new();
+    if (!ps) die("nb_params_new");
+    mha_ctx c;
+    nb_rng_seed(&c.rng, 11);
+    if (nb_mha_init(&c.m, ps, "mha", 512, 8, 0.1, true, &c.rng) != 0) die("nb_mha_init");
+    for (int i = 0; i < 2; i++) {
+        int64_t b = shapes[i][0], l = shapes[i][1];
+        c.x = leaf_randn(NB_F32, NB_SHAPE(b, l, 512), true, &c.rng);
+        for (int t = 1; t <= ncpu; t = next_threads(t)) {
+            nb_set_num_threads(t);
+            double ms = 1e3 * median_time(mha_run, &c, 1, l >= 512 ? 7 : 11);
+            double pt = ref("mha_fb_ms_%dt_%lldx%lld", t, (long long)b, (long long)l);
+            char name[32];
+            snprintf(name, sizeof name, "%lldx%lld", (long long)b, (long long)l);
+            printf("%-16s %4d", name, t);
+            cell(ms, 10, 2);
+            cell(pt, 10, 2);
+            cell(ratio(ms, pt), 8, 2);
+            printf("\n");
+        }
+        nb_free(c.x);
+    }
+    nb_params_free(ps);
+}
+
+/* ------------------------------------------------------ 5. autograd overhead */
+
+#define CHAIN 10000
+
+typedef struct {
+    nb_tensor *x;
+    int mode; /* 0 no grad, 1 recording, 2 forward + backward */
+} chain_ctx;
+
+static void chain_run(void *p) {
+    chain_ctx *c = p;
+    if (c->mode == 0) nb_set_grad_enabled(false);
+    nb_scope_begin();
+    nb_tensor *y = c->x;
+    for (int i = 0; i < CHAIN; i++) y = i % 2 == 0 ? nb_mul_scalar(y, 1.0001) : nb_add(y, c->x);
+    if (!y) die("op chain");
+    if (c->mode == 2 && nb_backward(nb_sum_all(y)) != 0) die("op chain backward");
+    nb_scope_end(); /* freeing the tensors and graph is part of the cost */
+    nb_set_grad_enabled(true);
+}
+
+static void bench_overhead(void) {
+    static const char *names[3] = {"forward, grad mode off", "forward, recording",
+                                   "forward + backward"};
+    static const char *keys[3] = {"nograd", "record", "fb"};
+    section("5. autograd overhead: chain of 10,000 ops (mul_scalar / add alternating) on (4,4) "
+            "f32, requires grad, 1 thread");
+    printf("%-26s %9s %9s %7s\n", "", "ns/op", "pt ns/op", "nb/pt");
+    nb_set_num_threads(1);
+    nb_rng rng;
+    nb_rng_seed(&rng, 3);
+    chain_ctx c = {leaf_randn(NB_F32, NB_SHAPE(4, 4), true, &rng), 0};
+    for (int m = 0; m < 3; m++) {
+        c.mode = m;
+        double ns = 1e9 * median_time(chain_run, &c, 2, 15) / CHAIN;
+        double pt = ref("op_ns_%s_1t", keys[m]);
+        printf("%-26s", names[m]);
+        cell(ns, 10, 0);
+        cell(pt, 10, 0);
+        cell(ratio(ns, pt), 8, 2);
+        printf("\n");
+    }
+    nb_free(c.x);
+}
+
+/* ----------------------------------------------------------- 6. copy task */
+
+#define VOCAB 11
+#define SEQ 10
+#define PAD 0
+#define START 1
+#define BATCH 80
+
+/* The data and masks of examples/copy_task.c: (n, SEQ) i64, START first,
+ * then uniform over 1..VOCAB-1. */
+static nb_tensor *random_sequences(int64_t n, nb_rng *rng) {
+    nb_tensor *u = nb_rand(NB_F64, NB_SHAPE(n, SEQ), rng);
+    nb_tensor *s = nb_empty(NB_I64, NB_SHAPE(n, SEQ));
+    if (!u || !s) return NULL;
+    const double *pu = nb_data(u);
+    int64_t *ps = nb_data(s);
+    for (int64_t i = 0; i < n * SEQ; i++)
+        ps[i] = i % SEQ == 0 ? START : 1 + (int64_t)(pu[i] * (VOCAB - 1));
+    return s;
+}
+
+static nb_tensor *padding_keep(nb_tensor *tokens) {
+    if (!tokens) return NULL;
+    nb_tensor *k = nb_ne(tokens, nb_full(NB_I64, 0, NULL, PAD));
+    return nb_view(k, NB_SHAPE(nb_shape(tokens)[0], 1, 1, nb_shape(tokens)[1]));
+}
+
+static nb_tensor *causal_keep(nb_tensor *tokens) {
+    if (!tokens) return NULL;
+    int64_t len = nb_shape(tokens)[1];
+    nb_tensor *no = nb_full(NB_BOOL, 0, NULL, 0);
+    return nb_where(padding_keep(tokens), nb_tril_mask(len, len), no); /* (B,1,L,L) */
+}
+
+typedef struct {
+    nb_Transformer model;
+    nb_params *ps;
+    nb_optim *opt;
+    nb_rng data, drop;
+    int64_t step;
+} copy_ctx;
+
+/* One step: forward, loss, backward, optimizer step, zero grad. */
+static void copy_step(void *p) {
+    copy_ctx *c = p;
+    nb_optim_set_lr(c->opt, nb_noam_rate(c->step++, c->model.cfg.d_model, 1.0, 200));
+    nb_scope_begin();
+    nb_tensor *seq = need(random_sequences(BATCH, &c->data), "random_sequences");
+    nb_tensor *tgt_in = nb_narrow(seq, 1, 0, SEQ - 1), *tgt_y = nb_narrow(seq, 1, 1, SEQ - 1);
+    nb_tensor *src_keep = padding_keep(seq);
+    nb_tensor *memory = nb_transformer_encode(&c->model, seq, src_keep, true, &c->drop);
+    nb_tensor *out = nb_transformer_decode(&c->model, memory, src_keep, tgt_in,
+                                           causal_keep(tgt_in), true, &c->drop);
+    nb_tensor *logits = nb_reshape(nb_transformer_logits(&c->model, out), NB_SHAPE(-1, VOCAB));
+    nb_tensor *loss = nb_cross_entropy(logits, nb_reshape(tgt_y, NB_SHAPE(-1)), PAD, 0.0);
+    if (!loss || nb_backward(loss) != 0) die("copy-task step");
+    nb_optim_step(c->opt);
+    nb_optim_zero_grad(c->opt);
+    nb_scope_end();
+}
+
+static void copy_bench_config(int64_t d_model, int64_t d_ff, int64_t heads, int reps) {
+    copy_ctx c = {.step = 0};
+    nb_rng init;
+    nb_rng_seed(&init, 1);
+    nb_rng_seed(&c.data, 1001);
+    nb_rng_seed(&c.drop, 2001);
+    nb_TransformerConfig cfg = {.src_vocab = VOCAB, .tgt_vocab = VOCAB, .d_model = d_model,
+                                .d_ff = d_ff, .heads = heads, .layers = 2, .max_len = 64,
+                                .dropout = 0.1};
+    c.ps = nb_params_new();
+    if (!c.ps || nb_transformer_init(&c.model, c.ps, &cfg, &init) != 0) die("nb_transformer_init");
+    c.opt = nb_adam(c.ps, 0.0, 0.9, 0.98, 1e-9, 0.0);
+    if (!c.opt) die("nb_adam");
+    char name[48];
+    snprintf(name, sizeof name, "d%lld/ff%lld/h%lld, %.1fM", (long long)d_model, (long long)d_ff,
+             (long long)heads, (double)nb_params_numel(c.ps) * 1e-6);
+    for (int t = 1; t <= ncpu; t = next_threads(t)) {
+        nb_set_num_threads(t);
+        double ms = 1e3 * median_time(copy_step, &c, 2, reps);
+        double pt = ref("copy_ms_%dt_d%lld", t, (long long)d_model);
+        printf("%-24s %4d", name, t);
+        cell(ms, 10, 1);
+        cell(1e3 / ms, 9, 2);
+        cell(400 * ms * 1e-3, 10, 1);
+        cell(pt, 10, 1);
+        cell(ratio(ms, pt), 8, 2);
+        cell(400 * pt * 1e-3, 10, 1);
+        printf("\n");
+    }
+    nb_optim_free(c.opt);
+    nb_transformer_free(&c.model);
+    nb_params_free(c.ps);
+}
+
+static void bench_copy(void) {
+    section("6. copy-task training step (batch 80 x length 10, vocab 11, 2 layers; forward, "
+            "loss, backward, Adam step, zero grad)");
+    printf("%-24s %4s %9s %9s %10s %9s %7s %10s\n", "config, parameters", "thr", "ms/step",
+           "steps/s", "20x20 s", "pt ms", "nb/pt", "pt 20x20 s");
+    copy_bench_config(64, 256, 4, 21);
+    copy_bench_config(512, 2048, 8, 7);
+}
+
+/* ------------------------------------------------------------------- main */
+
+/* `bench` runs every section; `bench 1 3` only sections 1 and 3. */
+static bool wanted(int argc, char **argv, int section_no) {
+    if (argc < 2) return true;
+    for (int i = 1; i < argc; i++)
+        if (atoi(argv[i]) == section_no) return true;
+    return false;
+}
+
+static void print_footer(double start) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    printf("peak RSS %.1f MiB (ru_maxrss); allocator: %.1f MiB in use, %.1f MiB cached\n",
+           (double)ru.ru_maxrss / 1024, (double)nb_memory_allocated() / (1 << 20),
+           (double)nb_memory_cached() / (1 << 20));
+    printf("load average at the end: %s", loadavg());
+    printf("total benchmark time %.1f s\n", now() - start);
+}
+
+int main(int argc, char **argv) {
+    static void (*const sections[6])(void) = {bench_peak,      bench_matmul,   bench_attention,
+                                              bench_mha,       bench_overhead, bench_copy};
+    double start = now();
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    ncpu = n < 1 ? 1 : n > 64 ? 64 : (int)n;
+    load_refs();
+    print_header();
+    for (int i = 0; i < 6; i++)
+        if (wanted(argc, argv, i + 1)) sections[i]();
+    section("7. process");
+    print_footer(start);
+    return 0;
+}

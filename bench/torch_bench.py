@@ -1,0 +1,449 @@
+#!/usr/bin/python3
+"""torch_bench.py: the PyTorch reference figures that bench/bench.c prints
+beside nabla's. Run with Debian's python3-torch (1.13):
+
+    /usr/bin/python3 bench/torch_bench.py [out]  # writes bench/torch_results.txt
+
+Every figure is the median of several timed runs after warm-up runs
+(time.perf_counter; fewer for the slow shapes, only 2 for the d512 copy
+step), on 1 thread and on all CPUs (torch.set_num_threads), for the same
+workloads as bench.c:
+
+  matmul_gflops_{T}t_{M}x{N}x{K}   torch.matmul f32, B contiguous (K, N)
+  attn_{fwd,fb}_ms_{T}t_{BxHxLxD}  composed attention (q k^T / sqrt(d),
+                                   masked_fill(mask == 0, -1e9), softmax,
+                                   dropout 0.1, @ v), causal mask; forward,
+                                   and forward + backward of out.sum()
+  attn_mem_mib_1x8x1024x64         RSS high-water increment (ru_maxrss) of
+                                   one forward + backward, measured first
+  mha_fb_ms_{T}t_{BxL}             nn.MultiheadAttention(512, 8, dropout 0.1,
+                                   batch_first) self-attention, fwd + bwd
+  op_ns_{nograd,record,fb}_1t      a chain of 10,000 tiny ops on (4, 4):
+                                   no grad, recording, forward + backward
+  copy_ms_{T}t_d{64,512}           one training step of The Annotated
+                                   Transformer's copy task (ported below)
+
+The file holds `key value` lines and a first comment line naming torch's
+version, the date, the CPU and the BLAS library torch loaded (Debian's
+python3-torch calls the BLAS that the libblas.so.3 alternative selects, the
+reference BLAS on a default install; `update-alternatives --config
+libblas.so.3-x86_64-linux-gnu`, or LD_LIBRARY_PATH pointing at another
+libblas.so.3 for one run, changes it).
+
+The committed bench/torch_results.txt was made with torch on OpenBLAS 0.3.21
+(apt-get install libopenblas0-pthread), the fair comparison:
+
+    LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-pthread \
+        /usr/bin/python3 bench/torch_bench.py
+
+On the reference BLAS torch's matmul runs at about 8 GFLOP/s here and every
+ratio would flatter nabla 10-40 times more.
+"""
+import copy
+import ctypes
+import datetime
+import gc
+import math
+import os
+import resource
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+OUT = sys.argv[1] if len(sys.argv) > 1 else \
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_results.txt")
+THREADS = sorted({1, os.cpu_count() or 1})
+ATTN_SHAPES = [(8, 8, 128, 64), (4, 8, 512, 64), (1, 8, 1024, 64), (2, 4, 64, 32)]
+MATMUL_SHAPES = [(n, n, n) for n in (64, 128, 256, 512, 1024)] + \
+                [(128, 128, 64), (512, 512, 64), (512, 64, 512)]
+results = {}
+
+
+def median_ms(fn, warmup, reps):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def put(key, value):
+    results[key] = value
+    print(f"{key:36s} {value:12.4f}", flush=True)
+
+
+def shape_key(shape):
+    return "x".join(str(s) for s in shape)
+
+
+# ---------------------------------------------------------------- attention
+def attention(q, k, v, mask, p):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    scores = scores.masked_fill(mask == 0, -1e9)
+    return F.dropout(scores.softmax(dim=-1), p=p, training=True) @ v
+
+
+def attn_inputs(shape):
+    b, h, l, d = shape
+    qkv = [torch.randn(b, h, l, d, requires_grad=True) for _ in range(3)]
+    return qkv, torch.tril(torch.ones(l, l, dtype=torch.bool))
+
+
+def attn_fb(qkv, mask):
+    attention(*qkv, mask, 0.1).sum().backward()
+    for t in qkv:
+        t.grad = None
+
+
+def bench_attn_memory():
+    """Run first, so that the process high-water mark is still low."""
+    qkv, mask = attn_inputs((1, 8, 1024, 64))
+    attn_fb(*attn_inputs((1, 1, 16, 8)))  # lazy initialisation, not the workload
+    gc.collect()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    attn_fb(qkv, mask)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    put("attn_mem_mib_1x8x1024x64", (after - before) / 1024.0)
+
+
+def bench_attention(t):
+    for shape in ATTN_SHAPES:
+        qkv, mask = attn_inputs(shape)
+        big = shape[2] >= 512
+        reps = 3 if big else 7
+        fwd = median_ms(lambda: attention(*qkv, mask, 0.1), 1, reps)
+        fb = median_ms(lambda: attn_fb(qkv, mask), 1, reps)
+        put(f"attn_fwd_ms_{t}t_{shape_key(shape)}", fwd)
+        put(f"attn_fb_ms_{t}t_{shape_key(shape)}", fb)
+
+
+# ---------------------------------------------------------------- matmul, MHA
+def bench_matmul(t):
+    for m, n, k in MATMUL_SHAPES:
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        flops = 2.0 * m * n * k
+        inner = max(1, int(2e7 / flops))
+        reps = 3 if flops > 1e9 else 5
+
+        def run():
+            for _ in range(inner):
+                torch.matmul(a, b)
+        ms = median_ms(run, 1, reps) / inner
+        put(f"matmul_gflops_{t}t_{m}x{n}x{k}", flops / (ms * 1e6))
+
+
+def bench_mha(t):
+    mha = nn.MultiheadAttention(512, 8, dropout=0.1, batch_first=True).train()
+    for b, l in ((8, 128), (4, 512)):
+        x = torch.randn(b, l, 512, requires_grad=True)
+
+        def fb():
+            mha(x, x, x, need_weights=False)[0].sum().backward()
+            mha.zero_grad(set_to_none=True)
+            x.grad = None
+        put(f"mha_fb_ms_{t}t_{b}x{l}", median_ms(fb, 1, 5 if l < 512 else 3))
+
+
+# ---------------------------------------------------------------- per-op overhead
+CHAIN = 10000
+
+
+def chain(x):
+    y = x
+    for i in range(CHAIN):
+        y = y * 1.0001 if i % 2 == 0 else y + x
+    return y
+
+
+def bench_overhead():
+    x = torch.randn(4, 4, requires_grad=True)
+
+    def nograd():
+        with torch.no_grad():
+            y = chain(x)
+        del y
+
+    def record():
+        y = chain(x)
+        del y  # frees the graph, as nabla's nb_scope_end does
+
+    def fb():
+        chain(x).sum().backward()
+        x.grad = None
+    for name, fn in (("nograd", nograd), ("record", record), ("fb", fb)):
+        put(f"op_ns_{name}_1t", median_ms(fn, 2, 11) * 1e6 / CHAIN)
+
+
+# ---------------------------------------------------------------- copy task
+# A small port of The Annotated Transformer (harvardnlp, 2022 version):
+# pre-norm sublayers, its own LayerNorm, sinusoidal positions, xavier init.
+def clones(module, n):
+    return nn.ModuleList([copy.deepcopy(module) for _ in range(n)])
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, features, eps=1e-6):
+        super().__init__()
+        self.a_2 = nn.Parameter(torch.ones(features))
+        self.b_2 = nn.Parameter(torch.zeros(features))
+        self.eps = eps
+
+    def forward(self, x):
+        mean = x.mean(-1, keepdim=True)
+        std = x.std(-1, keepdim=True)
+        return self.a_2 * (x - mean) / (std + self.eps) + self.b_2
+
+
+class SublayerConnection(nn.Module):
+    def __init__(self, size, dropout):
+        super().__init__()
+        self.norm = LayerNorm(size)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x, sublayer):
+        return x + self.dropout(sublayer(self.norm(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, size, self_attn, feed_forward, dropout):
+        super().__init__()
+        self.self_attn, self.feed_forward = self_attn, feed_forward
+        self.sublayer = clones(SublayerConnection(size, dropout), 2)
+        self.size = size
+
+    def forward(self, x, mask):
+        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, mask))
+        return self.sublayer[1](x, self.feed_forward)
+
+
+class Encoder(nn.Module):
+    def __init__(self, layer, n):
+        super().__init__()
+        self.layers = clones(layer, n)
+        self.norm = LayerNorm(layer.size)
+
+    def forward(self, x, mask):
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.norm(x)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, size, self_attn, src_attn, feed_forward, dropout):
+        super().__init__()
+        self.size = size
+        self.self_attn, self.src_attn, self.feed_forward = self_attn, src_attn, feed_forward
+        self.sublayer = clones(SublayerConnection(size, dropout), 3)
+
+    def forward(self, x, memory, src_mask, tgt_mask):
+        m = memory
+        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, tgt_mask))
+        x = self.sublayer[1](x, lambda x: self.src_attn(x, m, m, src_mask))
+        return self.sublayer[2](x, self.feed_forward)
+
+
+class Decoder(nn.Module):
+    def __init__(self, layer, n):
+        super().__init__()
+        self.layers = clones(layer, n)
+        self.norm = LayerNorm(layer.size)
+
+    def forward(self, x, memory, src_mask, tgt_mask):
+        for layer in self.layers:
+            x = layer(x, memory, src_mask, tgt_mask)
+        return self.norm(x)
+
+
+def ta_attention(query, key, value, mask=None, dropout=None):
+    d_k = query.size(-1)
+    scores = torch.matmul(query, key.transpose(-2, -1)) / math.sqrt(d_k)
+    if mask is not None:
+        scores = scores.masked_fill(mask == 0, -1e9)
+    p_attn = scores.softmax(dim=-1)
+    if dropout is not None:
+        p_attn = dropout(p_attn)
+    return torch.matmul(p_attn, value), p_attn
+
+
+class MultiHeadedAttention(nn.Module):
+    def __init__(self, h, d_model, dropout=0.1):
+        super().__init__()
+        self.d_k, self.h = d_model // h, h
+        self.linears = clones(nn.Linear(d_model, d_model), 4)
+        self.dropout = nn.Dropout(p=dropout)
+
+    def forward(self, query, key, value, mask=None):
+        if mask is not None:
+            mask = mask.unsqueeze(1)
+        nbatches = query.size(0)
+        query, key, value = [lin(x).view(nbatches, -1, self.h, self.d_k).transpose(1, 2)
+                             for lin, x in zip(self.linears, (query, key, value))]
+        x, _ = ta_attention(query, key, value, mask=mask, dropout=self.dropout)
+        x = x.transpose(1, 2).contiguous().view(nbatches, -1, self.h * self.d_k)
+        return self.linears[-1](x)
+
+
+class PositionwiseFeedForward(nn.Module):
+    def __init__(self, d_model, d_ff, dropout=0.1):
+        super().__init__()
+        self.w_1, self.w_2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.w_2(self.dropout(self.w_1(x).relu()))
+
+
+class Embeddings(nn.Module):
+    def __init__(self, d_model, vocab):
+        super().__init__()
+        self.lut, self.d_model = nn.Embedding(vocab, d_model), d_model
+
+    def forward(self, x):
+        return self.lut(x) * math.sqrt(self.d_model)
+
+
+class PositionalEncoding(nn.Module):
+    def __init__(self, d_model, dropout, max_len=5000):
+        super().__init__()
+        self.dropout = nn.Dropout(p=dropout)
+        pe = torch.zeros(max_len, d_model)
+        position = torch.arange(0, max_len).unsqueeze(1)
+        div_term = torch.exp(torch.arange(0, d_model, 2) * -(math.log(10000.0) / d_model))
+        pe[:, 0::2] = torch.sin(position * div_term)
+        pe[:, 1::2] = torch.cos(position * div_term)
+        self.register_buffer("pe", pe.unsqueeze(0))
+
+    def forward(self, x):
+        return self.dropout(x + self.pe[:, : x.size(1)].requires_grad_(False))
+
+
+class EncoderDecoder(nn.Module):
+    def __init__(self, encoder, decoder, src_embed, tgt_embed, generator):
+        super().__init__()
+        self.encoder, self.decoder = encoder, decoder
+        self.src_embed, self.tgt_embed, self.generator = src_embed, tgt_embed, generator
+
+    def forward(self, src, tgt, src_mask, tgt_mask):
+        memory = self.encoder(self.src_embed(src), src_mask)
+        return self.decoder(self.tgt_embed(tgt), memory, src_mask, tgt_mask)
+
+
+def make_model(src_vocab, tgt_vocab, n=6, d_model=512, d_ff=2048, h=8, dropout=0.1):
+    c = copy.deepcopy
+    attn = MultiHeadedAttention(h, d_model)
+    ff = PositionwiseFeedForward(d_model, d_ff, dropout)
+    position = PositionalEncoding(d_model, dropout)
+    model = EncoderDecoder(
+        Encoder(EncoderLayer(d_model, c(attn), c(ff), dropout), n),
+        Decoder(DecoderLayer(d_model, c(attn), c(attn), c(ff), dropout), n),
+        nn.Sequential(Embeddings(d_model, src_vocab), c(position)),
+        nn.Sequential(Embeddings(d_model, tgt_vocab), c(position)),
+        nn.Linear(d_model, tgt_vocab))  # logits: cross entropy replaces LabelSmoothing
+    for p in model.parameters():
+        if p.dim() > 1:
+            nn.init.xavier_uniform_(p)
+    return model
+
+
+def subsequent_mask(size):
+    return torch.tril(torch.ones(1, size, size, dtype=torch.bool))
+
+
+VOCAB, SEQ, BATCH = 11, 10, 80
+
+
+def copy_step(model, opt):
+    src = torch.randint(1, VOCAB, (BATCH, SEQ))
+    src[:, 0] = 1
+    tgt_in, tgt_y = src[:, :-1], src[:, 1:]
+    src_mask = (src != 0).unsqueeze(-2)
+    tgt_mask = (tgt_in != 0).unsqueeze(-2) & subsequent_mask(tgt_in.size(-1))
+    logits = model.generator(model(src, tgt_in, src_mask, tgt_mask))
+    loss = F.cross_entropy(logits.reshape(-1, VOCAB), tgt_y.reshape(-1), ignore_index=0)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def bench_copy(t):
+    # d512 steps take seconds each with a reference BLAS: fewer of them
+    for d_model, d_ff, heads, warmup, reps in ((64, 256, 4, 2, 11), (512, 2048, 8, 1, 2)):
+        torch.manual_seed(1)
+        model = make_model(VOCAB, VOCAB, n=2, d_model=d_model, d_ff=d_ff, h=heads).train()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+        put(f"copy_ms_{t}t_d{d_model}", median_ms(lambda: copy_step(model, opt), warmup, reps))
+
+
+# ---------------------------------------------------------------- main
+def blas_name():
+    try:
+        with open("/proc/self/maps") as f:
+            libs = {line.split()[-1] for line in f if "blas" in line.lower()}
+        return ",".join(sorted(os.path.realpath(p) for p in libs)) or "none mapped"
+    except OSError:
+        return "unknown"
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def loadavg():
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+def set_threads(t):
+    """torch's intra-op threads and, when torch runs on OpenBLAS, its threads
+    too (this torch build does not forward the setting to its BLAS)."""
+    torch.set_num_threads(t)
+    for path in blas_name().split(","):
+        try:
+            ctypes.CDLL(path).openblas_set_num_threads(t)
+        except (OSError, AttributeError):
+            pass
+
+
+def main():
+    start = time.perf_counter()
+    load_before = loadavg()
+    torch.manual_seed(0)
+    set_threads(1)
+    bench_attn_memory()
+    bench_overhead()
+    for t in THREADS:
+        set_threads(t)
+        bench_matmul(t)
+        bench_attention(t)
+        bench_mha(t)
+        bench_copy(t)
+    version = ".".join(torch.__version__.split(".")[:2])
+    header = (f"# torch {version}, {datetime.date.today().isoformat()}, {cpu_model()}, "
+              f"{os.cpu_count()} CPUs, BLAS {blas_name()}, "
+              f"load average {load_before} before, {loadavg()} after")
+    with open(OUT, "w") as f:
+        f.write(header + "\n")
+        for key, value in results.items():
+            f.write(f"{key} {value:.6g}\n")
+    print(f"wrote {OUT} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
