@@ -1163,6 +1163,12 @@ START_TEST(parallel_for_covers_every_item_once) {
         }
     }
     nb_parallel_for(0, 1, pf_fn, NULL); /* nothing to do: fn is not called */
+    nb_clear_error();
+    nb_parallel_for(10, 1, NULL, NULL);
+    ck_assert_ptr_nonnull(nb_last_error());
+    ck_assert_msg(strstr(nb_last_error(), "nb_parallel_for: fn is NULL") != NULL, "got: %s",
+                  nb_last_error());
+    nb_clear_error();
     nb_set_num_threads(orig);
     ck_assert_int_eq(nb_num_threads(), orig);
 }
