@@ -213,8 +213,10 @@ NB_API int nb_scope_depth(void);
 /* Hands t's values to the enclosing scope (persistent at depth 1): returns a
  * new detached tensor sharing t's storage, which survives this scope. */
 NB_API nb_tensor *nb_keep(nb_tensor *t);
-/* Frees a tensor now (persistent or scoped). Storage shared with views or
- * needed by a recorded graph lives on until they are gone too. NULL is ok. */
+/* Frees a tensor now (persistent or scoped). Storage shared with views, or
+ * saved by a recorded graph for backward, lives on until they are gone too;
+ * a graph that only passes through t (no backward rule reads it) lets its
+ * storage go at once. NULL is ok. */
 NB_API void nb_free(nb_tensor *t);
 NB_API int64_t nb_live_tensors(void); /* tensor objects alive (all threads) */
 /* Storage bytes (all threads), as torch.cuda.memory_allocated and friends:

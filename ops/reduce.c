@@ -74,13 +74,13 @@ typedef struct {
     }
 
 static void sum_span(void *ctx, int64_t lo, int64_t hi) {
-    const sum_job *jb_ = ctx;
-    const reduction *r = &jb_->r;
-    char *po = jb_->po;
-    const char *px = jb_->px;
-    double scale = jb_->scale, acc[SUM_BLOCK];
+    const sum_job *job = ctx;
+    const reduction *r = &job->r;
+    char *po = job->po;
+    const char *px = job->px;
+    double scale = job->scale, acc[SUM_BLOCK];
     int64_t sx = NBI_INNER(&r->it, 1), so = NBI_INNER(&r->it, 0);
-    if (jb_->dt == NB_F32) SUM_ROWS(float)
+    if (job->dt == NB_F32) SUM_ROWS(float)
     else SUM_ROWS(double)
 }
 

@@ -1,5 +1,7 @@
 /* test_scope.c: the memory model. Tensors belong to the scope open when they
  * were made; nb_keep hands one outward; views and graphs keep storage alive. */
+#include <math.h>
+
 #include "test_util.h"
 
 START_TEST(a_million_tensors_come_and_go) {
@@ -139,6 +141,37 @@ START_TEST(training_loop_holds_flat_memory) {
 }
 END_TEST
 
+/* An intermediate that no backward rule reads gives up its storage when it is
+ * freed, though the graph still runs through it; one that a rule saved keeps
+ * it. Both graphs still give the right gradient. */
+START_TEST(freed_intermediates_keep_only_saved_data) {
+    const int64_t n = 1 << 18; /* 1 MiB of f32 */
+    const int64_t bytes = n * (int64_t)sizeof(float);
+    nb_scope_begin();
+    nb_tensor *x = nb_set_requires_grad(nb_full(NB_F32, NB_SHAPE(n), 0.5), true);
+    /* s = 2x is read by no backward rule (mul_scalar's needs only g) */
+    nb_tensor *s = nb_mul_scalar(x, 2.0);
+    nb_tensor *e = nb_exp(s); /* exp saves its output, not s */
+    int64_t before = nb_memory_allocated();
+    nb_free(s);
+    ck_assert_int_eq(before - nb_memory_allocated(), bytes);
+    /* a = exp(x) is saved by mul(a, a): freeing it keeps its data */
+    nb_tensor *a = nb_exp(x);
+    nb_tensor *sq = nb_mul(a, a);
+    before = nb_memory_allocated();
+    nb_free(a);
+    ck_assert_int_eq(before - nb_memory_allocated(), 0);
+    ck_assert_int_eq(nb_backward(nb_sum_all(nb_add(e, sq))), 0);
+    /* d/dx [exp(2x) + exp(x)^2] = 4 exp(2x) at every element */
+    double want = 4.0 * exp(1.0), got[2];
+    nb_tensor *g = nb_grad(x);
+    got[0] = nb_item(nb_select(g, 0, 0));
+    got[1] = nb_item(nb_select(g, 0, n - 1));
+    for (int i = 0; i < 2; i++) ck_assert_double_eq_tol(got[i], want, 1e-5 * want);
+    nb_scope_end();
+}
+END_TEST
+
 Suite *suite_scope(void) {
     Suite *s = suite_create("scope");
     TCase *tc = tcase_create("scopes");
@@ -150,6 +183,7 @@ Suite *suite_scope(void) {
     tcase_add_test(tc, views_outlive_their_base);
     tcase_add_test(tc, scope_end_without_begin_is_an_error);
     tcase_add_test(tc, training_loop_holds_flat_memory);
+    tcase_add_test(tc, freed_intermediates_keep_only_saved_data);
     suite_add_tcase(s, tc);
     return s;
 }
