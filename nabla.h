@@ -36,6 +36,14 @@ extern "C" {
 
 #define NB_MAX_DIMS 8
 
+/* The version of this header; nb_version() gives the library's, which can
+ * differ when a program runs against another libnabla.so.0. */
+#define NB_VERSION_MAJOR 0
+#define NB_VERSION_MINOR 5
+#define NB_VERSION_PATCH 0
+#define NB_VERSION_STRING "0.5.0"
+NB_API const char *nb_version(void);
+
 typedef enum { NB_F32 = 0, NB_F64 = 1, NB_I64 = 2, NB_BOOL = 3 } nb_dtype;
 
 typedef struct nb_tensor nb_tensor; /* opaque */
@@ -293,6 +301,32 @@ NB_API int nb_params_count(const nb_params *ps);
 NB_API nb_tensor *nb_params_at(const nb_params *ps, int i, const char **name);
 NB_API int64_t nb_params_numel(const nb_params *ps);
 NB_API void nb_params_zero_grad(nb_params *ps);
+/* Buffers, as PyTorch's register_buffer: state of any dtype that is saved and
+ * loaded with the registry but not trained (no grad). nb_params_count/at,
+ * nb_params_numel, nb_params_zero_grad, optimizers and nb_clip_grad_norm see
+ * parameters only; nb_params_get finds both. Same ownership as nb_params_add. */
+NB_API nb_tensor *nb_params_add_buffer(nb_params *ps, const char *name, nb_tensor *t);
+NB_API int nb_params_buffer_count(const nb_params *ps);
+NB_API nb_tensor *nb_params_buffer_at(const nb_params *ps, int i, const char **name);
+/* Registers every parameter and buffer of src in dst as prefix + name, sharing
+ * their storage (a checkpoint of several registries in one file). 0 or -1;
+ * on error dst is unchanged. */
+NB_API int nb_params_add_all(nb_params *dst, const char *prefix, const nb_params *src);
+
+/* Checkpoints in the safetensors format: 8-byte little-endian header size, a
+ * JSON header {name: {dtype, shape, data_offsets}} (plus "__metadata__"), then
+ * the raw little-endian data. Names are the registry's (PyTorch state_dict
+ * keys); dtypes F32, F64, I64, BOOL.
+ * nb_save writes every parameter and buffer to path through a temporary file
+ * in the same directory and a rename, so an interrupted save leaves the
+ * previous file whole. 0 or -1 (message names the path and the reason). */
+NB_API int nb_save(const nb_params *ps, const char *path);
+/* Reads path into the registry's tensors. The file must hold exactly the
+ * registry's names, each with the same dtype and shape; otherwise -1 with a
+ * message naming the first mismatch, and no tensor is changed. Files up to
+ * the memory available (the whole file is read and checked before any
+ * tensor is written); headers up to 100 MiB. */
+NB_API int nb_load(nb_params *ps, const char *path);
 
 /* functional forms */
 /* x (..., in), w (out, in), b (out) or NULL -> (..., out) = x w^T + b */
@@ -389,11 +423,13 @@ typedef struct nb_EncoderLayer {
     nb_MHA self_attn;
     nb_FeedForward feed_forward;
     nb_LayerNorm norm1, norm2;
+    nb_tensor *self_weights; /* (B,H,L,L) of the last forward, when keep_attention */
 } nb_EncoderLayer;
 typedef struct nb_DecoderLayer {
     nb_MHA self_attn, src_attn;
     nb_FeedForward feed_forward;
     nb_LayerNorm norm1, norm2, norm3;
+    nb_tensor *self_weights, *src_weights; /* (B,H,Lt,Lt), (B,H,Lt,Ls), when keep_attention */
 } nb_DecoderLayer;
 typedef struct nb_TransformerConfig {
     int64_t src_vocab, tgt_vocab;
@@ -409,6 +445,10 @@ typedef struct nb_Transformer {
     nb_DecoderLayer *decoder;
     nb_LayerNorm encoder_norm, decoder_norm;
     nb_Linear generator;
+    /* false at init; set it to have encode and decode store each layer's
+     * attention weights in the layer structs (tensors of the caller's scope,
+     * NULL when not kept) for pictures or inspection. */
+    bool keep_attention;
 } nb_Transformer;
 /* Registers every parameter in ps; weights with 2+ dims get xavier-uniform
  * (as The Annotated Transformer's make_model). Free with nb_transformer_free
@@ -442,6 +482,13 @@ NB_API void nb_optim_zero_grad(nb_optim *opt);
 NB_API void nb_optim_set_lr(nb_optim *opt, double lr);
 NB_API double nb_optim_lr(const nb_optim *opt);
 NB_API void nb_optim_free(nb_optim *opt);
+/* The optimizer's state as a registry of buffers owned by opt (valid until
+ * nb_optim_free): for each parameter "<name>.step" (NB_I64, 0-d) and
+ * "<name>.exp_avg", "<name>.exp_avg_sq" (Adam, AdamW) or
+ * "<name>.momentum_buffer" (SGD with momentum). nb_save it next to the
+ * model and nb_load it into an optimizer made the same way to resume a run
+ * exactly; hyperparameters (lr, betas, ...) are not part of it. */
+NB_API nb_params *nb_optim_state(nb_optim *opt);
 /* Scales all gradients so that their joint L2 norm is at most max_norm, as
  * torch.nn.utils.clip_grad_norm_; returns the norm before clipping, or -1.0
  * on error (NULL registry, max_norm < 0 or NaN). */

@@ -206,8 +206,11 @@ nb_tensor *nb_transformer_encode(nb_Transformer *m, nb_tensor *src, nb_tensor *s
     for (int i = 0; i < m->cfg.layers; i++) {
         nb_EncoderLayer *l = &m->encoder[i];
         nb_tensor *h = nb_layernorm_forward(&l->norm1, x);
-        x = residual(x, nb_mha_forward(&l->self_attn, h, h, h, src_keep, training, rng, NULL), p,
-                     training, rng);
+        l->self_weights = NULL;
+        x = residual(x,
+                     nb_mha_forward(&l->self_attn, h, h, h, src_keep, training, rng,
+                                    m->keep_attention ? &l->self_weights : NULL),
+                     p, training, rng);
         h = nb_layernorm_forward(&l->norm2, x);
         x = residual(x, nb_feedforward_forward(&l->feed_forward, h, training, rng), p, training,
                      rng);
@@ -224,12 +227,15 @@ nb_tensor *nb_transformer_decode(nb_Transformer *m, nb_tensor *memory, nb_tensor
     for (int i = 0; i < m->cfg.layers; i++) {
         nb_DecoderLayer *l = &m->decoder[i];
         nb_tensor *h = nb_layernorm_forward(&l->norm1, x);
-        x = residual(x, nb_mha_forward(&l->self_attn, h, h, h, tgt_keep, training, rng, NULL), p,
-                     training, rng);
+        l->self_weights = l->src_weights = NULL;
+        x = residual(x,
+                     nb_mha_forward(&l->self_attn, h, h, h, tgt_keep, training, rng,
+                                    m->keep_attention ? &l->self_weights : NULL),
+                     p, training, rng);
         h = nb_layernorm_forward(&l->norm2, x);
         x = residual(x,
                      nb_mha_forward(&l->src_attn, h, memory, memory, src_keep, training, rng,
-                                    NULL),
+                                    m->keep_attention ? &l->src_weights : NULL),
                      p, training, rng);
         h = nb_layernorm_forward(&l->norm3, x);
         x = residual(x, nb_feedforward_forward(&l->feed_forward, h, training, rng), p, training,
