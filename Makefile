@@ -1,4 +1,4 @@
-# nabla: make | make test | make run | make bench | make clean
+# nabla: make | make test | make run | make bench | make install | make uninstall | make clean
 CC      ?= cc
 OPT     ?= -O3 -g
 WARN    := -std=c11 -Wall -Wextra -Wpedantic
@@ -6,6 +6,24 @@ CFLAGS  += $(OPT) $(WARN) -D_POSIX_C_SOURCE=200809L -pthread
 LIBFLAGS := -fPIC -fvisibility=hidden
 LDLIBS  += -lm -lpthread
 BUILD   ?= build
+
+# Install locations (GNU style: files go to $(DESTDIR)$(LIBDIR) etc.).
+PREFIX     ?= /usr/local
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+
+# The version is written once, in nabla.h (NB_VERSION_MAJOR/MINOR/PATCH).
+nb_version_part = $(shell awk '$$2 == "NB_VERSION_$(1)" {print $$3; exit}' nabla.h)
+VERSION_MAJOR := $(call nb_version_part,MAJOR)
+VERSION := $(VERSION_MAJOR).$(call nb_version_part,MINOR).$(call nb_version_part,PATCH)
+ifneq ($(words $(subst ., ,$(VERSION))),3)
+$(error could not read NB_VERSION_MAJOR/MINOR/PATCH from nabla.h (got "$(VERSION)"))
+endif
+# Programs record the soname (major version) and run against any library that
+# has it: libnabla.so -> libnabla.so.MAJOR -> libnabla.so.MAJOR.MINOR.PATCH.
+SONAME  := libnabla.so.$(VERSION_MAJOR)
+SHLIB   := libnabla.so.$(VERSION)
 
 LIB_SRC := $(wildcard tensor/*.c ops/*.c autograd/*.c nn/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
@@ -17,7 +35,7 @@ TEST_BIN := $(BUILD)/tests/run_tests
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm)
 
-.PHONY: all test run bench clean check-deps readme-check valgrind asan
+.PHONY: all test run bench clean check-deps readme-check valgrind asan install uninstall install-check
 all: $(BUILD)/libnabla.a $(BUILD)/libnabla.so $(EXAMPLES)
 	@ln -sf $(BUILD)/libnabla.a libnabla.a
 	@ln -sf $(BUILD)/libnabla.so libnabla.so
@@ -34,8 +52,14 @@ $(BUILD)/libnabla.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/libnabla.so: $(LIB_OBJ)
-	$(CC) -shared -o $@ $^ $(LDLIBS)
+$(BUILD)/$(SHLIB): $(LIB_OBJ)
+	$(CC) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/$(SONAME): $(BUILD)/$(SHLIB)
+	ln -sf $(SHLIB) $@
+
+$(BUILD)/libnabla.so: $(BUILD)/$(SONAME)
+	ln -sf $(SONAME) $@
 
 $(BUILD)/examples/%: examples/%.c $(BUILD)/libnabla.a nabla.h
 	@mkdir -p $(dir $@)
@@ -107,6 +131,37 @@ asan: check-deps
 	  LDLIBS="-fsanitize=address,undefined -lm -lpthread" build-asan/tests/run_tests all
 	build-asan/tests/run_tests
 	@for e in $(EXAMPLES:$(BUILD)/%=build-asan/%); do $$e $(SHORT_ARGS) > /dev/null || exit 1; echo "asan clean: $$e"; done
+
+# nabla.pc is generated at install time, as it records the install paths;
+# inside it, paths under PREFIX are written relative to ${prefix}.
+PC_SUBST = -e 's|@PREFIX@|$(PREFIX)|' \
+  -e 's|@LIBDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(LIBDIR))|' \
+  -e 's|@INCLUDEDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))|' \
+  -e 's|@VERSION@|$(VERSION)|'
+
+# After installing into a system directory such as /usr/local/lib, run
+# ldconfig once so the dynamic linker finds libnabla.so.MAJOR.
+install: $(BUILD)/libnabla.a $(BUILD)/$(SHLIB)
+	sed $(PC_SUBST) nabla.pc.in > $(BUILD)/nabla.pc
+	install -d "$(DESTDIR)$(INCLUDEDIR)" "$(DESTDIR)$(LIBDIR)" "$(DESTDIR)$(PKGCONFIGDIR)"
+	install -m 644 nabla.h "$(DESTDIR)$(INCLUDEDIR)/nabla.h"
+	install -m 644 $(BUILD)/libnabla.a "$(DESTDIR)$(LIBDIR)/libnabla.a"
+	install -m 755 $(BUILD)/$(SHLIB) "$(DESTDIR)$(LIBDIR)/$(SHLIB)"
+	ln -sf $(SHLIB) "$(DESTDIR)$(LIBDIR)/$(SONAME)"
+	ln -sf $(SONAME) "$(DESTDIR)$(LIBDIR)/libnabla.so"
+	install -m 644 $(BUILD)/nabla.pc "$(DESTDIR)$(PKGCONFIGDIR)/nabla.pc"
+
+# Removes the files install wrote; directories stay (as automake does), since
+# they may have existed before (e.g. /usr/local/lib/pkgconfig).
+uninstall:
+	rm -f "$(DESTDIR)$(INCLUDEDIR)/nabla.h" "$(DESTDIR)$(PKGCONFIGDIR)/nabla.pc" \
+	  "$(DESTDIR)$(LIBDIR)/libnabla.a" "$(DESTDIR)$(LIBDIR)/$(SHLIB)" \
+	  "$(DESTDIR)$(LIBDIR)/$(SONAME)" "$(DESTDIR)$(LIBDIR)/libnabla.so"
+
+# Installs into a temporary prefix, builds and runs a program against it
+# through pkg-config (shared and static), then uninstalls.
+install-check:
+	MAKE="$(MAKE)" CC="$(CC)" ./tests/install_check.sh
 
 clean:
 	rm -rf $(BUILD) build-asan libnabla.a libnabla.so
