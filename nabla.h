@@ -1,21 +1,29 @@
 /* nabla.h: the whole public API of nabla, a tensor library in C11 with
  * reverse-mode automatic differentiation.
  *
- * Conventions used throughout:
+ * Conventions used throughout (a function's comment says only what differs):
  * - Every function that makes a tensor returns a new tensor object owned by
  *   the current scope (see nb_scope_begin), or a persistent one when no scope
  *   is open; persistent tensors are freed with nb_free.
- * - On failure a function returns NULL (or a negative int) and sets a
- *   thread-local message, nb_last_error(), naming the function and the values.
+ * - A "borrowed" result (nb_grad, nb_params_get, ...) belongs to its owner (a
+ *   leaf, a registry, an optimizer) and lives as long as it: never nb_free it.
+ * - On failure a function returns NULL (or a negative int: int functions
+ *   that succeed with 0 fail with -1) and sets a thread-local message,
+ *   nb_last_error(), naming the function and the values; a void function
+ *   reports only through that message. Out of memory is such a failure.
  *   A NULL input makes an op return NULL and keep the message already set, so
  *   a whole computation can be checked once at the end.
- * - Negative dims count from the end (-1 is the last).
+ * - Shapes are written (d0, d1, ...); "..." stands for any leading dims.
+ * - Negative dims count from the end (-1 is the last); a dim out of range is
+ *   an error.
  * - Binary ops broadcast like NumPy/PyTorch; both operands must have the same
  *   dtype (no implicit promotion: use nb_to).
  * - Arithmetic ops take floating tensors (NB_F32, NB_F64); comparisons take any
  *   dtype and return NB_BOOL.
  * - Views (nb_view, nb_transpose, ...) share storage with their base; writing
  *   through one (nb_copy_into) is visible through the other.
+ * - An op records its backward rule when grad mode is on and an input
+ *   requires grad; ops with an NB_I64 or NB_BOOL result record nothing.
  */
 #ifndef NABLA_H
 #define NABLA_H
@@ -42,7 +50,7 @@ extern "C" {
 #define NB_VERSION_MINOR 5
 #define NB_VERSION_PATCH 0
 #define NB_VERSION_STRING "0.5.0"
-NB_API const char *nb_version(void);
+NB_API const char *nb_version(void); /* the library's, e.g. "0.5.0" (a static string) */
 
 typedef enum { NB_F32 = 0, NB_F64 = 1, NB_I64 = 2, NB_BOOL = 3 } nb_dtype;
 
@@ -60,69 +68,99 @@ typedef struct nb_rng {
                       (const int64_t[]){__VA_ARGS__}
 
 /* ---------------------------------------------------------------- creation */
-/* Shapes: 0 <= ndim <= 8, every size >= 0, numel must fit int64_t. */
+/* Shapes: 0 <= ndim <= 8, every size >= 0, numel must fit int64_t; any dtype
+ * unless said. A bad shape or an unknown dtype is an error. */
 NB_API nb_tensor *nb_empty(nb_dtype dtype, int ndim, const int64_t *shape); /* uninitialized */
+/* Filled with 0, 1 or value (which must fit int64_t for NB_I64; != 0 for NB_BOOL). */
 NB_API nb_tensor *nb_zeros(nb_dtype dtype, int ndim, const int64_t *shape);
 NB_API nb_tensor *nb_ones(nb_dtype dtype, int ndim, const int64_t *shape);
 NB_API nb_tensor *nb_full(nb_dtype dtype, int ndim, const int64_t *shape, double value);
-/* Copies numel elements of C type float/double/int64_t/bool (row-major) from data. */
+/* Copies numel elements of C type float/double/int64_t/bool (row-major) from
+ * data, which may be NULL only when numel is 0. */
 NB_API nb_tensor *nb_from_data(nb_dtype dtype, int ndim, const int64_t *shape, const void *data);
-NB_API nb_tensor *nb_scalar(nb_dtype dtype, double value);     /* 0-d tensor */
-NB_API nb_tensor *nb_arange(nb_dtype dtype, int64_t n);        /* 0, 1, ..., n-1 */
-/* Standard normal / uniform [0,1) floating tensors from rng (NULL = global). */
+NB_API nb_tensor *nb_scalar(nb_dtype dtype, double value);     /* 0-d tensor, value as nb_full */
+NB_API nb_tensor *nb_arange(nb_dtype dtype, int64_t n); /* (n): 0, 1, ..., n-1; n >= 0, no bool */
+/* Standard normal / uniform [0,1) tensors (dtype NB_F32 or NB_F64) drawn from
+ * rng (NULL = the global generator), whose offset advances. */
 NB_API nb_tensor *nb_randn(nb_dtype dtype, int ndim, const int64_t *shape, struct nb_rng *rng);
 NB_API nb_tensor *nb_rand(nb_dtype dtype, int ndim, const int64_t *shape, struct nb_rng *rng);
 /* (rows, cols) NB_BOOL, true on and below the diagonal: the causal keep-mask. */
 NB_API nb_tensor *nb_tril_mask(int64_t rows, int64_t cols);
-/* The floating dtype modules create parameters in (NB_F32 at start). */
+/* The floating dtype modules create parameters in (NB_F32 at start), for the
+ * whole process. A dtype other than NB_F32/NB_F64 is an error (unchanged). */
 NB_API void nb_set_default_dtype(nb_dtype dtype);
 NB_API nb_dtype nb_default_dtype(void);
 /* Writes src's values into dst (a tensor or a view), broadcasting src to dst's
- * shape and converting dtype. Not recorded by autograd. Returns 0 or -1. */
+ * shape and converting dtype. Not recorded by autograd: a graph that saved dst
+ * then refuses backward (see nb_mark_modified). 0, or -1 when src does not
+ * broadcast to dst or dst is an expanded view (overlapping elements). */
 NB_API int nb_copy_into(nb_tensor *dst, const nb_tensor *src);
 
 /* -------------------------------------------------------------- inspection */
+/* A NULL t is an error: -1 for ndim and numel; NULL for shape and strides,
+ * which are t's own arrays of ndim entries, valid while t lives. */
 NB_API int nb_ndim(const nb_tensor *t);
 NB_API const int64_t *nb_shape(const nb_tensor *t);
 NB_API const int64_t *nb_strides(const nb_tensor *t); /* in elements */
-NB_API int64_t nb_size(const nb_tensor *t, int dim);  /* one size; -1 on error */
+NB_API int64_t nb_size(const nb_tensor *t, int dim);  /* one size; -1 on error (bad dim, 0-d) */
 NB_API int64_t nb_numel(const nb_tensor *t);
-NB_API nb_dtype nb_dtype_of(const nb_tensor *t);
-NB_API const char *nb_dtype_name(nb_dtype dtype);      /* "f32", "f64", "i64", "bool" */
+NB_API nb_dtype nb_dtype_of(const nb_tensor *t);       /* NB_F32 and a message on NULL */
+NB_API const char *nb_dtype_name(nb_dtype dtype); /* "f32", "f64", "i64", "bool" or "unknown" */
+/* True when the elements lie in row-major order without gaps (strides of size-1
+ * dims do not matter; an empty tensor always is); false on NULL. */
 NB_API bool nb_is_contiguous(const nb_tensor *t);
-/* Pointer to the first element (storage + offset); the layout is given by
- * nb_strides. For reading and writing values outside of autograd. */
+/* Pointer to the first element (storage + offset), NULL on NULL; the layout
+ * is given by nb_strides. For reading and writing values outside of autograd. */
 NB_API void *nb_data(nb_tensor *t);
 /* Call after writing t's values through nb_data: a recorded graph that saved
  * t (or a view of its storage) then refuses to backpropagate through stale
  * values, as after nb_copy_into. */
 NB_API void nb_mark_modified(nb_tensor *t);
 NB_API double nb_item(const nb_tensor *t);           /* one element -> double; NaN on error */
-NB_API int nb_copy_to_f64(const nb_tensor *t, double *out); /* numel values, row-major */
-NB_API void nb_print(const nb_tensor *t);              /* to stdout */
+/* Writes t's numel values, row-major, into out (room for numel doubles); 0 or -1. */
+NB_API int nb_copy_to_f64(const nb_tensor *t, double *out);
+NB_API void nb_print(const nb_tensor *t); /* to stdout, in PyTorch's layout; NULL is ok */
 
 /* --------------------------------------------------------- views and shape */
-/* A view: the same storage seen with other shape/strides. One size may be -1.
- * Fails when the strides cannot express the new shape (use nb_reshape). */
+/* Any dtype; all differentiable. nb_view, nb_transpose, nb_permute, nb_unsqueeze,
+ * nb_squeeze, nb_expand, nb_narrow and nb_select always return a view: a new
+ * tensor object (current scope) sharing t's storage, no copy. */
+/* A view: the same storage seen with other shape/strides. One size may be -1;
+ * the element count must match. Fails when the strides cannot express the new
+ * shape (e.g. after nb_transpose): use nb_reshape. */
 NB_API nb_tensor *nb_view(nb_tensor *t, int ndim, const int64_t *shape);
-NB_API nb_tensor *nb_reshape(nb_tensor *t, int ndim, const int64_t *shape); /* view or copy */
-NB_API nb_tensor *nb_transpose(nb_tensor *t, int dim0, int dim1);
+/* As nb_view when the strides allow, else a contiguous copy. */
+NB_API nb_tensor *nb_reshape(nb_tensor *t, int ndim, const int64_t *shape);
+NB_API nb_tensor *nb_transpose(nb_tensor *t, int dim0, int dim1); /* swaps two dims */
+/* Dim i of the result is dim dims[i] of t; dims is a permutation of t's ndim dims. */
 NB_API nb_tensor *nb_permute(nb_tensor *t, int ndim, const int *dims);
+/* Inserts a size-1 dim at dim (-(ndim+1)..ndim); fails on an 8-d t. */
 NB_API nb_tensor *nb_unsqueeze(nb_tensor *t, int dim);
-NB_API nb_tensor *nb_squeeze(nb_tensor *t, int dim);   /* no-op when size != 1 */
-/* Broadcast view (stride 0) to shape; -1 keeps a size; new dims go in front. */
+/* Removes dim if its size is 1; otherwise a view of t with the same shape. */
+NB_API nb_tensor *nb_squeeze(nb_tensor *t, int dim);
+/* Broadcast view (stride 0) to shape; -1 keeps a size; new dims go in front;
+ * only size-1 dims of t can grow. */
 NB_API nb_tensor *nb_expand(nb_tensor *t, int ndim, const int64_t *shape);
+/* Elements start .. start+length-1 of dim (start may be negative); same ndim. */
 NB_API nb_tensor *nb_narrow(nb_tensor *t, int dim, int64_t start, int64_t length);
-NB_API nb_tensor *nb_select(nb_tensor *t, int dim, int64_t index); /* removes dim */
-NB_API nb_tensor *nb_contiguous(nb_tensor *t); /* t itself (new handle) when contiguous */
+NB_API nb_tensor *nb_select(nb_tensor *t, int dim, int64_t index); /* removes dim; index < 0 ok */
+/* A row-major copy of t, or a view of t (new handle) when t is contiguous already. */
+NB_API nb_tensor *nb_contiguous(nb_tensor *t);
+/* Copies the n >= 1 tensors of list (one dtype, at least 1-d, the same shape
+ * except in dim) one after another along dim. */
 NB_API nb_tensor *nb_cat(nb_tensor *const *list, int n, int dim);
-NB_API nb_tensor *nb_to(nb_tensor *t, nb_dtype dtype); /* differentiable between floats */
+/* A copy converted to dtype (to NB_I64 truncates, to NB_BOOL tests != 0), or a
+ * view of t when dtype is t's; differentiable between floating dtypes. */
+NB_API nb_tensor *nb_to(nb_tensor *t, nb_dtype dtype);
 
 /* ------------------------------------------------- elementwise, broadcasting */
+/* a + b, a - b, a * b, a / b: floating, one dtype, broadcast shape; x / 0 as IEEE. */
 NB_API nb_tensor *nb_add(nb_tensor *a, nb_tensor *b);
 NB_API nb_tensor *nb_sub(nb_tensor *a, nb_tensor *b);
 NB_API nb_tensor *nb_mul(nb_tensor *a, nb_tensor *b);
 NB_API nb_tensor *nb_div(nb_tensor *a, nb_tensor *b);
+/* -t, e^t, ln t, sqrt t, tanh t, max(t, 0) (NaN stays NaN): floating, t's shape;
+ * IEEE results outside the domain (log of a negative is NaN). */
 NB_API nb_tensor *nb_neg(nb_tensor *t);
 NB_API nb_tensor *nb_exp(nb_tensor *t);
 NB_API nb_tensor *nb_log(nb_tensor *t);
@@ -130,58 +168,73 @@ NB_API nb_tensor *nb_sqrt(nb_tensor *t);
 NB_API nb_tensor *nb_tanh(nb_tensor *t);
 NB_API nb_tensor *nb_relu(nb_tensor *t);
 NB_API nb_tensor *nb_gelu(nb_tensor *t);          /* exact (erf) form, as torch's default */
+/* t ^ exponent, t + value, t * value: floating, t's shape. */
 NB_API nb_tensor *nb_pow_scalar(nb_tensor *t, double exponent);
 NB_API nb_tensor *nb_add_scalar(nb_tensor *t, double value);
 NB_API nb_tensor *nb_mul_scalar(nb_tensor *t, double value);
-/* Comparisons (any dtype, same for both) and logic: NB_BOOL results. */
+/* Comparisons (any dtype, same for both; broadcast shape) and logic (mask must
+ * be NB_BOOL): NB_BOOL results, not differentiable. */
 NB_API nb_tensor *nb_eq(nb_tensor *a, nb_tensor *b);
 NB_API nb_tensor *nb_ne(nb_tensor *a, nb_tensor *b);
 NB_API nb_tensor *nb_lt(nb_tensor *a, nb_tensor *b);
 NB_API nb_tensor *nb_gt(nb_tensor *a, nb_tensor *b);
 NB_API nb_tensor *nb_logical_not(nb_tensor *mask);
-/* cond ? a : b, all three broadcast; differentiable in a and b. */
+/* cond ? a : b, all three broadcast; cond NB_BOOL, a and b of one (any) dtype;
+ * differentiable in a and b when floating. */
 NB_API nb_tensor *nb_where(nb_tensor *cond, nb_tensor *a, nb_tensor *b);
 
 /* -------------------------------------------------------------- reductions */
+/* Over dim, which is kept with size 1 when keepdim, else removed. A 0-d t
+ * (dim 0 or -1) gives a view of t (nb_argmax: a 0-d zero). */
+/* Sum / mean over dim; floating. */
 NB_API nb_tensor *nb_sum(nb_tensor *t, int dim, bool keepdim);
 NB_API nb_tensor *nb_mean(nb_tensor *t, int dim, bool keepdim);
-/* Max values over dim; the gradient goes to the first maximal element. */
+/* Max values over dim (floating; a NaN counts as the max); the gradient goes
+ * to the first maximal element. An empty dim is an error, as for nb_argmax. */
 NB_API nb_tensor *nb_max(nb_tensor *t, int dim, bool keepdim);
-NB_API nb_tensor *nb_argmax(nb_tensor *t, int dim, bool keepdim); /* NB_I64, first max */
-NB_API nb_tensor *nb_sum_all(nb_tensor *t);                        /* 0-d */
-NB_API nb_tensor *nb_mean_all(nb_tensor *t);                       /* 0-d */
+NB_API nb_tensor *nb_argmax(nb_tensor *t, int dim, bool keepdim); /* any dtype; NB_I64, first max */
+/* Sum / mean of every element of a floating t -> 0-d (the mean of none is NaN). */
+NB_API nb_tensor *nb_sum_all(nb_tensor *t);
+NB_API nb_tensor *nb_mean_all(nb_tensor *t);
 
 /* ---------------------------------------------------------- the mission's ops */
 /* torch.matmul: 1-D x 1-D dot, 2-D product, batched with broadcast batch dims;
  * a 1-D operand gets a dim prepended (a) or appended (b), removed after.
- * a (..., M, K), b (..., K, N) -> (broadcast(...), M, N) */
+ * a (..., M, K), b (..., K, N) -> (broadcast(...), M, N). Floating, one dtype;
+ * errors: a 0-d operand, K mismatch, batch dims that do not broadcast. */
 NB_API nb_tensor *nb_matmul(nb_tensor *a, nb_tensor *b);
-/* Stable (row max subtracted). A slice that is entirely -inf gives zeros,
- * not NaN, and passes zero gradient. */
+/* Over dim of a floating t, same shape. Stable (row max subtracted). A slice
+ * that is entirely -inf gives zeros (both), not NaN, and passes zero gradient. */
 NB_API nb_tensor *nb_softmax(nb_tensor *t, int dim);
 NB_API nb_tensor *nb_log_softmax(nb_tensor *t, int dim);
-/* value where mask (NB_BOOL) is true, t elsewhere; mask broadcasts against t. */
+/* value where mask (NB_BOOL) is true, t (floating) elsewhere; the result has
+ * the broadcast shape of t and mask. Differentiable in t. */
 NB_API nb_tensor *nb_masked_fill(nb_tensor *t, nb_tensor *mask, double value);
-/* Inverted dropout: zero with probability p, scale the rest by 1/(1-p);
- * identity (a new handle on t) when !training or p == 0; p in [0, 1]. */
+/* Inverted dropout on a floating t: zero with probability p, scale the rest
+ * by 1/(1-p), drawing from rng (NULL = global); identity (a new handle on t)
+ * when !training or p == 0; p in [0, 1], else an error. */
 NB_API nb_tensor *nb_dropout(nb_tensor *t, double p, bool training, struct nb_rng *rng);
 
 /* ----------------------------------------------------------------- autograd */
-/* Marks a leaf as requiring grad (floating tensors only). Returns t, or NULL
- * when t is not a leaf or not floating. */
+/* Sets or clears requires-grad on a leaf, in place; returns t. NULL when
+ * setting it on a non-floating t or clearing it on a non-leaf (a non-leaf
+ * that requires grad is returned as it is; use nb_detach to stop gradients). */
 NB_API nb_tensor *nb_set_requires_grad(nb_tensor *t, bool requires_grad);
-NB_API bool nb_requires_grad(const nb_tensor *t);
-NB_API bool nb_is_leaf(const nb_tensor *t);
-/* The accumulated gradient of a leaf (owned by it), or NULL when none yet. */
+NB_API bool nb_requires_grad(const nb_tensor *t); /* false on NULL */
+NB_API bool nb_is_leaf(const nb_tensor *t);       /* made by no recorded op; false on NULL */
+/* The accumulated gradient of a leaf (borrowed: owned by t; t's shape and
+ * dtype), or NULL when none yet or t is not a leaf. */
 NB_API nb_tensor *nb_grad(const nb_tensor *t);
 /* Backpropagates from a one-element tensor (seed 1); 0 or -1. Gradients
  * accumulate into the .grad of leaves that require grad. The graph is kept,
- * so backward may be called again (gradients add up). */
+ * so backward may be called again (gradients add up). Errors: loss does not
+ * require grad or has numel != 1, a saved tensor was modified in place. */
 NB_API int nb_backward(nb_tensor *loss);
-/* The same from any output, with its gradient (same shape as out). */
+/* The same from any output, with its gradient (same shape and dtype as out). */
 NB_API int nb_backward_with_grad(nb_tensor *out, nb_tensor *grad);
 NB_API void nb_zero_grad(nb_tensor *t);            /* sets .grad to zeros, if any */
-NB_API nb_tensor *nb_detach(nb_tensor *t);         /* same storage, no history */
+/* A view sharing t's storage, with no history and not requiring grad. */
+NB_API nb_tensor *nb_detach(nb_tensor *t);
 /* Grad mode is per thread; disabled, ops record nothing. */
 NB_API void nb_set_grad_enabled(bool enabled);
 NB_API bool nb_grad_enabled(void);
@@ -207,24 +260,29 @@ typedef struct nb_gradcheck_result {
     int64_t mismatched;   /* entries outside the tolerance */
     char message[256];    /* human-readable summary */
 } nb_gradcheck_result;
-/* opts NULL = defaults; out may be NULL. false on mismatch or error (then
- * nb_last_error() says why). The inputs are restored afterwards. */
+/* fn must return an NB_F64 tensor; each call runs in a scope of its own.
+ * opts NULL = defaults; out may be NULL. false on mismatch or error (then
+ * nb_last_error() says why): no input requires grad; one that does is not an
+ * f64 leaf, is an expanded view or shares storage with another, or has
+ * numel x the output's numel past 2^26. The inputs' values and .grad are
+ * restored afterwards. */
 NB_API bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs,
                          const nb_gradcheck_opts *opts, nb_gradcheck_result *out);
 
 /* ------------------------------------------------------------ memory: scopes */
 /* Every tensor made between begin and end is freed by end. Scopes nest; the
- * stack is per thread. Outside any scope tensors are persistent. */
+ * stack is per thread. Outside any scope tensors are persistent. nb_scope_end
+ * with no scope open is an error; nb_scope_depth counts the open scopes. */
 NB_API void nb_scope_begin(void);
 NB_API void nb_scope_end(void);
 NB_API int nb_scope_depth(void);
-/* Hands t's values to the enclosing scope (persistent at depth 1): returns a
- * new detached tensor sharing t's storage, which survives this scope. */
+/* Hands t's values to the enclosing scope (persistent at depth 1 or 0):
+ * returns a new detached tensor sharing t's storage, which survives this scope. */
 NB_API nb_tensor *nb_keep(nb_tensor *t);
-/* Frees a tensor now (persistent or scoped). Storage shared with views, or
- * saved by a recorded graph for backward, lives on until they are gone too;
- * a graph that only passes through t (no backward rule reads it) lets its
- * storage go at once. NULL is ok. */
+/* Frees a tensor now (persistent or scoped; not a borrowed one). Storage
+ * shared with views, or saved by a recorded graph for backward, lives on
+ * until they are gone too; a graph that only passes through t (no backward
+ * rule reads it) lets its storage go at once. NULL is ok. */
 NB_API void nb_free(nb_tensor *t);
 NB_API int64_t nb_live_tensors(void); /* tensor objects alive (all threads) */
 /* Storage bytes (all threads), as torch.cuda.memory_allocated and friends:
@@ -240,11 +298,12 @@ NB_API void nb_empty_cache(void);
 
 /* ------------------------------------------------------------------- errors */
 /* The message of the most recent failure on this thread, or NULL if none
- * since nb_clear_error. A failure caused only by a NULL input keeps the
- * message that is already there. NABLA_ABORT_ON_ERROR=1 in the environment
- * prints the first error to stderr and calls abort(). */
+ * since nb_clear_error (a thread-local buffer the next failure overwrites).
+ * A failure caused only by a NULL input keeps the message that is already
+ * there. NABLA_ABORT_ON_ERROR=1 in the environment prints the first error to
+ * stderr and calls abort(). */
 NB_API const char *nb_last_error(void);
-NB_API void nb_clear_error(void);
+NB_API void nb_clear_error(void); /* forgets the message: nb_last_error() is NULL */
 /* Sets the message (printf-style), for code built on nabla that reports its
  * own errors the same way (nn/ does). Honors NABLA_ABORT_ON_ERROR. */
 NB_API void nb_report_error(const char *fmt, ...)
@@ -254,20 +313,24 @@ NB_API void nb_report_error(const char *fmt, ...)
     ;
 
 /* ---------------------------------------------------------------- rng, threads */
+/* Restarts rng at (seed, offset 0); NULL = the global generator. */
 NB_API void nb_rng_seed(nb_rng *rng, uint64_t seed);
 NB_API void nb_manual_seed(uint64_t seed); /* the global generator */
+/* The generator used when an rng argument is NULL (borrowed, process-wide;
+ * several threads may draw from it at once, each getting other numbers). */
 NB_API nb_rng *nb_global_rng(void);
-/* The thread count for kernels (1..64): default NABLA_NUM_THREADS or the
- * online CPUs. Kernels split work across a persistent pool only above a size
- * where it pays; each output element is always computed the same way, so
- * results are bitwise identical for any count. */
+/* The thread count for kernels (1..64; another n is an error, unchanged):
+ * default NABLA_NUM_THREADS or the online CPUs. Kernels split work across a
+ * persistent pool only above a size where it pays; each output element is
+ * always computed the same way, so results are bitwise identical for any count. */
 NB_API void nb_set_num_threads(int n);
 NB_API int nb_num_threads(void);
 /* Runs fn(ctx, lo, hi) over contiguous ranges covering [0, n), each of at
  * least `grain` items (but the last), on the pool, and returns when all are
  * done. fn must handle each item wholly within its range (then results do
  * not depend on the thread count). A call made from inside fn, or while
- * another thread uses the pool, runs serially on its caller. */
+ * another thread uses the pool, runs serially on its caller. n <= 0 runs
+ * nothing; a NULL fn is an error. */
 NB_API void nb_parallel_for(int64_t n, int64_t grain,
                             void (*fn)(void *ctx, int64_t lo, int64_t hi), void *ctx);
 
@@ -284,33 +347,40 @@ NB_API void nb_parallel_for(int64_t n, int64_t grain,
 NB_API nb_tensor *nb_persistent(nb_tensor *t);
 
 /* Gathers along dim: out[i][j] = t[index[i][j]][j] (dim 0), as torch.gather;
- * index is NB_I64 of t's ndim, out has index's shape. Differentiable in t. */
+ * index is NB_I64 of t's ndim, no larger than t outside dim, with values in
+ * [0, t's size at dim); out has index's shape, t's dtype. Differentiable in t. */
 NB_API nb_tensor *nb_gather(nb_tensor *t, int dim, nb_tensor *index);
-/* Rows (dim 0) of t picked by a 1-D NB_I64 index: (len(index), ...). */
+/* Slices of t along dim picked by a 1-D NB_I64 index (values in [0, t's size
+ * at dim)), as torch.index_select: t's shape with the size at dim replaced by
+ * len(index), t's dtype. Differentiable in t. */
 NB_API nb_tensor *nb_index_select(nb_tensor *t, int dim, nb_tensor *index);
 
 typedef struct nb_params nb_params; /* opaque, ordered by registration */
-NB_API nb_params *nb_params_new(void);
-NB_API void nb_params_free(nb_params *ps); /* frees the tensors too */
+NB_API nb_params *nb_params_new(void); /* empty; the caller's, freed by nb_params_free */
+NB_API void nb_params_free(nb_params *ps); /* frees its tensors too; NULL is ok */
 /* Registers t's values under name: the registry keeps its own persistent
- * handle on t's storage (requires grad) and returns it; t itself stays the
- * caller's (freed by its scope, or by nb_free). NULL for a duplicate name. */
+ * handle on t's storage (requires grad) and returns it (borrowed); t itself
+ * stays the caller's (freed by its scope, or by nb_free). NULL for a
+ * duplicate name (among parameters and buffers) or a t not NB_F32/NB_F64. */
 NB_API nb_tensor *nb_params_add(nb_params *ps, const char *name, nb_tensor *t);
 NB_API nb_tensor *nb_params_get(nb_params *ps, const char *name); /* NULL + message if absent */
-NB_API int nb_params_count(const nb_params *ps);
+NB_API int nb_params_count(const nb_params *ps); /* parameters; 0 for NULL */
+/* Parameter i (0..count-1) in registration order, borrowed, and its name
+ * (owned by the registry) in *name unless name is NULL; NULL if i is out of range. */
 NB_API nb_tensor *nb_params_at(const nb_params *ps, int i, const char **name);
-NB_API int64_t nb_params_numel(const nb_params *ps);
-NB_API void nb_params_zero_grad(nb_params *ps);
+NB_API int64_t nb_params_numel(const nb_params *ps); /* elements in all parameters; 0 for NULL */
+NB_API void nb_params_zero_grad(nb_params *ps);      /* nb_zero_grad on every parameter */
 /* Buffers, as PyTorch's register_buffer: state of any dtype that is saved and
  * loaded with the registry but not trained (no grad). nb_params_count/at,
  * nb_params_numel, nb_params_zero_grad, optimizers and nb_clip_grad_norm see
  * parameters only; nb_params_get finds both. Same ownership as nb_params_add. */
 NB_API nb_tensor *nb_params_add_buffer(nb_params *ps, const char *name, nb_tensor *t);
-NB_API int nb_params_buffer_count(const nb_params *ps);
-NB_API nb_tensor *nb_params_buffer_at(const nb_params *ps, int i, const char **name);
-/* Registers every parameter and buffer of src in dst as prefix + name, sharing
- * their storage (a checkpoint of several registries in one file). 0 or -1;
- * on error dst is unchanged. */
+NB_API int nb_params_buffer_count(const nb_params *ps); /* as nb_params_count, for buffers */
+NB_API nb_tensor *nb_params_buffer_at(const nb_params *ps, int i, const char **name); /* same */
+/* Registers every parameter and buffer of src in dst as prefix + name (prefix
+ * NULL = ""), sharing their storage (a checkpoint of several registries in
+ * one file); parameters stay parameters, buffers buffers. 0 or -1 (dst == src,
+ * a name dst has already); on error dst is unchanged. */
 NB_API int nb_params_add_all(nb_params *dst, const char *prefix, const nb_params *src);
 
 /* Checkpoints in the safetensors format: 8-byte little-endian header size, a
@@ -329,16 +399,20 @@ NB_API int nb_save(const nb_params *ps, const char *path);
 NB_API int nb_load(nb_params *ps, const char *path);
 
 /* functional forms */
-/* x (..., in), w (out, in), b (out) or NULL -> (..., out) = x w^T + b */
+/* x (..., in), w (out, in), b (out) or NULL -> (..., out) = x w^T + b; one
+ * floating dtype. */
 NB_API nb_tensor *nb_linear(nb_tensor *x, nb_tensor *w, nb_tensor *b);
-/* weight (num, dim), idx NB_I64 (...) -> (..., dim) */
+/* weight (num, dim), idx NB_I64 (...) (at most 7-d, values in [0, num))
+ * -> (..., dim), weight's dtype; differentiable in weight. */
 NB_API nb_tensor *nb_embedding(nb_tensor *weight, nb_tensor *idx);
 /* Over the last dim, as torch.nn.LayerNorm: (x - mean) / sqrt(var + eps) * w + b
- * with the biased variance; w, b (dim) or NULL. */
+ * with the biased variance; x (..., dim) floating, w, b (dim) of x's dtype or
+ * NULL, eps >= 0 -> (..., dim). */
 NB_API nb_tensor *nb_layer_norm(nb_tensor *x, nb_tensor *w, nb_tensor *b, double eps);
-/* As torch.nn.CrossEntropyLoss (mean reduction): logits (N, C), targets
- * NB_I64 (N); targets equal to ignore_index count for nothing (use -1 for
- * none); label_smoothing in [0, 1]. Returns a 0-d tensor. */
+/* As torch.nn.CrossEntropyLoss (mean reduction): logits (N, C) floating,
+ * targets NB_I64 (N) in [0, C); targets equal to ignore_index count for
+ * nothing (use -1 for none; all ignored gives NaN, as torch); label_smoothing
+ * in [0, 1]. Returns a 0-d tensor. */
 NB_API nb_tensor *nb_cross_entropy(nb_tensor *logits, nb_tensor *targets, int64_t ignore_index,
                                    double label_smoothing);
 /* Scaled dot-product attention built from public ops:
@@ -346,8 +420,10 @@ NB_API nb_tensor *nb_cross_entropy(nb_tensor *logits, nb_tensor *targets, int64_
  * q (..., Lq, D), k (..., Lk, D), v (..., Lk, Dv) -> (..., Lq, Dv).
  * keep_mask NB_BOOL broadcasting to (..., Lq, Lk), true = may attend, or NULL:
  * (B,1,1,Lk) padding, (Lq,Lk) causal, (B,1,Lq,Lk) both. A fully masked row
- * attends to nothing (zero weights, zero output). weights_out (optional)
- * receives the post-dropout weights (..., Lq, Lk). */
+ * attends to nothing (zero weights, zero output). q, k, v of one floating
+ * dtype, D > 0; a keep_mask that would enlarge the scores is an error.
+ * weights_out (optional) receives the post-dropout weights (..., Lq, Lk), a
+ * tensor of the current scope, or NULL on error. */
 NB_API nb_tensor *nb_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *keep_mask,
                                double dropout_p, bool training, nb_rng *rng,
                                nb_tensor **weights_out);
@@ -358,14 +434,20 @@ typedef struct nb_Linear {
     nb_tensor *bias;   /* (out) U(+-1/sqrt(in)), or NULL */
     int64_t in_features, out_features;
 } nb_Linear;
+/* Module inits (nb_*_init) fill m and register its parameters in ps under
+ * "<name>." + PyTorch's names, in nb_default_dtype(), drawn from rng (NULL =
+ * global); m only borrows them (no free needed). 0, or -1 for a NULL m or ps
+ * or a size <= 0; on error the parameters registered before stay in ps.
+ * Forwards are the functional forms with m's parameters (current scope). */
 NB_API int nb_linear_init(nb_Linear *m, nb_params *ps, const char *name, int64_t in, int64_t out,
                           bool bias, nb_rng *rng);
-NB_API nb_tensor *nb_linear_forward(const nb_Linear *m, nb_tensor *x);
+NB_API nb_tensor *nb_linear_forward(const nb_Linear *m, nb_tensor *x); /* (..., in) -> (..., out) */
 
 typedef struct nb_Embedding {
     nb_tensor *weight; /* (num, dim), N(0, 1) as torch */
     int64_t num_embeddings, embedding_dim;
 } nb_Embedding;
+/* Registers "<name>.weight". Forward: idx NB_I64 (...) -> (..., dim). */
 NB_API int nb_embedding_init(nb_Embedding *m, nb_params *ps, const char *name, int64_t num,
                              int64_t dim, nb_rng *rng);
 NB_API nb_tensor *nb_embedding_forward(const nb_Embedding *m, nb_tensor *idx);
@@ -375,6 +457,7 @@ typedef struct nb_LayerNorm {
     int64_t dim;
     double eps;
 } nb_LayerNorm;
+/* Registers "<name>.weight", "<name>.bias"; eps >= 0. Forward: x (..., dim) -> (..., dim). */
 NB_API int nb_layernorm_init(nb_LayerNorm *m, nb_params *ps, const char *name, int64_t dim,
                              double eps);
 NB_API nb_tensor *nb_layernorm_forward(const nb_LayerNorm *m, nb_tensor *x);
@@ -386,11 +469,14 @@ typedef struct nb_MHA {
     int64_t d_model, heads, d_k;
     double dropout;
 } nb_MHA;
+/* Registers "<name>.w_q.weight", "<name>.w_q.bias", ..., "<name>.w_o.bias" (no
+ * biases unless bias); heads must divide d_model; dropout (on the attention
+ * weights) in [0, 1]. */
 NB_API int nb_mha_init(nb_MHA *m, nb_params *ps, const char *name, int64_t d_model,
                        int64_t heads, double dropout, bool bias, nb_rng *rng);
-/* q (B, Lq, d_model), k and v (B, Lk, d_model) -> (B, Lq, d_model); keep_mask
- * as nb_attention, broadcasting to (B, H, Lq, Lk); weights_out (optional)
- * receives the per-head weights (B, H, Lq, Lk). */
+/* q (B, Lq, d_model), k and v (B, Lk, d_model), the parameters' dtype ->
+ * (B, Lq, d_model); keep_mask as nb_attention, broadcasting to (B, H, Lq, Lk);
+ * weights_out (optional) receives the per-head weights (B, H, Lq, Lk). */
 NB_API nb_tensor *nb_mha_forward(nb_MHA *m, nb_tensor *q, nb_tensor *k, nb_tensor *v,
                                  nb_tensor *keep_mask, bool training, nb_rng *rng,
                                  nb_tensor **weights_out);
@@ -400,16 +486,21 @@ typedef struct nb_FeedForward {
     nb_Linear w_1, w_2; /* (d_ff, d_model), (d_model, d_ff) */
     double dropout;
 } nb_FeedForward;
+/* Registers "<name>.w_1.weight", "<name>.w_1.bias", "<name>.w_2..."; dropout in
+ * [0, 1]. Forward: x (..., d_model) -> (..., d_model), dropout only when
+ * training, drawing from rng (NULL = global). */
 NB_API int nb_feedforward_init(nb_FeedForward *m, nb_params *ps, const char *name,
                                int64_t d_model, int64_t d_ff, double dropout, nb_rng *rng);
 NB_API nb_tensor *nb_feedforward_forward(const nb_FeedForward *m, nb_tensor *x, bool training,
                                          nb_rng *rng);
 
 /* Sinusoidal positional encoding table (max_len, d_model), as The Annotated
- * Transformer: pe[p, 2i] = sin(p / 10000^(2i/d)), pe[p, 2i+1] = cos(...). */
+ * Transformer: pe[p, 2i] = sin(p / 10000^(2i/d)), pe[p, 2i+1] = cos(...).
+ * Sizes > 0. Persistent whatever scope is open: nb_free it. */
 NB_API nb_tensor *nb_positional_encoding(int64_t max_len, int64_t d_model, nb_dtype dtype);
 /* Fills t in place with U(+-sqrt(6 / (fan_in + fan_out))), torch's
- * xavier_uniform_ (t at least 2-d; fans from dims 1 and 0). */
+ * xavier_uniform_: t floating, at least 2-d; fan_in = size(1), fan_out =
+ * size(0), each times the product of dims 2 and up. Not recorded; 0 or -1. */
 NB_API int nb_init_xavier_uniform(nb_tensor *t, nb_rng *rng);
 
 /* The encoder-decoder of The Annotated Transformer, pre-norm: each sublayer
@@ -452,14 +543,19 @@ typedef struct nb_Transformer {
 } nb_Transformer;
 /* Registers every parameter in ps; weights with 2+ dims get xavier-uniform
  * (as The Annotated Transformer's make_model). Free with nb_transformer_free
- * (the parameters belong to ps). */
+ * (the parameters belong to ps). 0, or -1 for a NULL argument or a bad cfg
+ * (a size <= 0, heads not dividing d_model, dropout outside [0, 1]); then m
+ * is freed, and parameters already registered stay in ps. */
 NB_API int nb_transformer_init(nb_Transformer *m, nb_params *ps, const nb_TransformerConfig *cfg,
                                nb_rng *rng);
+/* Frees m's layer arrays and positional table, not the parameters; NULL is ok. */
 NB_API void nb_transformer_free(nb_Transformer *m);
-/* src NB_I64 (B, Ls), src_keep (B,1,1,Ls) or NULL -> memory (B, Ls, d_model) */
+/* src NB_I64 (B, Ls), Ls <= max_len, src_keep (B,1,1,Ls) or NULL
+ * -> memory (B, Ls, d_model). Dropout only when training, from rng (NULL = global). */
 NB_API nb_tensor *nb_transformer_encode(nb_Transformer *m, nb_tensor *src, nb_tensor *src_keep,
                                         bool training, nb_rng *rng);
-/* tgt NB_I64 (B, Lt), tgt_keep (Lt,Lt) or (B,1,Lt,Lt) -> (B, Lt, d_model) */
+/* memory and src_keep as from/to encode; tgt NB_I64 (B, Lt), Lt <= max_len,
+ * tgt_keep (Lt,Lt) or (B,1,Lt,Lt) or NULL -> (B, Lt, d_model) */
 NB_API nb_tensor *nb_transformer_decode(nb_Transformer *m, nb_tensor *memory,
                                         nb_tensor *src_keep, nb_tensor *tgt,
                                         nb_tensor *tgt_keep, bool training, nb_rng *rng);
@@ -467,7 +563,10 @@ NB_API nb_tensor *nb_transformer_decode(nb_Transformer *m, nb_tensor *memory,
 NB_API nb_tensor *nb_transformer_logits(nb_Transformer *m, nb_tensor *x);
 
 /* optimizers: state is allocated at creation; step reads each parameter's
- * .grad (parameters without one are skipped) and updates it in place. */
+ * .grad (parameters without one are skipped) and updates it in place.
+ * An optimizer uses the parameters ps has when it is made (at least one, all
+ * floating and contiguous); it is the caller's, freed by nb_optim_free. NULL
+ * on error, e.g. lr, momentum, eps or weight_decay < 0 or a beta not in [0, 1). */
 typedef struct nb_optim nb_optim; /* opaque */
 /* torch.optim.SGD (dampening 0, no nesterov) */
 NB_API nb_optim *nb_sgd(nb_params *ps, double lr, double momentum, double weight_decay);
@@ -477,11 +576,14 @@ NB_API nb_optim *nb_adam(nb_params *ps, double lr, double beta1, double beta2, d
 /* torch.optim.AdamW (decoupled weight decay) */
 NB_API nb_optim *nb_adamw(nb_params *ps, double lr, double beta1, double beta2, double eps,
                           double weight_decay);
+/* One update. A parameter whose .grad does not match it (dtype, numel,
+ * contiguity) is skipped with a message. A graph that saved a parameter can
+ * no longer backpropagate (as after nb_mark_modified). */
 NB_API void nb_optim_step(nb_optim *opt);
-NB_API void nb_optim_zero_grad(nb_optim *opt);
-NB_API void nb_optim_set_lr(nb_optim *opt, double lr);
-NB_API double nb_optim_lr(const nb_optim *opt);
-NB_API void nb_optim_free(nb_optim *opt);
+NB_API void nb_optim_zero_grad(nb_optim *opt);          /* nb_zero_grad on each parameter */
+NB_API void nb_optim_set_lr(nb_optim *opt, double lr);  /* lr >= 0, else an error, unchanged */
+NB_API double nb_optim_lr(const nb_optim *opt);         /* NaN on NULL */
+NB_API void nb_optim_free(nb_optim *opt);               /* with its state; NULL is ok */
 /* The optimizer's state as a registry of buffers owned by opt (valid until
  * nb_optim_free): for each parameter "<name>.step" (NB_I64, 0-d) and
  * "<name>.exp_avg", "<name>.exp_avg_sq" (Adam, AdamW) or
@@ -490,12 +592,14 @@ NB_API void nb_optim_free(nb_optim *opt);
  * exactly; hyperparameters (lr, betas, ...) are not part of it. */
 NB_API nb_params *nb_optim_state(nb_optim *opt);
 /* Scales all gradients so that their joint L2 norm is at most max_norm, as
- * torch.nn.utils.clip_grad_norm_; returns the norm before clipping, or -1.0
- * on error (NULL registry, max_norm < 0 or NaN). */
+ * torch.nn.utils.clip_grad_norm_; returns the norm before clipping (0 when no
+ * parameter has a .grad), or -1.0 on error (NULL registry, max_norm < 0 or
+ * NaN, a non-contiguous .grad; then nothing is scaled). */
 NB_API double nb_clip_grad_norm(nb_params *ps, double max_norm);
 /* The Annotated Transformer's schedule: factor * d_model^-0.5 *
  * min(step^-0.5, step * warmup^-1.5), with step 0 counted as 1; warmup 0
- * means none. -1.0 on error (step < 0, d_model <= 0, warmup < 0, factor < 0). */
+ * means none. -1.0 on error (step < 0, d_model <= 0, warmup < 0, factor < 0
+ * or NaN). */
 NB_API double nb_noam_rate(int64_t step, int64_t d_model, double factor, int64_t warmup);
 
 #ifdef __cplusplus
