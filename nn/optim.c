@@ -22,9 +22,12 @@ struct nb_optim {
     double lr, momentum, beta1, beta2, eps, wd;
     int n;
     nb_tensor **params; /* borrowed from the registry */
+    /* The state, borrowed from the buffers of `state` (what nb_optim_state
+     * returns, so nb_load writes straight into it): */
     nb_tensor **m;      /* SGD: momentum buffer (NULL without momentum); Adam: exp_avg */
     nb_tensor **v;      /* Adam: exp_avg_sq */
-    int64_t *steps;     /* per parameter: steps that found a gradient */
+    int64_t **steps;    /* per parameter: steps that found a gradient (0-d i64 data) */
+    nb_params *state;
 };
 
 static const char *kind_name(opt_kind k) {
@@ -33,10 +36,7 @@ static const char *kind_name(opt_kind k) {
 
 void nb_optim_free(nb_optim *o) {
     if (!o) return;
-    for (int i = 0; i < o->n; i++) {
-        if (o->m) nb_free(o->m[i]);
-        if (o->v) nb_free(o->v[i]);
-    }
+    nb_params_free(o->state);
     free(o->params);
     free(o->m);
     free(o->v);
@@ -44,12 +44,32 @@ void nb_optim_free(nb_optim *o) {
     free(o);
 }
 
-/* A persistent zero tensor shaped like p, whatever scope is open. */
-static nb_tensor *state_like(nb_tensor *p) {
+/* Registers a zero buffer "<param name>.<what>" shaped like p (0-d i64 for
+ * the step) in o->state, whatever scope is open. */
+static nb_tensor *state_buffer(nb_optim *o, const char *pname, const char *what, nb_tensor *p) {
+    char name[1024];
+    if (snprintf(name, sizeof name, "%s.%s", pname, what) >= (int)sizeof name)
+        return nn_error("%s: parameter name \"%s\" is too long", kind_name(o->kind), pname);
     nb_scope_begin();
-    nb_tensor *s = nb_persistent(nb_zeros(nb_dtype_of(p), nb_ndim(p), nb_shape(p)));
+    nb_tensor *z = p ? nb_zeros(nb_dtype_of(p), nb_ndim(p), nb_shape(p)) : nb_scalar(NB_I64, 0);
+    nb_tensor *s = nb_params_add_buffer(o->state, name, z);
     nb_scope_end();
     return s;
+}
+
+/* The state of parameter i, in PyTorch's order: step, then the moments. */
+static int make_state(nb_optim *o, int i, const char *pname) {
+    nb_tensor *p = o->params[i], *step = state_buffer(o, pname, "step", NULL);
+    if (!step) return -1;
+    o->steps[i] = nb_data(step);
+    const char *m_name = o->kind == OPT_SGD ? "momentum_buffer" : "exp_avg";
+    if (o->m && !(o->m[i] = state_buffer(o, pname, m_name, p))) return -1;
+    if (o->v && !(o->v[i] = state_buffer(o, pname, "exp_avg_sq", p))) return -1;
+    return 0;
+}
+
+nb_params *nb_optim_state(nb_optim *o) {
+    return o ? o->state : nn_error("nb_optim_state: optimizer is NULL");
 }
 
 static nb_optim *make(opt_kind kind, nb_params *ps, double lr, double momentum, double beta1,
@@ -89,13 +109,15 @@ static nb_optim *make(opt_kind kind, nb_params *ps, double lr, double momentum, 
     o->steps = calloc((size_t)n, sizeof *o->steps);
     if (need_m) o->m = calloc((size_t)n, sizeof *o->m);
     if (need_v) o->v = calloc((size_t)n, sizeof *o->v);
-    if (!o->params || !o->steps || (need_m && !o->m) || (need_v && !o->v)) {
+    o->state = nb_params_new();
+    if (!o->params || !o->steps || (need_m && !o->m) || (need_v && !o->v) || !o->state) {
         nb_optim_free(o);
         return nn_error("%s: out of memory", fn);
     }
     for (int i = 0; i < n; i++) {
-        nb_tensor *p = o->params[i] = nb_params_at(ps, i, NULL);
-        if ((need_m && !(o->m[i] = state_like(p))) || (need_v && !(o->v[i] = state_like(p)))) {
+        const char *name = "";
+        o->params[i] = nb_params_at(ps, i, &name);
+        if (make_state(o, i, name) != 0) {
             nb_optim_free(o);
             return NULL;
         }
@@ -203,7 +225,7 @@ void nb_optim_step(nb_optim *o) {
                      nb_is_contiguous(g) ? "" : ", not contiguous");
             continue;
         }
-        update_job j = {.o = o, .t = ++o->steps[i], .f64 = nb_dtype_of(p) == NB_F64,
+        update_job j = {.o = o, .t = ++*o->steps[i], .f64 = nb_dtype_of(p) == NB_F64,
                         .p = nb_data(p), .g = nb_data(g),
                         .m = o->m ? nb_data(o->m[i]) : NULL, .v = o->v ? nb_data(o->v[i]) : NULL};
         /* elementwise, so the same result for any split across threads */

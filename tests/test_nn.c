@@ -485,7 +485,7 @@ START_TEST(test_params_registry) {
     expect_error(nb_params_add(ps, "enc.a", nb_ones(NB_F64, NB_SHAPE(1))), "nb_params_add",
                  "\"enc.a\"", "exists already");
     ck_assert_int_eq(nb_params_count(ps), 2);
-    expect_error(nb_params_get(ps, "enc.c"), "nb_params_get", "no parameter named \"enc.c\"");
+    expect_error(nb_params_get(ps, "enc.c"), "nb_params_get", "no parameter or buffer named \"enc.c\"");
     expect_error(nb_params_at(ps, 2, &name), "nb_params_at", "index 2", "2 parameters");
     expect_error(nb_params_at(ps, -1, &name), "nb_params_at", "-1");
     expect_error(nb_params_add(ps, "i", nb_zeros(NB_I64, NB_SHAPE(2))), "nb_params_add", "\"i\"",

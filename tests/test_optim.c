@@ -491,17 +491,17 @@ START_TEST(test_state_and_leaks) {
     nb_params *ps = nb_params_new();
     nb_tensor *w = add_param(ps, "w", iw, NB_F32), *b = add_param(ps, "b", ib, NB_F32);
     ck_assert_int_eq(nb_live_tensors(), base + 2);
-    /* state is allocated at creation: none for plain SGD, one buffer per
-     * parameter with momentum, two for Adam and AdamW */
+    /* state is allocated at creation: a 0-d step per parameter, plus none for
+     * plain SGD, one buffer per parameter with momentum, two for Adam and AdamW */
     nb_optim *o[4];
     o[0] = nb_sgd(ps, 0.1, 0.0, 0.0);
-    ck_assert_int_eq(nb_live_tensors(), base + 2);
-    o[1] = nb_sgd(ps, 0.1, 0.9, 0.0);
     ck_assert_int_eq(nb_live_tensors(), base + 2 + 2);
+    o[1] = nb_sgd(ps, 0.1, 0.9, 0.0);
+    ck_assert_int_eq(nb_live_tensors(), base + 4 + 2 + 2);
     o[2] = nb_adam(ps, 0.1, 0.9, 0.98, 1e-9, 0.0);
-    ck_assert_int_eq(nb_live_tensors(), base + 2 + 2 + 4);
+    ck_assert_int_eq(nb_live_tensors(), base + 8 + 2 + 4);
     o[3] = nb_adamw(ps, 0.1, 0.9, 0.98, 1e-9, 0.1);
-    ck_assert_int_eq(nb_live_tensors(), base + 2 + 2 + 4 + 4);
+    ck_assert_int_eq(nb_live_tensors(), base + 14 + 2 + 4);
     for (int s = 0; s < 10; s++) {
         nb_scope_begin();
         add_grad(w, nb_select(F("grads_w"), 0, s % STEPS));

@@ -63,5 +63,6 @@ Suite *suite_attention(void);
 Suite *suite_optim(void);
 Suite *suite_transformer(void);
 Suite *suite_threads(void);
+Suite *suite_checkpoint(void);
 
 #endif
