@@ -106,13 +106,22 @@ $(BUILD)/bench/bench: bench/bench.c $(BUILD)/libnabla.a nabla.h
 
 # Every C program in the README (code blocks opening with "/* name.c:"),
 # extracted and compiled as written, then run.
+# Every README program that starts with "/* name.c:" is compiled and run; when
+# a ```text block follows it (before the next program), the output must be
+# exactly that text.
 readme-check: all
 	@rm -rf $(BUILD)/readme && mkdir -p $(BUILD)/readme
-	@awk '/^```c$$/{getline; if ($$0 ~ /^\/\* [a-z_]+\.c:/) {split($$2, n, ":"); f="$(BUILD)/readme/" n[1]; print > f; on=1}; next} /^```$$/{on=0} on{print > f}' README.md
+	@awk '/^```c$$/{getline; if ($$0 ~ /^\/\* [a-z_]+\.c:/) {split($$2, n, ":"); f="$(BUILD)/readme/" n[1]; \
+	  cur=f; sub(/\.c$$/, ".expected", cur); print > f; on=1}; next} \
+	  /^```text$$/{if (cur != "") {t=cur; printf "" > t; txt=1}; next} \
+	  /^```$$/{if (txt) cur=""; on=0; txt=0; next} on{print > f} txt{print > t}' README.md
 	@for f in $(BUILD)/readme/*.c; do \
 	  $(CC) $(CFLAGS) -I. $$f $(BUILD)/libnabla.a $(LDLIBS) -o $${f%.c} || exit 1; \
 	  $${f%.c} > $${f%.c}.out || { echo "README program $$f failed"; exit 1; }; \
-	  echo "README program $$(basename $$f): compiled and ran; first line: $$(head -1 $${f%.c}.out)"; done
+	  if [ -f $${f%.c}.expected ]; then \
+	    diff -u $${f%.c}.expected $${f%.c}.out || { echo "README program $$f: output differs from README"; exit 1; }; \
+	    echo "README program $$(basename $$f): compiled and ran; output as in README ($$(wc -l < $${f%.c}.out) lines)"; \
+	  else echo "README program $$(basename $$f): compiled and ran; first line: $$(head -1 $${f%.c}.out)"; fi; done
 	@grep -q '^y = 1.462196$$' $(BUILD)/readme/grad.out
 
 # Stricter passes: the suites and examples under valgrind, and built with
