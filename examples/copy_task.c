@@ -12,14 +12,28 @@
  *   build/examples/copy_task [--d-model 64] [--heads 4] [--layers 2] [--d-ff 256]
  *       [--batch 80] [--batches 20] [--epochs 40] [--dropout 0.1] [--lr 1.0]
  *       [--warmup 200] [--seed 1] [--threads N] [--all-epochs]
+ *       [--attn-map DIR] [--loss-plot FILE.svg]
+ *
+ * --attn-map DIR greedy-decodes the first fresh sequence after training and
+ * writes every head's attention weights as SVG heatmaps, one file per layer
+ * and attention: DIR/encoder.layer<i>.self_attn.svg (source x source),
+ * DIR/decoder.layer<i>.self_attn.svg (target x target) and
+ * DIR/decoder.layer<i>.src_attn.svg (target x source), with "<s>" for the
+ * start token. --loss-plot FILE.svg writes the loss of every training step.
+ * On a terminal a progress line shows the current epoch's steps.
  */
+#include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "nabla.h"
+#include "progress.h"
+#include "svg.h"
 
 #define VOCAB 11
 #define SEQ 10
@@ -30,7 +44,9 @@ typedef struct {
     int64_t d_model, heads, layers, d_ff, batch, batches, epochs, warmup, threads;
     double dropout, lr;
     uint64_t seed;
-    bool all_epochs; /* do not stop at the first epoch with 100% exact match */
+    bool all_epochs;       /* do not stop at the first epoch with 100% exact match */
+    const char *attn_dir;  /* --attn-map DIR, or NULL */
+    const char *loss_plot; /* --loss-plot FILE.svg, or NULL */
 } options;
 
 static double now(void) {
@@ -43,7 +59,8 @@ static void usage(const char *prog) {
     fprintf(stderr,
             "usage: %s [--d-model N] [--heads N] [--layers N] [--d-ff N] [--batch N]\n"
             "          [--batches N] [--epochs N] [--dropout P] [--lr F] [--warmup N]\n"
-            "          [--seed N] [--threads N] [--all-epochs]\n", prog);
+            "          [--seed N] [--threads N] [--all-epochs] [--attn-map DIR]\n"
+            "          [--loss-plot FILE.svg]\n", prog);
 }
 
 static int parse(int argc, char **argv, options *o) {
@@ -59,6 +76,14 @@ static int parse(int argc, char **argv, options *o) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
         if (i + 1 >= argc) return -1;
         const char *v = argv[++i];
+        if (!strcmp(a, "--attn-map")) {
+            o->attn_dir = v;
+            continue;
+        }
+        if (!strcmp(a, "--loss-plot")) {
+            o->loss_plot = v;
+            continue;
+        }
         char *end;
         double x = strtod(v, &end);
         if (*end) return -1;
@@ -174,100 +199,329 @@ static void show(const char *label, const int64_t *row) {
     printf("\n");
 }
 
+static const char *err(void) { return nb_last_error() ? nb_last_error() : "unknown error"; }
+
+/* Prints "copy_task: <message>" to stderr; returns -1. */
+static int fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("copy_task: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return -1;
+}
+
+/* A growable array of doubles; push returns 0, or -1 when out of memory. */
+typedef struct {
+    double *v;
+    int64_t n, cap;
+} doubles;
+
+static int doubles_push(doubles *d, double x) {
+    if (d->n == d->cap) {
+        int64_t cap = d->cap ? 2 * d->cap : 256;
+        double *v = realloc(d->v, (size_t)cap * sizeof *v);
+        if (!v) return -1;
+        d->v = v;
+        d->cap = cap;
+    }
+    d->v[d->n++] = x;
+    return 0;
+}
+
+typedef struct {
+    nb_params *ps;
+    nb_Transformer model;
+    nb_optim *opt;
+    nb_tensor *heldout, *final_set; /* persistent */
+    nb_rng data, drop;
+    doubles losses, epoch_ends; /* for --loss-plot: every step's loss, x of the epoch ends */
+    progress bar;
+    double start, train_time, train_end;
+    int64_t perfect_epoch; /* the first with 100% exact match on the held-out set, or -1 */
+} run;
+
+static int setup(run *r, const options *o) {
+    if (o->threads > 0) nb_set_num_threads((int)o->threads);
+    nb_rng init, test, fresh;
+    nb_rng_seed(&init, o->seed);
+    nb_rng_seed(&r->data, o->seed + 1000);
+    nb_rng_seed(&r->drop, o->seed + 2000);
+    nb_rng_seed(&test, o->seed + 3000);  /* held-out sequences, never trained on */
+    nb_rng_seed(&fresh, o->seed + 4000); /* never trained on, never used to stop */
+
+    nb_TransformerConfig cfg = {.src_vocab = VOCAB, .tgt_vocab = VOCAB, .d_model = o->d_model,
+                                .d_ff = o->d_ff, .heads = o->heads, .layers = o->layers,
+                                .max_len = 64, .dropout = o->dropout};
+    r->ps = nb_params_new();
+    if (!r->ps || nb_transformer_init(&r->model, r->ps, &cfg, &init) != 0)
+        return fail("%s", err());
+    r->opt = nb_adam(r->ps, 0.0, 0.9, 0.98, 1e-9, 0.0);
+    r->heldout = random_sequences(100, &test);
+    r->final_set = random_sequences(100, &fresh);
+    if (!r->opt || !r->heldout || !r->final_set) return fail("%s", err());
+    printf("copy task: d_model %lld, heads %lld, layers %lld, d_ff %lld, %lld parameters; "
+           "batch %lld x %lld per epoch, %d thread(s)\n",
+           (long long)o->d_model, (long long)o->heads, (long long)o->layers, (long long)o->d_ff,
+           (long long)nb_params_numel(r->ps), (long long)o->batch, (long long)o->batches,
+           nb_num_threads());
+    return 0;
+}
+
+/* The steps of one epoch; returns their mean loss, or NAN after printing why. */
+static double run_epoch(run *r, const options *o, int64_t epoch, int64_t *step) {
+    double loss_sum = 0;
+    progress_epoch(&r->bar, epoch);
+    for (int64_t b = 0; b < o->batches; b++, (*step)++) {
+        nb_optim_set_lr(r->opt, o->lr * nb_noam_rate(*step, o->d_model, 1.0, o->warmup));
+        nb_scope_begin();
+        double loss = train_step(&r->model, r->opt, &r->data, &r->drop, o->batch);
+        nb_scope_end();
+        if (isnan(loss)) {
+            progress_clear(&r->bar);
+            fail("step %lld failed: %s", (long long)*step,
+                 nb_last_error() ? nb_last_error() : "loss is NaN");
+            return NAN;
+        }
+        loss_sum += loss;
+        if (o->loss_plot && doubles_push(&r->losses, loss) != 0) {
+            progress_clear(&r->bar);
+            fail("out of memory");
+            return NAN;
+        }
+        progress_step(&r->bar, b + 1, loss_sum / (double)(b + 1),
+                      (double)((b + 1) * o->batch * (SEQ - 1)));
+    }
+    return loss_sum / (double)o->batches;
+}
+
+static int train(run *r, const options *o) {
+    r->start = now();
+    progress_init(&r->bar, o->epochs, o->batches);
+    int64_t step = 0;
+    for (int64_t epoch = 1; epoch <= o->epochs; epoch++) {
+        double t0 = now(), loss = run_epoch(r, o, epoch, &step);
+        if (isnan(loss)) return -1;
+        double dt = now() - t0;
+        r->train_time += dt;
+        nb_scope_begin();
+        accuracy acc = evaluate(&r->model, r->heldout, NULL);
+        nb_scope_end();
+        progress_clear(&r->bar);
+        printf("epoch %3lld  loss %.4f  %7.0f tokens/s  lr %.2e  exact %3.0f%%  tokens %5.1f%%  "
+               "elapsed %.1fs\n",
+               (long long)epoch, loss, (double)(o->batches * o->batch * (SEQ - 1)) / dt,
+               nb_optim_lr(r->opt), 100 * acc.exact, 100 * acc.token, now() - r->start);
+        fflush(stdout);
+        /* steps are numbered from 1 in the plot: the boundary lies between two */
+        if (o->loss_plot && doubles_push(&r->epoch_ends, (double)step + 0.5) != 0)
+            return fail("out of memory");
+        if (acc.exact == 1.0 && r->perfect_epoch < 0) {
+            r->perfect_epoch = epoch;
+            if (!o->all_epochs) break;
+        }
+    }
+    r->train_end = now();
+    return 0;
+}
+
+static void final_report(run *r, const options *o) {
+    nb_scope_begin();
+    nb_tensor *pred = NULL;
+    accuracy acc = evaluate(&r->model, r->final_set, &pred);
+    printf("greedy decoding of 100 fresh sequences (first 3 shown):\n");
+    for (int i = 0; i < 3 && pred; i++) {
+        show("source   ", (const int64_t *)nb_data(r->final_set) + i * SEQ);
+        show("decoded  ", (const int64_t *)nb_data(pred) + i * SEQ);
+    }
+    nb_scope_end();
+    printf("exact match %.0f%% (%d/100), token accuracy %.1f%%\n", 100 * acc.exact,
+           (int)lround(100 * acc.exact), 100 * acc.token);
+    if (r->perfect_epoch > 0)
+        printf("100%% exact match on the held-out set first reached after epoch %lld, "
+               "%.1fs from start (training alone %.1fs)\n",
+               (long long)r->perfect_epoch, r->train_end - r->start, r->train_time);
+    else
+        printf("100%% exact match on the held-out set not reached in %lld epochs (%.1fs)\n",
+               (long long)o->epochs, r->train_end - r->start);
+}
+
+/* ------------------------------------------------------------ --loss-plot */
+/* out[i] = the mean of y over [i - half, i + half] (clipped at the ends): a
+ * smooth curve without the lag of an exponential average. */
+static void centered_mean(const double *y, int64_t n, int64_t half, double *out) {
+    double sum = 0;
+    int64_t lo = 0, hi = 0; /* the window is [lo, hi) */
+    for (int64_t i = 0; i < n; i++) {
+        for (; hi < n && hi <= i + half; hi++) sum += y[hi];
+        for (; lo < i - half; lo++) sum -= y[lo];
+        out[i] = sum / (double)(hi - lo);
+    }
+}
+
+static int write_loss_plot(const run *r, const options *o) {
+    int64_t n = r->losses.n;
+    double *x = malloc(2 * (size_t)(n > 0 ? n : 1) * sizeof *x);
+    if (!x) return fail("out of memory");
+    double *smooth = x + n;
+    for (int64_t i = 0; i < n; i++) x[i] = (double)(i + 1);
+    centered_mean(r->losses.v, n, 10, smooth);
+    char title[160];
+    snprintf(title, sizeof title, "copy task: training loss (d_model %lld, %lld heads, "
+             "%lld layers, batch %lld)", (long long)o->d_model, (long long)o->heads,
+             (long long)o->layers, (long long)o->batch);
+    svg_series series[2] = {
+        {.label = "loss of each step", .x = x, .y = r->losses.v, .n = n, .color = "#9ecae1",
+         .width = 1},
+        {.label = "centered mean of 21 steps", .x = x, .y = smooth, .n = n, .color = "#08519c",
+         .width = 2},
+    };
+    svg_plot_spec spec = {.title = title, .x_label = "training step",
+                          .y_label = "cross-entropy loss (log scale)", .series = series,
+                          .n_series = 2, .log_y = true, .vlines = r->epoch_ends.v,
+                          .n_vlines = r->epoch_ends.n, .vline_label = "end of an epoch"};
+    int rc = svg_lineplot(o->loss_plot, &spec);
+    free(x);
+    if (rc != 0) return fail("%s", svg_error());
+    printf("wrote %s\n", o->loss_plot);
+    return 0;
+}
+
+/* -------------------------------------------------------------- --attn-map */
+/* mkdir -p */
+static int make_dirs(const char *dir) {
+    char p[4096];
+    size_t n = strlen(dir);
+    if (n == 0 || n >= sizeof p) return fail("--attn-map: bad directory name \"%s\"", dir);
+    memcpy(p, dir, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (p[i] != '/' && p[i] != '\0') continue;
+        char c = p[i];
+        p[i] = '\0';
+        if (mkdir(p, 0777) != 0 && errno != EEXIST)
+            return fail("cannot create directory %s: %s", p, strerror(errno));
+        p[i] = c;
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) return fail("%s is not a directory", dir);
+    return 0;
+}
+
+/* "<s>" for the start token in front, the symbol's number elsewhere */
+static void token_labels(const int64_t *tokens, int n, char buf[][24], const char **labels) {
+    for (int i = 0; i < n; i++) {
+        if (i == 0 && tokens[i] == START) snprintf(buf[i], 24, "<s>");
+        else snprintf(buf[i], 24, "%lld", (long long)tokens[i]);
+        labels[i] = buf[i];
+    }
+}
+
+typedef struct {
+    nb_tensor *w;                   /* (1, H, rows, cols) */
+    const char *file, *what;        /* "decoder.layer%lld.src_attn", a title */
+    const char *const *rows, *const *cols;
+    int nrows, ncols;
+    const char *row_axis, *col_axis;
+} attn_map;
+
+static int write_map(const char *dir, int64_t layer, const attn_map *a, const char *subtitle) {
+    char name[64], path[4096], title[160];
+    snprintf(name, sizeof name, a->file, (long long)layer);
+    int len = snprintf(path, sizeof path, "%s/%s.svg", dir, name);
+    if (len < 0 || len >= (int)sizeof path) return fail("--attn-map: path too long: %s", dir);
+    const int64_t *s = a->w ? nb_shape(a->w) : NULL;
+    if (!s || nb_ndim(a->w) != 4 || s[0] != 1 || s[2] != a->nrows || s[3] != a->ncols)
+        return fail("%s: the model kept no attention weights of shape (1, H, %d, %d)", path,
+                    a->nrows, a->ncols);
+    double *v = malloc((size_t)nb_numel(a->w) * sizeof *v);
+    if (!v) return fail("out of memory");
+    if (nb_copy_to_f64(a->w, v) != 0) {
+        free(v);
+        return fail("%s: %s", path, err());
+    }
+    snprintf(title, sizeof title, "%s, layer %lld", a->what, (long long)layer);
+    svg_heatmap_spec spec = {.title = title, .subtitle = subtitle, .row_axis = a->row_axis,
+                             .col_axis = a->col_axis, .panel_name = "head", .panels = (int)s[1],
+                             .rows = a->nrows, .cols = a->ncols, .values = v,
+                             .row_labels = a->rows, .col_labels = a->cols};
+    int rc = svg_heatmaps(path, &spec);
+    free(v);
+    if (rc != 0) return fail("%s", svg_error());
+    printf("wrote %s\n", path);
+    return 0;
+}
+
+/* src: the source (SEQ); out: the decoded sequence (SEQ), whose first SEQ-1
+ * tokens were the decoder's input at the last step. */
+static int write_maps(const nb_Transformer *m, const int64_t *src, const int64_t *out,
+                      const char *dir) {
+    char sb[SEQ][24], tb[SEQ][24], subtitle[256];
+    const char *sl[SEQ], *tl[SEQ];
+    token_labels(src, SEQ, sb, sl);
+    token_labels(out, SEQ, tb, tl);
+    int n = snprintf(subtitle, sizeof subtitle, "first fresh sequence; source");
+    for (int i = 0; i < SEQ; i++) n += snprintf(subtitle + n, sizeof subtitle - n, " %s", sl[i]);
+    n += snprintf(subtitle + n, sizeof subtitle - n, ", decoded");
+    for (int i = 0; i < SEQ; i++) n += snprintf(subtitle + n, sizeof subtitle - n, " %s", tl[i]);
+    const char *src_q = "source tokens (queries)", *src_k = "source tokens (keys)";
+    const char *tgt_q = "decoder input (row i predicts output token i+1)";
+    const char *tgt_k = "decoder input (keys)";
+    for (int64_t i = 0; i < m->cfg.layers; i++) {
+        const attn_map maps[3] = {
+            {m->encoder[i].self_weights, "encoder.layer%lld.self_attn", "encoder self-attention",
+             sl, sl, SEQ, SEQ, src_q, src_k},
+            {m->decoder[i].self_weights, "decoder.layer%lld.self_attn", "decoder self-attention",
+             tl, tl, SEQ - 1, SEQ - 1, tgt_q, tgt_k},
+            {m->decoder[i].src_weights, "decoder.layer%lld.src_attn",
+             "decoder cross-attention (src_attn)", tl, sl, SEQ - 1, SEQ, tgt_q, src_k},
+        };
+        for (int k = 0; k < 3; k++)
+            if (write_map(dir, i, &maps[k], subtitle) != 0) return -1;
+    }
+    return 0;
+}
+
+/* Greedy-decodes the first sequence of set with the model keeping its
+ * attention weights: the encoder's come from encode, the decoder's from the
+ * last decoding step, which sees the whole target prefix. */
+static int attention_maps(nb_Transformer *m, nb_tensor *set, const char *dir) {
+    nb_scope_begin();
+    nb_set_grad_enabled(false);
+    m->keep_attention = true;
+    nb_tensor *src = nb_narrow(set, 0, 0, 1);
+    nb_tensor *ys = greedy_decode(m, src);
+    m->keep_attention = false;
+    nb_set_grad_enabled(true);
+    int rc = ys ? write_maps(m, nb_data(src), nb_data(ys), dir)
+                : fail("decoding for --attn-map failed: %s", err());
+    nb_scope_end();
+    return rc;
+}
+
+static void teardown(run *r) {
+    free(r->losses.v);
+    free(r->epoch_ends.v);
+    nb_free(r->heldout);
+    nb_free(r->final_set);
+    nb_optim_free(r->opt);
+    nb_transformer_free(&r->model);
+    nb_params_free(r->ps);
+}
+
 int main(int argc, char **argv) {
     options o;
     if (parse(argc, argv, &o) != 0) {
         usage(argv[0]);
         return 2;
     }
-    if (o.threads > 0) nb_set_num_threads((int)o.threads);
-    nb_rng init, data, drop, test, fresh;
-    nb_rng_seed(&init, o.seed);
-    nb_rng_seed(&data, o.seed + 1000);
-    nb_rng_seed(&drop, o.seed + 2000);
-    nb_rng_seed(&test, o.seed + 3000);  /* held-out sequences, never trained on */
-    nb_rng_seed(&fresh, o.seed + 4000); /* never trained on, never used to stop */
-
-    nb_params *ps = nb_params_new();
-    nb_Transformer model;
-    nb_TransformerConfig cfg = {.src_vocab = VOCAB, .tgt_vocab = VOCAB, .d_model = o.d_model,
-                                .d_ff = o.d_ff, .heads = o.heads, .layers = o.layers,
-                                .max_len = 64, .dropout = o.dropout};
-    if (nb_transformer_init(&model, ps, &cfg, &init) != 0) {
-        fprintf(stderr, "copy_task: %s\n", nb_last_error());
-        return 1;
-    }
-    nb_optim *opt = nb_adam(ps, 0.0, 0.9, 0.98, 1e-9, 0.0);
-    nb_tensor *heldout = random_sequences(100, &test); /* persistent */
-    nb_tensor *final_set = random_sequences(100, &fresh);
-    if (!opt || !heldout || !final_set) {
-        fprintf(stderr, "copy_task: %s\n", nb_last_error());
-        return 1;
-    }
-    printf("copy task: d_model %lld, heads %lld, layers %lld, d_ff %lld, %lld parameters; "
-           "batch %lld x %lld per epoch, %d thread(s)\n",
-           (long long)o.d_model, (long long)o.heads, (long long)o.layers, (long long)o.d_ff,
-           (long long)nb_params_numel(ps), (long long)o.batch, (long long)o.batches,
-           nb_num_threads());
-
-    double start = now(), train_time = 0;
-    int64_t step = 0, perfect_epoch = -1;
-    accuracy acc = {0, 0};
-    for (int64_t epoch = 1; epoch <= o.epochs; epoch++) {
-        double t0 = now(), loss_sum = 0;
-        for (int64_t b = 0; b < o.batches; b++, step++) {
-            nb_optim_set_lr(opt, o.lr * nb_noam_rate(step, o.d_model, 1.0, o.warmup));
-            nb_scope_begin();
-            double loss = train_step(&model, opt, &data, &drop, o.batch);
-            nb_scope_end();
-            if (isnan(loss)) {
-                fprintf(stderr, "copy_task: step %lld failed: %s\n", (long long)step,
-                        nb_last_error() ? nb_last_error() : "loss is NaN");
-                return 1;
-            }
-            loss_sum += loss;
-        }
-        double dt = now() - t0;
-        train_time += dt;
-        nb_scope_begin();
-        acc = evaluate(&model, heldout, NULL);
-        nb_scope_end();
-        printf("epoch %3lld  loss %.4f  %7.0f tokens/s  lr %.2e  exact %3.0f%%  tokens %5.1f%%  "
-               "elapsed %.1fs\n",
-               (long long)epoch, loss_sum / (double)o.batches,
-               (double)(o.batches * o.batch * (SEQ - 1)) / dt, nb_optim_lr(opt),
-               100 * acc.exact, 100 * acc.token, now() - start);
-        fflush(stdout);
-        if (acc.exact == 1.0 && perfect_epoch < 0) {
-            perfect_epoch = epoch;
-            if (!o.all_epochs) break;
-        }
-    }
-
-    double train_end = now();
-    nb_scope_begin();
-    nb_tensor *pred = NULL;
-    acc = evaluate(&model, final_set, &pred);
-    printf("greedy decoding of 100 fresh sequences (first 3 shown):\n");
-    for (int i = 0; i < 3 && pred; i++) {
-        show("source   ", (const int64_t *)nb_data(final_set) + i * SEQ);
-        show("decoded  ", (const int64_t *)nb_data(pred) + i * SEQ);
-    }
-    nb_scope_end();
-    printf("exact match %.0f%% (%d/100), token accuracy %.1f%%\n", 100 * acc.exact,
-           (int)lround(100 * acc.exact), 100 * acc.token);
-    if (perfect_epoch > 0)
-        printf("100%% exact match on the held-out set first reached after epoch %lld, "
-               "%.1fs from start (training alone %.1fs)\n",
-               (long long)perfect_epoch, train_end - start, train_time);
-    else
-        printf("100%% exact match on the held-out set not reached in %lld epochs (%.1fs)\n",
-               (long long)o.epochs, train_end - start);
-
-    nb_free(heldout);
-    nb_free(final_set);
-    nb_optim_free(opt);
-    nb_transformer_free(&model);
-    nb_params_free(ps);
-    return 0; /* errors exit with 1 above; the accuracy is in the output */
+    run r = {.perfect_epoch = -1};
+    int rc = o.attn_dir ? make_dirs(o.attn_dir) : 0; /* before training, which may be long */
+    if (rc == 0) rc = setup(&r, &o);
+    if (rc == 0) rc = train(&r, &o);
+    if (rc == 0) final_report(&r, &o);
+    if (rc == 0 && o.loss_plot) rc = write_loss_plot(&r, &o);
+    if (rc == 0 && o.attn_dir) rc = attention_maps(&r.model, r.final_set, o.attn_dir);
+    teardown(&r);
+    return rc == 0 ? 0 : 1; /* the accuracy is in the output, not in the exit code */
 }
