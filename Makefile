@@ -35,7 +35,7 @@ TEST_BIN := $(BUILD)/tests/run_tests
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm)
 
-.PHONY: all test run bench clean check-deps readme-check valgrind asan install uninstall install-check
+.PHONY: all test run bench clean check-deps readme-check valgrind asan install uninstall install-check resume-check
 all: $(BUILD)/libnabla.a $(BUILD)/libnabla.so $(EXAMPLES)
 	@ln -sf $(BUILD)/libnabla.a libnabla.a
 	@ln -sf $(BUILD)/libnabla.so libnabla.so
@@ -61,7 +61,7 @@ $(BUILD)/$(SONAME): $(BUILD)/$(SHLIB)
 $(BUILD)/libnabla.so: $(BUILD)/$(SONAME)
 	ln -sf $(SONAME) $@
 
-$(BUILD)/examples/%: examples/%.c $(BUILD)/libnabla.a nabla.h
+$(BUILD)/examples/%: examples/%.c $(wildcard examples/*.h) $(BUILD)/libnabla.a nabla.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -I. $< $(BUILD)/libnabla.a $(LDLIBS) -o $@
 
@@ -126,20 +126,26 @@ readme-check: all
 
 # Stricter passes: the suites and examples under valgrind, and built with
 # AddressSanitizer + UndefinedBehaviorSanitizer.
-# Examples run there on a short setting (copy_task: one small epoch).
-SHORT_ARGS = $$(case $$e in *copy_task) echo --epochs 1 --batches 3 --d-model 32 --d-ff 64;; esac)
+# Examples run there on a short setting (copy_task: one small epoch with every
+# output option, then a second epoch resumed from its checkpoint).
+SHORT_COPY = --batches 3 --d-model 32 --d-ff 64 --all-epochs
+SHORT_ARGS = $$(case $$e in *copy_task) echo --epochs 1 $(SHORT_COPY) --save $(BUILD)/short.ckpt \
+  --attn-map $(BUILD)/short-maps --loss-plot $(BUILD)/short-loss.svg;; esac)
+RESUME_SHORT = --epochs 2 $(SHORT_COPY) --load $(BUILD)/short.ckpt
 VALGRIND := valgrind -q --leak-check=full --errors-for-leak-kinds=definite --error-exitcode=1
 valgrind: all check-deps
 	@$(MAKE) --no-print-directory $(TEST_BIN)
 	CK_FORK=no $(VALGRIND) $(TEST_BIN) > $(BUILD)/valgrind-tests.log 2>&1 || { tail -30 $(BUILD)/valgrind-tests.log; exit 1; }
 	@tail -1 $(BUILD)/valgrind-tests.log
 	@for e in $(EXAMPLES); do $(VALGRIND) $$e $(SHORT_ARGS) > /dev/null || exit 1; echo "valgrind clean: $$e"; done
+	@$(VALGRIND) $(BUILD)/examples/copy_task $(RESUME_SHORT) > /dev/null && echo "valgrind clean: copy_task --load"
 
 asan: check-deps
 	@$(MAKE) --no-print-directory BUILD=build-asan OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	  LDLIBS="-fsanitize=address,undefined -lm -lpthread" build-asan/tests/run_tests all
 	build-asan/tests/run_tests
 	@for e in $(EXAMPLES:$(BUILD)/%=build-asan/%); do $$e $(SHORT_ARGS) > /dev/null || exit 1; echo "asan clean: $$e"; done
+	@build-asan/examples/copy_task $(RESUME_SHORT) > /dev/null && echo "asan clean: copy_task --load"
 
 # nabla.pc is generated at install time, as it records the install paths;
 # inside it, paths under PREFIX are written relative to ${prefix}.
@@ -172,5 +178,16 @@ uninstall:
 install-check:
 	MAKE="$(MAKE)" CC="$(CC)" ./tests/install_check.sh
 
+# copy_task stopped after 2 epochs and resumed with --load ends with the very
+# checkpoint bytes (weights, Adam state, random streams) of a run of 4 epochs.
+RESUME_ARGS = --d-model 32 --d-ff 64 --batches 5 --all-epochs
+resume-check: $(BUILD)/examples/copy_task
+	@d=$$(mktemp -d) && trap 'rm -rf '$$d EXIT && \
+	$(BUILD)/examples/copy_task $(RESUME_ARGS) --epochs 4 --save $$d/straight >/dev/null && \
+	$(BUILD)/examples/copy_task $(RESUME_ARGS) --epochs 2 --save $$d/half >/dev/null && \
+	$(BUILD)/examples/copy_task $(RESUME_ARGS) --epochs 4 --load $$d/half --save $$d/resumed >/dev/null && \
+	cmp $$d/straight $$d/resumed && \
+	echo "resume-check: 2 epochs + --load + 2 epochs = 4 epochs, checkpoints identical ($$(wc -c < $$d/resumed) bytes)"
+
 clean:
-	rm -rf $(BUILD) build-asan libnabla.a libnabla.so
+	rm -rf $(BUILD) build-asan build-clang libnabla.a libnabla.so

@@ -12,7 +12,7 @@
  *   build/examples/copy_task [--d-model 64] [--heads 4] [--layers 2] [--d-ff 256]
  *       [--batch 80] [--batches 20] [--epochs 40] [--dropout 0.1] [--lr 1.0]
  *       [--warmup 200] [--seed 1] [--threads N] [--all-epochs]
- *       [--attn-map DIR] [--loss-plot FILE.svg]
+ *       [--attn-map DIR] [--loss-plot FILE.svg] [--save FILE] [--load FILE]
  *
  * --attn-map DIR greedy-decodes the first fresh sequence after training and
  * writes every head's attention weights as SVG heatmaps, one file per layer
@@ -21,6 +21,13 @@
  * DIR/decoder.layer<i>.src_attn.svg (target x source), with "<s>" for the
  * start token. --loss-plot FILE.svg writes the loss of every training step.
  * On a terminal a progress line shows the current epoch's steps.
+ *
+ * --save FILE writes a checkpoint (safetensors) at the end of every epoch:
+ * the model's parameters under their own names (PyTorch state_dict keys),
+ * Adam's state under "optim.", and the loop's own state under "trainer."
+ * (epoch, step, the data and dropout random streams). --load FILE resumes
+ * from one: given the same flags, the run continues exactly as if it had
+ * never stopped (the same losses, bitwise).
  */
 #include <errno.h>
 #include <math.h>
@@ -47,6 +54,7 @@ typedef struct {
     bool all_epochs;       /* do not stop at the first epoch with 100% exact match */
     const char *attn_dir;  /* --attn-map DIR, or NULL */
     const char *loss_plot; /* --loss-plot FILE.svg, or NULL */
+    const char *save, *load; /* --save FILE, --load FILE, or NULL */
 } options;
 
 static double now(void) {
@@ -60,7 +68,7 @@ static void usage(const char *prog) {
             "usage: %s [--d-model N] [--heads N] [--layers N] [--d-ff N] [--batch N]\n"
             "          [--batches N] [--epochs N] [--dropout P] [--lr F] [--warmup N]\n"
             "          [--seed N] [--threads N] [--all-epochs] [--attn-map DIR]\n"
-            "          [--loss-plot FILE.svg]\n", prog);
+            "          [--loss-plot FILE.svg] [--save FILE] [--load FILE]\n", prog);
 }
 
 static int parse(int argc, char **argv, options *o) {
@@ -82,6 +90,10 @@ static int parse(int argc, char **argv, options *o) {
         }
         if (!strcmp(a, "--loss-plot")) {
             o->loss_plot = v;
+            continue;
+        }
+        if (!strcmp(a, "--save") || !strcmp(a, "--load")) {
+            *(a[2] == 's' ? &o->save : &o->load) = v;
             continue;
         }
         char *end;
@@ -240,6 +252,10 @@ typedef struct {
     progress bar;
     double start, train_time, train_end;
     int64_t perfect_epoch; /* the first with 100% exact match on the held-out set, or -1 */
+    int64_t epoch, step;   /* epochs and steps done (more than 0 after --load) */
+    int64_t first_step;    /* the step training started from */
+    nb_params *trainer;    /* --save/--load: the loop's own state, as buffers */
+    nb_params *ckpt;       /* --save/--load: model + "optim." + "trainer.", sharing storage */
 } run;
 
 static int setup(run *r, const options *o) {
@@ -266,6 +282,55 @@ static int setup(run *r, const options *o) {
            (long long)o->d_model, (long long)o->heads, (long long)o->layers, (long long)o->d_ff,
            (long long)nb_params_numel(r->ps), (long long)o->batch, (long long)o->batches,
            nb_num_threads());
+    return 0;
+}
+
+/* ---------------------------------------------------------- --save, --load */
+static const char *trainer_names[] = {"epoch", "step", "perfect_epoch", "data_rng", "drop_rng"};
+
+/* The checkpoint's registry: the parameters, Adam's state and the trainer's
+ * buffers, one i64 (2) per random stream: (seed, offset). */
+static int checkpoint_registry(run *r) {
+    r->trainer = nb_params_new();
+    r->ckpt = nb_params_new();
+    if (!r->trainer || !r->ckpt) return fail("out of memory");
+    nb_scope_begin();
+    for (int i = 0; i < 5; i++) {
+        nb_tensor *t = i < 3 ? nb_zeros(NB_I64, 0, NULL) : nb_zeros(NB_I64, NB_SHAPE(2));
+        if (!nb_params_add_buffer(r->trainer, trainer_names[i], t)) break;
+    }
+    nb_scope_end();
+    if (nb_params_buffer_count(r->trainer) != 5 || nb_params_add_all(r->ckpt, "", r->ps) != 0 ||
+        nb_params_add_all(r->ckpt, "optim.", nb_optim_state(r->opt)) != 0 ||
+        nb_params_add_all(r->ckpt, "trainer.", r->trainer) != 0)
+        return fail("%s", err());
+    return 0;
+}
+
+static int64_t *trainer_value(run *r, int i) {
+    return nb_data(nb_params_buffer_at(r->trainer, i, NULL));
+}
+
+static int save_checkpoint(run *r, const char *path) {
+    int64_t *v[5];
+    for (int i = 0; i < 5; i++) v[i] = trainer_value(r, i);
+    *v[0] = r->epoch, *v[1] = r->step, *v[2] = r->perfect_epoch;
+    v[3][0] = (int64_t)r->data.seed, v[3][1] = (int64_t)r->data.offset;
+    v[4][0] = (int64_t)r->drop.seed, v[4][1] = (int64_t)r->drop.offset;
+    if (nb_save(r->ckpt, path) != 0) return progress_clear(&r->bar), fail("%s", err());
+    return 0;
+}
+
+static int load_checkpoint(run *r, const char *path) {
+    if (nb_load(r->ckpt, path) != 0)
+        return fail("%s (--load needs the flags the checkpoint was trained with)", err());
+    int64_t *v[5];
+    for (int i = 0; i < 5; i++) v[i] = trainer_value(r, i);
+    r->epoch = *v[0], r->step = r->first_step = *v[1], r->perfect_epoch = *v[2];
+    r->data = (nb_rng){.seed = (uint64_t)v[3][0], .offset = (uint64_t)v[3][1]};
+    r->drop = (nb_rng){.seed = (uint64_t)v[4][0], .offset = (uint64_t)v[4][1]};
+    printf("resumed from %s: %lld epochs, %lld steps done\n", path, (long long)r->epoch,
+           (long long)r->step);
     return 0;
 }
 
@@ -299,8 +364,9 @@ static double run_epoch(run *r, const options *o, int64_t epoch, int64_t *step) 
 static int train(run *r, const options *o) {
     r->start = now();
     progress_init(&r->bar, o->epochs, o->batches);
-    int64_t step = 0;
-    for (int64_t epoch = 1; epoch <= o->epochs; epoch++) {
+    int64_t step = r->step;
+    bool done = r->perfect_epoch > 0 && !o->all_epochs; /* a checkpoint of a finished run */
+    for (int64_t epoch = r->epoch + 1; epoch <= o->epochs && !done; epoch++) {
         double t0 = now(), loss = run_epoch(r, o, epoch, &step);
         if (isnan(loss)) return -1;
         double dt = now() - t0;
@@ -319,8 +385,11 @@ static int train(run *r, const options *o) {
             return fail("out of memory");
         if (acc.exact == 1.0 && r->perfect_epoch < 0) {
             r->perfect_epoch = epoch;
-            if (!o->all_epochs) break;
+            done = !o->all_epochs;
         }
+        r->epoch = epoch;
+        r->step = step;
+        if (o->save && save_checkpoint(r, o->save) != 0) return -1;
     }
     r->train_end = now();
     return 0;
@@ -365,7 +434,7 @@ static int write_loss_plot(const run *r, const options *o) {
     double *x = malloc(2 * (size_t)(n > 0 ? n : 1) * sizeof *x);
     if (!x) return fail("out of memory");
     double *smooth = x + n;
-    for (int64_t i = 0; i < n; i++) x[i] = (double)(i + 1);
+    for (int64_t i = 0; i < n; i++) x[i] = (double)(r->first_step + i + 1);
     centered_mean(r->losses.v, n, 10, smooth);
     char title[160];
     snprintf(title, sizeof title, "copy task: training loss (d_model %lld, %lld heads, "
@@ -500,6 +569,8 @@ static int attention_maps(nb_Transformer *m, nb_tensor *set, const char *dir) {
 }
 
 static void teardown(run *r) {
+    nb_params_free(r->ckpt);
+    nb_params_free(r->trainer);
     free(r->losses.v);
     free(r->epoch_ends.v);
     nb_free(r->heldout);
@@ -518,6 +589,8 @@ int main(int argc, char **argv) {
     run r = {.perfect_epoch = -1};
     int rc = o.attn_dir ? make_dirs(o.attn_dir) : 0; /* before training, which may be long */
     if (rc == 0) rc = setup(&r, &o);
+    if (rc == 0 && (o.save || o.load)) rc = checkpoint_registry(&r);
+    if (rc == 0 && o.load) rc = load_checkpoint(&r, o.load);
     if (rc == 0) rc = train(&r, &o);
     if (rc == 0) final_report(&r, &o);
     if (rc == 0 && o.loss_plot) rc = write_loss_plot(&r, &o);
