@@ -238,6 +238,13 @@ NB_API nb_tensor *nb_detach(nb_tensor *t);
 /* Grad mode is per thread; disabled, ops record nothing. */
 NB_API void nb_set_grad_enabled(bool enabled);
 NB_API bool nb_grad_enabled(void);
+/* Anomaly detection (off at start; global, not per thread), for debugging:
+ * every op that records a node checks its output, and nb_backward every
+ * gradient a backward rule returns, for NaN and Inf. The first one fails the
+ * op (NULL) or nb_backward (-1) with a message naming the op, the element
+ * and whether the op made it or received it. Costs a pass over each tensor. */
+NB_API void nb_set_detect_anomaly(bool enabled);
+NB_API bool nb_detect_anomaly(void);
 
 /* Finite-difference gradient check, like torch.autograd.gradcheck: for every
  * input that requires grad (all must be NB_F64), every element is moved by

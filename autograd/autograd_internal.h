@@ -28,10 +28,21 @@ struct nbi_node {
 };
 /* True when grad mode is on and some input requires grad. */
 bool nbi_needs_grad(int n, nb_tensor *const *inputs);
-/* Records a node for out; NULL (and message) only on out-of-memory. */
+/* Records a node for out; NULL (and message) on out-of-memory, or when
+ * anomaly mode finds NaN or Inf in out. The unchecked form skips that check,
+ * for ops that make infinities on purpose. */
 nbi_node *nbi_record(nb_tensor *out, const char *op, nbi_backward_fn bw, int n,
                      nb_tensor *const *inputs);
+nbi_node *nbi_record_unchecked(nb_tensor *out, const char *op, nbi_backward_fn bw, int n,
+                               nb_tensor *const *inputs);
 void nbi_node_free(nbi_node *n);
+/* Anomaly mode (anomaly.c): true when off or when all is finite; otherwise
+ * false with the message set. forward: an op's new output (views skipped);
+ * backward: the gradients node n's rule returned for its inputs, given g;
+ * seed: the gradient handed to nb_backward_with_grad. */
+bool nbi_anomaly_forward(const char *op, const nb_tensor *out, int n, nb_tensor *const *inputs);
+bool nbi_anomaly_backward(const nbi_node *n, const nb_tensor *g, nb_tensor *const *gin);
+bool nbi_anomaly_seed(const char *fn, const nb_tensor *grad);
 /* Declares what backward reads (NBI_SAVE_* bits): those tensors keep their
  * data while the node lives; an input nobody saved loses its storage as soon
  * as its owner frees it (see nbi_drop_unneeded_data), even though the graph

@@ -25,6 +25,12 @@ bool nbi_needs_grad(int n, nb_tensor *const *inputs) {
 
 nbi_node *nbi_record(nb_tensor *out, const char *op, nbi_backward_fn bw, int n,
                      nb_tensor *const *inputs) {
+    if (!nbi_anomaly_forward(op, out, n, inputs)) return NULL;
+    return nbi_record_unchecked(out, op, bw, n, inputs);
+}
+
+nbi_node *nbi_record_unchecked(nb_tensor *out, const char *op, nbi_backward_fn bw, int n,
+                               nb_tensor *const *inputs) {
     nbi_node *node = nbi_obj_alloc(NBI_OBJ_NODE, sizeof *node);
     if (!node) return nbi_error("%s: out of memory recording the graph", op);
     node->in = node->in_inline;
@@ -228,7 +234,7 @@ static int run_node(nb_tensor *t, nb_tensor *g) {
         return (nbi_error("nb_backward: out of memory"), -1);
     int rc = 0;
     nb_scope_begin();
-    if (n->backward(n, g, gin) != 0) rc = -1;
+    if (n->backward(n, g, gin) != 0 || !nbi_anomaly_backward(n, g, gin)) rc = -1;
     for (int i = 0; rc == 0 && i < n->nin; i++) {
         nb_tensor *in = n->in[i];
         if (!gin[i] || !in->requires_grad) continue;
@@ -302,5 +308,6 @@ int nb_backward_with_grad(nb_tensor *out, nb_tensor *grad) {
         return (nbi_error("%s: grad of shape %s %s does not match the output's %s %s", fn,
                           NBI_SHAPE(grad), nb_dtype_name(grad->dtype), NBI_SHAPE(out),
                           nb_dtype_name(out->dtype)), -1);
+    if (!nbi_anomaly_seed(fn, grad)) return -1;
     return run_backward(out, grad);
 }

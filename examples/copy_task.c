@@ -13,6 +13,7 @@
  *       [--batch 80] [--batches 20] [--epochs 40] [--dropout 0.1] [--lr 1.0]
  *       [--warmup 200] [--seed 1] [--threads N] [--all-epochs]
  *       [--attn-map DIR] [--loss-plot FILE.svg] [--save FILE] [--load FILE]
+ *       [--detect-anomaly]
  *
  * --attn-map DIR greedy-decodes the first fresh sequence after training and
  * writes every head's attention weights as SVG heatmaps, one file per layer
@@ -52,6 +53,7 @@ typedef struct {
     double dropout, lr;
     uint64_t seed;
     bool all_epochs;       /* do not stop at the first epoch with 100% exact match */
+    bool detect_anomaly;   /* nb_set_detect_anomaly: fail at the first NaN or Inf */
     const char *attn_dir;  /* --attn-map DIR, or NULL */
     const char *loss_plot; /* --loss-plot FILE.svg, or NULL */
     const char *save, *load; /* --save FILE, --load FILE, or NULL */
@@ -68,7 +70,8 @@ static void usage(const char *prog) {
             "usage: %s [--d-model N] [--heads N] [--layers N] [--d-ff N] [--batch N]\n"
             "          [--batches N] [--epochs N] [--dropout P] [--lr F] [--warmup N]\n"
             "          [--seed N] [--threads N] [--all-epochs] [--attn-map DIR]\n"
-            "          [--loss-plot FILE.svg] [--save FILE] [--load FILE]\n", prog);
+            "          [--loss-plot FILE.svg] [--save FILE] [--load FILE] [--detect-anomaly]\n",
+            prog);
 }
 
 static int parse(int argc, char **argv, options *o) {
@@ -77,8 +80,8 @@ static int parse(int argc, char **argv, options *o) {
                    .lr = 1.0, .seed = 1, .all_epochs = false};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--all-epochs")) {
-            o->all_epochs = true;
+        if (!strcmp(a, "--all-epochs") || !strcmp(a, "--detect-anomaly")) {
+            *(a[2] == 'a' ? &o->all_epochs : &o->detect_anomaly) = true;
             continue;
         }
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
@@ -260,6 +263,7 @@ typedef struct {
 
 static int setup(run *r, const options *o) {
     if (o->threads > 0) nb_set_num_threads((int)o->threads);
+    nb_set_detect_anomaly(o->detect_anomaly);
     nb_rng init, test, fresh;
     nb_rng_seed(&init, o->seed);
     nb_rng_seed(&r->data, o->seed + 1000);

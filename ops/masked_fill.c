@@ -6,6 +6,8 @@
  * a bigger result). Attention uses it with a padding mask (B,1,1,Lk), a
  * causal mask (Lq,Lk) or both (B,1,Lq,Lk) on scores (B,H,Lq,Lk), and
  * value = -INFINITY (softmax then gives 0 there). */
+#include <math.h>
+
 #include "ops_internal.h"
 
 /* ---------------------------------------------------------------- kernel */
@@ -84,7 +86,12 @@ nb_tensor *nb_masked_fill(nb_tensor *t, nb_tensor *mask, double value) {
     fill_where(out, t, tst, mask, value);
     if (nbi_needs_grad(1, &t)) {
         nb_tensor *ins[2] = {t, mask};
-        nbi_node *node = nbi_record(out, fn, masked_fill_backward, 2, ins);
+        /* Filling with -inf (attention's masks) makes infinities on purpose,
+         * and the rest of out is t's values, already checked where made: no
+         * anomaly check then. */
+        nbi_node *node = isfinite(value) ? nbi_record(out, fn, masked_fill_backward, 2, ins)
+                                         : nbi_record_unchecked(out, fn, masked_fill_backward,
+                                                                2, ins);
         if (!node) return nbi_discard(out);
         nbi_save(node, NBI_SAVE_IN(1)); /* backward reads the mask, not t */
         node->d[0] = value;

@@ -312,6 +312,96 @@ START_TEST(gradcheck_rejects_bad_inputs) {
 }
 END_TEST
 
+
+/* ------------------------------------------------------- anomaly mode */
+static nb_tensor *leaf(const double *v, int64_t n) {
+    return nb_set_requires_grad(nb_from_data(NB_F64, 1, &n, v), true);
+}
+
+START_TEST(anomaly_names_the_forward_op) {
+    ck_assert(!nb_detect_anomaly()); /* off at start */
+    nb_scope_begin();
+    nb_tensor *x = leaf((double[]){1.0, -2.0, 3.0}, 3);
+    nb_tensor *y = nb_log(x); /* NaN at element 1, allowed when off */
+    ck_assert_ptr_nonnull(y);
+    ck_assert(isnan(nb_item(nb_select(y, 0, 1))));
+    int64_t live = nb_live_tensors();
+    nb_set_detect_anomaly(true);
+    ck_assert(nb_detect_anomaly());
+    expect_error(nb_log(x), "nb_log: anomaly detected: the forward produced NaN at element 1",
+                 "(shape (3)) from finite inputs");
+    ck_assert_int_eq(nb_live_tensors(), live); /* the failed output was freed */
+    nb_tensor *big = leaf((double[]){1.0, 800.0}, 2);
+    expect_error(nb_exp(big), "nb_exp", "produced Inf at element 1");
+    expect_error(nb_div(x, nb_sub(x, x)), "nb_div", "produced Inf at element 0");
+    /* a NaN made with grad off is blamed on where it came from */
+    nb_set_grad_enabled(false);
+    nb_tensor *data = nb_log(nb_from_data(NB_F64, NB_SHAPE(3), (double[]){-1.0, 1.0, 1.0}));
+    nb_set_grad_enabled(true);
+    expect_error(nb_mul(x, data), "nb_mul: anomaly detected: input 1 (shape (3)) holds NaN at "
+                 "element 0", "made with grad off or given as data");
+    /* finite work, views and masked_fill with -inf (attention) pass */
+    nb_tensor *keep = nb_tril_mask(3, 3);
+    nb_tensor *w = nb_mul(nb_unsqueeze(x, 0), nb_unsqueeze(x, 1));
+    nb_tensor *p = nb_softmax(nb_masked_fill(w, nb_logical_not(keep), -INFINITY), -1);
+    ck_assert_msg(p && nb_backward(nb_sum_all(nb_mul(p, p))) == 0, "%s", nb_last_error());
+    nb_set_detect_anomaly(false);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(anomaly_names_the_backward_op) {
+    nb_scope_begin();
+    nb_tensor *x = leaf((double[]){0.0, 4.0}, 2);
+    nb_set_detect_anomaly(true);
+    /* sqrt(0) is finite, its derivative 1/(2 sqrt(0)) is not */
+    nb_tensor *y = nb_sqrt(x);
+    ck_assert_ptr_nonnull(y);
+    expect_error_rc(nb_backward(nb_sum_all(y)), "nb_backward: anomaly detected: the backward of "
+                    "nb_sqrt produced Inf at element 0 of the gradient of input 0 (shape (2))",
+                    "the gradient it received was finite");
+    ck_assert_ptr_null(nb_grad(x)); /* nothing reached the leaf */
+    /* times 0 first: the gradient reaching sqrt is 0, and 0 * Inf is NaN */
+    nb_tensor *z = nb_mul_scalar(nb_sqrt(x), 0.0);
+    expect_error_rc(nb_backward(nb_sum_all(z)), "the backward of nb_sqrt produced NaN");
+    nb_tensor *bad = nb_from_data(NB_F64, NB_SHAPE(2), (double[]){1.0, NAN});
+    expect_error_rc(nb_backward_with_grad(y, bad), "nb_backward_with_grad: anomaly detected: "
+                    "the gradient given holds NaN at element 1");
+    /* off: the same backward runs and leaves Inf in the gradient */
+    nb_set_detect_anomaly(false);
+    ck_assert_int_eq(nb_backward(nb_sum_all(y)), 0);
+    ck_assert(isinf(nb_item(nb_select(nb_grad(x), 0, 0))));
+    nb_scope_end();
+}
+END_TEST
+
+/* A transformer training step raises nothing in anomaly mode: its -inf
+ * masks, softmax, dropout and cross entropy are all legitimate. */
+START_TEST(anomaly_mode_is_quiet_on_a_transformer_step) {
+    nb_params *ps = nb_params_new();
+    nb_Transformer m;
+    nb_TransformerConfig cfg = {.src_vocab = 7, .tgt_vocab = 7, .d_model = 16, .d_ff = 32,
+                                .heads = 2, .layers = 1, .max_len = 16, .dropout = 0.1};
+    nb_rng rng;
+    nb_rng_seed(&rng, 4);
+    ck_assert_int_eq(nb_transformer_init(&m, ps, &cfg, &rng), 0);
+    nb_set_detect_anomaly(true);
+    nb_scope_begin();
+    int64_t tok[2 * 5] = {1, 2, 3, 4, 0, 1, 5, 6, 0, 0}; /* 0 pads */
+    nb_tensor *src = nb_from_data(NB_I64, NB_SHAPE(2, 5), tok);
+    nb_tensor *keep = nb_view(nb_ne(src, nb_full(NB_I64, 0, NULL, 0)), NB_SHAPE(2, 1, 1, 5));
+    nb_tensor *mem = nb_transformer_encode(&m, src, keep, true, &rng);
+    nb_tensor *out = nb_transformer_decode(&m, mem, keep, src, nb_tril_mask(5, 5), true, &rng);
+    nb_tensor *logits = nb_reshape(nb_transformer_logits(&m, out), NB_SHAPE(-1, 7));
+    nb_tensor *loss = nb_cross_entropy(logits, nb_reshape(src, NB_SHAPE(-1)), 0, 0.1);
+    ck_assert_msg(loss && nb_backward(loss) == 0, "%s", nb_last_error());
+    nb_scope_end();
+    nb_set_detect_anomaly(false);
+    nb_transformer_free(&m);
+    nb_params_free(ps);
+}
+END_TEST
+
 Suite *suite_autograd(void) {
     Suite *s = suite_create("autograd");
     TCase *tc = tcase_create("engine");
@@ -329,6 +419,9 @@ Suite *suite_autograd(void) {
     tcase_add_test(tc, graph_keeps_freed_intermediates_alive);
     tcase_add_test(tc, deep_chain_does_not_overflow_the_stack);
     tcase_add_test(tc, f32_gradients_are_f32);
+    tcase_add_test(tc, anomaly_names_the_forward_op);
+    tcase_add_test(tc, anomaly_names_the_backward_op);
+    tcase_add_test(tc, anomaly_mode_is_quiet_on_a_transformer_step);
     suite_add_tcase(s, tc);
     TCase *gc = tcase_create("gradcheck");
     tcase_add_test(gc, gradcheck_reports_the_worst_element);
