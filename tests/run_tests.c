@@ -19,6 +19,7 @@ int main(void) {
     srunner_add_suite(sr, suite_transformer());
     srunner_add_suite(sr, suite_checkpoint());
     srunner_add_suite(sr, suite_threads());
+    srunner_add_suite(sr, suite_soak());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

@@ -64,5 +64,6 @@ Suite *suite_optim(void);
 Suite *suite_transformer(void);
 Suite *suite_threads(void);
 Suite *suite_checkpoint(void);
+Suite *suite_soak(void);
 
 #endif
