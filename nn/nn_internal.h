@@ -3,6 +3,7 @@
 #ifndef NABLA_NN_INTERNAL_H
 #define NABLA_NN_INTERNAL_H
 
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "../nabla.h"
@@ -23,10 +24,15 @@ static inline const char *nn_shape_str(char *buf, size_t cap, int ndim, const in
 /* a tensor's shape, into a char array buf */
 #define NN_SHAPE(buf, t) nn_shape_str((buf), sizeof(buf), nb_ndim(t), nb_shape(t))
 
-/* "name.suffix" into buf (module parameter names) */
-static inline const char *nn_join(char *buf, size_t cap, const char *name, const char *suffix) {
-    snprintf(buf, cap, "%s%s%s", name && *name ? name : "", name && *name ? "." : "", suffix);
-    return buf;
+/* "name.suffix" into buf (module parameter names); NULL, with a message
+ * naming fn, when it does not fit (nb_params_add keeps that message). */
+static inline const char *nn_join(const char *fn, char *buf, size_t cap, const char *name,
+                                  const char *suffix) {
+    bool any = name && *name;
+    int n = snprintf(buf, cap, "%s%s%s", any ? name : "", any ? "." : "", suffix);
+    if (n >= 0 && (size_t)n < cap) return buf;
+    return nn_error("%s: parameter name \"%.40s...\" is too long (%d bytes, at most %zu)", fn,
+                    buf, n, cap - 1);
 }
 
 /* U(-bound, bound) in the default dtype, registered in ps as name. */

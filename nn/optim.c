@@ -48,8 +48,10 @@ void nb_optim_free(nb_optim *o) {
  * the step) in o->state, whatever scope is open. */
 static nb_tensor *state_buffer(nb_optim *o, const char *pname, const char *what, nb_tensor *p) {
     char name[1024];
-    if (snprintf(name, sizeof name, "%s.%s", pname, what) >= (int)sizeof name)
-        return nn_error("%s: parameter name \"%s\" is too long", kind_name(o->kind), pname);
+    int len = snprintf(name, sizeof name, "%s.%s", pname, what);
+    if (len >= (int)sizeof name)
+        return nn_error("%s: state name \"%.40s...\" is too long (%d bytes, at most %zu)",
+                        kind_name(o->kind), name, len, sizeof name - 1);
     nb_scope_begin();
     nb_tensor *z = p ? nb_zeros(nb_dtype_of(p), nb_ndim(p), nb_shape(p)) : nb_scalar(NB_I64, 0);
     nb_tensor *s = nb_params_add_buffer(o->state, name, z);

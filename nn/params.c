@@ -90,6 +90,7 @@ static nb_tensor *append(list *l, const char *fn, const char *prefix, const char
 }
 
 static const char *check_add(const char *fn, nb_params *ps, const char *name, nb_tensor *t) {
+    if (!name && ps && nb_last_error()) return NULL; /* a name that failed to build */
     if (!ps || !name) return nn_error("%s: registry or name is NULL", fn);
     if (!t) return nn_null(fn);
     if (exists(ps, name)) return nn_error("%s: an entry named \"%s\" exists already", fn, name);
@@ -125,8 +126,8 @@ int nb_params_add_all(nb_params *dst, const char *prefix, const nb_params *src) 
         for (int i = 0; i < from[k]->n; i++) {
             int len = snprintf(name, sizeof name, "%s%s", prefix, from[k]->v[i].name);
             if (len >= (int)sizeof name)
-                return nn_error("%s: name \"%s%s\" is too long", fn, prefix,
-                                from[k]->v[i].name), -1;
+                return nn_error("%s: name \"%.40s...\" is too long (%d bytes, at most %zu)",
+                                fn, name, len, sizeof name - 1), -1;
             if (exists(dst, name))
                 return nn_error("%s: an entry named \"%s\" exists already", fn, name), -1;
         }

@@ -2,6 +2,7 @@
  * the public modules: embeddings with positional encoding, pre-norm encoder
  * and decoder layers with residual connections, final norms, generator. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,10 +18,10 @@ int nb_feedforward_init(nb_FeedForward *m, nb_params *ps, const char *name, int6
         return (nn_error("nb_feedforward_init: dropout must be in [0, 1], got %g", dropout), -1);
     char buf[512];
     m->dropout = dropout;
-    if (nb_linear_init(&m->w_1, ps, nn_join(buf, sizeof buf, name, "w_1"), d_model, d_ff, true,
+    if (nb_linear_init(&m->w_1, ps, nn_join("nb_feedforward_init", buf, sizeof buf, name, "w_1"), d_model, d_ff, true,
                        rng) != 0)
         return -1;
-    return nb_linear_init(&m->w_2, ps, nn_join(buf, sizeof buf, name, "w_2"), d_ff, d_model,
+    return nb_linear_init(&m->w_2, ps, nn_join("nb_feedforward_init", buf, sizeof buf, name, "w_2"), d_ff, d_model,
                           true, rng);
 }
 
@@ -37,6 +38,12 @@ nb_tensor *nb_positional_encoding(int64_t max_len, int64_t d_model, nb_dtype dty
     if (max_len <= 0 || d_model <= 0)
         return nn_error("nb_positional_encoding: sizes must be positive, got max_len %lld, "
                         "d_model %lld", (long long)max_len, (long long)d_model);
+    if (dtype != NB_F32 && dtype != NB_F64)
+        return nn_error("nb_positional_encoding: dtype must be f32 or f64, got %s",
+                        nb_dtype_name(dtype));
+    if (max_len > (int64_t)(SIZE_MAX / sizeof(double)) / d_model)
+        return nn_error("nb_positional_encoding: max_len %lld x d_model %lld is too large",
+                        (long long)max_len, (long long)d_model);
     double *pe = malloc((size_t)(max_len * d_model) * sizeof *pe);
     if (!pe) return nn_error("nb_positional_encoding: out of memory");
     for (int64_t p = 0; p < max_len; p++) {

@@ -497,6 +497,19 @@ START_TEST(test_params_registry) {
     expect_error(nb_params_get(NULL, "x"), "nb_params_get");
     ck_assert_int_eq(nb_params_count(NULL), 0);
     ck_assert_int_eq(nb_params_count(ps), 2);
+    /* a module name too long for its parameter names: said, and nothing cut */
+    char longname[600];
+    memset(longname, 'x', sizeof longname - 1);
+    longname[sizeof longname - 1] = 0;
+    nb_Linear lin;
+    expect_error_rc(nb_linear_init(&lin, ps, longname, 2, 2, true, NULL), "nb_linear_init",
+                    "parameter name \"xxxx", "is too long (606 bytes, at most 511)");
+    ck_assert_int_eq(nb_params_count(ps), 2);
+    /* sizes whose table would not fit in memory, and integer dtypes */
+    expect_error(nb_positional_encoding((int64_t)1 << 33, (int64_t)1 << 31, NB_F32),
+                 "nb_positional_encoding: max_len 8589934592 x d_model 2147483648 is too large");
+    expect_error(nb_positional_encoding(4, 4, NB_I64), "nb_positional_encoding",
+                 "dtype must be f32 or f64, got i64");
     nb_scope_end();
     /* the parameters outlive the scope they were added in */
     ck_assert_int_eq(nb_live_tensors(), live + 2);
