@@ -59,7 +59,8 @@ int nb_embedding_init(nb_Embedding *m, nb_params *ps, const char *name, int64_t 
     *m = (nb_Embedding){.num_embeddings = num, .embedding_dim = dim};
     nb_scope_begin();
     nb_tensor *w = nb_randn(nb_default_dtype(), 2, (const int64_t[]){num, dim}, rng);
-    m->weight = nb_params_add(ps, nn_join("nb_embedding_init", buf, sizeof buf, name, "weight"), w);
+    m->weight =
+        nb_params_add(ps, nn_join("nb_embedding_init", buf, sizeof buf, name, "weight"), w);
     nb_scope_end();
     return m->weight ? 0 : -1;
 }

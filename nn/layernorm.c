@@ -46,10 +46,11 @@ int nb_layernorm_init(nb_LayerNorm *m, nb_params *ps, const char *name, int64_t 
     char buf[512];
     *m = (nb_LayerNorm){.dim = dim, .eps = eps};
     nb_scope_begin();
-    m->weight = nb_params_add(ps, nn_join("nb_layernorm_init", buf, sizeof buf, name, "weight"),
+    const char *fn = "nb_layernorm_init";
+    m->weight = nb_params_add(ps, nn_join(fn, buf, sizeof buf, name, "weight"),
                               nb_ones(nb_default_dtype(), 1, &dim));
     if (m->weight)
-        m->bias = nb_params_add(ps, nn_join("nb_layernorm_init", buf, sizeof buf, name, "bias"),
+        m->bias = nb_params_add(ps, nn_join(fn, buf, sizeof buf, name, "bias"),
                                 nb_zeros(nb_default_dtype(), 1, &dim));
     nb_scope_end();
     return m->weight && m->bias ? 0 : -1;

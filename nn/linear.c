@@ -54,10 +54,11 @@ int nb_linear_init(nb_Linear *m, nb_params *ps, const char *name, int64_t in, in
     char buf[512];
     double bound = 1.0 / sqrt((double)in);
     *m = (nb_Linear){.in_features = in, .out_features = out};
-    m->weight = nn_uniform_param(ps, nn_join("nb_linear_init", buf, sizeof buf, name, "weight"), 2,
+    const char *fn = "nb_linear_init";
+    m->weight = nn_uniform_param(ps, nn_join(fn, buf, sizeof buf, name, "weight"), 2,
                                  (const int64_t[]){out, in}, bound, rng);
     if (!m->weight) return -1;
-    if (bias && !(m->bias = nn_uniform_param(ps, nn_join("nb_linear_init", buf, sizeof buf, name, "bias"), 1,
+    if (bias && !(m->bias = nn_uniform_param(ps, nn_join(fn, buf, sizeof buf, name, "bias"), 1,
                                              (const int64_t[]){out}, bound, rng)))
         return -1;
     return 0;

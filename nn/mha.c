@@ -37,8 +37,8 @@ int nb_mha_init(nb_MHA *m, nb_params *ps, const char *name, int64_t d_model, int
     nb_Linear *lin[4] = {&m->w_q, &m->w_k, &m->w_v, &m->w_o};
     char buf[512];
     for (int i = 0; i < 4; i++)
-        if (nb_linear_init(lin[i], ps, nn_join("nb_mha_init", buf, sizeof buf, name, names[i]), d_model, d_model,
-                           bias, rng) < 0)
+        if (nb_linear_init(lin[i], ps, nn_join("nb_mha_init", buf, sizeof buf, name, names[i]),
+                           d_model, d_model, bias, rng) < 0)
             return -1;
     return 0;
 }

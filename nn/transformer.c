@@ -18,10 +18,11 @@ int nb_feedforward_init(nb_FeedForward *m, nb_params *ps, const char *name, int6
         return (nn_error("nb_feedforward_init: dropout must be in [0, 1], got %g", dropout), -1);
     char buf[512];
     m->dropout = dropout;
-    if (nb_linear_init(&m->w_1, ps, nn_join("nb_feedforward_init", buf, sizeof buf, name, "w_1"), d_model, d_ff, true,
-                       rng) != 0)
+    const char *fn = "nb_feedforward_init";
+    if (nb_linear_init(&m->w_1, ps, nn_join(fn, buf, sizeof buf, name, "w_1"), d_model, d_ff,
+                       true, rng) != 0)
         return -1;
-    return nb_linear_init(&m->w_2, ps, nn_join("nb_feedforward_init", buf, sizeof buf, name, "w_2"), d_ff, d_model,
+    return nb_linear_init(&m->w_2, ps, nn_join(fn, buf, sizeof buf, name, "w_2"), d_ff, d_model,
                           true, rng);
 }
 
@@ -190,9 +191,8 @@ void nb_transformer_free(nb_Transformer *m) {
 
 /* ---------------------------------------------------------------- forward */
 /* tokens (B, L) -> (B, L, d_model): embedding * sqrt(d_model) + pe, dropout */
-static nb_tensor *embed(nb_Transformer *m, const nb_Embedding *e, nb_tensor *tokens,
-                        bool training, nb_rng *rng) {
-    const char *fn = "nb_transformer";
+static nb_tensor *embed(const char *fn, nb_Transformer *m, const nb_Embedding *e,
+                        nb_tensor *tokens, bool training, nb_rng *rng) {
     if (!tokens) return nn_null(fn);
     if (nb_ndim(tokens) != 2)
         return nn_error("%s: tokens must be (B, L), got %d dims", fn, nb_ndim(tokens));
@@ -209,7 +209,7 @@ nb_tensor *nb_transformer_encode(nb_Transformer *m, nb_tensor *src, nb_tensor *s
                                  bool training, nb_rng *rng) {
     if (!m) return nn_error("nb_transformer_encode: model is NULL");
     double p = m->cfg.dropout;
-    nb_tensor *x = embed(m, &m->src_embed, src, training, rng);
+    nb_tensor *x = embed("nb_transformer_encode", m, &m->src_embed, src, training, rng);
     for (int i = 0; i < m->cfg.layers; i++) {
         nb_EncoderLayer *l = &m->encoder[i];
         nb_tensor *h = nb_layernorm_forward(&l->norm1, x);
@@ -230,7 +230,7 @@ nb_tensor *nb_transformer_decode(nb_Transformer *m, nb_tensor *memory, nb_tensor
                                  nb_rng *rng) {
     if (!m) return nn_error("nb_transformer_decode: model is NULL");
     double p = m->cfg.dropout;
-    nb_tensor *x = embed(m, &m->tgt_embed, tgt, training, rng);
+    nb_tensor *x = embed("nb_transformer_decode", m, &m->tgt_embed, tgt, training, rng);
     for (int i = 0; i < m->cfg.layers; i++) {
         nb_DecoderLayer *l = &m->decoder[i];
         nb_tensor *h = nb_layernorm_forward(&l->norm1, x);
