@@ -35,7 +35,8 @@ TEST_BIN := $(BUILD)/tests/run_tests
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm)
 
-.PHONY: all test run bench clean check-deps readme-check valgrind asan install uninstall install-check resume-check
+.PHONY: all test run bench clean check-deps readme-check valgrind asan install uninstall install-check resume-check \
+  fuzz fuzz-build fuzz-load fuzz-ops fuzz-regress fuzz-seeds fuzz-clean
 all: $(BUILD)/libnabla.a $(BUILD)/libnabla.so $(EXAMPLES)
 	@ln -sf $(BUILD)/libnabla.a libnabla.a
 	@ln -sf $(BUILD)/libnabla.so libnabla.so
@@ -146,6 +147,56 @@ asan: check-deps
 	build-asan/tests/run_tests
 	@for e in $(EXAMPLES:$(BUILD)/%=build-asan/%); do $$e $(SHORT_ARGS) > /dev/null || exit 1; echo "asan clean: $$e"; done
 	@build-asan/examples/copy_task $(RESUME_SHORT) > /dev/null && echo "asan clean: copy_task --load"
+
+# libFuzzer (fuzz/RESULTS.md): the harnesses in fuzz/ with the library compiled
+# in, ASan + UBSan, under build-fuzz/. make fuzz runs each target for
+# FUZZ_TIME seconds (NABLA_NUM_THREADS=1) on a copy of its seed corpus and
+# prints a summary line; make fuzz-load / fuzz-ops run one (make -j2 fuzz-load
+# fuzz-ops runs both at once); FUZZ_ARGS adds libFuzzer options; make
+# fuzz-regress replays fuzz/regressions/; make fuzz-seeds rewrites
+# fuzz/corpus/ from fuzz/gen_seeds.c; make fuzz-clean removes build-fuzz/.
+FUZZ_CC   ?= clang
+FUZZ_TIME ?= 60
+FUZZ_SAN  := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_OPTS_load := -dict=fuzz/load.dict -max_len=4096
+FUZZ_OPTS_ops  := -max_len=512
+fuzz: fuzz-build
+	@rc=0; sh fuzz/run.sh load $(FUZZ_TIME) $(FUZZ_OPTS_load) $(FUZZ_ARGS) || rc=1; \
+	  sh fuzz/run.sh ops $(FUZZ_TIME) $(FUZZ_OPTS_ops) $(FUZZ_ARGS) || rc=1; exit $$rc
+
+fuzz-load fuzz-ops: fuzz-%: fuzz-build
+	@sh fuzz/run.sh $* $(FUZZ_TIME) $(FUZZ_OPTS_$*) $(FUZZ_ARGS)
+
+fuzz-build:
+	@printf 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }\n' \
+	  > /tmp/nabla-fuzz-probe-$$$$.c; \
+	if ! $(FUZZ_CC) -fsanitize=fuzzer /tmp/nabla-fuzz-probe-$$$$.c -o /tmp/nabla-fuzz-probe-$$$$ 2>/dev/null; then \
+	  rm -f /tmp/nabla-fuzz-probe-$$$$*; \
+	  echo "make fuzz needs clang with the libFuzzer runtime ($(FUZZ_CC) -fsanitize=fuzzer does not link)."; \
+	  echo "On Debian/Ubuntu with clang 14:  sudo apt-get install -y clang-14 libclang-rt-14-dev"; \
+	  echo "(other versions: libclang-rt-N-dev; then make fuzz FUZZ_CC=clang-N)"; exit 1; fi; \
+	rm -f /tmp/nabla-fuzz-probe-$$$$*
+	@$(MAKE) --no-print-directory BUILD=build-fuzz CC=$(FUZZ_CC) \
+	  OPT="-O1 -g -fsanitize=fuzzer-no-link $(FUZZ_SAN)" build-fuzz/libnabla.a
+	@$(MAKE) --no-print-directory build-fuzz/fuzz_load build-fuzz/fuzz_ops
+
+build-fuzz/fuzz_%: fuzz/fuzz_%.c $(wildcard fuzz/*.h) build-fuzz/libnabla.a nabla.h
+	$(FUZZ_CC) -O1 -g -fsanitize=fuzzer $(FUZZ_SAN) -std=c11 -Wall -Wextra -D_POSIX_C_SOURCE=200809L \
+	  -I. $< build-fuzz/libnabla.a -lm -lpthread -o $@
+
+fuzz-regress: fuzz-build
+	@for t in load ops; do set -- fuzz/regressions/$$t/*; [ -e "$$1" ] || continue; \
+	  NABLA_NUM_THREADS=1 build-fuzz/fuzz_$$t "$$@" > build-fuzz/regress_$$t.log 2>&1 || \
+	  { tail -20 build-fuzz/regress_$$t.log; exit 1; }; echo "fuzz-regress: fuzz_$$t ran $$# inputs, clean"; done
+
+fuzz-clean:
+	rm -rf build-fuzz
+
+fuzz-seeds:
+	@mkdir -p build-fuzz
+	$(CC) -O1 -g $(WARN) -D_POSIX_C_SOURCE=200809L -pthread -I. fuzz/gen_seeds.c $(LIB_SRC) $(LDLIBS) -o build-fuzz/gen_seeds
+	rm -rf fuzz/corpus/load fuzz/corpus/ops && mkdir -p fuzz/corpus/load fuzz/corpus/ops && \
+	  build-fuzz/gen_seeds fuzz/corpus/load fuzz/corpus/ops
 
 # nabla.pc is generated at install time, as it records the install paths;
 # inside it, paths under PREFIX are written relative to ${prefix}.

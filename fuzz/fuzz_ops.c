@@ -1,0 +1,1283 @@
+/* fuzz_ops.c: libFuzzer target for the tensor ops, views and autograd.
+ *
+ * The input is a small program. Its first bytes pick the floating dtype (f32
+ * or f64) and make 1-3 tensors (0-4 dims of size 0-5, values from the bytes,
+ * some NB_BOOL, some requiring grad); each following byte picks an op (view
+ * ops, broadcasting arithmetic, matmul, softmax, reductions, cat, where,
+ * comparisons, nb_to, ...)
+ * whose operands and arguments (dims, sizes, starts) come from the next bytes,
+ * and whose result joins the pool of operands.
+ *
+ * Every call is judged by a slow reference written here on plain double
+ * arrays (row-major values, explicit shapes, its own broadcast and index
+ * arithmetic; nothing from the library but the public accessors that read a
+ * tensor's shape, strides and data pointer):
+ * - valid and invalid must agree: a call the reference finds invalid must
+ *   return NULL with nb_last_error() starting with "<function>:", and a valid
+ *   one must succeed;
+ * - a result has the reference's dtype and shape, and its values (read
+ *   through the result's own strides) match: bit-exact for ops that round
+ *   once (views, copies, + - * /, relu, max, where, comparisons), else within
+ *   a tolerance relative to the sum of |terms|: f64 1e-9, f32 1e-5, plus n
+ *   rounding errors for sums of n terms kept in the result's precision
+ *   (matmul, softmax);
+ *   NaN and +-Inf must agree in position;
+ * - the operands' values are unchanged by the call;
+ * - a floating result that requires grad backpropagates (nb_backward of its
+ *   nb_sum_all) without error, and every leaf's gradient has the leaf's shape
+ *   and dtype;
+ * - everything runs in one scope, after which nb_live_tensors() is back to
+ *   its value before the input.
+ * A violation prints the op and its operands' shapes and aborts.
+ *
+ * Limits of the reference: results of more than MAX_NUMEL elements are not
+ * computed (the call is skipped); f32 matmul values are not compared when an
+ * operand holds a finite |x| > 1e15 (f64: 1e150), where float accumulation
+ * may overflow where the double reference does not. Shapes stay small (sizes
+ * up to 6), so int64 overflow of shapes is not explored here. */
+#include <float.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../nabla.h"
+#include "ops_program.h"
+
+#define MAX_NUMEL 4096
+#define POOL 10
+#define MAX_OPS 24
+#define MAX_BACKWARD 6
+
+/* --------------------------------------------------------------- failures */
+static char ctx[1024]; /* the op being checked, for the failure report */
+
+static void fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "\nfuzz_ops: MISMATCH in %s\n  ", ctx);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n  nb_last_error(): %s\n", nb_last_error() ? nb_last_error() : "(none)");
+    va_end(ap);
+    abort();
+}
+
+/* ------------------------------------------------------------ input bytes */
+typedef struct {
+    const uint8_t *p;
+    size_t n, i;
+} reader;
+
+static unsigned u8(reader *r) { return r->i < r->n ? r->p[r->i++] : 0; }
+static bool more(const reader *r) { return r->i < r->n; }
+
+/* Element values: mostly multiples of 1/8 in [-15.4, 15.5], and specials. */
+static double val_of(unsigned b) {
+    switch (b) {
+    case 255: return NAN;
+    case 254: return INFINITY;
+    case 253: return -INFINITY;
+    case 252: return -0.0;
+    case 251: return 1e30;
+    case 250: return -1e-30;
+    case 249: return 88.75;  /* exp overflows f32 */
+    case 248: return 710.0;  /* exp overflows f64 */
+    case 247: return 3e38;
+    case 246: return -1e300; /* -inf in f32 */
+    case 245: return 1e-310; /* subnormal f64, 0 in f32 */
+    default: return ((int)b - 123) / 8.0;
+    }
+}
+
+/* ------------------------------------------------------- shapes, indexing */
+typedef struct {
+    int nd;
+    int64_t s[NB_MAX_DIMS];
+} shp;
+
+static int64_t numel(const shp *a) {
+    int64_t n = 1;
+    for (int i = 0; i < a->nd; i++) n *= a->s[i]; /* sizes are small: no overflow */
+    return n;
+}
+
+static bool same_shape(const shp *a, const shp *b) {
+    if (a->nd != b->nd) return false;
+    for (int i = 0; i < a->nd; i++)
+        if (a->s[i] != b->s[i]) return false;
+    return true;
+}
+
+static const char *shape_str(const shp *a) {
+    static char buf[8][96];
+    static int k;
+    k = (k + 1) % 8;
+    int n = snprintf(buf[k], sizeof buf[k], "(");
+    for (int i = 0; i < a->nd; i++)
+        n += snprintf(buf[k] + n, sizeof buf[k] - (size_t)n, "%s%lld", i ? "," : "",
+                      (long long)a->s[i]);
+    snprintf(buf[k] + n, sizeof buf[k] - (size_t)n, ")");
+    return buf[k];
+}
+
+/* Advances a row-major multi-index; false after the last one. */
+static bool next_index(int64_t *idx, const shp *a) {
+    for (int d = a->nd - 1; d >= 0; d--) {
+        if (++idx[d] < a->s[d]) return true;
+        idx[d] = 0;
+    }
+    return false;
+}
+
+/* Row-major flat position in `in` of the element an index of `out` reads when
+ * `in` is broadcast to `out` (dims aligned at the right; size-1 dims repeat). */
+static int64_t bcast_flat(const shp *out, const int64_t *idx, const shp *in) {
+    int64_t f = 0;
+    int lead = out->nd - in->nd;
+    for (int j = 0; j < in->nd; j++) f = f * in->s[j] + (in->s[j] == 1 ? 0 : idx[j + lead]);
+    return f;
+}
+
+/* NumPy broadcasting of two shapes. */
+static bool bcast(const shp *a, const shp *b, shp *out) {
+    int n = a->nd > b->nd ? a->nd : b->nd;
+    out->nd = n;
+    for (int i = 0; i < n; i++) {
+        int ia = i - (n - a->nd), ib = i - (n - b->nd);
+        int64_t x = ia >= 0 ? a->s[ia] : 1, y = ib >= 0 ? b->s[ib] : 1;
+        if (x != y && x != 1 && y != 1) return false;
+        out->s[i] = x == 1 ? y : x;
+    }
+    return true;
+}
+
+/* A dim argument against ndim (0-d tensors accept 0 and -1): normalized, or -1. */
+static int norm_dim(int dim, int nd) {
+    int lo = nd ? -nd : -1, hi = nd ? nd - 1 : 0;
+    if (dim < lo || dim > hi) return -1;
+    return dim < 0 ? dim + (nd ? nd : 1) : dim;
+}
+
+/* ----------------------------------------------------- reading a tensor */
+typedef struct {
+    nb_dtype dt;
+    shp sh;
+    int64_t n;
+    double *v; /* n values, row-major */
+} vals;
+
+static void vals_free(vals *a) {
+    free(a->v);
+    a->v = NULL;
+}
+
+static bool is_float(nb_dtype d) { return d == NB_F32 || d == NB_F64; }
+
+/* t's values read through its shape, strides and data pointer. */
+static vals read_tensor(nb_tensor *t) {
+    vals a = {.dt = nb_dtype_of(t), .sh.nd = nb_ndim(t)};
+    if (a.sh.nd < 0 || a.sh.nd > NB_MAX_DIMS) fail("tensor with ndim %d", a.sh.nd);
+    const int64_t *shape = nb_shape(t), *st = nb_strides(t);
+    for (int i = 0; i < a.sh.nd; i++) {
+        if (shape[i] < 0) fail("negative size in %s", shape_str(&a.sh));
+        a.sh.s[i] = shape[i];
+    }
+    a.n = numel(&a.sh);
+    if (nb_numel(t) != a.n) fail("nb_numel %lld for shape %s", (long long)nb_numel(t), shape_str(&a.sh));
+    a.v = malloc((size_t)(a.n ? a.n : 1) * sizeof *a.v);
+    if (!a.v) abort();
+    if (a.n == 0) return a;
+    const char *base = nb_data(t);
+    if (!base) fail("nb_data is NULL for a non-empty tensor");
+    int64_t idx[NB_MAX_DIMS] = {0};
+    int64_t i = 0;
+    do {
+        int64_t off = 0;
+        for (int d = 0; d < a.sh.nd; d++) off += idx[d] * st[d];
+        switch (a.dt) {
+        case NB_F32: a.v[i] = ((const float *)base)[off]; break;
+        case NB_F64: a.v[i] = ((const double *)base)[off]; break;
+        case NB_I64: a.v[i] = (double)((const int64_t *)base)[off]; break;
+        case NB_BOOL: {
+            unsigned char c;
+            memcpy(&c, base + off, 1);
+            if (c > 1) fail("a bool element holds %u", c);
+            a.v[i] = c;
+            break;
+        }
+        default: fail("unknown dtype %d", (int)a.dt);
+        }
+        i++;
+    } while (next_index(idx, &a.sh));
+    return a;
+}
+
+/* Element offsets (in elements, relative to nb_data) of t in row-major order. */
+static int64_t *offsets(nb_tensor *t, int64_t n) {
+    int nd = nb_ndim(t);
+    shp sh = {.nd = nd};
+    memcpy(sh.s, nb_shape(t), (size_t)nd * sizeof(int64_t));
+    const int64_t *st = nb_strides(t);
+    int64_t *o = malloc((size_t)(n ? n : 1) * sizeof *o);
+    if (!o) abort();
+    if (n == 0) return o;
+    int64_t idx[NB_MAX_DIMS] = {0}, i = 0;
+    do {
+        int64_t off = 0;
+        for (int d = 0; d < nd; d++) off += idx[d] * st[d];
+        o[i++] = off;
+    } while (next_index(idx, &sh));
+    return o;
+}
+
+/* ------------------------------------------------------- the expectation */
+enum { EXACT, TOL, NOVALS };
+
+typedef struct {
+    const char *fn;
+    bool ok;      /* the reference accepts the call */
+    bool skip;    /* valid but too big to compute: not called */
+    nb_dtype dt;  /* result dtype */
+    shp sh;       /* result shape */
+    double *v;    /* reference values, row-major */
+    double *mag;  /* per element: sum of |terms| (NULL: |v|) */
+    int rule;
+    double rtol;
+} expect;
+
+static void expect_init(expect *e, const char *fn, nb_dtype dt) {
+    memset(e, 0, sizeof *e);
+    e->fn = fn;
+    e->dt = dt;
+    e->rule = EXACT;
+}
+
+static void expect_alloc(expect *e, bool mag) {
+    int64_t n = numel(&e->sh);
+    e->ok = true;
+    if (n > MAX_NUMEL) {
+        e->skip = true;
+        return;
+    }
+    e->v = calloc((size_t)(n ? n : 1), sizeof *e->v);
+    e->mag = mag ? calloc((size_t)(n ? n : 1), sizeof *e->mag) : NULL;
+    if (!e->v || (mag && !e->mag)) abort();
+}
+
+static void expect_free(expect *e) {
+    free(e->v);
+    free(e->mag);
+}
+
+/* A double rounded to the result dtype (f32 rounds once, as the library's
+ * float arithmetic of exactly rounded ops does). */
+static double round_to(double x, nb_dtype dt) {
+    if (dt == NB_F32) {
+        if (x > FLT_MAX * 2.0) return INFINITY; /* explicit: no out-of-range conversion */
+        if (x < -FLT_MAX * 2.0) return -INFINITY;
+        return (double)(float)x;
+    }
+    return x;
+}
+
+static void compare_values(const expect *e, const vals *got) {
+    double big = e->dt == NB_F32 ? 1e38 : 1e307;
+    for (int64_t i = 0; i < got->n; i++) {
+        double r = is_float(e->dt) ? round_to(e->v[i], e->dt) : e->v[i], l = got->v[i];
+        bool ok;
+        if (!is_float(e->dt) && isnan(r)) {
+            ok = true; /* an unspecified integer (nb_to of NaN, Inf or out of range) */
+        } else if (isnan(r) || isnan(l)) {
+            ok = isnan(r) && isnan(l);
+        } else if (isinf(r) || isinf(l)) {
+            /* at the edge of overflow one side may round to the largest finite value */
+            ok = r == l || (e->rule == TOL && (r > 0) == (l > 0) && fabs(isinf(r) ? l : r) >= big);
+        } else if (e->rule == EXACT) {
+            ok = r == l;
+        } else {
+            double m = e->mag ? e->mag[i] : fabs(r);
+            double tol = e->rtol * m + (e->dt == NB_F32 ? 1e-37 : 1e-300);
+            ok = !(fabs(l - r) > tol); /* a NaN or infinite tolerance accepts */
+        }
+        if (!ok) {
+            int64_t idx[NB_MAX_DIMS] = {0}, k = i;
+            for (int d = got->sh.nd - 1; d >= 0; d--) {
+                idx[d] = got->sh.s[d] ? k % got->sh.s[d] : 0;
+                k = got->sh.s[d] ? k / got->sh.s[d] : 0;
+            }
+            char where[128] = "";
+            int n = 0;
+            for (int d = 0; d < got->sh.nd; d++)
+                n += snprintf(where + n, sizeof where - (size_t)n, "%s%lld", d ? "," : "",
+                              (long long)idx[d]);
+            fail("element %lld [%s] of %s: library %.17g, reference %.17g (mag %.3g)",
+                 (long long)i, where, shape_str(&got->sh), l, r, e->mag ? e->mag[i] : fabs(r));
+        }
+    }
+}
+
+/* Relative tolerance (of the sum of |terms|) for n terms accumulated in the
+ * result's own precision: 1e-5 (f32) or 1e-9 (f64), plus the worst-case
+ * rounding of n additions (about n units of 2^-24 / 2^-53). */
+static double acc_rtol(nb_dtype dt, int64_t n) {
+    return dt == NB_F32 ? 1e-5 + (double)n * 1.2e-7 : 1e-9 + (double)n * 2.3e-16;
+}
+
+/* --------------------------------------------------------------- the pool */
+typedef struct {
+    nb_tensor *t[POOL];
+    nb_tensor *leaves[POOL]; /* leaves that require grad */
+    int n, nleaves, backwards;
+    nb_dtype fdt;
+} pool;
+
+static void pool_add(pool *p, nb_tensor *t, reader *r) {
+    if (p->n < POOL) p->t[p->n++] = t;
+    else p->t[u8(r) % POOL] = t;
+}
+
+static nb_tensor *pick(pool *p, reader *r) { return p->t[u8(r) % p->n]; }
+
+/* n operands, read in order (the order of an initializer list's calls is unspecified) */
+static void pick_n(pool *p, reader *r, nb_tensor **ops, int n) {
+    for (int k = 0; k < n; k++) ops[k] = pick(p, r);
+}
+
+/* Per function: calls the library accepted, refused (as the reference said),
+ * and skipped as too big; printed at exit with NABLA_FUZZ_STATS=1. */
+#define MAX_FNS 64
+static struct {
+    const char *fn;
+    long ok, refused, skipped;
+} stats[MAX_FNS];
+
+static bool verbose;
+
+static void count(const char *fn, int what) {
+    int i = 0;
+    while (i < MAX_FNS - 1 && stats[i].fn && strcmp(stats[i].fn, fn)) i++;
+    stats[i].fn = fn;
+    if (what == 0) stats[i].ok++;
+    else if (what == 1) stats[i].refused++;
+    else stats[i].skipped++;
+}
+
+static void print_stats(void) {
+    fprintf(stderr, "fuzz_ops: calls per function (accepted / refused / skipped):\n");
+    for (int i = 0; i < MAX_FNS && stats[i].fn; i++)
+        fprintf(stderr, "  %-16s %10ld %10ld %8ld\n", stats[i].fn, stats[i].ok, stats[i].refused,
+                stats[i].skipped);
+}
+
+/* Checks one call: result against the expectation, operands unchanged, then
+ * backward through it. Takes ownership of nothing (all tensors are scoped). */
+static void check_call(pool *p, reader *r, expect *e, nb_tensor *res, nb_tensor **ops, int nops,
+                       vals *before) {
+    for (int k = 0; k < nops; k++) { /* operands unchanged */
+        vals a = read_tensor(ops[k]);
+        for (int64_t i = 0; i < a.n; i++)
+            if (!(a.v[i] == before[k].v[i] || (isnan(a.v[i]) && isnan(before[k].v[i]))))
+                fail("operand %d changed at element %lld: %.17g -> %.17g", k, (long long)i,
+                     before[k].v[i], a.v[i]);
+        vals_free(&a);
+    }
+    count(e->fn, res ? 0 : 1);
+    if (verbose) /* NABLA_FUZZ_VERBOSE=1: every call and its outcome */
+        fprintf(stderr, "fuzz_ops: %s -> %s\n", ctx, res ? shape_str(&e->sh) : nb_last_error());
+    if (!res) {
+        const char *msg = nb_last_error();
+        size_t len = strlen(e->fn);
+        if (e->ok) fail("the library refused a call the reference accepts");
+        if (!msg || strncmp(msg, e->fn, len) || msg[len] != ':')
+            fail("error message does not start with \"%s:\"", e->fn);
+        nb_clear_error();
+        return;
+    }
+    if (!e->ok) fail("the library accepted a call the reference refuses");
+    vals got = read_tensor(res);
+    if (got.dt != e->dt)
+        fail("dtype %s, expected %s", nb_dtype_name(got.dt), nb_dtype_name(e->dt));
+    if (!same_shape(&got.sh, &e->sh))
+        fail("shape %s, expected %s", shape_str(&got.sh), shape_str(&e->sh));
+    if (e->rule != NOVALS) compare_values(e, &got);
+    vals_free(&got);
+    nb_clear_error();
+
+    /* backward through the new result */
+    if (is_float(got.dt) && nb_requires_grad(res) && p->backwards < MAX_BACKWARD) {
+        p->backwards++;
+        nb_tensor *s = nb_sum_all(res);
+        if (!s || nb_backward(s) != 0) fail("backward through the result failed");
+        for (int i = 0; i < p->nleaves; i++) {
+            nb_tensor *g = nb_grad(p->leaves[i]);
+            if (!g) continue;
+            if (nb_dtype_of(g) != nb_dtype_of(p->leaves[i]) ||
+                nb_ndim(g) != nb_ndim(p->leaves[i]) ||
+                memcmp(nb_shape(g), nb_shape(p->leaves[i]),
+                       (size_t)nb_ndim(g) * sizeof(int64_t)))
+                fail("the gradient of leaf %d has dtype %s ndim %d, the leaf %s ndim %d", i,
+                     nb_dtype_name(nb_dtype_of(g)), nb_ndim(g),
+                     nb_dtype_name(nb_dtype_of(p->leaves[i])), nb_ndim(p->leaves[i]));
+        }
+    }
+    pool_add(p, res, r);
+}
+
+/* Reads the operands, describes the call in ctx. */
+static void begin_call(const char *what, nb_tensor **ops, int nops, vals *in) {
+    int n = snprintf(ctx, sizeof ctx, "%s on", what);
+    for (int k = 0; k < nops; k++) {
+        in[k] = read_tensor(ops[k]);
+        n += snprintf(ctx + n, sizeof ctx - (size_t)n, " %s%s%s", nb_dtype_name(in[k].dt),
+                      shape_str(&in[k].sh), nb_requires_grad(ops[k]) ? "[rg]" : "");
+        if (n >= (int)sizeof ctx) break;
+    }
+}
+
+static void end_call(vals *in, int nops, expect *e) {
+    if (e->skip) count(e->fn, 2);
+    for (int k = 0; k < nops; k++) vals_free(&in[k]);
+    expect_free(e);
+}
+
+/* Runs the library call (unless the expectation says to skip it) and checks it. */
+#define RUN(p, r, e, ops, nops, in, CALL)                   \
+    do {                                                    \
+        if (!(e).skip) {                                    \
+            nb_clear_error();                               \
+            nb_tensor *res_ = (CALL);                       \
+            check_call(p, r, &(e), res_, ops, nops, in);    \
+        }                                                   \
+        end_call(in, nops, &(e));                           \
+    } while (0)
+
+/* --------------------------------------------------------- argument bytes */
+/* A dim for an nd-d tensor: mostly in range, sometimes just outside, rarely far. */
+static int dim_arg(reader *r, int nd) {
+    unsigned b = u8(r);
+    if (b == 255) return 1000;
+    if (b == 254) return -1000;
+    int span = 2 * (nd ? nd : 1) + 3;
+    return (int)(b % (unsigned)span) - (nd ? nd : 1) - 1;
+}
+
+/* -------------------------------------------------------- reference ops */
+static bool float_ok(nb_dtype d) { return is_float(d); }
+
+/* + - * / */
+static void op_binary(pool *p, reader *r, int which) {
+    static const char *names[] = {"nb_add", "nb_sub", "nb_mul", "nb_div"};
+    nb_tensor *ops[2];
+    pick_n(p, r, ops, 2);
+    vals in[2];
+    begin_call(names[which], ops, 2, in);
+    expect e;
+    expect_init(&e, names[which], in[0].dt);
+    if (float_ok(in[0].dt) && in[0].dt == in[1].dt && bcast(&in[0].sh, &in[1].sh, &e.sh)) {
+        expect_alloc(&e, false);
+        if (!e.skip && numel(&e.sh)) {
+            int64_t idx[NB_MAX_DIMS] = {0}, i = 0;
+            do {
+                double x = in[0].v[bcast_flat(&e.sh, idx, &in[0].sh)];
+                double y = in[1].v[bcast_flat(&e.sh, idx, &in[1].sh)];
+                e.v[i++] = which == 0 ? x + y : which == 1 ? x - y : which == 2 ? x * y : x / y;
+            } while (next_index(idx, &e.sh));
+        }
+    }
+    nb_tensor *res = NULL;
+    if (!e.skip) {
+        nb_clear_error();
+        res = which == 0 ? nb_add(ops[0], ops[1]) : which == 1 ? nb_sub(ops[0], ops[1])
+            : which == 2 ? nb_mul(ops[0], ops[1]) : nb_div(ops[0], ops[1]);
+        check_call(p, r, &e, res, ops, 2, in);
+    }
+    end_call(in, 2, &e);
+}
+
+/* comparisons: any dtype (one for both), bool result */
+static void op_compare(pool *p, reader *r, int which) {
+    static const char *names[] = {"nb_gt", "nb_lt", "nb_eq"};
+    nb_tensor *ops[2];
+    pick_n(p, r, ops, 2);
+    vals in[2];
+    begin_call(names[which], ops, 2, in);
+    expect e;
+    expect_init(&e, names[which], NB_BOOL);
+    if (in[0].dt == in[1].dt && bcast(&in[0].sh, &in[1].sh, &e.sh)) {
+        expect_alloc(&e, false);
+        if (!e.skip && numel(&e.sh)) {
+            int64_t idx[NB_MAX_DIMS] = {0}, i = 0;
+            do {
+                /* f32 values are exact in double: comparing doubles is comparing floats */
+                double x = in[0].v[bcast_flat(&e.sh, idx, &in[0].sh)];
+                double y = in[1].v[bcast_flat(&e.sh, idx, &in[1].sh)];
+                e.v[i++] = which == 0 ? x > y : which == 1 ? x < y : x == y;
+            } while (next_index(idx, &e.sh));
+        }
+    }
+    RUN(p, r, e, ops, 2, in,
+        which == 0 ? nb_gt(ops[0], ops[1]) : which == 1 ? nb_lt(ops[0], ops[1])
+                                                        : nb_eq(ops[0], ops[1]));
+}
+
+static void op_not(pool *p, reader *r) {
+    nb_tensor *ops[1] = {pick(p, r)};
+    vals in[1];
+    begin_call("nb_logical_not", ops, 1, in);
+    expect e;
+    expect_init(&e, "nb_logical_not", NB_BOOL);
+    if (in[0].dt == NB_BOOL) {
+        e.sh = in[0].sh;
+        expect_alloc(&e, false);
+        for (int64_t i = 0; !e.skip && i < in[0].n; i++) e.v[i] = !in[0].v[i];
+    }
+    RUN(p, r, e, ops, 1, in, nb_logical_not(ops[0]));
+}
+
+/* one-input floating ops */
+enum { U_EXP, U_TANH, U_RELU, U_NEG, U_LOG, U_SQRT, U_GELU, U_COUNT };
+static void op_unary(pool *p, reader *r, int which) {
+    static const char *names[] = {"nb_exp", "nb_tanh", "nb_relu", "nb_neg",
+                                  "nb_log", "nb_sqrt", "nb_gelu"};
+    nb_tensor *ops[1] = {pick(p, r)};
+    vals in[1];
+    begin_call(names[which], ops, 1, in);
+    expect e;
+    expect_init(&e, names[which], in[0].dt);
+    if (float_ok(in[0].dt)) {
+        e.sh = in[0].sh;
+        expect_alloc(&e, which == U_GELU);
+        /* exp, tanh, log and gelu go through libm's float functions for f32:
+         * correct to an ulp or so, not correctly rounded */
+        bool exact = which == U_RELU || which == U_NEG || which == U_SQRT;
+        e.rule = exact ? EXACT : TOL;
+        e.rtol = in[0].dt == NB_F32 ? 1e-5 : 1e-9;
+        for (int64_t i = 0; !e.skip && i < in[0].n; i++) {
+            double x = in[0].v[i];
+            switch (which) {
+            case U_EXP: e.v[i] = exp(x); break;
+            case U_TANH: e.v[i] = tanh(x); break;
+            case U_RELU: e.v[i] = x <= 0 ? 0 : x; break; /* NaN stays NaN */
+            case U_NEG: e.v[i] = -x; break;
+            case U_LOG: e.v[i] = log(x); break;
+            case U_SQRT: e.v[i] = sqrt(x); break;
+            case U_GELU:
+                e.v[i] = 0.5 * x * (1 + erf(x / sqrt(2.0)));
+                e.mag[i] = fabs(x);
+                break;
+            }
+        }
+    }
+    nb_tensor *t = ops[0];
+    RUN(p, r, e, ops, 1, in,
+        which == U_EXP ? nb_exp(t) : which == U_TANH ? nb_tanh(t) : which == U_RELU ? nb_relu(t)
+        : which == U_NEG ? nb_neg(t) : which == U_LOG ? nb_log(t) : which == U_SQRT ? nb_sqrt(t)
+        : nb_gelu(t));
+}
+
+/* torch.matmul */
+static void op_matmul(pool *p, reader *r) {
+    nb_tensor *ops[2];
+    pick_n(p, r, ops, 2);
+    vals in[2];
+    begin_call("nb_matmul", ops, 2, in);
+    expect e;
+    expect_init(&e, "nb_matmul", in[0].dt);
+    const shp *a = &in[0].sh, *b = &in[1].sh;
+    bool ok = float_ok(in[0].dt) && in[0].dt == in[1].dt && a->nd > 0 && b->nd > 0;
+    bool a1 = a->nd == 1, b1 = b->nd == 1;
+    int64_t M = 0, K = 0, N = 0;
+    shp ba = {0}, bb = {0}, batch = {0};
+    if (ok) {
+        M = a1 ? 1 : a->s[a->nd - 2];
+        K = a->s[a->nd - 1];
+        N = b1 ? 1 : b->s[b->nd - 1];
+        ok = K == b->s[b1 ? 0 : b->nd - 2];
+        ba.nd = a1 ? 0 : a->nd - 2;
+        bb.nd = b1 ? 0 : b->nd - 2;
+        memcpy(ba.s, a->s, (size_t)ba.nd * sizeof(int64_t));
+        memcpy(bb.s, b->s, (size_t)bb.nd * sizeof(int64_t));
+        ok = ok && bcast(&ba, &bb, &batch);
+    }
+    if (ok) {
+        e.sh = batch;
+        if (!a1) e.sh.s[e.sh.nd++] = M;
+        if (!b1) e.sh.s[e.sh.nd++] = N;
+        expect_alloc(&e, true);
+        e.rule = TOL;
+        e.rtol = acc_rtol(e.dt, K);
+        double big = e.dt == NB_F32 ? 1e15 : 1e150;
+        for (int k = 0; k < 2; k++)
+            for (int64_t i = 0; i < in[k].n; i++)
+                if (isfinite(in[k].v[i]) && fabs(in[k].v[i]) > big) e.rule = NOVALS;
+        int64_t nbat = numel(&batch);
+        if (!e.skip && nbat * M * N > 0) {
+            int64_t bidx[NB_MAX_DIMS] = {0}, out = 0;
+            do {
+                /* row-major position of this batch's matrix in a and b */
+                int64_t fa = ba.nd ? bcast_flat(&batch, bidx, &ba) : 0;
+                int64_t fb = bb.nd ? bcast_flat(&batch, bidx, &bb) : 0;
+                for (int64_t m = 0; m < M; m++)
+                    for (int64_t n = 0; n < N; n++, out++) {
+                        double s = 0, mag = 0;
+                        for (int64_t k = 0; k < K; k++) {
+                            double x = in[0].v[(fa * M + m) * K + k];
+                            double y = in[1].v[(fb * K + k) * N + n];
+                            s += x * y;
+                            mag += fabs(x * y);
+                        }
+                        e.v[out] = s;
+                        e.mag[out] = mag;
+                    }
+            } while (next_index(bidx, &batch));
+        }
+    }
+    RUN(p, r, e, ops, 2, in, nb_matmul(ops[0], ops[1]));
+}
+
+/* softmax / log_softmax over dim: the stable formula, a slice of all -inf
+ * gives zeros (nabla's documented convention; PyTorch gives NaN) */
+static void op_softmax(pool *p, reader *r, bool log_mode) {
+    const char *fn = log_mode ? "nb_log_softmax" : "nb_softmax";
+    nb_tensor *ops[1] = {pick(p, r)};
+    int dim = dim_arg(r, nb_ndim(ops[0]));
+    vals in[1];
+    begin_call(fn, ops, 1, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " dim %d", dim);
+    expect e;
+    expect_init(&e, fn, in[0].dt);
+    const shp *s = &in[0].sh;
+    int d = norm_dim(dim, s->nd);
+    if (float_ok(in[0].dt) && d >= 0) {
+        e.sh = *s;
+        expect_alloc(&e, true);
+        int64_t len = s->nd ? s->s[d] : 1, inner = 1, outer = 1;
+        e.rule = TOL;
+        e.rtol = acc_rtol(e.dt, len);
+        for (int i = d + 1; i < s->nd; i++) inner *= s->s[i];
+        for (int i = 0; i < d && i < s->nd; i++) outer *= s->s[i];
+        for (int64_t o = 0; !e.skip && o < outer; o++)
+            for (int64_t j = 0; j < inner; j++) {
+                const double *x = in[0].v + o * len * inner + j;
+                double *y = e.v + o * len * inner + j, *mg = e.mag + o * len * inner + j;
+                double m = -INFINITY;
+                bool nan = false;
+                for (int64_t k = 0; k < len; k++) {
+                    nan |= isnan(x[k * inner]);
+                    if (x[k * inner] > m) m = x[k * inner];
+                }
+                if (nan) m = NAN;
+                if (m == -INFINITY) {
+                    for (int64_t k = 0; k < len; k++) y[k * inner] = 0, mg[k * inner] = 1;
+                    continue;
+                }
+                double sum = 0;
+                for (int64_t k = 0; k < len; k++) sum += exp(x[k * inner] - m);
+                for (int64_t k = 0; k < len; k++) {
+                    double z = x[k * inner] - m;
+                    y[k * inner] = log_mode ? z - log(sum) : exp(z) / sum;
+                    mg[k * inner] = log_mode ? fabs(z) + log(sum) + 1 : 1;
+                }
+            }
+    }
+    RUN(p, r, e, ops, 1, in, log_mode ? nb_log_softmax(ops[0], dim) : nb_softmax(ops[0], dim));
+}
+
+/* sum / mean / max over a dim */
+enum { R_SUM, R_MEAN, R_MAX };
+static void op_reduce(pool *p, reader *r, int which) {
+    static const char *names[] = {"nb_sum", "nb_mean", "nb_max"};
+    const char *fn = names[which];
+    nb_tensor *ops[1] = {pick(p, r)};
+    int dim = dim_arg(r, nb_ndim(ops[0]));
+    bool keep = u8(r) & 1;
+    vals in[1];
+    begin_call(fn, ops, 1, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " dim %d keepdim %d", dim, keep);
+    expect e;
+    expect_init(&e, fn, in[0].dt);
+    const shp *s = &in[0].sh;
+    int d = norm_dim(dim, s->nd);
+    bool ok = float_ok(in[0].dt) && d >= 0;
+    if (ok && which == R_MAX && s->nd > 0 && s->s[d] == 0) ok = false; /* max of nothing */
+    if (ok && s->nd == 0) { /* a 0-d tensor: the same value */
+        e.sh = *s;
+        expect_alloc(&e, false);
+        e.v[0] = in[0].v[0];
+    } else if (ok) {
+        e.sh.nd = 0;
+        for (int i = 0; i < s->nd; i++)
+            if (i != d) e.sh.s[e.sh.nd++] = s->s[i];
+            else if (keep) e.sh.s[e.sh.nd++] = 1;
+        expect_alloc(&e, which != R_MAX);
+        if (which != R_MAX) {
+            e.rule = TOL;
+            e.rtol = e.dt == NB_F32 ? 1e-6 : 1e-12; /* accumulated in double */
+        }
+        int64_t len = s->s[d], inner = 1;
+        for (int i = d + 1; i < s->nd; i++) inner *= s->s[i];
+        int64_t outer = 1;
+        for (int i = 0; i < d; i++) outer *= s->s[i];
+        for (int64_t o = 0; !e.skip && o < outer; o++)
+            for (int64_t j = 0; j < inner; j++) {
+                const double *x = in[0].v + o * len * inner + j;
+                double acc = 0, mag = 0, best = len ? x[0] : 0;
+                for (int64_t k = 0; k < len; k++) {
+                    acc += x[k * inner];
+                    mag += fabs(x[k * inner]);
+                    /* NaN counts as the max; the first max wins */
+                    if (k && !isnan(best) && (x[k * inner] > best || isnan(x[k * inner])))
+                        best = x[k * inner];
+                }
+                int64_t at = o * inner + j;
+                e.v[at] = which == R_SUM ? acc : which == R_MEAN ? acc / (double)len : best;
+                if (e.mag) e.mag[at] = which == R_MEAN ? mag / (double)len : mag;
+            }
+    }
+    RUN(p, r, e, ops, 1, in,
+        which == R_SUM ? nb_sum(ops[0], dim, keep) : which == R_MEAN ? nb_mean(ops[0], dim, keep)
+                                                                  : nb_max(ops[0], dim, keep));
+}
+
+static void op_reduce_all(pool *p, reader *r, bool mean) {
+    const char *fn = mean ? "nb_mean_all" : "nb_sum_all";
+    nb_tensor *ops[1] = {pick(p, r)};
+    vals in[1];
+    begin_call(fn, ops, 1, in);
+    expect e;
+    expect_init(&e, fn, in[0].dt);
+    if (float_ok(in[0].dt)) {
+        e.sh.nd = 0;
+        expect_alloc(&e, true);
+        e.rule = TOL;
+        e.rtol = e.dt == NB_F32 ? 1e-6 : 1e-12;
+        double acc = 0, mag = 0;
+        for (int64_t i = 0; i < in[0].n; i++) acc += in[0].v[i], mag += fabs(in[0].v[i]);
+        e.v[0] = mean ? acc / (double)in[0].n : acc; /* the mean of nothing is NaN */
+        e.mag[0] = mean ? mag / (double)in[0].n : mag;
+    }
+    RUN(p, r, e, ops, 1, in, mean ? nb_mean_all(ops[0]) : nb_sum_all(ops[0]));
+}
+
+/* value where mask, t elsewhere; the broadcast shape */
+static void op_masked_fill(pool *p, reader *r) {
+    static const double fills[] = {0, 1.5, -INFINITY, INFINITY, NAN, -1e9, 1e39, -0.0};
+    nb_tensor *ops[2];
+    pick_n(p, r, ops, 2);
+    double value = fills[u8(r) % 8];
+    vals in[2];
+    begin_call("nb_masked_fill", ops, 2, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " value %g", value);
+    expect e;
+    expect_init(&e, "nb_masked_fill", in[0].dt);
+    if (float_ok(in[0].dt) && in[1].dt == NB_BOOL && bcast(&in[0].sh, &in[1].sh, &e.sh)) {
+        expect_alloc(&e, false);
+        if (!e.skip && numel(&e.sh)) {
+            int64_t idx[NB_MAX_DIMS] = {0}, i = 0;
+            do {
+                bool m = in[1].v[bcast_flat(&e.sh, idx, &in[1].sh)] != 0;
+                e.v[i++] = m ? value : in[0].v[bcast_flat(&e.sh, idx, &in[0].sh)];
+            } while (next_index(idx, &e.sh));
+        }
+    }
+    RUN(p, r, e, ops, 2, in, nb_masked_fill(ops[0], ops[1], value));
+}
+
+/* cond ? a : b, three-way broadcast; a and b of one (any) dtype */
+static void op_where(pool *p, reader *r) {
+    nb_tensor *ops[3];
+    pick_n(p, r, ops, 3);
+    vals in[3];
+    begin_call("nb_where", ops, 3, in);
+    expect e;
+    expect_init(&e, "nb_where", in[1].dt);
+    shp t;
+    if (in[0].dt == NB_BOOL && in[1].dt == in[2].dt && bcast(&in[0].sh, &in[1].sh, &t) &&
+        bcast(&t, &in[2].sh, &e.sh)) {
+        expect_alloc(&e, false);
+        if (!e.skip && numel(&e.sh)) {
+            int64_t idx[NB_MAX_DIMS] = {0}, i = 0;
+            do {
+                bool c = in[0].v[bcast_flat(&e.sh, idx, &in[0].sh)] != 0;
+                e.v[i++] = c ? in[1].v[bcast_flat(&e.sh, idx, &in[1].sh)]
+                             : in[2].v[bcast_flat(&e.sh, idx, &in[2].sh)];
+            } while (next_index(idx, &e.sh));
+        }
+    }
+    RUN(p, r, e, ops, 3, in, nb_where(ops[0], ops[1], ops[2]));
+}
+
+/* 1-3 tensors along dim */
+static void op_cat(pool *p, reader *r) {
+    int n = 1 + (int)(u8(r) % 3);
+    nb_tensor *ops[3];
+    for (int k = 0; k < n; k++) ops[k] = pick(p, r);
+    int dim = dim_arg(r, nb_ndim(ops[0]));
+    vals in[3];
+    begin_call("nb_cat", ops, n, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " dim %d", dim);
+    expect e;
+    expect_init(&e, "nb_cat", in[0].dt);
+    int nd = in[0].sh.nd, d = norm_dim(dim, nd);
+    bool ok = nd > 0 && d >= 0;
+    for (int k = 0; ok && k < n; k++) {
+        ok = in[k].dt == in[0].dt && in[k].sh.nd == nd;
+        for (int i = 0; ok && i < nd; i++) ok = i == d || in[k].sh.s[i] == in[0].sh.s[i];
+    }
+    if (ok) {
+        e.sh = in[0].sh;
+        e.sh.s[d] = 0;
+        for (int k = 0; k < n; k++) e.sh.s[d] += in[k].sh.s[d];
+        expect_alloc(&e, false);
+        if (!e.skip && numel(&e.sh)) {
+            int64_t idx[NB_MAX_DIMS] = {0}, i = 0;
+            do {
+                int64_t at = idx[d];
+                int k = 0;
+                while (at >= in[k].sh.s[d]) at -= in[k].sh.s[d], k++;
+                int64_t f = 0;
+                for (int j = 0; j < nd; j++) f = f * in[k].sh.s[j] + (j == d ? at : idx[j]);
+                e.v[i++] = in[k].v[f];
+            } while (next_index(idx, &e.sh));
+        }
+    }
+    RUN(p, r, e, ops, n, in, nb_cat(ops, n, dim));
+}
+
+static void op_contiguous(pool *p, reader *r) {
+    nb_tensor *ops[1] = {pick(p, r)};
+    vals in[1];
+    begin_call("nb_contiguous", ops, 1, in);
+    expect e;
+    expect_init(&e, "nb_contiguous", in[0].dt);
+    e.sh = in[0].sh;
+    expect_alloc(&e, false);
+    if (!e.skip) memcpy(e.v, in[0].v, (size_t)in[0].n * sizeof *e.v);
+    nb_clear_error();
+    if (!e.skip) {
+        nb_tensor *res = nb_contiguous(ops[0]);
+        if (res && !nb_is_contiguous(res)) fail("nb_contiguous gave a non-contiguous tensor");
+        check_call(p, r, &e, res, ops, 1, in);
+    }
+    end_call(in, 1, &e);
+}
+
+/* ------------------------------------------------------------ view ops */
+/* The result of a view op: element i of the result is element src[i] of
+ * the input (row-major positions); src NULL = the same order. */
+static void expect_gather(expect *e, const vals *in, const int64_t *src) {
+    expect_alloc(e, false);
+    for (int64_t i = 0; !e->skip && i < numel(&e->sh); i++) e->v[i] = in->v[src ? src[i] : i];
+}
+
+/* Row-major positions in `in` of the elements of a view made by reordering
+ * its dims (perm[i] = the input dim of output dim i). */
+static int64_t *permuted(const shp *in, const int *perm, shp *out) {
+    out->nd = in->nd;
+    for (int i = 0; i < in->nd; i++) out->s[i] = in->s[perm[i]];
+    int64_t n = numel(out), *src = malloc((size_t)(n ? n : 1) * sizeof *src);
+    if (!src) abort();
+    if (n == 0) return src;
+    int64_t idx[NB_MAX_DIMS] = {0}, i = 0;
+    do {
+        int64_t full[NB_MAX_DIMS];
+        for (int k = 0; k < in->nd; k++) full[perm[k]] = idx[k];
+        int64_t f = 0;
+        for (int k = 0; k < in->nd; k++) f = f * in->s[k] + full[k];
+        src[i++] = f;
+    } while (next_index(idx, out));
+    return src;
+}
+
+static void op_transpose(pool *p, reader *r) {
+    nb_tensor *ops[1] = {pick(p, r)};
+    int nd = nb_ndim(ops[0]), d0 = dim_arg(r, nd), d1 = dim_arg(r, nd);
+    vals in[1];
+    begin_call("nb_transpose", ops, 1, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " dims %d %d", d0, d1);
+    expect e;
+    expect_init(&e, "nb_transpose", in[0].dt);
+    int a = norm_dim(d0, nd), b = norm_dim(d1, nd);
+    if (a >= 0 && b >= 0) {
+        int perm[NB_MAX_DIMS];
+        for (int i = 0; i < nd; i++) perm[i] = i;
+        if (nd) perm[a] = b, perm[b] = a;
+        int64_t *src = permuted(&in[0].sh, perm, &e.sh);
+        expect_gather(&e, &in[0], src);
+        free(src);
+    }
+    RUN(p, r, e, ops, 1, in, nb_transpose(ops[0], d0, d1));
+}
+
+static void op_permute(pool *p, reader *r) {
+    nb_tensor *ops[1] = {pick(p, r)};
+    int nd = nb_ndim(ops[0]), dims[NB_MAX_DIMS + 1], n = nd;
+    unsigned mode = u8(r) % 4;
+    if (mode < 3) { /* a permutation, maybe with negative dims */
+        for (int i = 0; i < nd; i++) dims[i] = i;
+        for (int i = nd - 1; i > 0; i--) {
+            int j = (int)(u8(r) % (unsigned)(i + 1)), t = dims[i];
+            dims[i] = dims[j], dims[j] = t;
+        }
+        if (mode == 1)
+            for (int i = 0; i < nd; i++) dims[i] -= nd;
+    } else { /* anything: repeats, out of range, a wrong count */
+        n = nd + (int)(u8(r) % 3) - 1;
+        if (n < 0 || n > NB_MAX_DIMS) n = nd;
+        for (int i = 0; i < n; i++) dims[i] = dim_arg(r, nd);
+    }
+    vals in[1];
+    begin_call("nb_permute", ops, 1, in);
+    int len = (int)strlen(ctx);
+    len += snprintf(ctx + len, sizeof ctx - (size_t)len, " dims");
+    for (int i = 0; i < n; i++) len += snprintf(ctx + len, sizeof ctx - (size_t)len, " %d", dims[i]);
+    expect e;
+    expect_init(&e, "nb_permute", in[0].dt);
+    bool ok = n == nd, seen[NB_MAX_DIMS] = {false};
+    int perm[NB_MAX_DIMS];
+    for (int i = 0; ok && i < n; i++) {
+        int d = norm_dim(dims[i], nd);
+        ok = d >= 0 && d < nd && !seen[d];
+        if (ok) seen[d] = true, perm[i] = d;
+    }
+    if (ok) {
+        int64_t *src = permuted(&in[0].sh, perm, &e.sh);
+        expect_gather(&e, &in[0], src);
+        free(src);
+    }
+    RUN(p, r, e, ops, 1, in, nb_permute(ops[0], n, dims));
+}
+
+static void op_unsqueeze(pool *p, reader *r) {
+    nb_tensor *ops[1] = {pick(p, r)};
+    int nd = nb_ndim(ops[0]);
+    int dim = (int)(u8(r) % (unsigned)(2 * nd + 4)) - nd - 2; /* -(nd+2) .. nd+1 */
+    vals in[1];
+    begin_call("nb_unsqueeze", ops, 1, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " dim %d", dim);
+    expect e;
+    expect_init(&e, "nb_unsqueeze", in[0].dt);
+    if (nd < NB_MAX_DIMS && dim >= -(nd + 1) && dim <= nd) {
+        int d = dim < 0 ? dim + nd + 1 : dim;
+        e.sh.nd = nd + 1;
+        for (int i = 0, j = 0; i <= nd; i++) e.sh.s[i] = i == d ? 1 : in[0].sh.s[j++];
+        expect_gather(&e, &in[0], NULL);
+    }
+    RUN(p, r, e, ops, 1, in, nb_unsqueeze(ops[0], dim));
+}
+
+static void op_squeeze(pool *p, reader *r) {
+    nb_tensor *ops[1] = {pick(p, r)};
+    int nd = nb_ndim(ops[0]), dim = dim_arg(r, nd);
+    vals in[1];
+    begin_call("nb_squeeze", ops, 1, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " dim %d", dim);
+    expect e;
+    expect_init(&e, "nb_squeeze", in[0].dt);
+    int d = norm_dim(dim, nd);
+    if (d >= 0) {
+        e.sh.nd = 0;
+        for (int i = 0; i < nd; i++)
+            if (i != d || in[0].sh.s[i] != 1) e.sh.s[e.sh.nd++] = in[0].sh.s[i];
+        expect_gather(&e, &in[0], NULL);
+    }
+    RUN(p, r, e, ops, 1, in, nb_squeeze(ops[0], dim));
+}
+
+static void op_expand(pool *p, reader *r) {
+    nb_tensor *ops[1] = {pick(p, r)};
+    int tnd = nb_ndim(ops[0]);
+    const int64_t *ts = nb_shape(ops[0]);
+    unsigned b = u8(r);
+    int nd = b == 255 ? tnd - 1 : tnd + (int)(b % 3);
+    if (nd < 0) nd = 0;
+    if (nd > NB_MAX_DIMS) nd = NB_MAX_DIMS;
+    int64_t want[NB_MAX_DIMS];
+    int lead = nd - tnd;
+    for (int i = 0; i < nd; i++) {
+        unsigned c = u8(r);
+        int j = i - lead;
+        if (j < 0) want[i] = c == 255 ? -1 : (int64_t)(c % 4); /* new dims: 0..3 (or -1) */
+        else if (c % 4 == 0) want[i] = -1;
+        else if (c % 4 == 1) want[i] = ts[j];
+        else want[i] = c == 254 ? -2 : (int64_t)(c / 4 % 6); /* often a bad size */
+    }
+    vals in[1];
+    begin_call("nb_expand", ops, 1, in);
+    int len = (int)strlen(ctx);
+    len += snprintf(ctx + len, sizeof ctx - (size_t)len, " to");
+    for (int i = 0; i < nd; i++)
+        len += snprintf(ctx + len, sizeof ctx - (size_t)len, " %lld", (long long)want[i]);
+    expect e;
+    expect_init(&e, "nb_expand", in[0].dt);
+    bool ok = nd >= tnd;
+    e.sh.nd = nd;
+    for (int i = 0; ok && i < nd; i++) {
+        int j = i - lead;
+        if (j < 0) ok = want[i] >= 0, e.sh.s[i] = want[i];
+        else if (want[i] == -1 || want[i] == in[0].sh.s[j]) e.sh.s[i] = in[0].sh.s[j];
+        else ok = in[0].sh.s[j] == 1 && want[i] >= 0, e.sh.s[i] = want[i];
+    }
+    if (ok) {
+        int64_t n = numel(&e.sh);
+        int64_t *src = n <= MAX_NUMEL ? malloc((size_t)(n ? n : 1) * sizeof *src) : NULL;
+        if (src && n) {
+            int64_t idx[NB_MAX_DIMS] = {0}, i = 0;
+            do src[i++] = bcast_flat(&e.sh, idx, &in[0].sh);
+            while (next_index(idx, &e.sh));
+        }
+        expect_gather(&e, &in[0], src);
+        free(src);
+    }
+    RUN(p, r, e, ops, 1, in, nb_expand(ops[0], nd, want));
+}
+
+/* narrow (which 0) or select (which 1) */
+static void op_slice(pool *p, reader *r, bool select) {
+    const char *fn = select ? "nb_select" : "nb_narrow";
+    nb_tensor *ops[1] = {pick(p, r)};
+    int nd = nb_ndim(ops[0]), dim = dim_arg(r, nd), dn = norm_dim(dim, nd);
+    /* start in -size-1 .. size+1 and length in -1 .. size+1 (size of the dim, if valid) */
+    int64_t size0 = nd && dn >= 0 ? nb_shape(ops[0])[dn] : 2;
+    int64_t start = (int64_t)(u8(r) % (unsigned)(2 * size0 + 3)) - size0 - 1;
+    int64_t length = (int64_t)(u8(r) % (unsigned)(size0 + 3)) - 1;
+    vals in[1];
+    begin_call(fn, ops, 1, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " dim %d %s %lld length %lld", dim,
+             select ? "index" : "start", (long long)start, (long long)length);
+    expect e;
+    expect_init(&e, fn, in[0].dt);
+    int d = nd ? norm_dim(dim, nd) : -1;
+    bool ok = d >= 0;
+    int64_t size = ok ? in[0].sh.s[d] : 0, s0 = start < 0 ? start + size : start;
+    if (select) ok = ok && start >= -size && start < size;
+    else ok = ok && s0 >= 0 && s0 <= size && length >= 0 && s0 + length <= size;
+    if (ok) {
+        e.sh.nd = 0;
+        for (int i = 0; i < nd; i++)
+            if (i != d) e.sh.s[e.sh.nd++] = in[0].sh.s[i];
+            else if (!select) e.sh.s[e.sh.nd++] = length;
+        int64_t n = numel(&e.sh), *src = malloc((size_t)(n ? n : 1) * sizeof *src);
+        if (!src) abort();
+        if (n) {
+            int64_t idx[NB_MAX_DIMS] = {0}, i = 0;
+            do {
+                int64_t f = 0;
+                for (int j = 0, k = 0; j < nd; j++) {
+                    int64_t c = j == d ? (select ? s0 : s0 + idx[k++]) : idx[k++];
+                    f = f * in[0].sh.s[j] + c;
+                }
+                src[i++] = f;
+            } while (next_index(idx, &e.sh));
+        }
+        expect_gather(&e, &in[0], src);
+        free(src);
+    }
+    RUN(p, r, e, ops, 1, in,
+        select ? nb_select(ops[0], dim, start) : nb_narrow(ops[0], dim, start, length));
+}
+
+/* Whether t's elements, in row-major order, can be seen with shape `to`
+ * through some strides: the strides of the dims of size > 1 are fixed by
+ * the offsets of their first steps, and then every element must be where
+ * those strides put it. (Brute force over the elements.) */
+static bool viewable(nb_tensor *t, int64_t n, const shp *to) {
+    if (n == 0) return true;
+    int64_t *off = offsets(t, n), st[NB_MAX_DIMS], step = 1;
+    for (int k = to->nd - 1; k >= 0; k--) {
+        st[k] = to->s[k] > 1 ? off[step] - off[0] : 0;
+        step *= to->s[k];
+    }
+    int64_t idx[NB_MAX_DIMS] = {0}, i = 0;
+    bool ok = true;
+    do {
+        int64_t o = off[0];
+        for (int k = 0; k < to->nd; k++) o += idx[k] * st[k];
+        ok = o == off[i++];
+    } while (ok && next_index(idx, to));
+    free(off);
+    return ok;
+}
+
+/* nb_view (which 0) or nb_reshape (which 1) */
+static void op_view(pool *p, reader *r, bool reshape) {
+    const char *fn = reshape ? "nb_reshape" : "nb_view";
+    nb_tensor *ops[1] = {pick(p, r)};
+    int64_t n = nb_numel(ops[0]), want[NB_MAX_DIMS];
+    int nd = (int)(u8(r) % 6);
+    unsigned mode = u8(r) % 4;
+    if (mode == 0) { /* anything in -1..5 */
+        for (int i = 0; i < nd; i++) want[i] = (int64_t)(u8(r) % 7) - 1;
+    } else if (nd == 0) {
+    } else if (n == 0) { /* an empty tensor: any shape with a 0 */
+        for (int i = 0; i < nd; i++) want[i] = (int64_t)(u8(r) % 4);
+        want[u8(r) % (unsigned)nd] = 0;
+    } else { /* a factorization of n, maybe with one -1 */
+        int64_t rest = n;
+        for (int i = 0; i < nd - 1; i++) {
+            int64_t divs[64];
+            int nds = 0;
+            for (int64_t k = 1; k <= rest && nds < 64; k++)
+                if (rest % k == 0) divs[nds++] = k;
+            want[i] = divs[u8(r) % (unsigned)nds];
+            rest /= want[i];
+        }
+        want[nd - 1] = rest;
+        if (mode == 2) want[u8(r) % (unsigned)nd] = -1;
+    }
+    vals in[1];
+    begin_call(fn, ops, 1, in);
+    int len = (int)strlen(ctx);
+    len += snprintf(ctx + len, sizeof ctx - (size_t)len, " to");
+    for (int i = 0; i < nd; i++)
+        len += snprintf(ctx + len, sizeof ctx - (size_t)len, " %lld", (long long)want[i]);
+    expect e;
+    expect_init(&e, fn, in[0].dt);
+    /* one -1 at most, inferred from the others (which may not be 0 then) */
+    int infer = -1;
+    int64_t known = 1;
+    bool ok = true;
+    e.sh.nd = nd;
+    for (int i = 0; i < nd; i++) {
+        e.sh.s[i] = want[i];
+        if (want[i] == -1 && infer < 0) infer = i;
+        else if (want[i] < 0) ok = false;
+        else known *= want[i];
+    }
+    if (ok && infer >= 0) {
+        ok = known != 0 && n % known == 0;
+        if (ok) e.sh.s[infer] = n / known;
+    }
+    ok = ok && numel(&e.sh) == n;
+    if (ok && !reshape) ok = viewable(ops[0], n, &e.sh);
+    if (ok) expect_gather(&e, &in[0], NULL);
+    RUN(p, r, e, ops, 1, in, reshape ? nb_reshape(ops[0], nd, want) : nb_view(ops[0], nd, want));
+}
+
+/* nb_to: any dtype to any; to I64 truncates (NaN, +-Inf and values out of
+ * int64's range are not specified: any result is accepted) */
+static void op_to(pool *p, reader *r) {
+    nb_tensor *ops[1] = {pick(p, r)};
+    nb_dtype to = (nb_dtype)(u8(r) % 4);
+    vals in[1];
+    begin_call("nb_to", ops, 1, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " to %s", nb_dtype_name(to));
+    expect e;
+    expect_init(&e, "nb_to", to);
+    e.sh = in[0].sh;
+    expect_alloc(&e, false);
+    for (int64_t i = 0; !e.skip && i < in[0].n; i++) {
+        double x = in[0].v[i];
+        switch (to) {
+        case NB_F32: e.v[i] = round_to(x, NB_F32); break;
+        case NB_F64: e.v[i] = x; break;
+        case NB_I64: e.v[i] = isfinite(x) && fabs(x) < 9.2e18 ? trunc(x) : NAN; break;
+        case NB_BOOL: e.v[i] = x != 0; break;
+        }
+    }
+    RUN(p, r, e, ops, 1, in, nb_to(ops[0], to));
+}
+
+/* ------------------------------------------------------------- the program */
+
+static void run_op(pool *p, reader *r, unsigned op) {
+    switch (op) {
+    case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: op_binary(p, r, (int)(op - OP_ADD)); break;
+    case OP_MATMUL: op_matmul(p, r); break;
+    case OP_SOFTMAX: op_softmax(p, r, false); break;
+    case OP_LOG_SOFTMAX: op_softmax(p, r, true); break;
+    case OP_MASKED_FILL: op_masked_fill(p, r); break;
+    case OP_SUM: op_reduce(p, r, R_SUM); break;
+    case OP_MEAN: op_reduce(p, r, R_MEAN); break;
+    case OP_MAX: op_reduce(p, r, R_MAX); break;
+    case OP_SUM_ALL: op_reduce_all(p, r, false); break;
+    case OP_MEAN_ALL: op_reduce_all(p, r, true); break;
+    case OP_EXP: op_unary(p, r, U_EXP); break;
+    case OP_TANH: op_unary(p, r, U_TANH); break;
+    case OP_RELU: op_unary(p, r, U_RELU); break;
+    case OP_NEG: op_unary(p, r, U_NEG); break;
+    case OP_LOG: op_unary(p, r, U_LOG); break;
+    case OP_SQRT: op_unary(p, r, U_SQRT); break;
+    case OP_GELU: op_unary(p, r, U_GELU); break;
+    case OP_CONTIGUOUS: op_contiguous(p, r); break;
+    case OP_CAT: op_cat(p, r); break;
+    case OP_WHERE: op_where(p, r); break;
+    case OP_GT: op_compare(p, r, 0); break;
+    case OP_LT: op_compare(p, r, 1); break;
+    case OP_EQ: op_compare(p, r, 2); break;
+    case OP_NOT: op_not(p, r); break;
+    case OP_TRANSPOSE: op_transpose(p, r); break;
+    case OP_PERMUTE: op_permute(p, r); break;
+    case OP_UNSQUEEZE: op_unsqueeze(p, r); break;
+    case OP_SQUEEZE: op_squeeze(p, r); break;
+    case OP_EXPAND: op_expand(p, r); break;
+    case OP_NARROW: op_slice(p, r, false); break;
+    case OP_SELECT: op_slice(p, r, true); break;
+    case OP_VIEW: op_view(p, r, false); break;
+    case OP_RESHAPE: op_view(p, r, true); break;
+    case OP_TO: op_to(p, r); break;
+    }
+}
+
+/* One input tensor: a byte of kind (ndim, bool, requires grad), sizes, values. */
+static void make_tensor(pool *p, reader *r) {
+    unsigned b = u8(r);
+    int nd = (int)(b % 5);
+    bool is_bool = (b >> 3) % 4 == 3, rg = (b >> 5) & 1;
+    shp s = {.nd = nd};
+    for (int i = 0; i < nd; i++) s.s[i] = (int64_t)(u8(r) % 6);
+    int64_t n = numel(&s);
+    nb_dtype dt = is_bool ? NB_BOOL : p->fdt;
+    void *data = malloc((size_t)(n ? n : 1) * 8);
+    if (!data) abort();
+    for (int64_t i = 0; i < n; i++) {
+        unsigned c = u8(r);
+        if (dt == NB_BOOL) ((bool *)data)[i] = c & 1;
+        else if (dt == NB_F64) ((double *)data)[i] = val_of(c);
+        else ((float *)data)[i] = (float)round_to(val_of(c), NB_F32);
+    }
+    nb_tensor *t = nb_from_data(dt, s.nd, s.s, data);
+    free(data);
+    snprintf(ctx, sizeof ctx, "nb_from_data %s%s", nb_dtype_name(dt), shape_str(&s));
+    if (!t) fail("could not make an input tensor");
+    if (rg && dt != NB_BOOL) {
+        if (nb_set_requires_grad(t, true) != t) fail("nb_set_requires_grad failed");
+        p->leaves[p->nleaves++] = t;
+    }
+    p->t[p->n++] = t;
+}
+
+static int64_t live_baseline;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc, (void)argv;
+    setenv("NABLA_NUM_THREADS", "1", 0);
+    setenv("NABLA_CACHE_MB", "0", 0); /* freed storage goes back to malloc: ASan sees reuse */
+    live_baseline = nb_live_tensors();
+    if (getenv("NABLA_FUZZ_STATS")) atexit(print_stats);
+    verbose = getenv("NABLA_FUZZ_VERBOSE") != NULL;
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    reader r = {data, size, 0};
+    pool p = {.fdt = NB_F32};
+    unsigned head = u8(&r);
+    p.fdt = head & 1 ? NB_F64 : NB_F32;
+    int ntensors = 1 + (int)((head >> 1) % 3);
+    nb_clear_error();
+    nb_scope_begin();
+    for (int i = 0; i < ntensors; i++) make_tensor(&p, &r);
+    for (int k = 0; k < MAX_OPS && more(&r); k++) run_op(&p, &r, u8(&r) % OP_COUNT);
+    nb_scope_end();
+    snprintf(ctx, sizeof ctx, "the end of the program");
+    if (nb_live_tensors() != live_baseline)
+        fail("%lld tensors alive after the scope, %lld before", (long long)nb_live_tensors(),
+             (long long)live_baseline);
+    if (nb_scope_depth() != 0) fail("scope depth %d", nb_scope_depth());
+    nb_clear_error();
+    return 0;
+}

@@ -1,0 +1,268 @@
+/* gen_seeds.c: writes the seed corpora, fuzz_load's into argv[1] and
+ * fuzz_ops's into argv[2] (make fuzz-seeds; committed as fuzz/corpus/load and
+ * fuzz/corpus/ops).
+ *
+ * Valid files: nb_save of the fuzz registry (sentinel values and others), and
+ * hand-made headers for it (other tensor order, \u escapes in names, extra
+ * whitespace and __metadata__). Invalid files: each a small edit of a valid
+ * header, one defect each (see the table in main). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "load_registry.h"
+#include "ops_program.h"
+
+static const char *dir;
+
+static void die(const char *what) {
+    fprintf(stderr, "gen_seeds: %s: %s\n", what, nb_last_error() ? nb_last_error() : "");
+    exit(1);
+}
+
+static void put_file(const char *name, const void *p, size_t n) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(p, 1, n, f) != n || fclose(f) != 0) die(path);
+}
+
+/* 8-byte little-endian hlen (given, or the JSON's length), JSON, data. */
+static void put_st(const char *name, uint64_t hlen, const char *json, const void *data,
+                   size_t dlen) {
+    size_t jl = strlen(json);
+    unsigned char *b = malloc(8 + jl + dlen + 1);
+    if (!b) die("out of memory");
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(hlen >> (8 * i));
+    memcpy(b + 8, json, jl);
+    if (dlen) memcpy(b + 8 + jl, data, dlen);
+    put_file(name, b, 8 + jl + dlen);
+    free(b);
+}
+
+/* The registry's tensors as a file would list them. */
+static const struct {
+    const char *json_name, *dtype, *shape;
+    size_t bytes;
+} items[] = {
+    {"\"w0\"", "F32", "[]", 4},
+    {"\"w\"", "F32", "[2,3]", 24},
+    {"\"d\\\"q\\\\\\u0009\xc3\xa9\"", "F64", "[4]", 32},
+    {"\"dt\"", "F64", "[3,2]", 48},
+    {"\"e\"", "F32", "[0,3]", 0},
+    {"\"steps\"", "I64", "[3]", 24},
+    {"\"mask\"", "BOOL", "[2,2]", 4},
+    {"\"maskT\"", "BOOL", "[3,2]", 6},
+};
+#define NITEMS (sizeof items / sizeof *items)
+#define DATA_BYTES 142
+
+/* A header for the registry with the tensors laid out in `order`; meta is
+ * the text before the first tensor (e.g. a __metadata__ member). */
+static char *header(const int *order, const char *meta, const char *sep) {
+    static char h[4096];
+    size_t at = 0, n = 0;
+    n += (size_t)snprintf(h + n, sizeof h - n, "{%s", meta);
+    for (size_t k = 0; k < NITEMS; k++) {
+        int i = order[k];
+        n += (size_t)snprintf(h + n, sizeof h - n,
+                              "%s%s:%s{\"dtype\":\"%s\",%s\"shape\":%s,\"data_offsets\":[%zu,%zu]}",
+                              k || meta[0] ? "," : "", items[i].json_name, sep, items[i].dtype,
+                              sep, items[i].shape, at, at + items[i].bytes);
+        at += items[i].bytes;
+    }
+    snprintf(h + n, sizeof h - n, "}");
+    return h;
+}
+
+/* header with the first occurrence of `from` replaced by `to` */
+static char *edit(const char *h, const char *from, const char *to) {
+    static char out[4096];
+    const char *p = strstr(h, from);
+    if (!p) {
+        fprintf(stderr, "gen_seeds: \"%s\" not in the header\n", from);
+        exit(1);
+    }
+    snprintf(out, sizeof out, "%.*s%s%s", (int)(p - h), h, to, p + strlen(from));
+    return out;
+}
+
+/* fuzz_ops programs: three inputs, A (2,3) and B (3) requiring grad and a
+ * bool C (2,3), then one op (or a few) per seed; see ops_program.h. */
+static void ops_seeds(void) {
+    static const unsigned char inputs[] = {
+        32, 2, 3, 131, 139, 115, 127, 147, 119, /* A = [[1,2,-1],[.5,3,-.5]] */
+        36, 3, 135, 111, 125,                   /* B = [1.5,-1.5,.25] */
+        27, 2, 3, 1, 0, 1, 0, 0, 1};            /* C */
+    enum { A, B, C, R }; /* pool slots; R = the first result */
+    static const struct {
+        const char *name;
+        unsigned char prog[16];
+        size_t len;
+    } seeds[] = {
+#define P(...) {__VA_ARGS__}, sizeof((unsigned char[]){__VA_ARGS__})
+        {"add", P(OP_ADD, A, B, OP_SUM_ALL, R)},
+        {"sub", P(OP_SUB, B, A)},
+        {"mul", P(OP_MUL, A, B)},
+        {"div", P(OP_DIV, A, B)},
+        {"matmul", P(OP_MATMUL, A, B, OP_TRANSPOSE, A, 3, 4, OP_MATMUL, R + 1, A)},
+        {"softmax", P(OP_SOFTMAX, A, 4)},
+        {"log-softmax", P(OP_LOG_SOFTMAX, A, 3)},
+        {"masked-fill", P(OP_MASKED_FILL, A, C, 2, OP_SOFTMAX, R, 4)},
+        {"sum", P(OP_SUM, A, 4, 0)},
+        {"mean", P(OP_MEAN, A, 3, 1)},
+        {"max", P(OP_MAX, A, 4, 1)},
+        {"sum-all", P(OP_SUM_ALL, A)},
+        {"mean-all", P(OP_MEAN_ALL, B)},
+        {"exp", P(OP_EXP, A)},
+        {"tanh", P(OP_TANH, A)},
+        {"relu", P(OP_RELU, A)},
+        {"neg", P(OP_NEG, A)},
+        {"log", P(OP_LOG, A)},
+        {"sqrt", P(OP_SQRT, A)},
+        {"gelu", P(OP_GELU, A)},
+        {"contiguous", P(OP_TRANSPOSE, A, 3, 4, OP_CONTIGUOUS, R)},
+        {"cat", P(OP_CAT, 1, A, A, 3)},
+        {"where", P(OP_WHERE, C, A, B)},
+        {"gt", P(OP_GT, A, B)},
+        {"lt", P(OP_LT, A, B)},
+        {"eq", P(OP_EQ, A, A)},
+        {"not", P(OP_NOT, C)},
+        {"transpose", P(OP_TRANSPOSE, A, 3, 4)},
+        {"permute", P(OP_PERMUTE, A, 0, 0)},
+        {"unsqueeze", P(OP_UNSQUEEZE, A, 5)},
+        {"squeeze", P(OP_UNSQUEEZE, A, 5, OP_SQUEEZE, R, 5)},
+        {"expand", P(OP_EXPAND, B, 1, 2, 1, OP_ADD, R, A)},
+        {"narrow", P(OP_NARROW, A, 4, 5, 3)},
+        {"select", P(OP_SELECT, A, 3, 4, 0)},
+        {"view", P(OP_VIEW, A, 2, 1, 2)},
+        {"reshape", P(OP_TRANSPOSE, A, 3, 4, OP_RESHAPE, R, 1, 2, 0)},
+        {"to", P(OP_TO, A, 2, OP_WHERE, C, R, R, OP_TO, R + 1, 3)},
+        {"bad-add-mixed-dtypes", P(OP_TO, A, 1, OP_TO, A, 0, OP_ADD, R, R + 1)},
+        {"bad-view-transposed", P(OP_TRANSPOSE, A, 3, 4, OP_VIEW, R, 1, 1)},
+        {"bad-add-bool", P(OP_ADD, A, C)},
+        {"bad-matmul-k", P(OP_MATMUL, A, A)},
+        {"bad-softmax-dim", P(OP_SOFTMAX, A, 255)},
+#undef P
+    };
+    for (int f64 = 0; f64 < 2; f64++)
+        for (size_t i = 0; i < sizeof seeds / sizeof *seeds; i++) {
+            unsigned char b[64];
+            size_t n = 0;
+            b[n++] = (unsigned char)(0x04 | f64); /* 3 tensors */
+            memcpy(b + n, inputs, sizeof inputs);
+            n += sizeof inputs;
+            memcpy(b + n, seeds[i].prog, seeds[i].len);
+            n += seeds[i].len;
+            char name[64];
+            snprintf(name, sizeof name, "%s-%s", seeds[i].name, f64 ? "f64" : "f32");
+            put_file(name, b, n);
+        }
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: gen_seeds LOAD_DIR OPS_DIR\n");
+        return 2;
+    }
+    dir = argv[2];
+    ops_seeds();
+    dir = argv[1];
+    char path[512];
+
+    /* nb_save's own files */
+    fuzz_registry r;
+    reg_build(&r);
+    reg_set_sentinels(&r);
+    snprintf(path, sizeof path, "%s/valid-saved-sentinels.safetensors", dir);
+    if (nb_save(r.ps, path) != 0) die("nb_save");
+    float *w = nb_data(r.t[1]);
+    w[0] = NAN, w[1] = -INFINITY, w[2] = -0.0f, w[3] = 1e-45f, w[4] = 3.4e38f, w[5] = 1;
+    ((int64_t *)nb_data(r.t[5]))[0] = INT64_MIN;
+    ((int64_t *)nb_data(r.t[5]))[2] = INT64_MAX;
+    snprintf(path, sizeof path, "%s/valid-saved-special.safetensors", dir);
+    if (nb_save(r.ps, path) != 0) die("nb_save");
+
+    unsigned char data[DATA_BYTES + 16];
+    for (size_t i = 0; i < sizeof data; i++) data[i] = (unsigned char)(i * 37 + 11);
+    const int in_order[NITEMS] = {0, 1, 2, 3, 4, 5, 6, 7};
+    const int reversed[NITEMS] = {7, 6, 5, 4, 3, 2, 1, 0};
+    const char *h = header(in_order, "", "");
+    char base[4096];
+    snprintf(base, sizeof base, "%s", h);
+
+    /* valid, hand-made (bool bytes are arbitrary: nb_load makes them 0/1) */
+    put_st("valid-in-order.safetensors", strlen(base), base, data, DATA_BYTES);
+    h = header(reversed, "\"__metadata__\":{\"format\":\"pt\",\"k\\u00e9y\":\"v\\n\"}", " ");
+    put_st("valid-reversed-metadata.safetensors", strlen(h), h, data, DATA_BYTES);
+    h = edit(base, "\"d\\\"q\\\\\\u0009\xc3\xa9\"", "\"\\u0064\\u0022q\\\\\\t\\u00E9\"");
+    put_st("valid-escaped-name.safetensors", strlen(h), h, data, DATA_BYTES);
+    char padded[4200];
+    snprintf(padded, sizeof padded, " \n\t%s        ", base);
+    put_st("valid-whitespace.safetensors", strlen(padded), padded, data, DATA_BYTES);
+
+    /* invalid: one defect each */
+    static const struct {
+        const char *name, *from, *to;
+    } bad[] = {
+        {"bad-json-missing-colon", "\"w\":", "\"w\""},
+        {"bad-json-trailing-comma", "]}}", "]},}"},
+        {"bad-json-unterminated-string", "\"w0\"", "\"w0"},
+        {"bad-json-nested-array", "[2,3]", "[[2],3]"},
+        {"bad-json-float", "[2,3]", "[2.0,3]"},
+        {"bad-json-negative", "[2,3]", "[-2,3]"},
+        {"bad-json-true", "\"F32\"", "true"},
+        {"bad-dtype-f16", "\"F32\"", "\"F16\""},
+        {"bad-dtype-bf16", "\"F64\"", "\"BF16\""},
+        {"bad-dtype-lowercase", "\"I64\"", "\"i64\""},
+        {"bad-dtype-mismatch", "\"F64\"", "\"I64\""},
+        {"bad-shape-overflow", "[2,3]", "[4294967296,4294967296,4294967296]"},
+        {"bad-shape-int64-max", "[2,3]", "[9223372036854775807,2]"},
+        {"bad-shape-huge-number", "[2,3]", "[99999999999999999999999,3]"},
+        {"bad-shape-9-dims", "[2,3]", "[1,1,1,1,1,1,1,2,3]"},
+        {"bad-shape-mismatch", "[2,3]", "[3,2]"},
+        {"bad-offsets-past-end", "[136,142]", "[136,1142]"},
+        {"bad-offsets-near-int64-max", "[0,4]", "[9223372036854775800,9223372036854775804]"},
+        {"bad-offsets-reversed", "[4,28]", "[28,4]"},
+        {"bad-offsets-overlap", "[4,28]", "[0,24]"},
+        {"bad-offsets-gap", "[0,4]", "[1,5]"},
+        {"bad-offsets-one-entry", "[0,4]", "[4]"},
+        {"bad-offsets-three-entries", "[0,4]", "[0,4,8]"},
+        {"bad-offsets-huge", "[0,4]", "[18446744073709551615,3]"},
+        {"bad-duplicate-name", "\"w\":", "\"w0\":"},
+        {"bad-unknown-name", "\"w\":", "\"v\":"},
+        {"bad-missing-field", ",\"shape\":[2,3]", ""},
+        {"bad-unknown-field", "\"dtype\":\"F32\",", "\"dtype\":\"F32\",\"x\":1,"},
+        {"bad-metadata-number", "{", "{\"__metadata__\":{\"format\":1},"},
+        {"bad-metadata-nested", "{", "{\"__metadata__\":{\"a\":{\"b\":\"c\"}},"},
+        {"bad-escape-unpaired-surrogate", "\"w0\"", "\"w\\ud800\""},
+        {"bad-escape-low-surrogate", "\"w0\"", "\"w\\udc00\""},
+        {"bad-escape-nul", "\"w0\"", "\"w\\u0000\""},
+        {"bad-escape-x", "\"w0\"", "\"w\\x41\""},
+        {"bad-escape-short-u", "\"w0\"", "\"w\\u12\""},
+        {"bad-raw-control-char", "\"w0\"", "\"w\x01\""},
+        {"bad-surrogate-pair-name", "\"w0\"", "\"\\ud83d\\ude00\""},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        h = edit(base, bad[i].from, bad[i].to);
+        snprintf(path, sizeof path, "%s.safetensors", bad[i].name);
+        put_st(path, strlen(h), h, data, DATA_BYTES);
+    }
+    /* the data section: too short, too long */
+    put_st("bad-data-short.safetensors", strlen(base), base, data, DATA_BYTES - 1);
+    put_st("bad-data-long.safetensors", strlen(base), base, data, DATA_BYTES + 8);
+    /* the header size: past the file, past 100 MiB, zero, the whole file */
+    put_st("bad-hlen-past-file.safetensors", strlen(base) + DATA_BYTES + 1, base, data,
+           DATA_BYTES);
+    put_st("bad-hlen-huge.safetensors", UINT64_MAX, base, data, DATA_BYTES);
+    put_st("bad-hlen-over-100mib.safetensors", (100u << 20) + 1, base, data, DATA_BYTES);
+    put_st("bad-hlen-zero.safetensors", 0, base, data, DATA_BYTES);
+    put_st("bad-hlen-short.safetensors", strlen(base) - 1, base, data, DATA_BYTES);
+    put_st("bad-empty-object.safetensors", 2, "{}", NULL, 0);
+    put_st("bad-truncated-header.safetensors", strlen(base), "{\"w0\":{\"dtype\"", NULL, 0);
+    put_file("bad-file-7-bytes.safetensors", "\x02\0\0\0\0\0\0", 7);
+    put_file("bad-file-empty.safetensors", "", 0);
+    nb_params_free(r.ps);
+    return 0;
+}
