@@ -35,7 +35,7 @@ TEST_BIN := $(BUILD)/tests/run_tests
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm)
 
-.PHONY: all test run bench clean check-deps readme-check valgrind asan install uninstall install-check resume-check \
+.PHONY: all test run bench clean check-deps readme-check valgrind asan error-table-check install uninstall install-check resume-check \
   fuzz fuzz-build fuzz-load fuzz-ops fuzz-regress fuzz-seeds fuzz-clean
 all: $(BUILD)/libnabla.a $(BUILD)/libnabla.so $(EXAMPLES)
 	@ln -sf $(BUILD)/libnabla.a libnabla.a
@@ -141,12 +141,19 @@ valgrind: all check-deps
 	@for e in $(EXAMPLES); do $(VALGRIND) $$e $(SHORT_ARGS) > /dev/null || exit 1; echo "valgrind clean: $$e"; done
 	@$(VALGRIND) $(BUILD)/examples/copy_task $(RESUME_SHORT) > /dev/null && echo "valgrind clean: copy_task --load"
 
+# make asan builds with $(CC) into build-asan; make asan CC=clang into
+# build-asan-clang (CI runs both).
+ASAN_BUILD = build-asan$(if $(findstring clang,$(CC)),-clang)
 asan: check-deps
-	@$(MAKE) --no-print-directory BUILD=build-asan OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
-	  LDLIBS="-fsanitize=address,undefined -lm -lpthread" build-asan/tests/run_tests all
-	build-asan/tests/run_tests
-	@for e in $(EXAMPLES:$(BUILD)/%=build-asan/%); do $$e $(SHORT_ARGS) > /dev/null || exit 1; echo "asan clean: $$e"; done
-	@build-asan/examples/copy_task $(RESUME_SHORT) > /dev/null && echo "asan clean: copy_task --load"
+	@$(MAKE) --no-print-directory BUILD=$(ASAN_BUILD) OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	  LDLIBS="-fsanitize=address,undefined -lm -lpthread" $(ASAN_BUILD)/tests/run_tests all
+	$(ASAN_BUILD)/tests/run_tests
+	@for e in $(EXAMPLES:$(BUILD)/%=$(ASAN_BUILD)/%); do $$e $(SHORT_ARGS) > /dev/null || exit 1; echo "asan ($(CC)) clean: $$e"; done
+	@$(ASAN_BUILD)/examples/copy_task $(RESUME_SHORT) > /dev/null && echo "asan ($(CC)) clean: copy_task --load"
+
+# The README's table of error messages still matches the sources.
+error-table-check:
+	@sh tests/error_table_check.sh README.md
 
 # libFuzzer (fuzz/RESULTS.md): the harnesses in fuzz/ with the library compiled
 # in, ASan + UBSan, under build-fuzz/. make fuzz runs each target for
@@ -241,4 +248,4 @@ resume-check: $(BUILD)/examples/copy_task
 	echo "resume-check: 2 epochs + --load + 2 epochs = 4 epochs, checkpoints identical ($$(wc -c < $$d/resumed) bytes)"
 
 clean:
-	rm -rf $(BUILD) build-asan build-clang libnabla.a libnabla.so
+	rm -rf $(BUILD) build-asan build-asan-clang build-clang libnabla.a libnabla.so

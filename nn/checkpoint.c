@@ -193,9 +193,22 @@ static const nn_st_item *find_item(const nn_st_header *h, const char *name) {
 
 /* Registry against file: the first mismatch, in registry order, then names
  * the file has and the registry does not. */
+/* An expanded view (stride 0 over a size > 1) has elements that alias:
+ * there is no way to write a file's distinct values into it. */
+static bool writable(const nn_st_item *r) {
+    for (int d = 0; d < r->ndim; d++)
+        if (nb_strides(r->t)[d] == 0 && r->shape[d] > 1) return false;
+    return true;
+}
+
 static int match(const nn_st_item *reg, int n, const nn_st_header *h, char *msg, size_t cap) {
     char a[96], b[96];
     for (int i = 0; i < n; i++) {
+        if (!writable(&reg[i])) {
+            snprintf(msg, cap, "registry tensor \"%.200s\" is an expanded view (stride 0), "
+                     "which cannot hold loaded values", reg[i].name);
+            return -1;
+        }
         const nn_st_item *f = find_item(h, reg[i].name);
         if (!f) {
             snprintf(msg, cap, "no tensor \"%.200s\" in the file (the registry has %d entries, "

@@ -517,6 +517,16 @@ START_TEST(test_bad_paths_and_sizes) {
                     "cannot create a file next to", "no/such/dir.safetensors", "No such file");
     expect_untouched(ps);
     nb_params_free(ps);
+    /* an expanded view can be saved but not loaded into (its elements alias) */
+    nb_params *ex = nb_params_new();
+    nb_scope_begin();
+    nb_tensor *row = nb_from_data(NB_F32, NB_SHAPE(1, 3), (float[]){1, 2, 3});
+    nb_params_add_buffer(ex, "e", nb_expand(row, NB_SHAPE(2, 3)));
+    nb_scope_end();
+    CK_OK(nb_save(ex, tmp_path("ex")));
+    expect_error_rc(nb_load(ex, tmp_path("ex")), "nb_load", "registry tensor \"e\" is an "
+                    "expanded view (stride 0)", "no tensor was changed");
+    nb_params_free(ex);
     remove_dir();
 }
 END_TEST
