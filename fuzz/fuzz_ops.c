@@ -51,6 +51,7 @@
 #define POOL 10
 #define MAX_OPS 24
 #define MAX_BACKWARD 6
+#define MAX_LEAVES 32
 
 /* --------------------------------------------------------------- failures */
 static char ctx[1024]; /* the op being checked, for the failure report */
@@ -329,7 +330,7 @@ static double acc_rtol(nb_dtype dt, int64_t n) {
 /* --------------------------------------------------------------- the pool */
 typedef struct {
     nb_tensor *t[POOL];
-    nb_tensor *leaves[POOL]; /* leaves that require grad */
+    nb_tensor *leaves[MAX_LEAVES]; /* leaves that require grad */
     int n, nleaves, backwards;
     nb_dtype fdt;
 } pool;
@@ -499,7 +500,7 @@ static void op_binary(pool *p, reader *r, int which) {
 
 /* comparisons: any dtype (one for both), bool result */
 static void op_compare(pool *p, reader *r, int which) {
-    static const char *names[] = {"nb_gt", "nb_lt", "nb_eq"};
+    static const char *names[] = {"nb_gt", "nb_lt", "nb_eq", "nb_ne"};
     nb_tensor *ops[2];
     pick_n(p, r, ops, 2);
     vals in[2];
@@ -514,13 +515,13 @@ static void op_compare(pool *p, reader *r, int which) {
                 /* f32 values are exact in double: comparing doubles is comparing floats */
                 double x = in[0].v[bcast_flat(&e.sh, idx, &in[0].sh)];
                 double y = in[1].v[bcast_flat(&e.sh, idx, &in[1].sh)];
-                e.v[i++] = which == 0 ? x > y : which == 1 ? x < y : x == y;
+                e.v[i++] = which == 0 ? x > y : which == 1 ? x < y : which == 2 ? x == y : x != y;
             } while (next_index(idx, &e.sh));
         }
     }
     RUN(p, r, e, ops, 2, in,
         which == 0 ? nb_gt(ops[0], ops[1]) : which == 1 ? nb_lt(ops[0], ops[1])
-                                                        : nb_eq(ops[0], ops[1]));
+        : which == 2 ? nb_eq(ops[0], ops[1]) : nb_ne(ops[0], ops[1]));
 }
 
 static void op_not(pool *p, reader *r) {
@@ -1181,6 +1182,115 @@ static void op_to(pool *p, reader *r) {
     RUN(p, r, e, ops, 1, in, nb_to(ops[0], to));
 }
 
+/* t ^ s, t + s, t * s: the scalar is rounded to the dtype first, as the
+ * library's kernels do ((T)s) */
+static void op_scalar(pool *p, reader *r, int which) {
+    static const char *names[] = {"nb_pow_scalar", "nb_add_scalar", "nb_mul_scalar"};
+    static const double scalars[] = {0, 1, 2, 0.5, -1, 3, -0.5, 2.5, 1e-3, -7.25, 1e39, NAN};
+    nb_tensor *ops[1] = {pick(p, r)};
+    double sc = scalars[u8(r) % 12];
+    vals in[1];
+    begin_call(names[which], ops, 1, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " scalar %g", sc);
+    expect e;
+    expect_init(&e, names[which], in[0].dt);
+    if (float_ok(in[0].dt)) {
+        e.sh = in[0].sh;
+        expect_alloc(&e, false);
+        double s = round_to(sc, e.dt);
+        if (which == 0) { /* powf for f32: within an ulp or so */
+            e.rule = TOL;
+            e.rtol = e.dt == NB_F32 ? 1e-5 : 1e-9;
+        }
+        for (int64_t i = 0; !e.skip && i < in[0].n; i++) {
+            double x = in[0].v[i];
+            e.v[i] = which == 0 ? pow(x, s) : which == 1 ? x + s : x * s;
+        }
+    }
+    RUN(p, r, e, ops, 1, in,
+        which == 0 ? nb_pow_scalar(ops[0], sc) : which == 1 ? nb_add_scalar(ops[0], sc)
+                                                            : nb_mul_scalar(ops[0], sc));
+}
+
+/* index of the first max over dim (NaN counts as the max), any dtype */
+static void op_argmax(pool *p, reader *r) {
+    nb_tensor *ops[1] = {pick(p, r)};
+    int dim = dim_arg(r, nb_ndim(ops[0]));
+    bool keep = u8(r) & 1;
+    vals in[1];
+    begin_call("nb_argmax", ops, 1, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " dim %d keepdim %d", dim, keep);
+    expect e;
+    expect_init(&e, "nb_argmax", NB_I64);
+    const shp *s = &in[0].sh;
+    int d = norm_dim(dim, s->nd);
+    if (d >= 0 && s->nd == 0) { /* a 0-d zero */
+        e.sh.nd = 0;
+        expect_alloc(&e, false);
+        e.v[0] = 0;
+    } else if (d >= 0 && s->s[d] > 0) {
+        e.sh.nd = 0;
+        for (int i = 0; i < s->nd; i++)
+            if (i != d) e.sh.s[e.sh.nd++] = s->s[i];
+            else if (keep) e.sh.s[e.sh.nd++] = 1;
+        expect_alloc(&e, false);
+        int64_t len = s->s[d], inner = 1, outer = 1;
+        for (int i = d + 1; i < s->nd; i++) inner *= s->s[i];
+        for (int i = 0; i < d; i++) outer *= s->s[i];
+        for (int64_t o = 0; !e.skip && o < outer; o++)
+            for (int64_t j = 0; j < inner; j++) {
+                const double *x = in[0].v + o * len * inner + j;
+                int64_t best = 0;
+                for (int64_t k = 1; k < len && !isnan(x[best * inner]); k++)
+                    if (x[k * inner] > x[best * inner] || isnan(x[k * inner])) best = k;
+                e.v[o * inner + j] = (double)best;
+            }
+    }
+    RUN(p, r, e, ops, 1, in, nb_argmax(ops[0], dim, keep));
+}
+
+/* a view with no history that does not require grad */
+static void op_detach(pool *p, reader *r) {
+    nb_tensor *ops[1] = {pick(p, r)};
+    vals in[1];
+    begin_call("nb_detach", ops, 1, in);
+    expect e;
+    expect_init(&e, "nb_detach", in[0].dt);
+    e.sh = in[0].sh;
+    expect_gather(&e, &in[0], NULL);
+    if (!e.skip) {
+        nb_clear_error();
+        nb_tensor *res = nb_detach(ops[0]);
+        if (res && (nb_requires_grad(res) || !nb_is_leaf(res)))
+            fail("nb_detach gave a tensor that requires grad or has history");
+        check_call(p, r, &e, res, ops, 1, in);
+    }
+    end_call(in, 1, &e);
+}
+
+/* nb_set_requires_grad(t, true): a floating leaf starts requiring grad (and
+ * joins the leaves whose gradients are checked); a non-leaf (which requires
+ * grad already) is returned as it is; other dtypes are refused. Not added to
+ * the pool again (it is the same tensor). */
+static void op_requires_grad(pool *p, reader *r) {
+    nb_tensor *t = pick(p, r);
+    snprintf(ctx, sizeof ctx, "nb_set_requires_grad on %s%s", nb_dtype_name(nb_dtype_of(t)),
+             nb_is_leaf(t) ? " (leaf)" : "");
+    bool was = nb_requires_grad(t), leaf = nb_is_leaf(t);
+    nb_clear_error();
+    nb_tensor *res = nb_set_requires_grad(t, true);
+    count("nb_set_requires_grad", res ? 0 : 1);
+    if (!is_float(nb_dtype_of(t))) {
+        const char *msg = nb_last_error();
+        if (res) fail("a %s tensor was made to require grad", nb_dtype_name(nb_dtype_of(t)));
+        if (!msg || strncmp(msg, "nb_set_requires_grad:", 21)) fail("message not named");
+        nb_clear_error();
+        return;
+    }
+    if (res != t || !nb_requires_grad(t)) fail("a floating tensor does not require grad");
+    if (leaf && !was && p->nleaves < MAX_LEAVES) p->leaves[p->nleaves++] = t;
+}
+
 /* ------------------------------------------------------------- the program */
 
 static void run_op(pool *p, reader *r, unsigned op) {
@@ -1219,6 +1329,13 @@ static void run_op(pool *p, reader *r, unsigned op) {
     case OP_VIEW: op_view(p, r, false); break;
     case OP_RESHAPE: op_view(p, r, true); break;
     case OP_TO: op_to(p, r); break;
+    case OP_POW: op_scalar(p, r, 0); break;
+    case OP_ADD_SCALAR: op_scalar(p, r, 1); break;
+    case OP_MUL_SCALAR: op_scalar(p, r, 2); break;
+    case OP_ARGMAX: op_argmax(p, r); break;
+    case OP_NE: op_compare(p, r, 3); break;
+    case OP_DETACH: op_detach(p, r); break;
+    case OP_REQUIRES_GRAD: op_requires_grad(p, r); break;
     }
 }
 

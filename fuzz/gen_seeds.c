@@ -32,13 +32,46 @@ static void put_file(const char *name, const void *p, size_t n) {
 static void put_st(const char *name, uint64_t hlen, const char *json, const void *data,
                    size_t dlen) {
     size_t jl = strlen(json);
-    unsigned char *b = malloc(8 + jl + dlen + 1);
+    unsigned char *b = malloc(8 + jl + dlen + 2);
     if (!b) die("out of memory");
     for (int i = 0; i < 8; i++) b[i] = (unsigned char)(hlen >> (8 * i));
     memcpy(b + 8, json, jl);
     if (dlen) memcpy(b + 8 + jl, data, dlen);
     put_file(name, b, 8 + jl + dlen);
+    if (hlen == jl && !memchr(json, 0, jl)) { /* the same as fuzz_load's "J" form */
+        char jname[512];
+        snprintf(jname, sizeof jname, "J-%s", name);
+        b[7] = 'J';
+        memcpy(b + 8 + jl, "", 1);
+        if (dlen) memcpy(b + 9 + jl, data, dlen);
+        put_file(jname, b + 7, 2 + jl + dlen);
+    }
     free(b);
+}
+
+/* The "J" twin (see put_st) of a file nb_save wrote. */
+static void j_twin(const char *name) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    static unsigned char b[1 << 16];
+    size_t n = f ? fread(b, 1, sizeof b - 1, f) : 0;
+    if (!f || n < 8) die(path);
+    fclose(f);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | b[i];
+    if (hlen > n - 8) die("a saved header is longer than its file");
+    static char json[1 << 16];
+    memcpy(json, b + 8, (size_t)hlen);
+    json[hlen] = 0;
+    snprintf(path, sizeof path, "%s.tmp", name);
+    put_st(path, hlen, json, b + 8 + hlen, n - 8 - (size_t)hlen);
+    snprintf(path, sizeof path, "%s/%s.tmp", dir, name);
+    remove(path); /* keep only the twin, named as the file */
+    char from[512];
+    snprintf(from, sizeof from, "%s/J-%s.tmp", dir, name);
+    snprintf(path, sizeof path, "%s/J-%s", dir, name);
+    if (rename(from, path) != 0) die(path);
 }
 
 /* The registry's tensors as a file would list them. */
@@ -140,6 +173,13 @@ static void ops_seeds(void) {
         {"reshape", P(OP_TRANSPOSE, A, 3, 4, OP_RESHAPE, R, 1, 2, 0)},
         {"to", P(OP_TO, A, 2, OP_WHERE, C, R, R, OP_TO, R + 1, 3)},
         {"bad-add-mixed-dtypes", P(OP_TO, A, 1, OP_TO, A, 0, OP_ADD, R, R + 1)},
+        {"pow", P(OP_POW, A, 2, OP_POW, A, 7)},
+        {"add-scalar", P(OP_ADD_SCALAR, A, 9)},
+        {"mul-scalar", P(OP_MUL_SCALAR, A, 4)},
+        {"argmax", P(OP_ARGMAX, A, 4, 0, OP_ARGMAX, C, 3, 1)},
+        {"ne", P(OP_NE, A, B)},
+        {"detach", P(OP_DETACH, A, OP_REQUIRES_GRAD, R, OP_MUL, R, A)},
+        {"bad-requires-grad-bool", P(OP_REQUIRES_GRAD, C)},
         {"bad-view-transposed", P(OP_TRANSPOSE, A, 3, 4, OP_VIEW, R, 1, 1)},
         {"bad-add-bool", P(OP_ADD, A, C)},
         {"bad-matmul-k", P(OP_MATMUL, A, A)},
@@ -177,12 +217,14 @@ int main(int argc, char **argv) {
     reg_set_sentinels(&r);
     snprintf(path, sizeof path, "%s/valid-saved-sentinels.safetensors", dir);
     if (nb_save(r.ps, path) != 0) die("nb_save");
+    j_twin("valid-saved-sentinels.safetensors");
     float *w = nb_data(r.t[1]);
     w[0] = NAN, w[1] = -INFINITY, w[2] = -0.0f, w[3] = 1e-45f, w[4] = 3.4e38f, w[5] = 1;
     ((int64_t *)nb_data(r.t[5]))[0] = INT64_MIN;
     ((int64_t *)nb_data(r.t[5]))[2] = INT64_MAX;
     snprintf(path, sizeof path, "%s/valid-saved-special.safetensors", dir);
     if (nb_save(r.ps, path) != 0) die("nb_save");
+    j_twin("valid-saved-special.safetensors");
 
     unsigned char data[DATA_BYTES + 16];
     for (size_t i = 0; i < sizeof data; i++) data[i] = (unsigned char)(i * 37 + 11);
