@@ -4,8 +4,10 @@
  *   {"__metadata__": {"format": "pt"},
  *    "<name>": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...}
  * padded with spaces to a multiple of 8. Parsing checks everything that can
- * be checked without the registry: syntax, known dtypes, at most NB_MAX_DIMS
- * dims, sizes that fit int64, unique names, and data_offsets that match the
+ * be checked without the registry: syntax (integers without leading zeros,
+ * as JSON writes them), known dtypes, at most NB_MAX_DIMS dims, sizes that
+ * fit int64, unique names, no field or __metadata__ given twice (readers
+ * would disagree on which counts), and data_offsets that match the
  * sizes and tile the data section exactly (no holes, no overlaps, nothing
  * past the end: the reference implementation's rules). */
 #include <stdint.h>
@@ -139,6 +141,7 @@ static int build_header(strbuf *b, const nn_st_item *v, int n) {
 typedef struct {
     const char *start, *p, *end;
     char msg[320];
+    bool metadata; /* __metadata__ seen */
 } json;
 
 static int fail(json *j, const char *what) {
@@ -246,6 +249,8 @@ static int parse_uint(json *j, uint64_t *out) {
     skip_ws(j);
     if (j->p >= j->end || *j->p < '0' || *j->p > '9')
         return fail(j, "expected a non-negative integer");
+    if (*j->p == '0' && j->end - j->p > 1 && j->p[1] >= '0' && j->p[1] <= '9')
+        return fail(j, "an integer has a leading zero (not JSON)");
     uint64_t v = 0;
     while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
         unsigned d = (unsigned)(*j->p++ - '0');
@@ -322,6 +327,12 @@ typedef struct {
 static int tensor_field(json *j, const char *key, void *ctx) {
     tensor_ctx *t = ctx;
     char m[160];
+    unsigned bit = !strcmp(key, "dtype") ? 1 : !strcmp(key, "shape") ? 2
+                 : !strcmp(key, "data_offsets") ? 4 : 0;
+    if (t->seen & bit) { /* which one would count is a guess: refuse */
+        snprintf(m, sizeof m, "field \"%s\" appears twice", key);
+        return fail(j, m);
+    }
     if (!strcmp(key, "dtype")) {
         char *s = NULL;
         if (parse_string(j, &s)) return -1;
@@ -365,7 +376,11 @@ void nn_st_header_free(nn_st_header *h) {
 static int top_field(json *j, const char *key, void *ctx) {
     nn_st_header *h = ctx;
     char m[320];
-    if (!strcmp(key, "__metadata__")) return parse_object(j, metadata_field, NULL);
+    if (!strcmp(key, "__metadata__")) {
+        if (j->metadata) return fail(j, "__metadata__ appears twice");
+        j->metadata = true;
+        return parse_object(j, metadata_field, NULL);
+    }
     for (int i = 0; i < h->n; i++)
         if (!strcmp(h->names[i], key)) {
             snprintf(m, sizeof m, "tensor \"%.200s\" appears twice", key);
