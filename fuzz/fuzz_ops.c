@@ -45,6 +45,7 @@
 #include <string.h>
 
 #include "../nabla.h"
+#include "../ops/gemm_internal.h" /* nbi_gemm_path: each matmul kernel path, as tests do */
 #include "ops_program.h"
 
 #define MAX_NUMEL 4096
@@ -1384,7 +1385,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     pool p = {.fdt = NB_F32};
     unsigned head = u8(&r);
     p.fdt = head & 1 ? NB_F64 : NB_F32;
-    int ntensors = 1 + (int)((head >> 1) % 3);
+    int ntensors = 1 + (int)((head >> 1 & 3) % 3);
+    static const int paths[] = {NBI_GEMM_AUTO, NBI_GEMM_PORTABLE, NBI_GEMM_AVX2, NBI_GEMM_AVX512};
+    nbi_gemm_path(paths[head >> 3 & 3]); /* one the CPU lacks falls back to portable */
     nb_clear_error();
     nb_scope_begin();
     for (int i = 0; i < ntensors; i++) make_tensor(&p, &r);

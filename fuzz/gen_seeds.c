@@ -131,7 +131,7 @@ static void ops_seeds(void) {
     enum { A, B, C, R }; /* pool slots; R = the first result */
     static const struct {
         const char *name;
-        unsigned char prog[16];
+        unsigned char prog[40];
         size_t len;
     } seeds[] = {
 #define P(...) {__VA_ARGS__}, sizeof((unsigned char[]){__VA_ARGS__})
@@ -173,6 +173,9 @@ static void ops_seeds(void) {
         {"reshape", P(OP_TRANSPOSE, A, 3, 4, OP_RESHAPE, R, 1, 2, 0)},
         {"to", P(OP_TO, A, 2, OP_WHERE, C, R, R, OP_TO, R + 1, 3)},
         {"bad-add-mixed-dtypes", P(OP_TO, A, 1, OP_TO, A, 0, OP_ADD, R, R + 1)},
+        {"matmul-big", P(OP_CAT, 2, A, A, A, 3, OP_CAT, 2, R, R, R, 3, OP_CAT, 2, R + 1, R + 1,
+                         R + 1, 4, OP_TRANSPOSE, R + 2, 3, 4, OP_MATMUL, R + 2, R + 3,
+                         OP_MATMUL, R + 3, R + 2)},
         {"pow", P(OP_POW, A, 2, OP_POW, A, 7)},
         {"add-scalar", P(OP_ADD_SCALAR, A, 9)},
         {"mul-scalar", P(OP_MUL_SCALAR, A, 4)},
@@ -187,18 +190,21 @@ static void ops_seeds(void) {
 #undef P
     };
     for (int f64 = 0; f64 < 2; f64++)
-        for (size_t i = 0; i < sizeof seeds / sizeof *seeds; i++) {
+        for (size_t i = 0; i < sizeof seeds / sizeof *seeds; i++)
+            for (int path = 0; path < 4; path++) { /* matmul seeds on each kernel path */
+            if (path && strncmp(seeds[i].name, "matmul", 6)) continue;
             unsigned char b[64];
             size_t n = 0;
-            b[n++] = (unsigned char)(0x04 | f64); /* 3 tensors */
+            b[n++] = (unsigned char)(0x04 | f64 | path << 3); /* 3 tensors */
             memcpy(b + n, inputs, sizeof inputs);
             n += sizeof inputs;
             memcpy(b + n, seeds[i].prog, seeds[i].len);
             n += seeds[i].len;
             char name[64];
-            snprintf(name, sizeof name, "%s-%s", seeds[i].name, f64 ? "f64" : "f32");
+            snprintf(name, sizeof name, "%s-%s%s", seeds[i].name, f64 ? "f64" : "f32",
+                     path == 1 ? "-portable" : path == 2 ? "-avx2" : path == 3 ? "-avx512" : "");
             put_file(name, b, n);
-        }
+            }
 }
 
 int main(int argc, char **argv) {

@@ -2,7 +2,9 @@
  * gen_seeds.c, which writes the seed corpus fuzz/corpus/ops.
  *
  * Program layout (a byte past the end reads as 0):
- *   head       bit 0: f64 (else f32); 1 + (head >> 1) % 3 input tensors
+ *   head       bit 0: f64 (else f32); 1 + (bits 1-2 % 3) input tensors;
+ *              bits 3-4: the matmul kernel path, best (0), portable (1),
+ *              AVX2 (2), AVX-512 (3), as far as the CPU has it
  *   tensor     kind byte: ndim = kind % 5, NB_BOOL if (kind >> 3) % 4 == 3,
  *              requires grad if kind & 0x20; then ndim sizes (byte % 6), then
  *              one byte per element (bool: byte & 1; else fuzz_ops.c val_of)
