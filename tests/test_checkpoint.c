@@ -465,6 +465,13 @@ static const struct {
     {"{\"a", 0, "not terminated", NULL},
     {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1,2,3,4,5,6,7,8,9],\"data_offsets\":[0,8]}}", 8,
      "shape has more than 8 entries", NULL},
+    /* found by fuzz/fuzz_load (fuzz/regressions/load): not JSON, or ambiguous */
+    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[02],\"data_offsets\":[0,8]}," GOOD_B "}", 12,
+     "an integer has a leading zero (not JSON)", NULL},
+    {"{\"a\":{\"dtype\":\"F64\",\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+     GOOD_B "}", 12, "tensor \"a\"", "field \"dtype\" appears twice"},
+    {"{\"__metadata__\":{},\"__metadata__\":{}," GOOD_A "," GOOD_B "}", 12,
+     "__metadata__ appears twice", NULL},
 };
 
 START_TEST(test_bad_files_change_nothing) {
