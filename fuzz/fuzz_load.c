@@ -349,5 +349,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *input, size_t input_size) {
           (long long)nb_live_tensors(), (long long)live_baseline);
     CHECK(nb_scope_depth() == 0, "scope depth %d", nb_scope_depth());
     free(data);
+    remove_files(); /* libFuzzer may leave by _Exit, past atexit */
     return 0;
 }
