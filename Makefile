@@ -248,4 +248,4 @@ resume-check: $(BUILD)/examples/copy_task
 	echo "resume-check: 2 epochs + --load + 2 epochs = 4 epochs, checkpoints identical ($$(wc -c < $$d/resumed) bytes)"
 
 clean:
-	rm -rf $(BUILD) build-asan build-asan-clang build-clang libnabla.a libnabla.so
+	rm -rf $(BUILD) build-asan build-asan-clang build-clang build-fuzz libnabla.a libnabla.so

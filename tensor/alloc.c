@@ -22,6 +22,20 @@ typedef struct cached { struct cached *next; } cached;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static cached *classes[NCLASS];
+/* Under AddressSanitizer nothing is recycled (no free lists, no buffer
+ * cache), so a use after free or an overrun of any tensor, node or buffer
+ * reaches the sanitizer instead of landing in a recycled block. */
+#if defined(__SANITIZE_ADDRESS__)
+#define RECYCLE 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RECYCLE 0
+#endif
+#endif
+#ifndef RECYCLE
+#define RECYCLE 1
+#endif
+
 static size_t cached_bytes, cache_limit = (size_t)-1;
 static _Atomic int64_t in_use, peak;
 
@@ -89,7 +103,7 @@ void nbi_buf_free(void *p, size_t cap) {
     size_t c;
     int k = size_class(cap, &c);
     pthread_mutex_lock(&mu);
-    bool keep = cached_bytes + cap <= limit();
+    bool keep = RECYCLE && cached_bytes + cap <= limit();
     if (keep) {
         cached *b = p;
         b->next = classes[k];
@@ -181,7 +195,7 @@ static void *list_pop(int kind) {
 }
 
 static bool list_push(int kind, void *p) {
-    if (lists.n[kind] >= LIST_MAX) return false;
+    if (!RECYCLE || lists.n[kind] >= LIST_MAX) return false;
     nbi_thread_register();
     free_obj *o = p;
     o->next = lists.head[kind];

@@ -55,18 +55,6 @@
 
 static bool reduced; /* under valgrind: fewer steps, a smaller batch, no RSS bound */
 
-/* AddressSanitizer keeps freed memory in quarantine and maps shadow memory,
- * so RSS says nothing about leaks there (LeakSanitizer checks those). */
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
 static int B = 16;   /* batch (4 under valgrind) */
 
 static void choose_sizes(void) {

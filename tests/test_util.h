@@ -48,6 +48,19 @@ nb_tensor *transposed_leaf(uint64_t seed, int ndim, const int64_t *shape, int d0
 /* A tensor's values in row-major order, as a malloc'ed array (free it). */
 double *values(const nb_tensor *t);
 
+/* 1 when built with AddressSanitizer: then RSS means nothing (quarantine,
+ * shadow memory) and the library recycles no memory (tensor/alloc.c). */
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+#ifndef UNDER_ASAN
+#define UNDER_ASAN 0
+#endif
+
 /* Each suite file defines one of these; run_tests.c runs them all. */
 Suite *suite_tensor(void);
 Suite *suite_views(void);
