@@ -10,7 +10,9 @@
  *   4. nb_mha_forward (d_model 512, 8 heads, dropout 0.1) forward + backward
  *   5. autograd overhead: ns per op of a chain of 10,000 ops on (4,4) tensors
  *   6. the copy task's training step (examples/copy_task.c), two model sizes
- *   7. the process's peak RSS
+ *   7. nb_save / nb_load of the d_model 512 model with Adam's state, and the
+ *      cost of anomaly mode on the d_model 64 step
+ *   8. the process's peak RSS
  *
  * Each figure is the median of several timed runs (CLOCK_MONOTONIC) after
  * warm-up runs; "1t" runs with nb_set_num_threads(1), "Nt" with one thread
@@ -29,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -745,19 +748,11 @@ static void copy_step(void *p) {
     nb_scope_end();
 }
 
+static copy_ctx copy_setup(int64_t d_model, int64_t d_ff, int64_t heads);
+static void copy_teardown(copy_ctx *c);
+
 static void copy_bench_config(int64_t d_model, int64_t d_ff, int64_t heads, int reps) {
-    copy_ctx c = {.step = 0};
-    nb_rng init;
-    nb_rng_seed(&init, 1);
-    nb_rng_seed(&c.data, 1001);
-    nb_rng_seed(&c.drop, 2001);
-    nb_TransformerConfig cfg = {.src_vocab = VOCAB, .tgt_vocab = VOCAB, .d_model = d_model,
-                                .d_ff = d_ff, .heads = heads, .layers = 2, .max_len = 64,
-                                .dropout = 0.1};
-    c.ps = nb_params_new();
-    if (!c.ps || nb_transformer_init(&c.model, c.ps, &cfg, &init) != 0) die("nb_transformer_init");
-    c.opt = nb_adam(c.ps, 0.0, 0.9, 0.98, 1e-9, 0.0);
-    if (!c.opt) die("nb_adam");
+    copy_ctx c = copy_setup(d_model, d_ff, heads);
     char name[48];
     snprintf(name, sizeof name, "d%lld/ff%lld/h%lld, %.1fM", (long long)d_model, (long long)d_ff,
              (long long)heads, (double)nb_params_numel(c.ps) * 1e-6);
@@ -774,9 +769,7 @@ static void copy_bench_config(int64_t d_model, int64_t d_ff, int64_t heads, int 
         cell(400 * pt * 1e-3, 10, 1);
         printf("\n");
     }
-    nb_optim_free(c.opt);
-    nb_transformer_free(&c.model);
-    nb_params_free(c.ps);
+    copy_teardown(&c);
 }
 
 static void bench_copy(void) {
@@ -786,6 +779,82 @@ static void bench_copy(void) {
            "steps/s", "20x20 s", "pt ms", "nb/pt", "pt 20x20 s");
     copy_bench_config(64, 256, 4, 21);
     copy_bench_config(512, 2048, 8, 7);
+}
+
+/* ------------------------------------------- checkpoints and anomaly mode */
+static copy_ctx copy_setup(int64_t d_model, int64_t d_ff, int64_t heads) {
+    copy_ctx c = {.step = 0};
+    nb_rng init;
+    nb_rng_seed(&init, 1);
+    nb_rng_seed(&c.data, 1001);
+    nb_rng_seed(&c.drop, 2001);
+    nb_TransformerConfig cfg = {.src_vocab = VOCAB, .tgt_vocab = VOCAB, .d_model = d_model,
+                                .d_ff = d_ff, .heads = heads, .layers = 2, .max_len = 64,
+                                .dropout = 0.1};
+    c.ps = nb_params_new();
+    if (!c.ps || nb_transformer_init(&c.model, c.ps, &cfg, &init) != 0) die("nb_transformer_init");
+    c.opt = nb_adam(c.ps, 0.0, 0.9, 0.98, 1e-9, 0.0);
+    if (!c.opt) die("nb_adam");
+    return c;
+}
+
+static void copy_teardown(copy_ctx *c) {
+    nb_optim_free(c->opt);
+    nb_transformer_free(&c->model);
+    nb_params_free(c->ps);
+}
+
+typedef struct {
+    nb_params *all; /* the model and "optim." + Adam's state */
+    char path[64];
+} ckpt_ctx;
+
+static void ckpt_save(void *p) {
+    ckpt_ctx *c = p;
+    if (nb_save(c->all, c->path) != 0) die("nb_save");
+}
+
+static void ckpt_load(void *p) {
+    ckpt_ctx *c = p;
+    if (nb_load(c->all, c->path) != 0) die("nb_load");
+}
+
+static void bench_checkpoint(void) {
+    section("7. checkpoints (model + Adam state, safetensors, file in /tmp) and anomaly mode");
+    copy_ctx m = copy_setup(512, 2048, 8);
+    copy_step(&m); /* Adam's state is in place */
+    ckpt_ctx c = {.all = nb_params_new()};
+    snprintf(c.path, sizeof c.path, "/tmp/nabla-bench-%ld.safetensors", (long)getpid());
+    if (!c.all || nb_params_add_all(c.all, "", m.ps) != 0 ||
+        nb_params_add_all(c.all, "optim.", nb_optim_state(m.opt)) != 0)
+        die("nb_params_add_all");
+    ckpt_save(&c);
+    struct stat st;
+    double mb = stat(c.path, &st) == 0 ? (double)st.st_size / 1e6 : NAN;
+    double save = median_time(ckpt_save, &c, 1, 5), load = median_time(ckpt_load, &c, 1, 5);
+    printf("d512/ff2048/h8 model + Adam: %.1f MB file; nb_save %.0f ms (%.0f MB/s, written, "
+           "fsynced, renamed), nb_load %.0f ms (%.0f MB/s, read and checked whole)\n", mb,
+           1e3 * save, mb / save, 1e3 * load, mb / load);
+    unlink(c.path);
+    nb_params_free(c.all);
+    copy_teardown(&m);
+
+    printf("%-34s %4s %12s %12s %7s\n", "copy-task step, d64/ff256/h4", "thr", "ms, off",
+           "ms, anomaly", "ratio");
+    for (int t = 1; t <= ncpu; t = next_threads(t)) {
+        nb_set_num_threads(t);
+        copy_ctx a = copy_setup(64, 256, 4);
+        double off = 1e3 * median_time(copy_step, &a, 2, 21);
+        nb_set_detect_anomaly(true);
+        double on = 1e3 * median_time(copy_step, &a, 2, 21);
+        nb_set_detect_anomaly(false);
+        printf("%-34s %4d", "nb_set_detect_anomaly(true)", t);
+        cell(off, 12, 1);
+        cell(on, 12, 1);
+        cell(on / off, 7, 2);
+        printf("\n");
+        copy_teardown(&a);
+    }
 }
 
 /* ------------------------------------------------------------------- main */
@@ -809,16 +878,17 @@ static void print_footer(double start) {
 }
 
 int main(int argc, char **argv) {
-    static void (*const sections[6])(void) = {bench_peak,      bench_matmul,   bench_attention,
-                                              bench_mha,       bench_overhead, bench_copy};
+    static void (*const sections[7])(void) = {bench_peak,     bench_matmul, bench_attention,
+                                              bench_mha,      bench_overhead, bench_copy,
+                                              bench_checkpoint};
     double start = now();
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     ncpu = n < 1 ? 1 : n > 64 ? 64 : (int)n;
     load_refs();
     print_header();
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < 7; i++)
         if (wanted(argc, argv, i + 1)) sections[i]();
-    section("7. process");
+    section("8. process");
     print_footer(start);
     return 0;
 }
