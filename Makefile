@@ -155,7 +155,7 @@ asan: check-deps
 error-table-check:
 	@sh tests/error_table_check.sh README.md
 
-# libFuzzer (fuzz/RESULTS.md): the harnesses in fuzz/ with the library compiled
+# libFuzzer (results: README, "Fuzzing"): the harnesses in fuzz/ with the library compiled
 # in, ASan + UBSan, under build-fuzz/. make fuzz runs each target for
 # FUZZ_TIME seconds (NABLA_NUM_THREADS=1) on a copy of its seed corpus and
 # prints a summary line; make fuzz-load / fuzz-ops run one (make -j2 fuzz-load

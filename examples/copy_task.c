@@ -80,23 +80,23 @@ static int parse(int argc, char **argv, options *o) {
                    .lr = 1.0, .seed = 1, .all_epochs = false};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--all-epochs") || !strcmp(a, "--detect-anomaly")) {
-            *(a[2] == 'a' ? &o->all_epochs : &o->detect_anomaly) = true;
+        bool *flag = !strcmp(a, "--all-epochs")       ? &o->all_epochs
+                     : !strcmp(a, "--detect-anomaly") ? &o->detect_anomaly
+                                                      : NULL;
+        if (flag) {
+            *flag = true;
             continue;
         }
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
         if (i + 1 >= argc) return -1;
         const char *v = argv[++i];
-        if (!strcmp(a, "--attn-map")) {
-            o->attn_dir = v;
-            continue;
-        }
-        if (!strcmp(a, "--loss-plot")) {
-            o->loss_plot = v;
-            continue;
-        }
-        if (!strcmp(a, "--save") || !strcmp(a, "--load")) {
-            *(a[2] == 's' ? &o->save : &o->load) = v;
+        const char **path = !strcmp(a, "--attn-map")    ? &o->attn_dir
+                            : !strcmp(a, "--loss-plot") ? &o->loss_plot
+                            : !strcmp(a, "--save")      ? &o->save
+                            : !strcmp(a, "--load")      ? &o->load
+                                                        : NULL;
+        if (path) {
+            *path = v;
             continue;
         }
         char *end;
