@@ -348,7 +348,8 @@ NB_API void nb_parallel_for(int64_t n, int64_t grain,
  * them. Names follow PyTorch's state_dict keys: nb_mha_init(&m, ps,
  * "decoder.layers.0.src_attn", ...) registers
  * "decoder.layers.0.src_attn.w_q.weight", ... Parameters are made in
- * nb_default_dtype(). */
+ * nb_default_dtype(). A full parameter name longer than 511 bytes makes the
+ * *_init function fail (parameters it registered before stay registered). */
 
 /* Persistent handle on t's storage, detached, owned by no scope (nb_free it). */
 NB_API nb_tensor *nb_persistent(nb_tensor *t);
@@ -387,7 +388,8 @@ NB_API nb_tensor *nb_params_buffer_at(const nb_params *ps, int i, const char **n
 /* Registers every parameter and buffer of src in dst as prefix + name (prefix
  * NULL = ""), sharing their storage (a checkpoint of several registries in
  * one file); parameters stay parameters, buffers buffers. 0 or -1 (dst == src,
- * a name dst has already); on error dst is unchanged. */
+ * a name dst has already, prefix + name over 1023 bytes); on error dst is
+ * unchanged. */
 NB_API int nb_params_add_all(nb_params *dst, const char *prefix, const nb_params *src);
 
 /* Checkpoints in the safetensors format: 8-byte little-endian header size, a
