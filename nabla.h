@@ -11,8 +11,16 @@
  *   that succeed with 0 fail with -1) and sets a thread-local message,
  *   nb_last_error(), naming the function and the values; a void function
  *   reports only through that message. Out of memory is such a failure.
- *   A NULL input makes an op return NULL and keep the message already set, so
- *   a whole computation can be checked once at the end.
+ *   A NULL input makes an op return NULL with "fn: input i is NULL" (i counts
+ *   the tensor arguments from 0), followed by ", after an earlier error: "
+ *   and the last message that was not about a NULL, so a whole computation
+ *   can be checked once at the end and still names the first failure.
+ * - A freed handle (after nb_free, or after its scope ended) passed to any
+ *   function is an error, "fn: input i was freed (by nb_free) ...", never a
+ *   read of freed memory, for handles freed within the last 16,384 tensor
+ *   allocations (NB_HANDLE_WINDOW): destroyed tensor objects are held back
+ *   that long before their memory is reused. Past the window a stale handle
+ *   is undefined behaviour, as any dangling pointer in C.
  * - Shapes are written (d0, d1, ...); "..." stands for any leading dims.
  * - Negative dims count from the end (-1 is the last); a dim out of range is
  *   an error.
@@ -43,6 +51,8 @@ extern "C" {
 #endif
 
 #define NB_MAX_DIMS 8
+/* Tensor allocations after which a freed handle's memory may be reused. */
+#define NB_HANDLE_WINDOW 16384
 
 /* The version of this header; nb_version() gives the library's, which can
  * differ when a program runs against another libnabla.so.0. */
@@ -220,18 +230,28 @@ NB_API nb_tensor *nb_dropout(nb_tensor *t, double p, bool training, struct nb_rn
  * setting it on a non-floating t or clearing it on a non-leaf (a non-leaf
  * that requires grad is returned as it is; use nb_detach to stop gradients). */
 NB_API nb_tensor *nb_set_requires_grad(nb_tensor *t, bool requires_grad);
-NB_API bool nb_requires_grad(const nb_tensor *t); /* false on NULL */
+NB_API bool nb_requires_grad(const nb_tensor *t); /* false on NULL (and on a freed t, with a message) */
 NB_API bool nb_is_leaf(const nb_tensor *t);       /* made by no recorded op; false on NULL */
 /* The accumulated gradient of a leaf (borrowed: owned by t; t's shape and
  * dtype), or NULL when none yet or t is not a leaf. */
 NB_API nb_tensor *nb_grad(const nb_tensor *t);
 /* Backpropagates from a one-element tensor (seed 1); 0 or -1. Gradients
- * accumulate into the .grad of leaves that require grad. The graph is kept,
- * so backward may be called again (gradients add up). Errors: loss does not
- * require grad or has numel != 1, a saved tensor was modified in place. */
+ * accumulate into the .grad of leaves that require grad. As in PyTorch, the
+ * graph's saved tensors are released as each node's rule has run, so a
+ * second backward through the same graph is an error (its message names
+ * retain_graph); to backpropagate twice, retain it with nb_backward_with_opts.
+ * Errors: loss does not require grad or has numel != 1, a saved tensor was
+ * modified in place, the graph was released, a custom function's backward
+ * failed. A failure midway leaves the gradients accumulated so far. */
 NB_API int nb_backward(nb_tensor *loss);
 /* The same from any output, with its gradient (same shape and dtype as out). */
 NB_API int nb_backward_with_grad(nb_tensor *out, nb_tensor *grad);
+typedef struct nb_backward_opts {
+    bool retain_graph; /* keep what backward reads, so it may run again (gradients add up) */
+} nb_backward_opts;
+/* nb_backward (grad NULL: out must have one element) or nb_backward_with_grad,
+ * with options (NULL = defaults, as theirs). */
+NB_API int nb_backward_with_opts(nb_tensor *out, nb_tensor *grad, const nb_backward_opts *opts);
 NB_API void nb_zero_grad(nb_tensor *t);            /* sets .grad to zeros, if any */
 /* A view sharing t's storage, with no history and not requiring grad. */
 NB_API nb_tensor *nb_detach(nb_tensor *t);
@@ -249,30 +269,54 @@ NB_API bool nb_detect_anomaly(void);
 /* Finite-difference gradient check, like torch.autograd.gradcheck: for every
  * input that requires grad (all must be NB_F64), every element is moved by
  * +-eps and the central difference of every output element is compared with
- * the analytic Jacobian from backward: |analytic - numeric| <= atol + rtol*|numeric|. */
+ * the analytic Jacobian from backward: |analytic - numeric| <= atol + rtol*|numeric|.
+ * Also as torch: backward runs twice from each output gradient and must give
+ * the same gradients (within nondet_tol), and inputs that do not require
+ * grad must get no gradient.
+ * fast_mode (torch's fast_mode) compares, for each input i, the scalar
+ * v^T J_i u for random unit vectors v (output) and u (input) instead of J_i
+ * itself: one backward and two forwards per probe and input, so inputs of
+ * any size can be checked. What it can miss: an error in a few entries of a
+ * large Jacobian is diluted in the sum by about sqrt(numel(input) x
+ * numel(output)) and may fall under the tolerance; a rule that is wrong
+ * everywhere (a wrong sign, a wrong scale, a missing term) is caught. Check
+ * a small case in full mode too. */
 typedef nb_tensor *(*nb_fn)(nb_tensor **inputs, int n, void *ctx);
 typedef struct nb_gradcheck_opts {
-    double eps;  /* 1e-6 */
-    double atol; /* 1e-5 */
-    double rtol; /* 1e-3 */
+    double eps;        /* 1e-6 */
+    double atol;       /* 1e-5 */
+    double rtol;       /* 1e-3 */
+    double nondet_tol; /* 0: the two backward passes must agree exactly */
+    bool fast_mode;    /* false: full Jacobian */
+    int fast_probes;   /* fast mode: random (v, u) pairs; 0 means 1 */
+    uint64_t seed;     /* fast mode: seed of v and u */
 } nb_gradcheck_opts;
+/* The defaults, to start from: nb_gradcheck_opts o = NB_GRADCHECK_DEFAULTS; */
+#define NB_GRADCHECK_DEFAULTS {.eps = 1e-6, .atol = 1e-5, .rtol = 1e-3}
 typedef struct nb_gradcheck_result {
     bool ok;
-    int input;            /* the worst element: which input, */
+    /* The worst entry: the one whose |analytic - numeric| is max_abs_err
+     * (fast mode: the worst projection; index and output_index are -1;
+     * -1 everywhere when the check failed with an error). */
+    int input;            /* which input, */
     int64_t index;        /* its flat (row-major) index in that input, */
     int64_t output_index; /* and the flat index of the output element, */
     double analytic, numeric; /* the two derivatives there */
-    double max_abs_err;   /* the largest |analytic - numeric| seen */
-    int64_t checked;      /* Jacobian entries compared */
-    int64_t mismatched;   /* entries outside the tolerance */
-    char message[256];    /* human-readable summary */
+    double max_abs_err;   /* the largest |analytic - numeric| (NaN if any is NaN) */
+    int64_t checked;      /* Jacobian entries (fast mode: projections) compared */
+    int64_t mismatched;   /* those outside the tolerance */
+    char message[512];    /* always set: the summary ("nb_gradcheck: ok: ..."), the
+                           * mismatch (also naming the first entry outside the
+                           * tolerance when it is not the worst), or the error */
 } nb_gradcheck_result;
 /* fn must return an NB_F64 tensor; each call runs in a scope of its own.
- * opts NULL = defaults; out may be NULL. false on mismatch or error (then
- * nb_last_error() says why): no input requires grad; one that does is not an
- * f64 leaf, is an expanded view or shares storage with another, or has
- * numel x the output's numel past 2^26. The inputs' values and .grad are
- * restored afterwards. */
+ * opts NULL = NB_GRADCHECK_DEFAULTS; out may be NULL. false on mismatch or
+ * error (nb_last_error() and out->message say why): no input requires grad;
+ * one that does is not an f64 leaf, is an expanded view or shares storage
+ * with another; fn fails or returns a non-f64 tensor; backward fails, is not
+ * deterministic or gives a gradient to an input that does not require grad;
+ * in full mode, numel(input) x numel(output) past 2^26. The inputs' values
+ * and .grad are restored afterwards. */
 NB_API bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs,
                          const nb_gradcheck_opts *opts, nb_gradcheck_result *out);
 
@@ -305,12 +349,19 @@ NB_API void nb_empty_cache(void);
 
 /* ------------------------------------------------------------------- errors */
 /* The message of the most recent failure on this thread, or NULL if none
- * since nb_clear_error (a thread-local buffer the next failure overwrites).
- * A failure caused only by a NULL input keeps the message that is already
- * there. NABLA_ABORT_ON_ERROR=1 in the environment prints the first error to
- * stderr and calls abort(). */
+ * since nb_clear_error (a thread-local buffer of 1 KiB the next failure
+ * overwrites). A failure caused by a NULL input says so and quotes the last
+ * message that was not about a NULL: "nb_relu: input 0 is NULL, after an
+ * earlier error: nb_matmul: shapes (2,3) and (4,5) cannot be multiplied
+ * (3 != 4)". NABLA_ABORT_ON_ERROR=1 in the environment prints the first
+ * error to stderr and calls abort(). */
 NB_API const char *nb_last_error(void);
 NB_API void nb_clear_error(void); /* forgets the message: nb_last_error() is NULL */
+/* The argument check nabla's own functions make, for functions you build on
+ * it: 0 when t is a live tensor; otherwise -1 and the message "fn: input i
+ * is NULL" (with the earlier error, as above) or "fn: input i was freed
+ * (by nb_free) and cannot be used". */
+NB_API int nb_check_input(const char *fn, const nb_tensor *t, int i);
 /* Sets the message (printf-style), for code built on nabla that reports its
  * own errors the same way (nn/ does). Honors NABLA_ABORT_ON_ERROR. */
 NB_API void nb_report_error(const char *fmt, ...)

@@ -25,6 +25,14 @@ struct nbi_node {
     nb_tensor *extra;        /* one more tensor kept for backward, referenced */
     double d[4];             /* scalar arguments */
     int64_t i[2 * NB_MAX_DIMS];
+    /* After a backward that did not retain the graph, what the rule reads is
+     * gone (saved bits cleared, extra and fn_ctx's tensors freed): a second
+     * backward through this node is an error naming retain_graph. */
+    bool released;
+    /* Custom functions (function.c): their context, and what frees it
+     * (all = false: only what backward reads; true: everything, at node free). */
+    void *fn_ctx;
+    void (*fn_release)(nbi_node *n, bool all);
 };
 /* True when grad mode is on and some input requires grad. */
 bool nbi_needs_grad(int n, nb_tensor *const *inputs);

@@ -67,6 +67,7 @@ void nbi_save(nbi_node *n, uint32_t bits) {
 }
 
 void nbi_node_free(nbi_node *n) {
+    if (n->fn_release) n->fn_release(n, true);
     for (int i = 0; i < n->nin; i++) {
         n->in[i]->edges--;
         if (i < 31 && (n->saved & NBI_SAVE_IN(i))) n->in[i]->holds--;
@@ -79,7 +80,7 @@ void nbi_node_free(nbi_node *n) {
 
 nb_tensor *nb_set_requires_grad(nb_tensor *t, bool requires_grad) {
     const char *fn = "nb_set_requires_grad";
-    if (!t) return nbi_null_input(fn);
+    if (!nbi_arg(fn, t, 0)) return NULL;
     if (t->grad_fn) {
         if (requires_grad) return t;
         return nbi_error("%s: this tensor was made by %s and is not a leaf; use nb_detach to "
@@ -92,18 +93,23 @@ nb_tensor *nb_set_requires_grad(nb_tensor *t, bool requires_grad) {
     return t;
 }
 
-bool nb_requires_grad(const nb_tensor *t) { return t && t->requires_grad; }
-bool nb_is_leaf(const nb_tensor *t) { return t && !t->grad_fn; }
-nb_tensor *nb_grad(const nb_tensor *t) { return t ? t->grad : NULL; }
+/* These accept NULL quietly (false, NULL, nothing), but not a freed handle. */
+bool nb_requires_grad(const nb_tensor *t) {
+    return t && nbi_arg("nb_requires_grad", t, 0) && t->requires_grad;
+}
+bool nb_is_leaf(const nb_tensor *t) { return t && nbi_arg("nb_is_leaf", t, 0) && !t->grad_fn; }
+nb_tensor *nb_grad(const nb_tensor *t) {
+    return t && nbi_arg("nb_grad", t, 0) ? t->grad : NULL;
+}
 
 void nb_zero_grad(nb_tensor *t) {
-    if (!t || !t->grad) return;
+    if (!t || !nbi_arg("nb_zero_grad", t, 0) || !t->grad) return;
     memset(t->grad->storage->data, 0, t->grad->storage->nbytes);
     t->grad->storage->version++;
 }
 
 nb_tensor *nb_detach(nb_tensor *t) {
-    if (!t) return nbi_null_input("nb_detach");
+    if (!nbi_arg("nb_detach", t, 0)) return NULL;
     return nbi_make_view(t, t->ndim, t->shape, t->strides, t->offset);
 }
 
@@ -223,6 +229,28 @@ static bool saved_intact(const nbi_node *n) {
     return true;
 }
 
+/* After a backward that does not retain the graph, a node gives up what its
+ * rule reads, as PyTorch frees saved tensors: an input or output nobody
+ * else holds loses its data now, not when the graph goes. */
+static void release_node(nbi_node *n) {
+    if (n->released) return;
+    n->released = true;
+    uint32_t saved = n->saved;
+    n->saved = 0;
+    for (int i = 0; i < n->nin && i < 31; i++) {
+        if (!(saved & NBI_SAVE_IN(i))) continue;
+        n->in[i]->holds--;
+        nbi_drop_unsaved_data(n->in[i]);
+    }
+    if (saved & NBI_SAVE_OUT) {
+        n->out->holds--;
+        nbi_drop_unsaved_data(n->out);
+    }
+    nbi_unref(n->extra);
+    n->extra = NULL;
+    if (n->fn_release) n->fn_release(n, false);
+}
+
 /* One node: its rule runs in a scope of its own so temporaries die with it;
  * the gradients it passes on survive through the engine's references. */
 static int run_node(nb_tensor *t, nb_tensor *g) {
@@ -252,14 +280,35 @@ static int run_node(nb_tensor *t, nb_tensor *g) {
     return rc;
 }
 
-static int run_backward(nb_tensor *root, nb_tensor *seed) {
+/* A second backward through a released node would read freed tensors (or,
+ * for rules that read none, add the same gradients again): refused before
+ * anything is accumulated. */
+static int check_not_released(const tensor_list *order) {
+    for (size_t k = 0; k < order->n; k++) {
+        const nbi_node *n = order->v[k]->grad_fn;
+        if (n && n->released)
+            return (nbi_error("nb_backward: the graph was already backpropagated through %s, and "
+                              "what its backward reads was freed then; to call backward twice "
+                              "through a graph, retain it the first time: nb_backward_with_opts("
+                              "loss, NULL, &(nb_backward_opts){.retain_graph = true}), as "
+                              "PyTorch's retain_graph=True", n->op), -1);
+    }
+    return 0;
+}
+
+static int run_backward(nb_tensor *root, nb_tensor *seed, bool retain_graph) {
     tensor_list order = {0};
     if (!topo_order(root, &order)) {
         free(order.v);
         return (nbi_error("nb_backward: out of memory ordering the graph"), -1);
     }
+    if (check_not_released(&order) != 0) {
+        free(order.v);
+        return -1;
+    }
     bool was_disabled = grad_disabled;
     grad_disabled = true; /* backward rules record nothing */
+    nbi_trusted++;        /* and may read tensors whose handles were freed */
     nbi_ref(seed);
     root->gacc = seed;
     int rc = 0;
@@ -269,45 +318,58 @@ static int run_backward(nb_tensor *root, nb_tensor *seed) {
         if (!g) continue;
         t->gacc = NULL;
         rc = t->grad_fn ? run_node(t, g) : accumulate_leaf(t, g);
+        if (rc == 0 && t->grad_fn && !retain_graph) release_node(t->grad_fn);
         nbi_unref(g);
     }
     release_pending(&order);
+    /* the rest (nodes no gradient reached); after a failure, the failing
+     * node and those after it keep what they saved, for a look or a retry */
+    for (size_t k = 0; rc == 0 && !retain_graph && k < order.n; k++)
+        if (order.v[k]->grad_fn) release_node(order.v[k]->grad_fn);
     free(order.v);
+    nbi_trusted--;
     grad_disabled = was_disabled;
     return rc;
 }
 
 static int check_root(const char *fn, nb_tensor *t) {
-    if (!t) return (nbi_null_input(fn), -1);
+    if (!nbi_arg(fn, t, 0)) return -1;
     if (!t->requires_grad)
         return (nbi_error("%s: the tensor does not require grad and has no graph (did an input "
                           "get nb_set_requires_grad, with grad mode on?)", fn), -1);
     return 0;
 }
 
-int nb_backward(nb_tensor *loss) {
-    const char *fn = "nb_backward";
-    if (check_root(fn, loss) != 0) return -1;
-    if (loss->numel != 1)
-        return (nbi_error("%s: the loss must have one element, got shape %s; use "
-                          "nb_backward_with_grad for other outputs", fn, NBI_SHAPE(loss)), -1);
-    nb_tensor *seed = nbi_new(fn, loss->dtype, loss->ndim, loss->shape, false);
-    if (!seed) return -1;
-    nbi_set_flat(seed, 0, 1.0);
-    nbi_unscoped(seed);
-    int rc = run_backward(loss, seed);
-    nbi_unref(seed);
-    return rc;
-}
-
-int nb_backward_with_grad(nb_tensor *out, nb_tensor *grad) {
-    const char *fn = "nb_backward_with_grad";
+static int backward_from(const char *fn, nb_tensor *out, nb_tensor *grad, bool retain_graph) {
     if (check_root(fn, out) != 0) return -1;
-    if (!grad) return (nbi_null_input(fn), -1);
+    if (!grad) {
+        if (out->numel != 1)
+            return (nbi_error("%s: the loss must have one element, got shape %s; use "
+                              "nb_backward_with_grad for other outputs", fn, NBI_SHAPE(out)), -1);
+        nb_tensor *seed = nbi_new(fn, out->dtype, out->ndim, out->shape, false);
+        if (!seed) return -1;
+        nbi_set_flat(seed, 0, 1.0);
+        nbi_unscoped(seed);
+        int rc = run_backward(out, seed, retain_graph);
+        nbi_unref(seed);
+        return rc;
+    }
+    if (!nbi_arg(fn, grad, 1)) return -1;
     if (!nbi_same_shape(out, grad) || out->dtype != grad->dtype)
         return (nbi_error("%s: grad of shape %s %s does not match the output's %s %s", fn,
                           NBI_SHAPE(grad), nb_dtype_name(grad->dtype), NBI_SHAPE(out),
                           nb_dtype_name(out->dtype)), -1);
     if (!nbi_anomaly_seed(fn, grad)) return -1;
-    return run_backward(out, grad);
+    return run_backward(out, grad, retain_graph);
+}
+
+int nb_backward(nb_tensor *loss) { return backward_from("nb_backward", loss, NULL, false); }
+
+int nb_backward_with_grad(nb_tensor *out, nb_tensor *grad) {
+    if (!grad) return (nbi_arg("nb_backward_with_grad", grad, 1), -1);
+    return backward_from("nb_backward_with_grad", out, grad, false);
+}
+
+int nb_backward_with_opts(nb_tensor *out, nb_tensor *grad, const nb_backward_opts *opts) {
+    return backward_from("nb_backward_with_opts", out, grad, opts && opts->retain_graph);
 }

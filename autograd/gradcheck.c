@@ -1,6 +1,9 @@
 /* gradcheck.c: the analytic Jacobian (one backward per output element)
  * against central finite differences (two forwards per input element), in
- * f64, like torch.autograd.gradcheck. */
+ * f64, like torch.autograd.gradcheck; or, in fast mode, random projections
+ * v^T J u of both (one backward and two forwards per probe and input).
+ * Backward runs twice for every seed gradient, and must give the same
+ * result both times; inputs that do not require grad must get no gradient. */
 #include "autograd_internal.h"
 
 #include <math.h>
@@ -9,11 +12,25 @@
 
 static const char *FN = "nb_gradcheck";
 
+/* What a check needs throughout. */
+typedef struct {
+    nb_fn fn;
+    void *ctx;
+    int n;
+    nb_tensor **in;
+    int64_t m; /* output elements */
+    nb_gradcheck_opts o;
+    nb_gradcheck_result *r;
+    /* inputs that do not require grad: their .grad and its version before */
+    nb_tensor **grad_before;
+    uint32_t *grad_version;
+} check;
+
 static bool check_inputs(int n, nb_tensor **in) {
     bool any = false;
     for (int i = 0; i < n; i++) {
         nb_tensor *t = in[i];
-        if (!t) return nbi_null_input(FN), false;
+        if (!nbi_arg(FN, t, i)) return false;
         if (!t->requires_grad) continue;
         any = true;
         if (t->dtype != NB_F64)
@@ -36,44 +53,51 @@ static bool check_inputs(int n, nb_tensor **in) {
     return true;
 }
 
+/* fn's output, checked: NULL + message when fn failed or returned junk. */
+static nb_tensor *call(const check *c) {
+    nb_tensor *y = c->fn(c->in, c->n, c->ctx);
+    if (!y) return nbi_error_after("%s: the function returned NULL", FN);
+    if (y->freed) return nbi_error("%s: the function returned a freed tensor", FN);
+    if (y->dtype != NB_F64)
+        return nbi_error("%s: the function returned %s; it must return an f64 tensor", FN,
+                         nb_dtype_name(y->dtype));
+    if (c->m >= 0 && y->numel != c->m)
+        return nbi_error("%s: output size changed between calls (%lld elements, then %lld)", FN,
+                         (long long)c->m, (long long)y->numel);
+    return y;
+}
+
 /* Evaluates fn in a scope of its own and copies the output out (f64). */
-static int eval(nb_fn fn, void *ctx, int n, nb_tensor **in, int64_t m, double *out) {
+static int eval(const check *c, double *out) {
     nb_scope_begin();
-    nb_tensor *y = fn(in, n, ctx);
-    int rc = -1;
-    if (!y) nbi_null_input(FN);
-    else if (y->numel != m) nbi_error("%s: output size changed between calls", FN);
-    else rc = nb_copy_to_f64(y, out);
+    nb_tensor *y = call(c);
+    int rc = y ? nb_copy_to_f64(y, out) : -1;
     nb_scope_end();
     return rc;
 }
 
-/* Output size and dtype from one forward. */
-static int64_t probe(nb_fn fn, void *ctx, int n, nb_tensor **in) {
+/* Output size from one forward. */
+static int64_t probe(check *c) {
     nb_scope_begin();
-    nb_tensor *y = fn(in, n, ctx);
-    int64_t m = -1;
-    if (!y) nbi_null_input(FN);
-    else if (y->dtype != NB_F64)
-        nbi_error("%s: the function returned %s; it must return an f64 tensor", FN,
-                  nb_dtype_name(y->dtype));
-    else m = y->numel;
+    nb_tensor *y = call(c);
+    int64_t m = y ? y->numel : -1;
     nb_scope_end();
     return m;
 }
 
 /* Column block J[i] (numel_i x m) of the numeric Jacobian for input i. */
-static int numeric(nb_fn fn, void *ctx, int n, nb_tensor **in, int i, int64_t m, double eps,
-                   double *J) {
-    nb_tensor *t = in[i];
-    double *plus = malloc((size_t)m * sizeof *plus), *minus = malloc((size_t)m * sizeof *minus);
+static int numeric(const check *c, int i, double *J) {
+    nb_tensor *t = c->in[i];
+    int64_t m = c->m;
+    double eps = c->o.eps;
+    double *plus = malloc((size_t)m * sizeof *plus + 1), *minus = malloc((size_t)m * sizeof *minus + 1);
     int rc = (plus && minus) ? 0 : (nbi_error("%s: out of memory", FN), -1);
     for (int64_t e = 0; rc == 0 && e < t->numel; e++) {
         double v = nbi_get_flat(t, e);
         nbi_set_flat(t, e, v + eps);
-        rc = eval(fn, ctx, n, in, m, plus);
+        rc = eval(c, plus);
         nbi_set_flat(t, e, v - eps);
-        if (rc == 0) rc = eval(fn, ctx, n, in, m, minus);
+        if (rc == 0) rc = eval(c, minus);
         nbi_set_flat(t, e, v);
         for (int64_t j = 0; rc == 0 && j < m; j++)
             J[e * m + j] = (plus[j] - minus[j]) / (2 * eps);
@@ -83,129 +107,321 @@ static int numeric(nb_fn fn, void *ctx, int n, nb_tensor **in, int i, int64_t m,
     return rc;
 }
 
-/* Row j of the analytic Jacobian: backward from a one-hot output gradient. */
-static int analytic_row(nb_fn fn, void *ctx, int n, nb_tensor **in, int64_t m, int64_t j,
-                        double **A) {
+/* Inputs that do not require grad must come out of backward as they went in. */
+static int check_no_grad_inputs(const check *c) {
+    for (int i = 0; i < c->n; i++) {
+        nb_tensor *t = c->in[i];
+        if (t->requires_grad) continue;
+        bool same = t->grad == c->grad_before[i] &&
+                    (!t->grad || t->grad->storage->version == c->grad_version[i]);
+        if (!same)
+            return (nbi_error("%s: input %d does not require grad, yet backward gave it a "
+                              "gradient", FN, i), -1);
+    }
+    return 0;
+}
+
+/* Detaches the inputs' fresh gradients, for the next backward. */
+static void drop_grads(const check *c) {
+    for (int i = 0; i < c->n; i++) {
+        if (!c->in[i]->requires_grad) continue;
+        nbi_unref(c->in[i]->grad);
+        c->in[i]->grad = NULL;
+    }
+}
+
+/* Backward from fn's output with gradient seed (filled by make_seed on a
+ * zeroed tensor of the output's shape), twice: the gradient of input i goes
+ * to G[i] at stride `stride` (NULL rows for inputs that do not require grad,
+ * zeros where there is no gradient), and the second pass must agree. */
+typedef void (*seed_fn)(nb_tensor *g, void *arg);
+static int backward_twice(const check *c, seed_fn make_seed, void *arg, double **G, int64_t stride) {
     int rc = -1;
     nb_scope_begin();
-    nb_tensor *y = fn(in, n, ctx);
-    if (!y) {
-        nbi_null_input(FN);
-    } else if (!y->requires_grad) {
-        /* the output does not depend on any input that requires grad */
-        for (int i = 0; i < n; i++)
-            if (A[i]) for (int64_t e = 0; e < in[i]->numel; e++) A[i][e * m + j] = 0;
+    nb_tensor *y = call(c);
+    nb_tensor *g = y ? nbi_new(FN, NB_F64, y->ndim, y->shape, true) : NULL;
+    if (g && !y->requires_grad) { /* the output depends on no input that requires grad */
+        for (int i = 0; i < c->n; i++)
+            if (G[i]) for (int64_t e = 0; e < c->in[i]->numel; e++) G[i][e * stride] = 0;
         rc = 0;
-    } else {
-        nb_tensor *g = nbi_new(FN, NB_F64, y->ndim, y->shape, true);
-        if (g) {
-            nbi_set_flat(g, j, 1.0);
-            rc = nb_backward_with_grad(y, g);
-        }
-        for (int i = 0; rc == 0 && i < n; i++) {
-            if (!A[i]) continue;
-            nb_tensor *gr = in[i]->grad;
-            for (int64_t e = 0; e < in[i]->numel; e++)
-                A[i][e * m + j] = gr ? nbi_get_flat(gr, e) : 0.0;
+    } else if (g) {
+        make_seed(g, arg);
+        rc = 0;
+        for (int pass = 0; rc == 0 && pass < 2; pass++) {
+            nb_backward_opts keep = {.retain_graph = pass == 0};
+            rc = nb_backward_with_opts(y, g, &keep);
+            if (rc == 0) rc = check_no_grad_inputs(c);
+            for (int i = 0; rc == 0 && i < c->n; i++) {
+                if (!G[i]) continue;
+                nb_tensor *gr = c->in[i]->grad;
+                for (int64_t e = 0; rc == 0 && e < c->in[i]->numel; e++) {
+                    double v = gr ? nbi_get_flat(gr, e) : 0.0;
+                    if (pass == 0) {
+                        G[i][e * stride] = v;
+                        continue;
+                    }
+                    double first = G[i][e * stride];
+                    if (fabs(v - first) <= c->o.nondet_tol || (v != v && first != first))
+                        continue;
+                    nbi_error("%s: backward is not deterministic: two backward passes from the "
+                              "same output gradient gave %.17g, then %.17g for input %d element "
+                              "%lld (nondet_tol %g)", FN, first, v, i, (long long)e,
+                              c->o.nondet_tol);
+                    rc = -1;
+                }
+            }
+            drop_grads(c);
         }
     }
     nb_scope_end();
-    for (int i = 0; i < n; i++) { /* fresh gradients for the next row */
-        if (!A[i]) continue;
-        nbi_unref(in[i]->grad);
-        in[i]->grad = NULL;
-    }
+    drop_grads(c);
     return rc;
 }
 
-static void compare(int n, nb_tensor **in, int64_t m, double **A, double **N,
-                    const nb_gradcheck_opts *o, nb_gradcheck_result *r) {
-    double worst = -1;
-    r->ok = true;
-    for (int i = 0; i < n; i++) {
-        if (!A[i]) continue;
-        for (int64_t k = 0; k < in[i]->numel * m; k++) {
-            double a = A[i][k], nu = N[i][k], err = fabs(a - nu);
-            double tol = o->atol + o->rtol * fabs(nu);
-            double ratio = (err == err) ? err / tol : INFINITY;
-            if (err > r->max_abs_err || err != err) r->max_abs_err = err;
-            if (!(err <= tol)) {
-                r->ok = false;
-                r->mismatched++;
-            }
-            if (ratio > worst) {
-                worst = ratio;
-                r->input = i;
-                r->index = k / m;
-                r->output_index = k % m;
-                r->analytic = a;
-                r->numeric = nu;
-            }
-            r->checked++;
-        }
-    }
+static void one_hot(nb_tensor *g, void *arg) { nbi_set_flat(g, *(int64_t *)arg, 1.0); }
+
+/* Row j of the analytic Jacobian: backward from a one-hot output gradient
+ * (rows: room for n pointers). */
+static int analytic_row(const check *c, int64_t j, double **A, double **rows) {
+    for (int i = 0; i < c->n; i++) rows[i] = A[i] ? A[i] + j : NULL;
+    return backward_twice(c, one_hot, &j, rows, c->m);
 }
 
-bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs, const nb_gradcheck_opts *opts,
-                  nb_gradcheck_result *out) {
-    nb_gradcheck_result r = {0};
-    nb_gradcheck_opts o = opts ? *opts : (nb_gradcheck_opts){1e-6, 1e-5, 1e-3};
-    if (out) *out = r;
-    if (!fn || !inputs || n <= 0)
-        return nbi_error("%s: needs a function and at least one input (n = %d)", FN, n), false;
-    if (!(o.eps > 0) || !(o.atol >= 0) || !(o.rtol >= 0))
-        return nbi_error("%s: eps must be > 0 and atol, rtol >= 0 (got %g, %g, %g)", FN, o.eps,
-                         o.atol, o.rtol), false;
-    if (!check_inputs(n, inputs)) return false;
-    int64_t m = probe(fn, ctx, n, inputs);
-    if (m < 0) return false;
-    for (int i = 0; i < n; i++)
-        if (inputs[i]->requires_grad && inputs[i]->numel > 0 && m > (INT64_C(1) << 26) / inputs[i]->numel)
-            return nbi_error("%s: input %d (%lld elements) x output (%lld elements) is too large "
-                             "for a full Jacobian; check a smaller case", FN, i,
-                             (long long)inputs[i]->numel, (long long)m), false;
+static void note_worst(nb_gradcheck_result *r, int i, int64_t e, int64_t j, double a, double nu) {
+    r->input = i;
+    r->index = e;
+    r->output_index = j;
+    r->analytic = a;
+    r->numeric = nu;
+}
 
+/* The worst entry is the one with the largest |analytic - numeric| (a NaN
+ * difference counts as the largest); the first one outside the tolerance is
+ * kept too, for the message when the two differ. */
+typedef struct {
+    bool any;
+    int input;
+    int64_t index, output_index;
+    double analytic, numeric;
+} entry;
+
+static void compare_one(nb_gradcheck_result *r, const nb_gradcheck_opts *o, entry *first_bad,
+                        int i, int64_t e, int64_t j, double a, double nu) {
+    double err = fabs(a - nu);
+    bool nan = err != err;
+    bool worse = r->checked == 0 || nan || (r->max_abs_err == r->max_abs_err && err > r->max_abs_err);
+    if (worse) {
+        r->max_abs_err = err;
+        note_worst(r, i, e, j, a, nu);
+    }
+    if (!(err <= o->atol + o->rtol * fabs(nu))) {
+        r->ok = false;
+        r->mismatched++;
+        if (!first_bad->any) *first_bad = (entry){true, i, e, j, a, nu};
+    }
+    r->checked++;
+}
+
+static void summarize(const check *c, const entry *first_bad, bool fast) {
+    nb_gradcheck_result *r = c->r;
+    char where[160], also[200] = "";
+    if (fast)
+        snprintf(where, sizeof where, "input %d, projection v^T J u", r->input);
+    else
+        snprintf(where, sizeof where, "input %d element %lld, output element %lld", r->input,
+                 (long long)r->index, (long long)r->output_index);
+    bool same = first_bad->input == r->input && first_bad->index == r->index &&
+                first_bad->output_index == r->output_index;
+    if (first_bad->any && !same && !fast)
+        snprintf(also, sizeof also, "; first outside tolerance: input %d element %lld, output "
+                 "element %lld: analytic %.10g vs numeric %.10g", first_bad->input,
+                 (long long)first_bad->index, (long long)first_bad->output_index,
+                 first_bad->analytic, first_bad->numeric);
+    snprintf(r->message, sizeof r->message,
+             "%s: %s: %lld of %lld %s outside tolerance; worst: %s: analytic %.10g vs numeric "
+             "%.10g (|diff| %.3g)%s", FN, r->ok ? "ok" : "MISMATCH", (long long)r->mismatched,
+             (long long)r->checked, fast ? "projections" : "entries", where, r->analytic,
+             r->numeric, r->max_abs_err, also);
+}
+
+static int full_check(const check *c) {
+    int n = c->n;
+    int64_t m = c->m;
+    for (int i = 0; i < n; i++)
+        if (c->in[i]->requires_grad && c->in[i]->numel > 0 && m > (INT64_C(1) << 26) / c->in[i]->numel)
+            return (nbi_error("%s: input %d (%lld elements) x output (%lld elements) is too large "
+                              "for a full Jacobian; check a smaller case, or use fast_mode", FN, i,
+                              (long long)c->in[i]->numel, (long long)m), -1);
     double **A = calloc((size_t)n, sizeof *A), **N = calloc((size_t)n, sizeof *N);
-    nb_tensor **saved_grad = calloc((size_t)n, sizeof *saved_grad);
-    bool was_enabled = nb_grad_enabled();
-    int rc = (A && N && saved_grad) ? 0 : -1;
+    double **rows = calloc((size_t)n, sizeof *rows);
+    int rc = (A && N && rows) ? 0 : -1;
     for (int i = 0; rc == 0 && i < n; i++) {
-        if (!inputs[i]->requires_grad) continue;
-        saved_grad[i] = inputs[i]->grad; /* put back afterwards */
-        inputs[i]->grad = NULL;
-        size_t sz = (size_t)(inputs[i]->numel * m) + 1;
+        if (!c->in[i]->requires_grad) continue;
+        size_t sz = (size_t)(c->in[i]->numel * m) + 1;
         A[i] = malloc(sz * sizeof **A);
         N[i] = malloc(sz * sizeof **N);
         if (!A[i] || !N[i]) rc = -1;
     }
     if (rc != 0) nbi_error("%s: out of memory", FN);
-
+    bool was_enabled = nb_grad_enabled();
     nb_set_grad_enabled(false);
     for (int i = 0; rc == 0 && i < n; i++)
-        if (A[i]) rc = numeric(fn, ctx, n, inputs, i, m, o.eps, N[i]);
+        if (A[i]) rc = numeric(c, i, N[i]);
     nb_set_grad_enabled(true);
-    for (int64_t j = 0; rc == 0 && j < m; j++) rc = analytic_row(fn, ctx, n, inputs, m, j, A);
+    for (int64_t j = 0; rc == 0 && j < m; j++) rc = analytic_row(c, j, A, rows);
     nb_set_grad_enabled(was_enabled);
-
     if (rc == 0) {
-        compare(n, inputs, m, A, N, &o, &r);
-        snprintf(r.message, sizeof r.message,
-                 "%s: %s: %lld of %lld entries outside tolerance; worst: input %d element %lld, "
-                 "output element %lld: analytic %.10g vs numeric %.10g (max |diff| %.3g)", FN,
-                 r.ok ? "ok" : "MISMATCH", (long long)r.mismatched, (long long)r.checked,
-                 r.input, (long long)r.index,
-                 (long long)r.output_index, r.analytic, r.numeric, r.max_abs_err);
-        if (!r.ok) nbi_error("%s", r.message);
+        entry first_bad = {0};
+        c->r->ok = true;
+        for (int i = 0; i < n; i++)
+            for (int64_t k = 0; A[i] && k < c->in[i]->numel * m; k++)
+                compare_one(c->r, &c->o, &first_bad, i, k / m, k % m, A[i][k], N[i][k]);
+        summarize(c, &first_bad, false);
     }
-    for (int i = 0; saved_grad && i < n; i++)
-        if (inputs[i]->requires_grad) inputs[i]->grad = saved_grad[i];
     for (int i = 0; i < n; i++) {
         if (A) free(A[i]);
         if (N) free(N[i]);
     }
     free(A);
     free(N);
+    free(rows);
+    return rc;
+}
+
+/* ------------------------------------------------------------ fast mode */
+/* Unit-norm vectors with entries drawn uniformly from [-1, 1). */
+static void unit_vector(double *x, int64_t len, nb_rng *rng) {
+    double norm = 0;
+    uint64_t at = nbi_rng_take(rng, (uint64_t)len);
+    for (int64_t k = 0; k < len; k++) {
+        x[k] = 2 * nbi_rng_uniform(rng->seed, at + (uint64_t)k) - 1;
+        norm += x[k] * x[k];
+    }
+    norm = sqrt(norm);
+    for (int64_t k = 0; norm > 0 && k < len; k++) x[k] /= norm;
+}
+
+static void seed_from(nb_tensor *g, void *arg) {
+    const double *v = arg;
+    for (int64_t k = 0; k < g->numel; k++) nbi_set_flat(g, k, v[k]);
+}
+
+/* v^T (J_i u): the directional derivative of fn along u in input i, dotted with v. */
+static int numeric_projection(const check *c, int i, const double *u, const double *v,
+                              double *out) {
+    nb_tensor *t = c->in[i];
+    int64_t m = c->m;
+    double eps = c->o.eps;
+    double *x = malloc((size_t)t->numel * sizeof *x + 1);
+    double *plus = malloc((size_t)m * sizeof *plus + 1), *minus = malloc((size_t)m * sizeof *minus + 1);
+    int rc = (x && plus && minus) ? 0 : (nbi_error("%s: out of memory", FN), -1);
+    for (int64_t e = 0; rc == 0 && e < t->numel; e++) x[e] = nbi_get_flat(t, e);
+    for (int64_t e = 0; rc == 0 && e < t->numel; e++) nbi_set_flat(t, e, x[e] + eps * u[e]);
+    if (rc == 0) rc = eval(c, plus);
+    for (int64_t e = 0; x && e < t->numel; e++) nbi_set_flat(t, e, x[e] - eps * u[e]);
+    if (rc == 0) rc = eval(c, minus);
+    for (int64_t e = 0; x && e < t->numel; e++) nbi_set_flat(t, e, x[e]);
+    double s = 0;
+    for (int64_t j = 0; rc == 0 && j < m; j++) s += v[j] * (plus[j] - minus[j]) / (2 * eps);
+    *out = s;
+    free(x);
+    free(plus);
+    free(minus);
+    return rc;
+}
+
+static int fast_check(const check *c) {
+    int n = c->n;
+    int64_t m = c->m;
+    int probes = c->o.fast_probes > 0 ? c->o.fast_probes : 1;
+    nb_rng rng;
+    nb_rng_seed(&rng, c->o.seed);
+    double *v = malloc((size_t)m * sizeof *v + 1);
+    double **u = calloc((size_t)n, sizeof *u), **G = calloc((size_t)n, sizeof *G);
+    int rc = (v && u && G) ? 0 : -1;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        if (!c->in[i]->requires_grad) continue;
+        u[i] = malloc((size_t)c->in[i]->numel * sizeof **u + 1);
+        G[i] = malloc((size_t)c->in[i]->numel * sizeof **G + 1);
+        if (!u[i] || !G[i]) rc = -1;
+    }
+    if (rc != 0) nbi_error("%s: out of memory", FN);
+    entry first_bad = {0};
+    c->r->ok = true;
+    bool was_enabled = nb_grad_enabled();
+    for (int p = 0; rc == 0 && p < probes; p++) {
+        unit_vector(v, m, &rng);
+        for (int i = 0; i < n; i++)
+            if (u[i]) unit_vector(u[i], c->in[i]->numel, &rng);
+        nb_set_grad_enabled(true);
+        rc = backward_twice(c, seed_from, v, G, 1); /* G[i] = v^T J_i */
+        nb_set_grad_enabled(false);
+        for (int i = 0; rc == 0 && i < n; i++) {
+            if (!u[i]) continue;
+            double a = 0, nu = 0;
+            for (int64_t e = 0; e < c->in[i]->numel; e++) a += G[i][e] * u[i][e];
+            rc = numeric_projection(c, i, u[i], v, &nu);
+            if (rc == 0) compare_one(c->r, &c->o, &first_bad, i, -1, -1, a, nu);
+        }
+    }
+    nb_set_grad_enabled(was_enabled);
+    if (rc == 0) summarize(c, &first_bad, true);
+    for (int i = 0; i < n; i++) {
+        if (u) free(u[i]);
+        if (G) free(G[i]);
+    }
+    free(u);
+    free(G);
+    free(v);
+    return rc;
+}
+
+bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs, const nb_gradcheck_opts *opts,
+                  nb_gradcheck_result *out) {
+    nb_gradcheck_result r = {.input = -1, .index = -1, .output_index = -1};
+    nb_gradcheck_opts o = opts ? *opts : (nb_gradcheck_opts)NB_GRADCHECK_DEFAULTS;
+    check c = {.fn = fn, .ctx = ctx, .n = n, .in = inputs, .m = -1, .o = o, .r = &r};
+    nb_tensor **saved_grad = NULL;
+    int rc = -1;
+    if (!fn || !inputs || n <= 0)
+        nbi_error("%s: needs a function and at least one input (n = %d)", FN, n);
+    else if (!(o.eps > 0) || !(o.atol >= 0) || !(o.rtol >= 0) || !(o.nondet_tol >= 0) ||
+             o.fast_probes < 0)
+        nbi_error("%s: eps must be > 0 and atol, rtol, nondet_tol, fast_probes >= 0 (got %g, "
+                  "%g, %g, %g, %d)", FN, o.eps, o.atol, o.rtol, o.nondet_tol, o.fast_probes);
+    else if (check_inputs(n, inputs) && (c.m = probe(&c)) >= 0)
+        rc = 0;
+    if (rc == 0) {
+        saved_grad = calloc((size_t)n, sizeof *saved_grad);
+        c.grad_before = calloc((size_t)n, sizeof *c.grad_before);
+        c.grad_version = calloc((size_t)n, sizeof *c.grad_version);
+        if (!saved_grad || !c.grad_before || !c.grad_version)
+            rc = (nbi_error("%s: out of memory", FN), -1);
+    }
+    if (rc == 0) {
+        for (int i = 0; i < n; i++) {
+            nb_tensor *t = inputs[i];
+            if (t->requires_grad) { /* put back afterwards */
+                saved_grad[i] = t->grad;
+                t->grad = NULL;
+            } else {
+                c.grad_before[i] = t->grad;
+                c.grad_version[i] = t->grad ? t->grad->storage->version : 0;
+            }
+        }
+        rc = o.fast_mode ? fast_check(&c) : full_check(&c);
+        for (int i = 0; i < n; i++)
+            if (inputs[i]->requires_grad) inputs[i]->grad = saved_grad[i];
+        if (rc == 0 && !r.ok) nbi_error("%s", r.message);
+    }
+    if (rc != 0) { /* an error: the message says why, and so does the result */
+        r.ok = false;
+        const char *e = nb_last_error();
+        snprintf(r.message, sizeof r.message, "%s", e ? e : "nb_gradcheck: failed");
+    }
     free(saved_grad);
+    free(c.grad_before);
+    free(c.grad_version);
     if (out) *out = r;
     return rc == 0 && r.ok;
 }

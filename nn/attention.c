@@ -42,7 +42,9 @@ nb_tensor *nb_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *kee
     const char *fn = "nb_attention";
     char sq[128], sk[128], sv[128], sm[128], ss[128];
     if (weights_out) *weights_out = NULL;
-    if (!q || !k || !v) return nn_null(fn);
+    if (!nn_input(fn, q, 0) || !nn_input(fn, k, 1) || !nn_input(fn, v, 2) ||
+        !nn_opt_input(fn, keep_mask, 3))
+        return NULL;
 
     if (!(dropout_p >= 0.0 && dropout_p <= 1.0)) /* also rejects NaN */
         return nn_error("%s: dropout_p must be in [0, 1], got %g", fn, dropout_p);

@@ -27,7 +27,7 @@ static bool first_out_of_range(nb_tensor *idx, int64_t size, int64_t *bad) {
 /* weight (num, dim), idx NB_I64 (...) -> (..., dim) */
 nb_tensor *nb_embedding(nb_tensor *weight, nb_tensor *idx) {
     const char *fn = "nb_embedding";
-    if (!weight || !idx) return nn_null(fn);
+    if (!nn_input(fn, weight, 0) || !nn_input(fn, idx, 1)) return NULL;
     if (nb_ndim(weight) != 2)
         return nn_error("%s: weight must be 2-d (num_embeddings, embedding_dim), got %d-d", fn,
                         nb_ndim(weight));
@@ -67,5 +67,6 @@ int nb_embedding_init(nb_Embedding *m, nb_params *ps, const char *name, int64_t 
 
 nb_tensor *nb_embedding_forward(const nb_Embedding *m, nb_tensor *idx) {
     if (!m) return nn_error("nb_embedding_forward: module is NULL");
+    if (!nn_input("nb_embedding_forward", idx, 0)) return NULL;
     return nb_embedding(m->weight, idx);
 }

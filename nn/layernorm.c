@@ -20,7 +20,7 @@ static bool check_affine(const char *fn, const char *what, nb_tensor *p, nb_tens
 /* x (..., D), w (D) or NULL, b (D) or NULL -> (..., D) */
 nb_tensor *nb_layer_norm(nb_tensor *x, nb_tensor *w, nb_tensor *b, double eps) {
     const char *fn = "nb_layer_norm";
-    if (!x) return nn_null(fn);
+    if (!nn_input(fn, x, 0) || !nn_opt_input(fn, w, 1) || !nn_opt_input(fn, b, 2)) return NULL;
     nb_dtype dt = nb_dtype_of(x);
     if (dt != NB_F32 && dt != NB_F64)
         return nn_error("%s: input must be floating (f32 or f64), got %s", fn, nb_dtype_name(dt));
@@ -58,5 +58,6 @@ int nb_layernorm_init(nb_LayerNorm *m, nb_params *ps, const char *name, int64_t 
 
 nb_tensor *nb_layernorm_forward(const nb_LayerNorm *m, nb_tensor *x) {
     if (!m) return nn_error("nb_layernorm_forward: module is NULL");
+    if (!nn_input("nb_layernorm_forward", x, 0)) return NULL;
     return nb_layer_norm(x, m->weight, m->bias, m->eps);
 }

@@ -6,7 +6,7 @@
 /* x (..., in), w (out, in), b (out) -> (..., out) */
 nb_tensor *nb_linear(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
     const char *fn = "nb_linear";
-    if (!x || !w) return nn_null(fn);
+    if (!nn_input(fn, x, 0) || !nn_input(fn, w, 1) || !nn_opt_input(fn, b, 2)) return NULL;
     if (nb_dtype_of(x) != nb_dtype_of(w) || (b && nb_dtype_of(b) != nb_dtype_of(w)))
         return nn_error("%s: dtype mismatch: input %s, weight %s%s%s", fn,
                         nb_dtype_name(nb_dtype_of(x)), nb_dtype_name(nb_dtype_of(w)),
@@ -66,5 +66,6 @@ int nb_linear_init(nb_Linear *m, nb_params *ps, const char *name, int64_t in, in
 
 nb_tensor *nb_linear_forward(const nb_Linear *m, nb_tensor *x) {
     if (!m) return nn_error("nb_linear_forward: module is NULL");
+    if (!nn_input("nb_linear_forward", x, 0)) return NULL;
     return nb_linear(x, m->weight, m->bias);
 }

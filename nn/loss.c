@@ -24,7 +24,7 @@ nb_tensor *nb_cross_entropy(nb_tensor *logits, nb_tensor *targets, int64_t ignor
                             double label_smoothing) {
     const char *fn = "nb_cross_entropy";
     char b1[128];
-    if (!logits || !targets) return nn_null(fn);
+    if (!nn_input(fn, logits, 0) || !nn_input(fn, targets, 1)) return NULL;
     nb_dtype dt = nb_dtype_of(logits);
     if (dt != NB_F32 && dt != NB_F64)
         return nn_error("%s: logits must be floating (f32 or f64), got %s", fn, nb_dtype_name(dt));

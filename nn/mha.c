@@ -60,7 +60,9 @@ nb_tensor *nb_mha_forward(nb_MHA *m, nb_tensor *q, nb_tensor *k, nb_tensor *v,
     if (!m->w_q.weight || !m->w_k.weight || !m->w_v.weight || !m->w_o.weight || m->heads <= 0 ||
         m->d_k * m->heads != m->d_model)
         return nn_error("%s: module is not initialized (use nb_mha_init)", fn);
-    if (!q || !k || !v) return nn_null(fn);
+    if (!nn_input(fn, q, 0) || !nn_input(fn, k, 1) || !nn_input(fn, v, 2) ||
+        !nn_opt_input(fn, keep_mask, 3))
+        return NULL;
 
     /* ---- q (B,Lq,d_model), k and v (B,Lk,d_model) */
     nb_tensor *in[3] = {q, k, v};

@@ -10,8 +10,16 @@
 
 /* Reports through nb_report_error and returns NULL. */
 void *nn_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* A NULL input: keep an earlier message, or say which function got it. */
-#define nn_null(fn) ((void *)(nb_last_error() ? NULL : nn_error("%s: input is NULL", (fn))))
+/* Tensor argument i of fn (counted from 0) is live: true, or false with
+ * nabla's message for a NULL or freed input; nn_opt_input accepts NULL. */
+#define nn_input(fn, t, i) (nb_check_input((fn), (t), (i)) == 0)
+#define nn_opt_input(fn, t, i) (!(t) || nn_input((fn), (t), (i)))
+/* A NULL non-tensor argument (an optimizer): the same message, with the
+ * earlier error that most likely made it NULL. */
+static inline void *nn_null(const char *fn) {
+    nb_check_input(fn, NULL, 0);
+    return NULL;
+}
 
 /* "(2,3,4)" into buf */
 static inline const char *nn_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape) {

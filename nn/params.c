@@ -92,7 +92,7 @@ static nb_tensor *append(list *l, const char *fn, const char *prefix, const char
 static const char *check_add(const char *fn, nb_params *ps, const char *name, nb_tensor *t) {
     if (!name && ps && nb_last_error()) return NULL; /* a name that failed to build */
     if (!ps || !name) return nn_error("%s: registry or name is NULL", fn);
-    if (!t) return nn_null(fn);
+    if (!nn_input(fn, t, 0)) return NULL;
     if (exists(ps, name)) return nn_error("%s: an entry named \"%s\" exists already", fn, name);
     return "";
 }

@@ -30,6 +30,7 @@ int nb_feedforward_init(nb_FeedForward *m, nb_params *ps, const char *name, int6
 nb_tensor *nb_feedforward_forward(const nb_FeedForward *m, nb_tensor *x, bool training,
                                   nb_rng *rng) {
     if (!m) return nn_error("nb_feedforward_forward: module is NULL");
+    if (!nn_input("nb_feedforward_forward", x, 0)) return NULL;
     nb_tensor *h = nb_relu(nb_linear_forward(&m->w_1, x));
     return nb_linear_forward(&m->w_2, nb_dropout(h, m->dropout, training, rng));
 }
@@ -63,7 +64,7 @@ nb_tensor *nb_positional_encoding(int64_t max_len, int64_t d_model, nb_dtype dty
 }
 
 int nb_init_xavier_uniform(nb_tensor *t, nb_rng *rng) {
-    if (!t) return (nn_null("nb_init_xavier_uniform"), -1);
+    if (!nn_input("nb_init_xavier_uniform", t, 0)) return -1;
     int nd = nb_ndim(t);
     if (nd < 2)
         return (nn_error("nb_init_xavier_uniform: needs a tensor of 2 or more dims, got %d", nd),
@@ -192,8 +193,8 @@ void nb_transformer_free(nb_Transformer *m) {
 /* ---------------------------------------------------------------- forward */
 /* tokens (B, L) -> (B, L, d_model): embedding * sqrt(d_model) + pe, dropout */
 static nb_tensor *embed(const char *fn, nb_Transformer *m, const nb_Embedding *e,
-                        nb_tensor *tokens, bool training, nb_rng *rng) {
-    if (!tokens) return nn_null(fn);
+                        nb_tensor *tokens, int pos, bool training, nb_rng *rng) {
+    if (!nn_input(fn, tokens, pos)) return NULL;
     if (nb_ndim(tokens) != 2)
         return nn_error("%s: tokens must be (B, L), got %d dims", fn, nb_ndim(tokens));
     int64_t len = nb_shape(tokens)[1];
@@ -207,9 +208,11 @@ static nb_tensor *embed(const char *fn, nb_Transformer *m, const nb_Embedding *e
 
 nb_tensor *nb_transformer_encode(nb_Transformer *m, nb_tensor *src, nb_tensor *src_keep,
                                  bool training, nb_rng *rng) {
-    if (!m) return nn_error("nb_transformer_encode: model is NULL");
+    const char *fn = "nb_transformer_encode";
+    if (!m) return nn_error("%s: model is NULL", fn);
+    if (!nn_opt_input(fn, src_keep, 1)) return NULL;
     double p = m->cfg.dropout;
-    nb_tensor *x = embed("nb_transformer_encode", m, &m->src_embed, src, training, rng);
+    nb_tensor *x = embed(fn, m, &m->src_embed, src, 0, training, rng);
     for (int i = 0; i < m->cfg.layers; i++) {
         nb_EncoderLayer *l = &m->encoder[i];
         nb_tensor *h = nb_layernorm_forward(&l->norm1, x);
@@ -228,9 +231,13 @@ nb_tensor *nb_transformer_encode(nb_Transformer *m, nb_tensor *src, nb_tensor *s
 nb_tensor *nb_transformer_decode(nb_Transformer *m, nb_tensor *memory, nb_tensor *src_keep,
                                  nb_tensor *tgt, nb_tensor *tgt_keep, bool training,
                                  nb_rng *rng) {
-    if (!m) return nn_error("nb_transformer_decode: model is NULL");
+    const char *fn = "nb_transformer_decode";
+    if (!m) return nn_error("%s: model is NULL", fn);
+    if (!nn_input(fn, memory, 0) || !nn_opt_input(fn, src_keep, 1) ||
+        !nn_opt_input(fn, tgt_keep, 3))
+        return NULL;
     double p = m->cfg.dropout;
-    nb_tensor *x = embed("nb_transformer_decode", m, &m->tgt_embed, tgt, training, rng);
+    nb_tensor *x = embed(fn, m, &m->tgt_embed, tgt, 2, training, rng);
     for (int i = 0; i < m->cfg.layers; i++) {
         nb_DecoderLayer *l = &m->decoder[i];
         nb_tensor *h = nb_layernorm_forward(&l->norm1, x);
@@ -253,5 +260,6 @@ nb_tensor *nb_transformer_decode(nb_Transformer *m, nb_tensor *memory, nb_tensor
 
 nb_tensor *nb_transformer_logits(nb_Transformer *m, nb_tensor *x) {
     if (!m) return nn_error("nb_transformer_logits: model is NULL");
+    if (!nn_input("nb_transformer_logits", x, 0)) return NULL;
     return nb_linear_forward(&m->generator, x);
 }

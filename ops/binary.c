@@ -70,7 +70,7 @@ void nbi_binary_into(nbi_binop op, nb_tensor *out, const nb_tensor *a, const nb_
 }
 
 nb_tensor *nbi_binary(const char *fn, nbi_binop op, nb_tensor *a, nb_tensor *b) {
-    if (!a || !b) return nbi_null_input(fn);
+    if (!nbi_arg(fn, a, 0) || !nbi_arg(fn, b, 1)) return NULL;
     if (!nbi_check_float(fn, a) || !nbi_check_float(fn, b) || !nbi_check_same_dtype(fn, a, b))
         return NULL;
     int nd;

@@ -23,7 +23,7 @@ typedef enum { C_EQ, C_NE, C_LT, C_GT } cmpop;
     }
 
 static nb_tensor *compare(const char *fn, cmpop op, nb_tensor *a, nb_tensor *b) {
-    if (!a || !b) return nbi_null_input(fn);
+    if (!nbi_arg(fn, a, 0) || !nbi_arg(fn, b, 1)) return NULL;
     if (!nbi_check_same_dtype(fn, a, b)) return NULL;
     int nd;
     int64_t sh[NB_MAX_DIMS], sta[NB_MAX_DIMS], stb[NB_MAX_DIMS];
@@ -60,7 +60,7 @@ static bool check_bool(const char *fn, const char *what, const nb_tensor *t) {
 
 nb_tensor *nb_logical_not(nb_tensor *mask) {
     const char *fn = "nb_logical_not";
-    if (!mask) return nbi_null_input(fn);
+    if (!nbi_arg(fn, mask, 0)) return NULL;
     if (!check_bool(fn, "mask", mask)) return NULL;
     nb_tensor *y = nbi_new_like(fn, mask, false);
     if (!y) return NULL;
@@ -116,7 +116,7 @@ static int where_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 
 nb_tensor *nb_where(nb_tensor *cond, nb_tensor *a, nb_tensor *b) {
     const char *fn = "nb_where";
-    if (!cond || !a || !b) return nbi_null_input(fn);
+    if (!nbi_arg(fn, cond, 0) || !nbi_arg(fn, a, 1) || !nbi_arg(fn, b, 2)) return NULL;
     if (!check_bool(fn, "cond", cond) || !nbi_check_same_dtype(fn, a, b)) return NULL;
     int n1, n2;
     int64_t s1[NB_MAX_DIMS], s2[NB_MAX_DIMS];

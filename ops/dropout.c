@@ -113,7 +113,7 @@ static int dropout_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 /* t (S) any strides -> (S) contiguous (or an alias of t, see above). */
 nb_tensor *nb_dropout(nb_tensor *t, double p, bool training, nb_rng *rng) {
     const char *fn = "nb_dropout";
-    if (!t) return nbi_null_input(fn);
+    if (!nbi_arg(fn, t, 0)) return NULL;
     if (!(p >= 0.0 && p <= 1.0)) /* also rejects NaN */
         return nbi_error("%s: p must be in [0, 1], got %g", fn, p);
     if (!nbi_check_float(fn, t)) return NULL;

@@ -59,7 +59,7 @@ static void unary_span(void *ctx, int64_t lo, int64_t hi) {
 }
 
 static nb_tensor *unary(const char *fn, unop op, double s, nb_tensor *t) {
-    if (!t) return nbi_null_input(fn);
+    if (!nbi_arg(fn, t, 0)) return NULL;
     if (!nbi_check_float(fn, t)) return NULL;
     nb_tensor *y = nbi_new_like(fn, t, false);
     if (!y) return NULL;

@@ -97,7 +97,7 @@ static int pick_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 }
 
 static nb_tensor *pick_op(const char *fn, nb_tensor *t, int dim, nb_tensor *index, bool select) {
-    if (!t || !index) return nbi_null_input(fn);
+    if (!nbi_arg(fn, t, 0) || !nbi_arg(fn, index, 1)) return NULL;
     if (index->dtype != NB_I64)
         return nbi_error("%s: index must be i64, got %s", fn, nb_dtype_name(index->dtype));
     if (t->ndim == 0) return nbi_error("%s: cannot index a 0-d tensor", fn);

@@ -71,7 +71,7 @@ static int masked_fill_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 /* t (St), mask (Sm) bool -> out (broadcast(St, Sm)) contiguous. */
 nb_tensor *nb_masked_fill(nb_tensor *t, nb_tensor *mask, double value) {
     const char *fn = "nb_masked_fill";
-    if (!t || !mask) return nbi_null_input(fn);
+    if (!nbi_arg(fn, t, 0) || !nbi_arg(fn, mask, 1)) return NULL;
     if (!nbi_check_float(fn, t)) return NULL;
     if (mask->dtype != NB_BOOL)
         return nbi_error("%s: mask must be bool, got %s", fn, nb_dtype_name(mask->dtype));

@@ -172,7 +172,7 @@ static int matmul_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 
 /* ------------------------------------------------------------------ forward */
 nb_tensor *nb_matmul(nb_tensor *a, nb_tensor *b) {
-    if (!a || !b) return nbi_null_input(FN);
+    if (!nbi_arg(FN, a, 0) || !nbi_arg(FN, b, 1)) return NULL;
     if (!nbi_check_float(FN, a) || !nbi_check_float(FN, b)) return NULL;
     if (!nbi_check_same_dtype(FN, a, b)) return NULL;
     if (a->ndim == 0 || b->ndim == 0)

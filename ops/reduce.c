@@ -108,7 +108,7 @@ static int sum_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 }
 
 static nb_tensor *sum_op(const char *fn, nb_tensor *t, int dim, bool keepdim, bool mean) {
-    if (!t) return nbi_null_input(fn);
+    if (!nbi_arg(fn, t, 0)) return NULL;
     if (!nbi_check_float(fn, t)) return NULL;
     if (t->ndim == 0) { /* torch allows dim 0 / -1 on a 0-d tensor */
         if (nbi_dim(fn, dim, 0) < 0) return NULL;
@@ -144,7 +144,7 @@ static int sum_all_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 
 /* x (...) -> () */
 static nb_tensor *sum_all_op(const char *fn, nb_tensor *t, bool mean) {
-    if (!t) return nbi_null_input(fn);
+    if (!nbi_arg(fn, t, 0)) return NULL;
     if (!nbi_check_float(fn, t)) return NULL;
     nb_tensor *y = nbi_new(fn, t->dtype, 0, NULL, false);
     if (!y) return NULL;
@@ -244,7 +244,7 @@ static int max_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 
 nb_tensor *nb_max(nb_tensor *t, int dim, bool keepdim) {
     const char *fn = "nb_max";
-    if (!t) return nbi_null_input(fn);
+    if (!nbi_arg(fn, t, 0)) return NULL;
     if (!nbi_check_float(fn, t)) return NULL;
     if (t->ndim == 0) return nbi_dim(fn, dim, 0) < 0 ? NULL : nbi_alias(fn, t);
     int d = max_check(fn, t, dim);
@@ -273,7 +273,7 @@ nb_tensor *nb_max(nb_tensor *t, int dim, bool keepdim) {
 
 nb_tensor *nb_argmax(nb_tensor *t, int dim, bool keepdim) {
     const char *fn = "nb_argmax";
-    if (!t) return nbi_null_input(fn);
+    if (!nbi_arg(fn, t, 0)) return NULL;
     if (t->ndim == 0) return nbi_dim(fn, dim, 0) < 0 ? NULL : nb_zeros(NB_I64, 0, NULL);
     int d = max_check(fn, t, dim);
     if (d < 0) return NULL;

@@ -21,7 +21,7 @@ nb_tensor *nb_cat(nb_tensor *const *list, int n, int dim) {
     const char *fn = "nb_cat";
     if (!list || n <= 0) return nbi_error("%s: needs at least one tensor (n = %d)", fn, n);
     for (int k = 0; k < n; k++)
-        if (!list[k]) return nbi_null_input(fn);
+        if (!nbi_arg(fn, list[k], k)) return NULL;
     const nb_tensor *a = list[0];
     if (a->ndim == 0) return nbi_error("%s: cannot concatenate 0-d tensors", fn);
     int d = nbi_dim(fn, dim, a->ndim);
@@ -71,7 +71,7 @@ static int to_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 
 nb_tensor *nb_to(nb_tensor *t, nb_dtype dtype) {
     const char *fn = "nb_to";
-    if (!t) return nbi_null_input(fn);
+    if (!nbi_arg(fn, t, 0)) return NULL;
     if ((unsigned)dtype > NB_BOOL) return nbi_error("%s: unknown dtype %d", fn, (int)dtype);
     if (dtype == t->dtype) return nbi_alias(fn, t);
     nb_tensor *y = nbi_new(fn, dtype, t->ndim, t->shape, false);

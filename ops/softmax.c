@@ -256,7 +256,7 @@ static int softmax_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 /* -------------------------------------------------------------- forward */
 /* t (S) any strides, dim in S -> y (S) contiguous. */
 static nb_tensor *softmax_common(const char *fn, nb_tensor *t, int dim, bool log_mode) {
-    if (!t) return nbi_null_input(fn);
+    if (!nbi_arg(fn, t, 0)) return NULL;
     if (!nbi_check_float(fn, t)) return NULL;
     int d = nbi_dim(fn, dim, t->ndim);
     if (d < 0) return NULL;

@@ -90,7 +90,7 @@ static bool view_strides(const nb_tensor *t, int ndim, const int64_t *shape, int
 
 nb_tensor *nb_view(nb_tensor *t, int ndim, const int64_t *shape) {
     const char *fn = "nb_view";
-    if (!t) return nbi_null_input(fn);
+    if (!nbi_arg(fn, t, 0)) return NULL;
     int64_t sh[NB_MAX_DIMS], st[NB_MAX_DIMS];
     if (!infer_shape(fn, t, ndim, shape, sh)) return NULL;
     if (!view_strides(t, ndim, sh, st))
@@ -103,7 +103,7 @@ nb_tensor *nb_view(nb_tensor *t, int ndim, const int64_t *shape) {
 
 nb_tensor *nb_reshape(nb_tensor *t, int ndim, const int64_t *shape) {
     const char *fn = "nb_reshape";
-    if (!t) return nbi_null_input(fn);
+    if (!nbi_arg(fn, t, 0)) return NULL;
     int64_t sh[NB_MAX_DIMS], st[NB_MAX_DIMS];
     if (!infer_shape(fn, t, ndim, shape, sh)) return NULL;
     if (view_strides(t, ndim, sh, st))
@@ -130,7 +130,7 @@ static int identity_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 
 nb_tensor *nb_contiguous(nb_tensor *t) {
     const char *fn = "nb_contiguous";
-    if (!t) return nbi_null_input(fn);
+    if (!nbi_arg(fn, t, 0)) return NULL;
     if (nb_is_contiguous(t)) return nbi_alias(fn, t);
     nb_tensor *y = nbi_new_like(fn, t, false);
     if (!y) return NULL;
@@ -150,7 +150,7 @@ static int permute_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 
 nb_tensor *nb_permute(nb_tensor *t, int ndim, const int *dims) {
     const char *fn = "nb_permute";
-    if (!t) return nbi_null_input(fn);
+    if (!nbi_arg(fn, t, 0)) return NULL;
     if (ndim && !dims) return nbi_error("%s: dims is NULL", fn);
     if (ndim != t->ndim) return nbi_error("%s: got %d dims for a %d-d tensor", fn, ndim, t->ndim);
     int64_t sh[NB_MAX_DIMS] = {0}, st[NB_MAX_DIMS] = {0};
@@ -173,7 +173,7 @@ nb_tensor *nb_permute(nb_tensor *t, int ndim, const int *dims) {
 
 nb_tensor *nb_transpose(nb_tensor *t, int dim0, int dim1) {
     const char *fn = "nb_transpose";
-    if (!t) return nbi_null_input(fn);
+    if (!nbi_arg(fn, t, 0)) return NULL;
     int a = nbi_dim(fn, dim0, t->ndim), b;
     if (a < 0 || (b = nbi_dim(fn, dim1, t->ndim)) < 0) return NULL;
     if (t->ndim == 0) return nbi_alias(fn, t);
@@ -195,7 +195,7 @@ nb_tensor *nb_transpose(nb_tensor *t, int dim0, int dim1) {
 /* ---------------------------------------------------- unsqueeze / squeeze */
 nb_tensor *nb_unsqueeze(nb_tensor *t, int dim) {
     const char *fn = "nb_unsqueeze";
-    if (!t) return nbi_null_input(fn);
+    if (!nbi_arg(fn, t, 0)) return NULL;
     if (t->ndim == NB_MAX_DIMS)
         return nbi_error("%s: tensor already has the maximum of %d dims", fn, NB_MAX_DIMS);
     if (dim < -(t->ndim + 1) || dim > t->ndim)
@@ -217,7 +217,7 @@ nb_tensor *nb_unsqueeze(nb_tensor *t, int dim) {
 
 nb_tensor *nb_squeeze(nb_tensor *t, int dim) {
     const char *fn = "nb_squeeze";
-    if (!t) return nbi_null_input(fn);
+    if (!nbi_arg(fn, t, 0)) return NULL;
     int d = nbi_dim(fn, dim, t->ndim);
     if (d < 0) return NULL;
     if (t->ndim == 0 || t->shape[d] != 1) return nbi_alias(fn, t);
@@ -238,7 +238,7 @@ static int expand_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 
 nb_tensor *nb_expand(nb_tensor *t, int ndim, const int64_t *shape) {
     const char *fn = "nb_expand";
-    if (!t) return nbi_null_input(fn);
+    if (!nbi_arg(fn, t, 0)) return NULL;
     if (ndim < t->ndim || ndim > NB_MAX_DIMS || (ndim && !shape))
         return nbi_error("%s: cannot expand a %d-d tensor to %d dims", fn, t->ndim, ndim);
     int lead = ndim - t->ndim;
@@ -288,7 +288,7 @@ static int slice_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 
 nb_tensor *nb_narrow(nb_tensor *t, int dim, int64_t start, int64_t length) {
     const char *fn = "nb_narrow";
-    if (!t) return nbi_null_input(fn);
+    if (!nbi_arg(fn, t, 0)) return NULL;
     if (t->ndim == 0) return nbi_error("%s: cannot narrow a 0-d tensor", fn);
     int d = nbi_dim(fn, dim, t->ndim);
     if (d < 0) return NULL;
@@ -313,7 +313,7 @@ nb_tensor *nb_narrow(nb_tensor *t, int dim, int64_t start, int64_t length) {
 
 nb_tensor *nb_select(nb_tensor *t, int dim, int64_t index) {
     const char *fn = "nb_select";
-    if (!t) return nbi_null_input(fn);
+    if (!nbi_arg(fn, t, 0)) return NULL;
     if (t->ndim == 0) return nbi_error("%s: cannot select from a 0-d tensor", fn);
     int d = nbi_dim(fn, dim, t->ndim);
     if (d < 0) return NULL;

@@ -169,9 +169,12 @@ static void flush_lists(obj_lists *l) {
     }
 }
 
+static void quarantine_to_graveyard(void);
+
 /* Runs on a thread that used nabla as it exits: its caches go back too. */
 static void flush_at_thread_exit(void *arg) {
     flush_lists(arg);
+    quarantine_to_graveyard();
     nbi_scope_thread_exit();
     nbi_tensor_thread_exit();
 }
@@ -215,4 +218,123 @@ void *nbi_obj_alloc(int kind, size_t size) {
 
 void nbi_obj_free(int kind, void *p) {
     if (p && !list_push(kind, p)) free(p);
+}
+
+/* ------------------------------------------------------ tensor quarantine */
+/* A tensor object is what a user's handle points to, so its memory must not
+ * turn into another tensor while a stale handle may still be used: a
+ * destroyed object keeps its `freed` mark (which every public function
+ * checks) in a per-thread FIFO and is reused, or given back, only after
+ * NB_HANDLE_WINDOW more tensor allocations have happened on any thread.
+ * Objects of a thread that exits go to a shared graveyard that ages the same
+ * way. The allocation count doubles as the live count (allocations minus
+ * destructions), so the quarantine costs no extra atomic operation. */
+typedef struct {
+    nb_tensor *head, *tail; /* oldest first, linked through ->next */
+    int64_t n;
+} tensor_fifo;
+static _Thread_local tensor_fifo quarantine;
+static tensor_fifo graveyard; /* under grave_mu */
+static _Atomic int64_t graveyard_n;
+static pthread_mutex_t grave_mu = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic uint64_t tensor_allocs, tensor_frees;
+/* Past-window objects a thread keeps for reuse beyond its steady state. */
+#define QUARANTINE_SPARE 4096
+
+static void fifo_push(tensor_fifo *q, nb_tensor *t) {
+    t->next = NULL;
+    if (q->tail) q->tail->next = t;
+    else q->head = t;
+    q->tail = t;
+    q->n++;
+}
+
+static nb_tensor *fifo_pop(tensor_fifo *q) {
+    nb_tensor *t = q->head;
+    q->head = t->next;
+    if (!q->head) q->tail = NULL;
+    q->n--;
+    return t;
+}
+
+static bool aged(const nb_tensor *t, uint64_t now) { return now - t->freed_at > NB_HANDLE_WINDOW; }
+
+static nb_tensor *reuse(nb_tensor *t) {
+    memset(t, 0, sizeof *t);
+    return t;
+}
+
+nb_tensor *nbi_tensor_obj_alloc(void) {
+    uint64_t now = atomic_fetch_add(&tensor_allocs, 1) + 1;
+    tensor_fifo *q = &quarantine;
+    /* Objects past the window: reused (the first), or freed when this
+     * thread holds far more than it has been using. */
+    while (q->head && aged(q->head, now)) {
+        nb_tensor *t = fifo_pop(q);
+        if (RECYCLE) {
+            for (int k = 0; k < 4 && q->head && aged(q->head, now) &&
+                            q->n > 2 * NB_HANDLE_WINDOW + QUARANTINE_SPARE; k++)
+                free(fifo_pop(q));
+            return reuse(t);
+        }
+        free(t); /* under a sanitizer, old objects go back, so it sees a late use */
+    }
+    if (atomic_load_explicit(&graveyard_n, memory_order_relaxed) > 0) {
+        nb_tensor *t = NULL;
+        pthread_mutex_lock(&grave_mu);
+        while (graveyard.head && aged(graveyard.head, now)) {
+            t = fifo_pop(&graveyard);
+            atomic_fetch_sub(&graveyard_n, 1);
+            if (RECYCLE) break;
+            free(t);
+            t = NULL;
+        }
+        pthread_mutex_unlock(&grave_mu);
+        if (t) return reuse(t);
+    }
+    nb_tensor *t = calloc(1, sizeof *t);
+    if (!t) atomic_fetch_add(&tensor_frees, 1); /* counted as made and gone */
+    return t;
+}
+
+void nbi_tensor_obj_free(nb_tensor *t) {
+    if (!t) return;
+    if (!t->freed) t->freed = NBI_FREED_WITH_OWNER;
+    t->freed_at = atomic_load_explicit(&tensor_allocs, memory_order_relaxed);
+    atomic_fetch_add(&tensor_frees, 1);
+    nbi_thread_register();
+    fifo_push(&quarantine, t);
+}
+
+int64_t nbi_tensor_objs_live(void) {
+    uint64_t frees = atomic_load(&tensor_frees);
+    return (int64_t)(atomic_load(&tensor_allocs) - frees);
+}
+
+/* A thread's quarantine outlives the thread, in the graveyard: a handle it
+ * freed may still be used by another thread. */
+static void quarantine_to_graveyard(void) {
+    tensor_fifo *q = &quarantine;
+    if (!q->head) return;
+    pthread_mutex_lock(&grave_mu);
+    if (graveyard.tail) graveyard.tail->next = q->head;
+    else graveyard.head = q->head;
+    graveyard.tail = q->tail;
+    graveyard.n += q->n;
+    atomic_fetch_add(&graveyard_n, q->n);
+    pthread_mutex_unlock(&grave_mu);
+    *q = (tensor_fifo){0};
+}
+
+static void free_fifo(tensor_fifo *q) {
+    while (q->head) free(fifo_pop(q));
+}
+
+/* At exit, so leak checkers see nothing held. */
+__attribute__((destructor)) static void free_quarantine_at_exit(void) {
+    free_fifo(&quarantine);
+    pthread_mutex_lock(&grave_mu);
+    free_fifo(&graveyard);
+    atomic_store(&graveyard_n, 0);
+    pthread_mutex_unlock(&grave_mu);
 }

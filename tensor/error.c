@@ -5,46 +5,84 @@
 #include <stdlib.h>
 #include <string.h>
 
-static _Thread_local char msg[512];
-static _Thread_local bool has_msg;
+/* msg is what nb_last_error() shows; cause is the last message that was not
+ * about a NULL argument, which such a message quotes: a NULL is most often
+ * the result of that earlier failure. */
+static _Thread_local char msg[1024];
+static _Thread_local char cause[512];
+static _Thread_local bool has_msg, has_cause;
+_Thread_local int nbi_trusted;
 
 static bool abort_on_error(void) {
     const char *e = getenv("NABLA_ABORT_ON_ERROR");
     return e && e[0] && strcmp(e, "0") != 0;
 }
 
-void *nbi_error(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
+static void raise_message(void) {
     has_msg = true;
     if (abort_on_error()) {
         fprintf(stderr, "nabla: %s\n", msg);
         abort();
     }
+}
+
+void *nbi_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cause, sizeof cause, fmt, ap);
+    va_end(ap);
+    has_cause = true;
+    snprintf(msg, sizeof msg, "%s", cause);
+    raise_message();
+    return NULL;
+}
+
+void *nbi_error_after(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (has_cause && n >= 0 && (size_t)n < sizeof msg)
+        snprintf(msg + n, sizeof msg - (size_t)n, ", after an earlier error: %s", cause);
+    raise_message();
     return NULL;
 }
 
 void nb_report_error(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    char buf[512];
+    char buf[sizeof cause];
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     nbi_error("%s", buf);
 }
 
-void *nbi_null_input(const char *fn) {
-    if (!has_msg) nbi_error("%s: input is NULL", fn);
-    return NULL;
+static const char *freed_how(int freed) {
+    switch (freed) {
+    case NBI_FREED_BY_FREE: return "by nb_free";
+    case NBI_FREED_BY_SCOPE: return "by nb_scope_end, as its scope ended; nb_keep hands a tensor "
+                                    "to the enclosing scope";
+    default: return "with its owner: the leaf whose gradient it was, or the registry or "
+                    "optimizer that held it";
+    }
+}
+
+bool nbi_bad_arg(const char *fn, const nb_tensor *t, int i) {
+    if (!t) return nbi_error_after("%s: input %d is NULL", fn, i), false;
+    if (!t->freed || nbi_trusted) return true;
+    nbi_error("%s: input %d was freed (%s) and cannot be used", fn, i, freed_how(t->freed));
+    return false;
+}
+
+int nb_check_input(const char *fn, const nb_tensor *t, int i) {
+    return nbi_arg(fn ? fn : "nb_check_input", t, i) ? 0 : -1;
 }
 
 const char *nb_last_error(void) { return has_msg ? msg : NULL; }
 
 void nb_clear_error(void) {
-    has_msg = false;
-    msg[0] = 0;
+    has_msg = has_cause = false;
+    msg[0] = cause[0] = 0;
 }
 
 const char *nbi_shape_str(int ndim, const int64_t *shape) {

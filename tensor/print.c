@@ -41,6 +41,10 @@ void nb_print(const nb_tensor *t) {
         printf("tensor(NULL)\n");
         return;
     }
+    if (!nbi_arg("nb_print", t, 0)) {
+        printf("tensor(freed)\n");
+        return;
+    }
     printf("tensor(");
     print_dim(t, 0, t->offset, t->numel > 1000);
     printf(", shape=%s, dtype=%s%s)\n", NBI_SHAPE(t), nb_dtype_name(t->dtype),

@@ -71,9 +71,7 @@ void nb_scope_end(void) {
         nb_tensor *next = t->next;
         t->scope = NULL;
         t->prev = t->next = NULL;
-        t->owned = false;
-        if (t->refs > 1) nbi_drop_unneeded_data(t);
-        nbi_unref(t);
+        nbi_release_owned(t, NBI_FREED_BY_SCOPE);
         t = next;
     }
     top = s->parent;
@@ -93,7 +91,7 @@ void nbi_scope_thread_exit(void) {
 }
 
 nb_tensor *nb_keep(nb_tensor *t) {
-    if (!t) return nbi_null_input("nb_keep");
+    if (!nbi_arg("nb_keep", t, 0)) return NULL;
     nb_tensor *k = nbi_make_view(t, t->ndim, t->shape, t->strides, t->offset);
     if (!k || !top) return k;
     nbi_scope_release(k);
@@ -105,7 +103,7 @@ nb_tensor *nb_keep(nb_tensor *t) {
 }
 
 nb_tensor *nb_persistent(nb_tensor *t) {
-    if (!t) return nbi_null_input("nb_persistent");
+    if (!nbi_arg("nb_persistent", t, 0)) return NULL;
     nb_tensor *k = nbi_make_view(t, t->ndim, t->shape, t->strides, t->offset);
     if (k) nbi_scope_release(k); /* owned by the caller now, like a tensor made outside scopes */
     return k;

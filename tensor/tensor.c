@@ -8,9 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static _Atomic int64_t live_tensors;
-
-int64_t nb_live_tensors(void) { return atomic_load(&live_tensors); }
+int64_t nb_live_tensors(void) { return nbi_tensor_objs_live(); }
 
 size_t nbi_dtype_size(nb_dtype d) {
     switch (d) {
@@ -48,9 +46,8 @@ bool nbi_same_shape(const nb_tensor *a, const nb_tensor *b) {
 }
 
 static nb_tensor *tensor_object(void) {
-    nb_tensor *t = nbi_obj_alloc(NBI_OBJ_TENSOR, sizeof *t);
+    nb_tensor *t = nbi_tensor_obj_alloc();
     if (!t) return NULL;
-    atomic_fetch_add(&live_tensors, 1);
     nbi_scope_adopt(t);
     return t;
 }
@@ -204,13 +201,17 @@ static void release_storage(nbi_storage *s) {
     }
 }
 
-void nbi_drop_unneeded_data(nb_tensor *t) {
-    if (t->owned || t->holds > 0 || t->refs - 1 != t->edges || t->edges == 0 ||
+/* Drops t's data when only graph edges hold t besides `others` references. */
+static void drop_data_if_unneeded(nb_tensor *t, int others) {
+    if (t->owned || t->holds > 0 || t->refs - others != t->edges || t->edges == 0 ||
         t->storage == &released_storage)
         return;
     release_storage(t->storage);
     t->storage = &released_storage;
 }
+
+void nbi_drop_unneeded_data(nb_tensor *t) { drop_data_if_unneeded(t, 1); }
+void nbi_drop_unsaved_data(nb_tensor *t) { drop_data_if_unneeded(t, 0); }
 
 static void destroy(nb_tensor *x) {
     nbi_node *n = x->grad_fn;
@@ -222,16 +223,25 @@ static void destroy(nb_tensor *x) {
     release_into(x->grad);
     release_into(x->gacc);
     release_storage(x->storage);
-    nbi_obj_free(NBI_OBJ_TENSOR, x);
-    atomic_fetch_sub(&live_tensors, 1);
+    nbi_tensor_obj_free(x);
+}
+
+void nbi_release_owned(nb_tensor *t, int how) {
+    t->owned = false;
+    t->freed = (uint8_t)how;
+    if (t->refs > 1) nbi_drop_unneeded_data(t);
+    nbi_unref(t);
 }
 
 void nb_free(nb_tensor *t) {
-    if (!t || !t->owned) return;
+    if (!t) return;
+    if (t->freed) { /* a second nb_free, or a handle whose scope ended */
+        nbi_bad_arg("nb_free", t, 0);
+        return;
+    }
+    if (!t->owned) return; /* borrowed (a .grad, a registry's tensor): its owner frees it */
     nbi_scope_release(t);
-    t->owned = false;
-    if (t->refs > 1) nbi_drop_unneeded_data(t);
-    nbi_unref(t);
+    nbi_release_owned(t, NBI_FREED_BY_FREE);
 }
 
 void *nbi_discard(nb_tensor *t) {
@@ -247,31 +257,30 @@ nb_tensor *nbi_unscoped(nb_tensor *t) {
 }
 
 /* -------------------------------------------------------------- inspection */
-int nb_ndim(const nb_tensor *t) { return t ? t->ndim : (nbi_null_input("nb_ndim"), -1); }
-const int64_t *nb_shape(const nb_tensor *t) { return t ? t->shape : nbi_null_input("nb_shape"); }
+int nb_ndim(const nb_tensor *t) { return nbi_arg("nb_ndim", t, 0) ? t->ndim : -1; }
+const int64_t *nb_shape(const nb_tensor *t) { return nbi_arg("nb_shape", t, 0) ? t->shape : NULL; }
 const int64_t *nb_strides(const nb_tensor *t) {
-    return t ? t->strides : nbi_null_input("nb_strides");
+    return nbi_arg("nb_strides", t, 0) ? t->strides : NULL;
 }
-int64_t nb_numel(const nb_tensor *t) { return t ? t->numel : (nbi_null_input("nb_numel"), -1); }
+int64_t nb_numel(const nb_tensor *t) { return nbi_arg("nb_numel", t, 0) ? t->numel : -1; }
 nb_dtype nb_dtype_of(const nb_tensor *t) {
-    if (!t) nbi_null_input("nb_dtype_of");
-    return t ? t->dtype : NB_F32;
+    return nbi_arg("nb_dtype_of", t, 0) ? t->dtype : NB_F32;
 }
-void *nb_data(nb_tensor *t) { return t ? nbi_ptr(t) : nbi_null_input("nb_data"); }
+void *nb_data(nb_tensor *t) { return nbi_arg("nb_data", t, 0) ? nbi_ptr(t) : NULL; }
 
 void nb_mark_modified(nb_tensor *t) {
-    if (t) t->storage->version++;
+    if (nbi_opt_arg("nb_mark_modified", t, 0) && t) t->storage->version++;
 }
 
 int64_t nb_size(const nb_tensor *t, int dim) {
-    if (!t) return (nbi_null_input("nb_size"), -1);
+    if (!nbi_arg("nb_size", t, 0)) return -1;
     if (t->ndim == 0) return (nbi_error("nb_size: a 0-d tensor has no dim %d", dim), -1);
     int d = nbi_dim("nb_size", dim, t->ndim);
     return d < 0 ? -1 : t->shape[d];
 }
 
 bool nb_is_contiguous(const nb_tensor *t) {
-    if (!t) return false;
+    if (!t || !nbi_arg("nb_is_contiguous", t, 0)) return false;
     if (t->numel == 0) return true; /* as PyTorch: no elements, no layout */
     int64_t s = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
@@ -323,7 +332,7 @@ void nbi_set_flat(nb_tensor *t, int64_t i, double v) {
 }
 
 double nb_item(const nb_tensor *t) {
-    if (!t) return (nbi_null_input("nb_item"), NAN);
+    if (!nbi_arg("nb_item", t, 0)) return NAN;
     if (t->numel != 1) {
         nbi_error("nb_item: tensor of shape %s has %lld elements; nb_item needs exactly one",
                   NBI_SHAPE(t), (long long)t->numel);
@@ -333,7 +342,7 @@ double nb_item(const nb_tensor *t) {
 }
 
 int nb_copy_to_f64(const nb_tensor *t, double *out) {
-    if (!t) return (nbi_null_input("nb_copy_to_f64"), -1);
+    if (!nbi_arg("nb_copy_to_f64", t, 0)) return -1;
     if (!out) return (nbi_error("nb_copy_to_f64: out is NULL"), -1);
     const int64_t *st[1] = {t->strides};
     nbi_iter it;
@@ -376,7 +385,7 @@ static bool has_internal_overlap(const nb_tensor *t) {
 
 int nb_copy_into(nb_tensor *dst, const nb_tensor *src) {
     const char *fn = "nb_copy_into";
-    if (!dst || !src) return (nbi_null_input(fn), -1);
+    if (!nbi_arg(fn, dst, 0) || !nbi_arg(fn, src, 1)) return -1;
     int n;
     int64_t shape[NB_MAX_DIMS];
     if (!nbi_broadcast_shape(fn, dst->ndim, dst->shape, src->ndim, src->shape, &n, shape))

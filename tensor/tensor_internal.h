@@ -43,14 +43,42 @@ struct nb_tensor {
     _Atomic int holds;       /* those of them whose backward reads its data */
     bool owned;
     nbi_scope *scope;        /* scope that owns it; NULL = persistent */
-    nb_tensor *prev, *next;  /* membership list of that scope */
+    nb_tensor *prev, *next;  /* membership list of that scope (alloc.c's quarantine, once dead) */
+
+    /* The handle's life, checked by every public function: NBI_LIVE, or how
+     * the user's handle died. The object itself may live on (a graph holds
+     * it), and once destroyed it sits in a quarantine (alloc.c) for at least
+     * NB_HANDLE_WINDOW tensor allocations before its memory is reused, so
+     * a stale handle is reported, not read. */
+    uint8_t freed;
+    uint64_t freed_at; /* quarantine: the allocation count when destroyed */
 };
+enum { NBI_LIVE = 0, NBI_FREED_BY_FREE, NBI_FREED_BY_SCOPE, NBI_FREED_WITH_OWNER };
+
 
 /* -------------------------------------------------------------- errors */
 /* Sets the thread's message (printf-style) and returns NULL. */
 void *nbi_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* For a NULL input: keeps an existing message, else sets "fn: input is NULL". */
-void *nbi_null_input(const char *fn);
+/* The same, followed by ", after an earlier error: <message>" when one is
+ * set: for a failure that is most likely the result of an earlier one (a
+ * NULL argument, a callback that returned NULL). */
+void *nbi_error_after(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Argument checks for tensor handles (input i of fn, counted from 0): true
+ * when t is a live tensor; otherwise false with a message: "fn: input i is
+ * NULL" (followed by the earlier error that most likely made the NULL, when
+ * one is set) or "fn: input i was freed (by nb_free)". nbi_opt_arg accepts
+ * NULL (an optional argument). */
+bool nbi_bad_arg(const char *fn, const nb_tensor *t, int i);
+static inline bool nbi_arg(const char *fn, const nb_tensor *t, int i) {
+    return (t && !t->freed) || nbi_bad_arg(fn, t, i);
+}
+static inline bool nbi_opt_arg(const char *fn, const nb_tensor *t, int i) {
+    return !t || !t->freed || nbi_bad_arg(fn, t, i);
+}
+/* The backward engine runs built-in rules on tensors whose user handles
+ * were freed while a graph still holds them; inside, freed handles pass the
+ * argument checks. User callbacks (custom functions) run untrusted. */
+extern _Thread_local int nbi_trusted;
 /* Formats a shape as "(2,3)" into a small thread-local ring of buffers. */
 const char *nbi_shape_str(int ndim, const int64_t *shape);
 #define NBI_SHAPE(t) nbi_shape_str((t)->ndim, (t)->shape)
@@ -77,8 +105,13 @@ void *nbi_buf_alloc(size_t nbytes, size_t *cap);
 void nbi_buf_free(void *p, size_t cap);
 /* Fixed-size objects from per-thread free lists (alloc.c): zeroed like
  * calloc; each kind always has the same size. */
-enum { NBI_OBJ_TENSOR, NBI_OBJ_STORAGE, NBI_OBJ_NODE, NBI_OBJ_KINDS };
+enum { NBI_OBJ_STORAGE, NBI_OBJ_NODE, NBI_OBJ_KINDS };
 void *nbi_obj_alloc(int kind, size_t size);
+/* Tensor objects (the handles users hold), zeroed; a freed one goes through
+ * the quarantine described at nb_tensor.freed. */
+nb_tensor *nbi_tensor_obj_alloc(void);
+void nbi_tensor_obj_free(nb_tensor *t);
+int64_t nbi_tensor_objs_live(void);
 /* Makes the calling thread return its per-thread caches (object lists, spare
  * scopes, the destruction queue) when it exits. */
 void nbi_thread_register(void);
@@ -97,6 +130,9 @@ nb_tensor *nbi_alias(const char *op, nb_tensor *t);
 /* Reference counting used by graph nodes and the engine. */
 void nbi_ref(nb_tensor *t);
 void nbi_unref(nb_tensor *t);
+/* The owner (its scope, or nb_free) lets go of t: the handle dies (`how`
+ * says why, for messages); the object lives on while a graph holds it. */
+void nbi_release_owned(nb_tensor *t, int how);
 /* Frees t (returns NULL): for an op that fails after allocating its output. */
 void *nbi_discard(nb_tensor *t);
 int64_t nbi_shape_numel(int ndim, const int64_t *shape); /* -1 on overflow */
@@ -110,6 +146,9 @@ bool nbi_same_shape(const nb_tensor *a, const nb_tensor *b);
  * Intermediates of a big graph (attention scores) then cost no memory once
  * the code that made them frees them. */
 void nbi_drop_unneeded_data(nb_tensor *t);
+/* The same for a tensor no owner holds any more, once a backward released
+ * a node that had saved it. */
+void nbi_drop_unsaved_data(nb_tensor *t);
 /* A tensor made on the engine's behalf, owned by no scope (refs = 1). */
 nb_tensor *nbi_unscoped(nb_tensor *t);
 

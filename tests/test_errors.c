@@ -367,41 +367,76 @@ START_TEST(test_first_error_kept) {
     ck_assert_msg(strncmp(first, "nb_add:", 7) == 0, "message: %s", first);
     nb_clear_error();
 
-    /* the chain fails as a whole, with nb_add's message */
+    /* the chain fails as a whole: the last op names its NULL input and
+     * quotes nb_add's message (not the NULL messages between) */
     nb_tensor *loss = nb_sum_all(nb_exp(nb_add(a, b_bad)));
     ck_assert_ptr_null(loss);
     ck_assert_ptr_nonnull(nb_last_error());
-    ck_assert_str_eq(nb_last_error(), first);
+    char want[1024];
+    snprintf(want, sizeof want, "nb_sum_all: input 0 is NULL, after an earlier error: %s", first);
+    ck_assert_str_eq(nb_last_error(), want);
 
-    /* every op (and inspection) fed that NULL keeps it */
+    /* every op (and inspection) fed that NULL names itself and keeps it */
+#define KEEPS_FIRST(fn, i)                                                                    \
+    do {                                                                                      \
+        snprintf(want, sizeof want, "%s: input %d is NULL, after an earlier error: %s", fn, i, \
+                 first);                                                                      \
+        ck_assert_str_eq(nb_last_error(), want);                                              \
+    } while (0)
     nb_tensor *list[] = {a, NULL};
     ck_assert_ptr_null(nb_matmul(loss, a));
+    KEEPS_FIRST("nb_matmul", 0);
     ck_assert_ptr_null(nb_softmax(loss, -1));
+    KEEPS_FIRST("nb_softmax", 0);
     ck_assert_ptr_null(nb_log_softmax(loss, -1));
+    KEEPS_FIRST("nb_log_softmax", 0);
     ck_assert_ptr_null(nb_masked_fill(loss, nb_tril_mask(2, 3), 0));
+    KEEPS_FIRST("nb_masked_fill", 0);
     ck_assert_ptr_null(nb_dropout(loss, 0.5, true, NULL));
+    KEEPS_FIRST("nb_dropout", 0);
     ck_assert_ptr_null(nb_view(loss, NB_SHAPE(6)));
+    KEEPS_FIRST("nb_view", 0);
     ck_assert_ptr_null(nb_reshape(loss, NB_SHAPE(6)));
+    KEEPS_FIRST("nb_reshape", 0);
     ck_assert_ptr_null(nb_transpose(loss, 0, 1));
+    KEEPS_FIRST("nb_transpose", 0);
     ck_assert_ptr_null(nb_sum(loss, 0, false));
+    KEEPS_FIRST("nb_sum", 0);
     ck_assert_ptr_null(nb_mean_all(loss));
+    KEEPS_FIRST("nb_mean_all", 0);
     ck_assert_ptr_null(nb_mul(a, loss));
+    KEEPS_FIRST("nb_mul", 1);
     ck_assert_ptr_null(nb_where(nb_tril_mask(2, 3), a, loss));
+    KEEPS_FIRST("nb_where", 2);
     ck_assert_ptr_null(nb_cat(list, 2, 0));
+    KEEPS_FIRST("nb_cat", 1);
     ck_assert_ptr_null(nb_to(loss, NB_F32));
+    KEEPS_FIRST("nb_to", 0);
     ck_assert_ptr_null(nb_detach(loss));
+    KEEPS_FIRST("nb_detach", 0);
     ck_assert_ptr_null(nb_keep(loss));
+    KEEPS_FIRST("nb_keep", 0);
     ck_assert_ptr_null(nb_set_requires_grad(loss, true));
+    KEEPS_FIRST("nb_set_requires_grad", 0);
     ck_assert_int_eq(nb_backward(loss), -1);
+    KEEPS_FIRST("nb_backward", 0);
     ck_assert_int_eq(nb_backward_with_grad(loss, a), -1);
+    KEEPS_FIRST("nb_backward_with_grad", 0);
     ck_assert_int_eq(nb_copy_into(loss, a), -1);
+    KEEPS_FIRST("nb_copy_into", 0);
     ck_assert_int_eq(nb_copy_to_f64(loss, (double[1]){0}), -1);
+    KEEPS_FIRST("nb_copy_to_f64", 0);
     ck_assert(isnan(nb_item(loss)));
+    KEEPS_FIRST("nb_item", 0);
     ck_assert_int_eq(nb_ndim(loss), -1);
+    KEEPS_FIRST("nb_ndim", 0);
     ck_assert_int_eq(nb_numel(loss), -1);
+    KEEPS_FIRST("nb_numel", 0);
     ck_assert_int_eq(nb_size(loss, 0), -1);
+    KEEPS_FIRST("nb_size", 0);
     ck_assert_ptr_null(nb_shape(loss));
-    ck_assert_str_eq(nb_last_error(), first);
+    KEEPS_FIRST("nb_shape", 0);
+#undef KEEPS_FIRST
 
     /* a later, real error replaces it (the message is the most recent failure) */
     ck_assert_ptr_null(nb_softmax(a, 7));
@@ -411,8 +446,8 @@ START_TEST(test_first_error_kept) {
 }
 END_TEST
 
-/* nb_gradcheck given a NULL input (an earlier op failed) keeps the first error
- * like every other function does. */
+/* nb_gradcheck given a NULL input (an earlier op failed) names it and keeps
+ * the first error, like every other function does; so does its result. */
 START_TEST(test_gradcheck_null_input_keeps_error) {
     nb_scope_begin();
     nb_clear_error();
@@ -422,8 +457,13 @@ START_TEST(test_gradcheck_null_input_keeps_error) {
     snprintf(first, sizeof first, "%s", nb_last_error());
     ck_assert(!nb_gradcheck(double_it, NULL, 1, &x, NULL, NULL));
     ck_assert_ptr_nonnull(nb_last_error());
-    ck_assert_msg(strcmp(nb_last_error(), first) == 0,
-                  "nb_gradcheck replaced \"%s\" with \"%s\"", first, nb_last_error());
+    char want[1024];
+    snprintf(want, sizeof want, "nb_gradcheck: input 0 is NULL, after an earlier error: %s", first);
+    ck_assert_str_eq(nb_last_error(), want);
+    nb_gradcheck_result r;
+    ck_assert(!nb_gradcheck(double_it, NULL, 1, &x, NULL, &r));
+    ck_assert(!r.ok);
+    ck_assert_str_eq(r.message, want);
     nb_clear_error();
     nb_scope_end();
 }

@@ -177,7 +177,7 @@ typedef struct {
     bool ok;
     double loss;       /* when ok */
     int backward_rc;   /* when not ok: what nb_backward(NULL) returned */
-    char error[512];   /* when not ok: nb_last_error() after the skipped step */
+    char error[1024];   /* when not ok: nb_last_error() after the skipped step */
 } step_result;
 
 /* One training step in a scope of its own: zero the grads, forward, and only
@@ -334,11 +334,14 @@ START_TEST(errors_midway_are_reported_and_skipped) {
     loss_track lt = {.n = steps - 10, .window = window};
     ck_assert(before && after);
 
-    char want_matmul[256], want_reshape[256];
+    /* nb_backward gets the NULL loss; its message quotes the first failure */
+    char want_matmul[512], want_reshape[512];
     snprintf(want_matmul, sizeof want_matmul,
+             "nb_backward: input 0 is NULL, after an earlier error: "
              "nb_matmul: shapes (%d,%d) and (%d,%d) cannot be multiplied (%d != %d)", B * L, D, C,
              D, D, C);
     snprintf(want_reshape, sizeof want_reshape,
+             "nb_backward: input 0 is NULL, after an earlier error: "
              "nb_reshape: shape (%d,%d) is invalid for input of shape (%d,%d,%d) (%d elements)",
              B * L, D + 1, B, L, D, B * L * D);
 

@@ -597,9 +597,9 @@ START_TEST(test_errors) {
 
     /* NULL input: its own message when none is set, */
     nb_clear_error();
-    expect_error(nb_softmax(NULL, 0), "nb_softmax: input is NULL");
-    expect_error(nb_masked_fill(x, NULL, 0.0), "nb_masked_fill: input is NULL");
-    expect_error(nb_dropout(NULL, 0.5, true, NULL), "nb_dropout: input is NULL");
+    expect_error(nb_softmax(NULL, 0), "nb_softmax: input 0 is NULL");
+    expect_error(nb_masked_fill(x, NULL, 0.0), "nb_masked_fill: input 1 is NULL");
+    expect_error(nb_dropout(NULL, 0.5, true, NULL), "nb_dropout: input 0 is NULL");
     /* else the first error is kept through a whole chain */
     nb_tensor *bad = nb_softmax(x3, 7);
     nb_tensor *y = nb_dropout(nb_masked_fill(nb_log_softmax(bad, 0), m, 0.0), 0.5, true, NULL);

@@ -193,7 +193,7 @@ START_TEST(feedforward_and_persistent_errors) {
     ck_assert_ptr_nonnull(strstr(nb_last_error(), "nb_feedforward_init: dropout must be in [0, 1], got 1.5"));
     nb_clear_error();
     ck_assert_int_eq(nb_params_count(ps), 0);
-    expect_error(nb_persistent(NULL), "nb_persistent", "input is NULL");
+    expect_error(nb_persistent(NULL), "nb_persistent: input 0 is NULL");
     /* a persistent handle outlives the scope its source was made in */
     int64_t base = nb_live_tensors();
     nb_scope_begin();

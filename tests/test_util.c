@@ -140,6 +140,15 @@ void expect_error_at(const char *file, int line, const void *result, ...) {
     nb_clear_error();
 }
 
+void expect_error_after_at(const char *file, int line, const char *head, const char *first) {
+    const char *msg = nb_last_error();
+    char want[1200];
+    snprintf(want, sizeof want, "%s, after an earlier error: %s", head, first);
+    ck_assert_msg(msg != NULL, "%s:%d: nb_last_error() is NULL", file, line);
+    ck_assert_msg(strcmp(msg, want) == 0, "%s:%d: error \"%s\", expected \"%s\"", file, line,
+                  msg, want);
+}
+
 nb_tensor *rand_leaf(uint64_t seed, int ndim, const int64_t *shape) {
     nb_rng r;
     nb_rng_seed(&r, seed);

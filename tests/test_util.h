@@ -39,6 +39,11 @@ void expect_error_at(const char *file, int line, const void *result, ...);
     expect_error_at(__FILE__, __LINE__, (rc) < 0 ? NULL : (const void *)"", __VA_ARGS__, \
                     (const char *)NULL)
 
+/* Asserts that nb_last_error() is "<head>, after an earlier error: <first>":
+ * a NULL input named, and the failure that made it quoted. */
+#define expect_error_after(head, first) expect_error_after_at(__FILE__, __LINE__, (head), (first))
+void expect_error_after_at(const char *file, int line, const char *head, const char *first);
+
 /* Deterministic f64 test input: values drawn from a fixed seed, requiring grad. */
 nb_tensor *rand_leaf(uint64_t seed, int ndim, const int64_t *shape);
 
