@@ -109,12 +109,13 @@ $(BUILD)/bench/bench: bench/bench.c $(BUILD)/libnabla.a nabla.h
 # extracted and compiled as written, then run.
 # Every README program that starts with "/* name.c:" is compiled and run; when
 # a ```text block follows it (before the next program), the output must be
-# exactly that text.
+# exactly that text. A ```text block whose first line is "$ build/examples/..."
+# is run as that command and its output must be the rest of the block.
 readme-check: all
 	@rm -rf $(BUILD)/readme && mkdir -p $(BUILD)/readme
 	@awk '/^```c$$/{getline; if ($$0 ~ /^\/\* [a-z_]+\.c:/) {split($$2, n, ":"); f="$(BUILD)/readme/" n[1]; \
 	  cur=f; sub(/\.c$$/, ".expected", cur); print > f; on=1}; next} \
-	  /^```text$$/{if (cur != "") {t=cur; printf "" > t; txt=1}; next} \
+	  /^```text$$/{getline; if ($$0 ~ /^\$$ /) {cur=""; next}; if (cur != "") {t=cur; printf "" > t; txt=1; print > t}; next} \
 	  /^```$$/{if (txt) cur=""; on=0; txt=0; next} on{print > f} txt{print > t}' README.md
 	@for f in $(BUILD)/readme/*.c; do \
 	  $(CC) $(CFLAGS) -I. $$f $(BUILD)/libnabla.a $(LDLIBS) -o $${f%.c} || exit 1; \
@@ -124,6 +125,13 @@ readme-check: all
 	    echo "README program $$(basename $$f): compiled and ran; output as in README ($$(wc -l < $${f%.c}.out) lines)"; \
 	  else echo "README program $$(basename $$f): compiled and ran; first line: $$(head -1 $${f%.c}.out)"; fi; done
 	@grep -q '^y = 1.462196$$' $(BUILD)/readme/grad.out
+	@awk '/^```text$$/{getline; if ($$0 ~ /^\$$ build\/examples\//) {n++; f="$(BUILD)/readme/run" n; \
+	  sub(/^\$$ /, ""); print > (f ".cmd"); printf "" > (f ".expected"); on=1}; next} \
+	  /^```$$/{on=0; next} on{print > (f ".expected")}' README.md
+	@for c in $(BUILD)/readme/run*.cmd; do [ -e "$$c" ] || continue; \
+	  sh $$c > $${c%.cmd}.out || { echo "README command $$(cat $$c) failed"; exit 1; }; \
+	  diff -u $${c%.cmd}.expected $${c%.cmd}.out || { echo "README: output of $$(cat $$c) differs"; exit 1; }; \
+	  echo "README command $$(cat $$c): output as in README ($$(wc -l < $${c%.cmd}.out) lines)"; done
 
 # Stricter passes: the suites and examples under valgrind, and built with
 # AddressSanitizer + UndefinedBehaviorSanitizer.

@@ -320,6 +320,76 @@ typedef struct nb_gradcheck_result {
 NB_API bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs,
                          const nb_gradcheck_opts *opts, nb_gradcheck_result *out);
 
+/* ------------------------------------------------- custom functions (ops) */
+/* Your own differentiable op with a hand-written backward, as PyTorch's
+ * torch.autograd.Function: nb_function_apply runs forward (grad mode off
+ * inside) and, when grad mode is on and an input requires grad, records a
+ * graph node whose backward is yours. Everything nabla's own ops get, yours
+ * get: nb_gradcheck checks your backward; anomaly mode names your function;
+ * saved tensors are version-checked (written in place after saving: backward
+ * fails); a gradient of the wrong shape or dtype, a freed tensor returned,
+ * or a backward that fails is an error of nb_backward naming the function
+ * and the input; the context and what it saved are freed with the graph
+ * (scope end, or after backward unless the graph is retained). Callbacks may
+ * call any nabla function; they report errors with nb_report_error. Every
+ * message about the function names it by `name`. */
+typedef struct nb_function_ctx nb_function_ctx; /* opaque; valid during the callbacks */
+typedef struct nb_function {
+    const char *name; /* used in every message about it, e.g. "my_gelu" */
+    /* Computes the output from the inputs (with grad mode off inside). NULL
+     * on error (after nb_report_error). May call nb_function_save. Runs in a
+     * scope of its own: the tensor it returns becomes the op's output, in the
+     * caller's scope; other tensors it makes are freed when it returns
+     * (nb_keep hands one to the caller's scope). An input, or any tensor not
+     * made here, returned as it is gets a new handle, a view. */
+    nb_tensor *(*forward)(nb_function_ctx *ctx, nb_tensor **inputs, int n, void *user);
+    /* Given dL/d(output) (the output's shape and dtype), sets grad_inputs[i]
+     * (NULL = no gradient; each of input i's shape and dtype) for each input;
+     * returns 0, or -1 after nb_report_error. Runs with grad mode off, inside
+     * a scope that ends after nabla took the gradients. Gradients set for
+     * inputs that do not need them are ignored. */
+    int (*backward)(nb_function_ctx *ctx, nb_tensor *grad_output, nb_tensor **grad_inputs,
+                    void *user);
+    /* Optional: called once for each nb_function_apply, with its user
+     * pointer, when nabla no longer needs it (the node is freed, or at once
+     * when no node was recorded or apply failed). */
+    void (*destroy)(void *user);
+    /* Optional, for several outputs (nb_function_apply_multi, which uses
+     * these instead of forward/backward): forward fills outputs[0..nout-1]
+     * and returns 0 or -1; backward gets one gradient per output (zeros for
+     * an output that got none or was marked non-differentiable; NULL for an
+     * integer or bool output). */
+    int (*forward_multi)(nb_function_ctx *ctx, nb_tensor **inputs, int n, nb_tensor **outputs,
+                         int nout, void *user);
+    int (*backward_multi)(nb_function_ctx *ctx, nb_tensor **grad_outputs, int nout,
+                          nb_tensor **grad_inputs, void *user);
+} nb_function;
+/* Applies f to inputs[0..n-1] (live tensors; n >= 0): the output, in the
+ * current scope, or NULL with a message naming f (forward failed or returned
+ * NULL, a freed tensor or no tensor; f or its name or forward is NULL; grad
+ * is needed and f has no backward). */
+NB_API nb_tensor *nb_function_apply(const nb_function *f, nb_tensor **inputs, int n, void *user);
+/* The same for f->forward_multi / backward_multi with nout >= 1 outputs,
+ * written to outputs (all NULL on error); 0 or -1. */
+NB_API int nb_function_apply_multi(const nb_function *f, nb_tensor **inputs, int n,
+                                   nb_tensor **outputs, int nout, void *user);
+/* In forward: keeps t (an input, the output, or any tensor) for backward, as
+ * ctx.save_for_backward. It is version-checked: written in place before
+ * backward runs, backward fails. 0 or -1 (outside forward, t NULL or freed). */
+NB_API int nb_function_save(nb_function_ctx *ctx, nb_tensor *t);
+/* In backward (or forward): saved tensor i, in save order (borrowed: a
+ * handle that shares t's storage and has no history); NULL + message when
+ * i is out of range. */
+NB_API nb_tensor *nb_function_saved(nb_function_ctx *ctx, int i);
+/* Whether backward must compute the gradient of input i (grad mode was on at
+ * apply and input i requires grad), as ctx.needs_input_grad; false + message
+ * when i is out of range. */
+NB_API bool nb_function_needs_input_grad(nb_function_ctx *ctx, int i);
+/* In forward: output t (what forward returns, or one of the multi outputs)
+ * is not differentiable (indices, masks, counts): it gets no graph and
+ * does not require grad, as ctx.mark_non_differentiable. 0 or -1. */
+NB_API int nb_function_mark_non_differentiable(nb_function_ctx *ctx, nb_tensor *t);
+
 /* ------------------------------------------------------------ memory: scopes */
 /* Every tensor made between begin and end is freed by end. Scopes nest; the
  * stack is per thread. Outside any scope tensors are persistent. nb_scope_end
@@ -330,11 +400,17 @@ NB_API int nb_scope_depth(void);
 /* Hands t's values to the enclosing scope (persistent at depth 1 or 0):
  * returns a new detached tensor sharing t's storage, which survives this scope. */
 NB_API nb_tensor *nb_keep(nb_tensor *t);
-/* Frees a tensor now (persistent or scoped; not a borrowed one). Storage
- * shared with views, or saved by a recorded graph for backward, lives on
- * until they are gone too; a graph that only passes through t (no backward
- * rule reads it) lets its storage go at once. NULL is ok. */
+/* Frees a tensor now (persistent or scoped; a borrowed one is left to its
+ * owner). Storage shared with views, or saved by a recorded graph for
+ * backward, lives on until they are gone too (or, for the graph, until a
+ * backward released it); a graph that only passes through t (no backward
+ * rule reads it) lets its storage go at once. NULL is ok; a handle freed
+ * already is reported (a message), not freed twice. */
 NB_API void nb_free(nb_tensor *t);
+/* nb_free for a tensor held on behalf of an owner that hands out borrowed
+ * handles to it (nb_params_free uses it): a later use of the handle reports
+ * that it was freed with its owner. */
+NB_API void nb_free_with_owner(nb_tensor *t);
 NB_API int64_t nb_live_tensors(void); /* tensor objects alive (all threads) */
 /* Storage bytes (all threads), as torch.cuda.memory_allocated and friends:
  * in use now, the peak since the last reset, and held in the cache of freed

@@ -21,7 +21,9 @@ typedef struct {
     int64_t m; /* output elements */
     nb_gradcheck_opts o;
     nb_gradcheck_result *r;
-    /* inputs that do not require grad: their .grad and its version before */
+    /* inputs that did not require grad at the start (fn may flip the flag):
+     * their .grad and its version then */
+    bool *no_grad;
     nb_tensor **grad_before;
     uint32_t *grad_version;
 } check;
@@ -56,7 +58,13 @@ static bool check_inputs(int n, nb_tensor **in) {
 /* fn's output, checked: NULL + message when fn failed or returned junk. */
 static nb_tensor *call(const check *c) {
     nb_tensor *y = c->fn(c->in, c->n, c->ctx);
-    if (!y) return nbi_error_after("%s: the function returned NULL", FN);
+    if (!y) {
+        const char *earlier = nbi_error_cause();
+        if (earlier)
+            return nbi_error_quoting("%s: the function returned NULL, after an earlier error: %s",
+                                     FN, earlier);
+        return nbi_error_quoting("%s: the function returned NULL", FN);
+    }
     if (y->freed) return nbi_error("%s: the function returned a freed tensor", FN);
     if (y->dtype != NB_F64)
         return nbi_error("%s: the function returned %s; it must return an f64 tensor", FN,
@@ -111,7 +119,7 @@ static int numeric(const check *c, int i, double *J) {
 static int check_no_grad_inputs(const check *c) {
     for (int i = 0; i < c->n; i++) {
         nb_tensor *t = c->in[i];
-        if (t->requires_grad) continue;
+        if (!c->no_grad[i]) continue;
         bool same = t->grad == c->grad_before[i] &&
                     (!t->grad || t->grad->storage->version == c->grad_version[i]);
         if (!same)
@@ -124,7 +132,7 @@ static int check_no_grad_inputs(const check *c) {
 /* Detaches the inputs' fresh gradients, for the next backward. */
 static void drop_grads(const check *c) {
     for (int i = 0; i < c->n; i++) {
-        if (!c->in[i]->requires_grad) continue;
+        if (c->no_grad[i]) continue;
         nbi_unref(c->in[i]->grad);
         c->in[i]->grad = NULL;
     }
@@ -248,7 +256,7 @@ static int full_check(const check *c) {
     int n = c->n;
     int64_t m = c->m;
     for (int i = 0; i < n; i++)
-        if (c->in[i]->requires_grad && c->in[i]->numel > 0 && m > (INT64_C(1) << 26) / c->in[i]->numel)
+        if (!c->no_grad[i] && c->in[i]->numel > 0 && m > (INT64_C(1) << 26) / c->in[i]->numel)
             return (nbi_error("%s: input %d (%lld elements) x output (%lld elements) is too large "
                               "for a full Jacobian; check a smaller case, or use fast_mode", FN, i,
                               (long long)c->in[i]->numel, (long long)m), -1);
@@ -256,7 +264,7 @@ static int full_check(const check *c) {
     double **rows = calloc((size_t)n, sizeof *rows);
     int rc = (A && N && rows) ? 0 : -1;
     for (int i = 0; rc == 0 && i < n; i++) {
-        if (!c->in[i]->requires_grad) continue;
+        if (c->no_grad[i]) continue;
         size_t sz = (size_t)(c->in[i]->numel * m) + 1;
         A[i] = malloc(sz * sizeof **A);
         N[i] = malloc(sz * sizeof **N);
@@ -340,7 +348,7 @@ static int fast_check(const check *c) {
     double **u = calloc((size_t)n, sizeof *u), **G = calloc((size_t)n, sizeof *G);
     int rc = (v && u && G) ? 0 : -1;
     for (int i = 0; rc == 0 && i < n; i++) {
-        if (!c->in[i]->requires_grad) continue;
+        if (c->no_grad[i]) continue;
         u[i] = malloc((size_t)c->in[i]->numel * sizeof **u + 1);
         G[i] = malloc((size_t)c->in[i]->numel * sizeof **G + 1);
         if (!u[i] || !G[i]) rc = -1;
@@ -389,13 +397,14 @@ bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs, const nb_gradc
              o.fast_probes < 0)
         nbi_error("%s: eps must be > 0 and atol, rtol, nondet_tol, fast_probes >= 0 (got %g, "
                   "%g, %g, %g, %d)", FN, o.eps, o.atol, o.rtol, o.nondet_tol, o.fast_probes);
-    else if (check_inputs(n, inputs) && (c.m = probe(&c)) >= 0)
+    else if (check_inputs(n, inputs))
         rc = 0;
     if (rc == 0) {
         saved_grad = calloc((size_t)n, sizeof *saved_grad);
         c.grad_before = calloc((size_t)n, sizeof *c.grad_before);
         c.grad_version = calloc((size_t)n, sizeof *c.grad_version);
-        if (!saved_grad || !c.grad_before || !c.grad_version)
+        c.no_grad = calloc((size_t)n, sizeof *c.no_grad);
+        if (!saved_grad || !c.grad_before || !c.grad_version || !c.no_grad)
             rc = (nbi_error("%s: out of memory", FN), -1);
     }
     if (rc == 0) {
@@ -405,13 +414,15 @@ bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs, const nb_gradc
                 saved_grad[i] = t->grad;
                 t->grad = NULL;
             } else {
+                c.no_grad[i] = true;
                 c.grad_before[i] = t->grad;
                 c.grad_version[i] = t->grad ? t->grad->storage->version : 0;
             }
         }
-        rc = o.fast_mode ? fast_check(&c) : full_check(&c);
+        if ((c.m = probe(&c)) < 0) rc = -1;
+        else rc = o.fast_mode ? fast_check(&c) : full_check(&c);
         for (int i = 0; i < n; i++)
-            if (inputs[i]->requires_grad) inputs[i]->grad = saved_grad[i];
+            if (!c.no_grad[i]) inputs[i]->grad = saved_grad[i];
         if (rc == 0 && !r.ok) nbi_error("%s", r.message);
     }
     if (rc != 0) { /* an error: the message says why, and so does the result */
@@ -422,6 +433,7 @@ bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs, const nb_gradc
     free(saved_grad);
     free(c.grad_before);
     free(c.grad_version);
+    free(c.no_grad);
     if (out) *out = r;
     return rc == 0 && r.ok;
 }

@@ -412,7 +412,10 @@ static void check_call(pool *p, reader *r, expect *e, nb_tensor *res, nb_tensor 
     if (is_float(got.dt) && nb_requires_grad(res) && p->backwards < MAX_BACKWARD) {
         p->backwards++;
         nb_tensor *s = nb_sum_all(res);
-        if (!s || nb_backward(s) != 0) fail("backward through the result failed");
+        /* retained: later results share this graph and backpropagate through it again */
+        nb_backward_opts keep = {.retain_graph = true};
+        if (!s || nb_backward_with_opts(s, NULL, &keep) != 0)
+            fail("backward through the result failed");
         for (int i = 0; i < p->nleaves; i++) {
             nb_tensor *g = nb_grad(p->leaves[i]);
             if (!g) continue;

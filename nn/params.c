@@ -42,7 +42,7 @@ nb_params *nb_params_new(void) {
 
 static void list_free(list *l) {
     for (int i = 0; i < l->n; i++) {
-        nb_free(l->v[i].t);
+        nb_free_with_owner(l->v[i].t); /* handles given out die with the registry */
         free(l->v[i].name);
     }
     free(l->v);

@@ -18,8 +18,12 @@ static bool abort_on_error(void) {
     return e && e[0] && strcmp(e, "0") != 0;
 }
 
+static _Thread_local uint64_t serial;
+uint64_t nbi_error_serial(void) { return serial; }
+
 static void raise_message(void) {
     has_msg = true;
+    serial++;
     if (abort_on_error()) {
         fprintf(stderr, "nabla: %s\n", msg);
         abort();
@@ -37,16 +41,16 @@ void *nbi_error(const char *fmt, ...) {
     return NULL;
 }
 
-void *nbi_error_after(const char *fmt, ...) {
+void *nbi_error_quoting(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(msg, sizeof msg, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (has_cause && n >= 0 && (size_t)n < sizeof msg)
-        snprintf(msg + n, sizeof msg - (size_t)n, ", after an earlier error: %s", cause);
     raise_message();
     return NULL;
 }
+
+const char *nbi_error_cause(void) { return has_cause ? cause : NULL; }
 
 void nb_report_error(const char *fmt, ...) {
     va_list ap;
@@ -57,20 +61,26 @@ void nb_report_error(const char *fmt, ...) {
     nbi_error("%s", buf);
 }
 
-static const char *freed_how(int freed) {
-    switch (freed) {
-    case NBI_FREED_BY_FREE: return "by nb_free";
-    case NBI_FREED_BY_SCOPE: return "by nb_scope_end, as its scope ended; nb_keep hands a tensor "
-                                    "to the enclosing scope";
-    default: return "with its owner: the leaf whose gradient it was, or the registry or "
-                    "optimizer that held it";
-    }
-}
-
 bool nbi_bad_arg(const char *fn, const nb_tensor *t, int i) {
-    if (!t) return nbi_error_after("%s: input %d is NULL", fn, i), false;
+    if (!t) {
+        const char *earlier = nbi_error_cause();
+        if (earlier) nbi_error_quoting("%s: input %d is NULL, after an earlier error: %s", fn, i, earlier);
+        else nbi_error_quoting("%s: input %d is NULL", fn, i);
+        return false;
+    }
     if (!t->freed || nbi_trusted) return true;
-    nbi_error("%s: input %d was freed (%s) and cannot be used", fn, i, freed_how(t->freed));
+    switch (t->freed) {
+    case NBI_FREED_BY_FREE:
+        nbi_error("%s: input %d was freed (by nb_free) and cannot be used", fn, i);
+        break;
+    case NBI_FREED_BY_SCOPE:
+        nbi_error("%s: input %d was freed (by nb_scope_end, as its scope ended; nb_keep hands a "
+                  "tensor to the enclosing scope) and cannot be used", fn, i);
+        break;
+    default:
+        nbi_error("%s: input %d was freed (with its owner: the leaf whose gradient it was, or "
+                  "the registry or optimizer that held it) and cannot be used", fn, i);
+    }
     return false;
 }
 

@@ -16,17 +16,28 @@ static _Thread_local int depth;
  * in the enclosing scope, and the matching ends do nothing. */
 static _Thread_local int unrecorded;
 
+static void link_into(nbi_scope *s, nb_tensor *t) {
+    t->scope = s;
+    t->prev = NULL;
+    t->next = NULL;
+    if (!s) return;
+    t->next = s->head;
+    if (s->head) s->head->prev = t;
+    s->head = t;
+}
+
 void nbi_scope_adopt(nb_tensor *t) {
     t->refs = 1;
     t->owned = true;
-    t->scope = top;
-    t->prev = NULL;
-    t->next = NULL;
-    if (!top) return;
-    t->next = top->head;
-    if (top->head) top->head->prev = t;
-    top->head = t;
+    link_into(top, t);
 }
+
+void nbi_scope_hand_up(nb_tensor *t) {
+    nbi_scope_release(t);
+    link_into(top ? top->parent : NULL, t);
+}
+
+nbi_scope *nbi_scope_current(void) { return top; }
 
 void nbi_scope_release(nb_tensor *t) {
     nbi_scope *s = t->scope;

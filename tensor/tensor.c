@@ -244,6 +244,17 @@ void nb_free(nb_tensor *t) {
     nbi_release_owned(t, NBI_FREED_BY_FREE);
 }
 
+void nb_free_with_owner(nb_tensor *t) {
+    if (!t) return;
+    if (t->freed) {
+        nbi_bad_arg("nb_free_with_owner", t, 0);
+        return;
+    }
+    if (!t->owned) return;
+    nbi_scope_release(t);
+    nbi_release_owned(t, NBI_FREED_WITH_OWNER);
+}
+
 void *nbi_discard(nb_tensor *t) {
     nb_free(t);
     return NULL;

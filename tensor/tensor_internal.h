@@ -59,10 +59,15 @@ enum { NBI_LIVE = 0, NBI_FREED_BY_FREE, NBI_FREED_BY_SCOPE, NBI_FREED_WITH_OWNER
 /* -------------------------------------------------------------- errors */
 /* Sets the thread's message (printf-style) and returns NULL. */
 void *nbi_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* The same, followed by ", after an earlier error: <message>" when one is
- * set: for a failure that is most likely the result of an earlier one (a
- * NULL argument, a callback that returned NULL). */
-void *nbi_error_after(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* For a failure that is most likely the result of an earlier one (a NULL
+ * argument, a callback that returned NULL), whose message quotes that one:
+ * the earlier message (the last set by nbi_error, NULL if none since
+ * nb_clear_error), and nbi_error's twin that leaves it in place. */
+const char *nbi_error_cause(void);
+void *nbi_error_quoting(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Counts the messages set on this thread: a callback that failed without
+ * reporting anything leaves it unchanged. */
+uint64_t nbi_error_serial(void);
 /* Argument checks for tensor handles (input i of fn, counted from 0): true
  * when t is a live tensor; otherwise false with a message: "fn: input i is
  * NULL" (followed by the earlier error that most likely made the NULL, when
@@ -216,6 +221,10 @@ int nbi_parallel_chunks(int64_t n, int64_t grain);
 
 /* ------------------------------------------------------------------ scopes */
 void nbi_scope_adopt(nb_tensor *t); /* puts a new tensor in the current scope */
+nbi_scope *nbi_scope_current(void); /* NULL when none is open */
+/* Moves t from the current scope, which owns it, to the enclosing one
+ * (persistent at depth 1), as the result of work done in an inner scope. */
+void nbi_scope_hand_up(nb_tensor *t);
 void nbi_scope_release(nb_tensor *t); /* removes t from its scope's list */
 
 /* --------------------------------------------------------------------- rng */

@@ -11,6 +11,7 @@ int main(void) {
     srunner_add_suite(sr, suite_matmul());
     srunner_add_suite(sr, suite_softmax());
     srunner_add_suite(sr, suite_autograd());
+    srunner_add_suite(sr, suite_function());
     srunner_add_suite(sr, suite_errors());
     srunner_add_suite(sr, suite_scope());
     srunner_add_suite(sr, suite_nn());
@@ -18,6 +19,7 @@ int main(void) {
     srunner_add_suite(sr, suite_optim());
     srunner_add_suite(sr, suite_transformer());
     srunner_add_suite(sr, suite_checkpoint());
+    srunner_add_suite(sr, suite_handles());
     srunner_add_suite(sr, suite_threads());
     srunner_add_suite(sr, suite_soak());
     srunner_run_all(sr, CK_NORMAL);

@@ -74,6 +74,7 @@ Suite *suite_reduce(void);
 Suite *suite_matmul(void);
 Suite *suite_softmax(void);
 Suite *suite_autograd(void);
+Suite *suite_function(void);
 Suite *suite_errors(void);
 Suite *suite_scope(void);
 Suite *suite_nn(void);
@@ -82,6 +83,7 @@ Suite *suite_optim(void);
 Suite *suite_transformer(void);
 Suite *suite_threads(void);
 Suite *suite_checkpoint(void);
+Suite *suite_handles(void);
 Suite *suite_soak(void);
 
 #endif

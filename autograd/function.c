@@ -1,0 +1,421 @@
+/* function.c: ops users write themselves (nb_function), as PyTorch's
+ * torch.autograd.Function: their forward runs with grad mode off, and their
+ * backward becomes the rule of an ordinary graph node, so the engine's
+ * guarantees (version checks, anomaly mode, shape checks, release after
+ * backward, freeing with the graph) hold for them as for built-in ops.
+ *
+ * One output: its node has the function's inputs and runs the user's
+ * backward. Several outputs: a hidden empty tensor H carries the node that
+ * runs the user's backward; each output gets a node with H as its input
+ * that hands its gradient to the context, so that H's node, which the walk
+ * reaches after all of them, sees every output's gradient at once. */
+#include "autograd_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    nb_dtype dtype;
+    int ndim;
+    int64_t shape[NB_MAX_DIMS];
+} out_meta;
+
+struct nb_function_ctx {
+    nb_function f; /* a copy: the caller's struct may live on its stack */
+    char *name;    /* a copy too, for messages while the node lives */
+    void *user;
+    int nin;
+    bool *needs;         /* needs_input_grad, per input */
+    nb_tensor **saved;   /* handles of their own (views with no history), held */
+    uint32_t *saved_ver; /* storage versions when saved */
+    int nsaved, capsaved;
+    bool in_forward, released;
+    nb_tensor **nondiff; /* outputs marked non-differentiable, in forward */
+    int nnondiff, capnondiff;
+    int nout;            /* 0 for nb_function_apply */
+    out_meta *outs;      /* several outputs: shapes, for zero gradients */
+    nb_tensor **gout;    /* several outputs: the gradients their nodes handed over */
+};
+
+static void ctx_free(nb_function_ctx *c) {
+    if (!c) return;
+    for (int k = 0; k < c->nsaved; k++) nbi_unref(c->saved[k]);
+    for (int k = 0; c->gout && k < c->nout; k++) nbi_unref(c->gout[k]);
+    if (c->f.destroy) c->f.destroy(c->user);
+    free(c->name);
+    free(c->needs);
+    free(c->saved);
+    free(c->saved_ver);
+    free(c->nondiff);
+    free(c->outs);
+    free(c->gout);
+    free(c);
+}
+
+/* The node's hook: after a backward that did not retain the graph, the
+ * saved tensors go (all = false); with the node, everything (all = true). */
+static void node_release(nbi_node *n, bool all) {
+    nb_function_ctx *c = n->fn_ctx;
+    if (!c) return;
+    if (all) {
+        ctx_free(c);
+        n->fn_ctx = NULL;
+        return;
+    }
+    for (int k = 0; k < c->nsaved; k++) nbi_unref(c->saved[k]);
+    c->nsaved = 0;
+    c->released = true;
+}
+
+static bool grow(void **v, int *cap, int need, size_t elem) {
+    if (need <= *cap) return true;
+    int cap2 = *cap ? 2 * *cap : 4;
+    void *p = realloc(*v, (size_t)cap2 * elem);
+    if (!p) return false;
+    *v = p;
+    *cap = cap2;
+    return true;
+}
+
+/* --------------------------------------------------------------- the ctx API */
+int nb_function_save(nb_function_ctx *c, nb_tensor *t) {
+    if (!c) return (nbi_error("nb_function_save: ctx is NULL"), -1);
+    char fn[128];
+    snprintf(fn, sizeof fn, "nb_function_save: %s", c->name);
+    if (!c->in_forward)
+        return (nbi_error("%s: tensors can be saved only in forward", fn), -1);
+    if (!nbi_arg(fn, t, 0)) return -1;
+    int cap = c->capsaved;
+    if (!grow((void **)&c->saved, &cap, c->nsaved + 1, sizeof *c->saved) ||
+        !grow((void **)&c->saved_ver, &c->capsaved, c->nsaved + 1, sizeof *c->saved_ver))
+        return (nbi_error("%s: out of memory", fn), -1);
+    nb_tensor *h = nbi_make_view(t, t->ndim, t->shape, t->strides, t->offset);
+    if (!h) return -1;
+    c->saved[c->nsaved] = nbi_unscoped(h); /* the ctx holds its one reference */
+    c->saved_ver[c->nsaved++] = t->storage->version;
+    return 0;
+}
+
+nb_tensor *nb_function_saved(nb_function_ctx *c, int i) {
+    if (!c) return nbi_error("nb_function_saved: ctx is NULL");
+    if (c->released)
+        return nbi_error("nb_function_saved: %s: the saved tensors were freed after backward; "
+                         "retain the graph (retain_graph) to backpropagate twice", c->name);
+    if (i < 0 || i >= c->nsaved)
+        return nbi_error("nb_function_saved: %s: index %d is out of range (%d saved)", c->name,
+                         i, c->nsaved);
+    return c->saved[i];
+}
+
+bool nb_function_needs_input_grad(nb_function_ctx *c, int i) {
+    if (!c) return nbi_error("nb_function_needs_input_grad: ctx is NULL"), false;
+    if (i < 0 || i >= c->nin)
+        return nbi_error("nb_function_needs_input_grad: %s: input %d is out of range (%d "
+                         "inputs)", c->name, i, c->nin), false;
+    return c->needs[i];
+}
+
+int nb_function_mark_non_differentiable(nb_function_ctx *c, nb_tensor *t) {
+    if (!c) return (nbi_error("nb_function_mark_non_differentiable: ctx is NULL"), -1);
+    char fn[128];
+    snprintf(fn, sizeof fn, "nb_function_mark_non_differentiable: %s", c->name);
+    if (!c->in_forward) return (nbi_error("%s: outputs can be marked only in forward", fn), -1);
+    if (!nbi_arg(fn, t, 0)) return -1;
+    if (!grow((void **)&c->nondiff, &c->capnondiff, c->nnondiff + 1, sizeof *c->nondiff))
+        return (nbi_error("%s: out of memory", fn), -1);
+    c->nondiff[c->nnondiff++] = t;
+    return 0;
+}
+
+static bool marked(const nb_function_ctx *c, const nb_tensor *t) {
+    for (int k = 0; k < c->nnondiff; k++)
+        if (c->nondiff[k] == t) return true;
+    return false;
+}
+
+/* ------------------------------------------------------------------ backward */
+static bool saved_intact(const nb_function_ctx *c) {
+    for (int k = 0; k < c->nsaved; k++)
+        if (c->saved[k]->storage->version != c->saved_ver[k])
+            return nbi_error("nb_backward: tensor %d saved by %s was modified in place after it "
+                             "was saved (version %u, expected %u)", k, c->name,
+                             c->saved[k]->storage->version, c->saved_ver[k]), false;
+    return true;
+}
+
+/* The message a callback reported since the error count was `serial`, or
+ * NULL when it reported none (or cleared what it had). */
+static const char *reported(uint64_t serial) {
+    return nbi_error_serial() != serial ? nb_last_error() : NULL;
+}
+
+/* Runs the user's backward (untrusted: freed handles are errors there) and
+ * checks what it returned against the inputs. */
+static int call_backward(nb_function_ctx *c, nbi_node *n, nb_tensor **gouts, nb_tensor **gin) {
+    uint64_t serial = nbi_error_serial();
+    int trusted = nbi_trusted;
+    nbi_trusted = 0;
+    int rc = c->nout ? c->f.backward_multi(c, gouts, c->nout, gin, c->user)
+                     : c->f.backward(c, gouts[0], gin, c->user);
+    nbi_trusted = trusted;
+    if (rc != 0) {
+        const char *why = reported(serial);
+        if (why) nbi_error("nb_backward: the backward of %s failed: %s", c->name, why);
+        else nbi_error("nb_backward: the backward of %s returned %d without reporting an error "
+                       "(nb_report_error)", c->name, rc);
+        return -1;
+    }
+    for (int i = 0; i < n->nin; i++) {
+        nb_tensor *g = gin[i], *in = n->in[i];
+        if (!g) continue;
+        if (!c->needs[i]) {
+            gin[i] = NULL; /* not asked for: ignored, as PyTorch does */
+            continue;
+        }
+        if (g->freed)
+            return (nbi_error("nb_backward: the backward of %s returned a freed tensor as the "
+                              "gradient of input %d", c->name, i), -1);
+        if (!nbi_same_shape(g, in) || g->dtype != in->dtype)
+            return (nbi_error("nb_backward: the backward of %s returned a gradient of shape %s "
+                              "%s for input %d, which has shape %s %s", c->name, NBI_SHAPE(g),
+                              nb_dtype_name(g->dtype), i, NBI_SHAPE(in),
+                              nb_dtype_name(in->dtype)), -1);
+    }
+    return 0;
+}
+
+/* A live handle on an engine tensor, in the node's scope: the engine's own
+ * handles may count as freed (they outlive the scope that made them). */
+static nb_tensor *handle_on(nb_tensor *g) {
+    return nbi_make_view(g, g->ndim, g->shape, g->strides, g->offset);
+}
+
+static int single_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    nb_function_ctx *c = n->fn_ctx;
+    if (!saved_intact(c)) return -1;
+    nb_tensor *go = handle_on(g);
+    return go ? call_backward(c, n, &go, gin) : -1;
+}
+
+/* H's node: every output's gradient (zeros where none came), then the user's rule. */
+static int multi_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    (void)g; /* H's own gradient is empty */
+    nb_function_ctx *c = n->fn_ctx;
+    if (!saved_intact(c)) return -1;
+    nb_tensor **gouts = calloc((size_t)c->nout, sizeof *gouts);
+    int rc = gouts ? 0 : (nbi_error("nb_backward: out of memory"), -1);
+    for (int k = 0; rc == 0 && k < c->nout; k++) {
+        const out_meta *o = &c->outs[k];
+        if (c->gout[k]) gouts[k] = handle_on(c->gout[k]);
+        else if (nbi_is_float(o->dtype)) gouts[k] = nbi_new(c->name, o->dtype, o->ndim, o->shape, true);
+        else continue;
+        if (!gouts[k]) rc = -1;
+    }
+    if (rc == 0) rc = call_backward(c, n, gouts, gin);
+    for (int k = 0; k < c->nout; k++) { /* taken: a retained graph starts afresh */
+        nbi_unref(c->gout[k]);
+        c->gout[k] = NULL;
+    }
+    free(gouts);
+    return rc;
+}
+
+/* Output k's node: hands its gradient to the context, passes an empty one to H. */
+static int output_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    nb_function_ctx *c = n->fn_ctx;
+    int64_t k = n->i[0];
+    nbi_ref(g);
+    nbi_unref(c->gout[k]);
+    c->gout[k] = g;
+    nb_tensor *h = n->in[0];
+    gin[0] = nbi_new(c->name, h->dtype, h->ndim, h->shape, false);
+    return gin[0] ? 0 : -1;
+}
+
+/* ------------------------------------------------------------------- apply */
+/* Checks f and the inputs, and makes the context (NULL + message on error;
+ * then f->destroy has been called, when there is one). */
+static nb_function_ctx *begin(const char *fn, const nb_function *f, nb_tensor **inputs, int n,
+                              int nout, void *user) {
+    if (!f) return nbi_error("%s: the function is NULL", fn);
+    nb_function_ctx *c = NULL;
+    bool multi = nout > 0;
+    if (!f->name || !f->name[0]) {
+        nbi_error("%s: the function has no name (nb_function.name)", fn);
+    } else if (multi ? !f->forward_multi : !f->forward) {
+        nbi_error("%s: %s has no %s", fn, f->name, multi ? "forward_multi" : "forward");
+    } else if (n < 0 || (n > 0 && !inputs)) {
+        if (n < 0) nbi_error("%s: %s: %d inputs", fn, f->name, n);
+        else nbi_error("%s: %s: %d inputs but inputs is NULL", fn, f->name, n);
+    } else {
+        bool ok = true, any = false;
+        for (int i = 0; ok && i < n; i++) {
+            ok = nbi_arg(f->name, inputs[i], i);
+            any = any || (ok && inputs[i]->requires_grad);
+        }
+        any = any && nb_grad_enabled();
+        if (ok && any && (multi ? !f->backward_multi : !f->backward)) {
+            nbi_error("%s: an input requires grad, but %s has no %s", fn, f->name,
+                      multi ? "backward_multi" : "backward");
+            ok = false;
+        }
+        if (ok && !(c = calloc(1, sizeof *c))) nbi_error("%s: out of memory", fn);
+        if (c) {
+            c->f = *f;
+            c->user = user;
+            c->nin = n;
+            c->nout = nout;
+            c->name = malloc(strlen(f->name) + 1);
+            if (c->name) strcpy(c->name, f->name);
+            c->needs = calloc((size_t)n + 1, sizeof *c->needs);
+            if (multi) {
+                c->outs = calloc((size_t)nout, sizeof *c->outs);
+                c->gout = calloc((size_t)nout, sizeof *c->gout);
+            }
+            if (!c->name || !c->needs || (multi && (!c->outs || !c->gout))) {
+                nbi_error("%s: out of memory", fn);
+                c->f.destroy = NULL; /* called once, below */
+                ctx_free(c);
+                c = NULL;
+            }
+        }
+        for (int i = 0; c && i < n; i++) c->needs[i] = any && inputs[i]->requires_grad;
+    }
+    if (!c && f->destroy) f->destroy(user);
+    return c;
+}
+
+/* The user's forward, with grad mode off, in a scope of its own so that its
+ * temporaries go when it returns: ret gets what it returned (for
+ * nb_function_mark_non_differentiable's comparisons), ys the op's outputs:
+ * a tensor the forward made is handed up to the caller's scope as it is;
+ * anything else (an input, a tensor from outside, one returned twice) gets a
+ * new handle, a view, so the node never lands on a tensor the user holds.
+ * -1 with a message naming f. */
+static int run_forward(nb_function_ctx *c, nb_tensor **inputs, int n, nb_tensor **ret,
+                       nb_tensor **ys) {
+    int nout = c->nout ? c->nout : 1;
+    uint64_t serial = nbi_error_serial();
+    bool was = nb_grad_enabled();
+    nbi_scope *outer = nbi_scope_current();
+    nb_scope_begin();
+    nbi_scope *inner = nbi_scope_current();
+    nb_set_grad_enabled(false);
+    c->in_forward = true;
+    int rc = 0;
+    if (c->nout) rc = c->f.forward_multi(c, inputs, n, ret, c->nout, c->user);
+    else rc = (ret[0] = c->f.forward(c, inputs, n, c->user)) ? 0 : -1;
+    c->in_forward = false;
+    nb_set_grad_enabled(was);
+    if (rc != 0) {
+        const char *why = reported(serial);
+        if (why) nbi_error("%s: forward failed: %s", c->name, why);
+        else nbi_error("%s: forward failed without reporting an error (nb_report_error)", c->name);
+    }
+    for (int k = 0; rc == 0 && k < nout; k++) {
+        if (!ret[k]) rc = (nbi_error("%s: forward returned no tensor for output %d", c->name, k), -1);
+        else if (ret[k]->freed)
+            rc = (nbi_error("%s: forward returned a freed tensor as output %d", c->name, k), -1);
+        else if (inner != outer && ret[k]->scope == inner)
+            nbi_scope_hand_up(ys[k] = ret[k]);
+    }
+    nb_scope_end();
+    for (int k = 0; rc == 0 && k < nout; k++) {
+        nb_tensor *t = ret[k];
+        if (!ys[k] && !(ys[k] = nbi_make_view(t, t->ndim, t->shape, t->strides, t->offset)))
+            rc = -1;
+    }
+    if (rc != 0)
+        for (int k = 0; k < nout; k++) ys[k] = nbi_discard(ys[k]);
+    return rc;
+}
+
+/* returned: what forward returned (only compared); y: the output. */
+static bool differentiable(const nb_function_ctx *c, const nb_tensor *returned,
+                           const nb_tensor *y) {
+    bool any = false;
+    for (int i = 0; i < c->nin; i++) any = any || c->needs[i];
+    return any && nbi_is_float(y->dtype) && !marked(c, returned);
+}
+
+nb_tensor *nb_function_apply(const nb_function *f, nb_tensor **inputs, int n, void *user) {
+    nb_function_ctx *c = begin("nb_function_apply", f, inputs, n, 0, user);
+    if (!c) return NULL;
+    nb_tensor *out = NULL, *y = NULL;
+    if (run_forward(c, inputs, n, &out, &y) != 0) {
+        ctx_free(c);
+        return NULL;
+    }
+    if (!differentiable(c, out, y)) {
+        ctx_free(c); /* no node: nothing will read the ctx again */
+        return y;
+    }
+    nbi_node *node = nbi_record(y, c->name, single_backward, n, inputs);
+    if (!node) {
+        ctx_free(c);
+        return nbi_discard(y);
+    }
+    node->fn_ctx = c;
+    node->fn_release = node_release;
+    return y;
+}
+
+/* Records H and one node per differentiable output (outputs already made). */
+static int record_multi(nb_function_ctx *c, nb_tensor **inputs, int n, nb_tensor **ret,
+                        nb_tensor **ys) {
+    nb_tensor *h = nbi_new(c->name, NB_F64, 1, (const int64_t[]){0}, false);
+    nbi_node *hn = h ? nbi_record_unchecked(h, c->name, multi_backward, n, inputs) : NULL;
+    if (!hn) {
+        nbi_discard(h);
+        ctx_free(c);
+        return -1;
+    }
+    hn->fn_ctx = c; /* from here on, the ctx goes with H's node */
+    hn->fn_release = node_release;
+    int rc = 0;
+    for (int k = 0; rc == 0 && k < c->nout; k++) {
+        if (!differentiable(c, ret[k], ys[k])) continue;
+        if (!nbi_anomaly_forward(c->name, ys[k], n, inputs)) rc = -1;
+        nbi_node *on = rc == 0 ? nbi_record_unchecked(ys[k], c->name, output_backward, 1, &h) : NULL;
+        if (!on) {
+            rc = -1;
+            break;
+        }
+        on->fn_ctx = c;
+        on->i[0] = k;
+    }
+    nbi_discard(h); /* the output nodes hold H (and so the ctx) from now on */
+    return rc;
+}
+
+int nb_function_apply_multi(const nb_function *f, nb_tensor **inputs, int n, nb_tensor **outputs,
+                            int nout, void *user) {
+    const char *fn = "nb_function_apply_multi";
+    if (!outputs || nout < 1) {
+        if (f && f->destroy) f->destroy(user);
+        return (nbi_error("%s: needs outputs and nout >= 1 (nout = %d)", fn, nout), -1);
+    }
+    for (int k = 0; k < nout; k++) outputs[k] = NULL;
+    nb_function_ctx *c = begin(fn, f, inputs, n, nout, user);
+    if (!c) return -1;
+    nb_tensor **ret = calloc((size_t)nout, sizeof *ret), **ys = calloc((size_t)nout, sizeof *ys);
+    int rc = (ret && ys) ? run_forward(c, inputs, n, ret, ys)
+                         : (nbi_error("%s: out of memory", fn), -1);
+    bool any = false;
+    for (int k = 0; rc == 0 && k < nout; k++) {
+        out_meta *o = &c->outs[k];
+        o->dtype = ys[k]->dtype;
+        o->ndim = ys[k]->ndim;
+        memcpy(o->shape, ys[k]->shape, sizeof o->shape);
+        any = any || differentiable(c, ret[k], ys[k]);
+    }
+    if (rc == 0 && any) rc = record_multi(c, inputs, n, ret, ys); /* frees c on failure */
+    else ctx_free(c);
+    for (int k = 0; k < nout; k++) {
+        if (rc == 0) outputs[k] = ys[k];
+        else if (ys) nbi_discard(ys[k]);
+    }
+    free(ret);
+    free(ys);
+    return rc;
+}
