@@ -6,10 +6,12 @@
  *   2. nb_matmul GFLOP/s (2MNK / time), square and attention shapes, with B
  *      contiguous and with B a transposed view; f64 at n = 512
  *   3. nb_attention (causal mask, dropout 0.1, training) forward and
- *      forward + backward of its sum; the allocator's peak for one fwd+bwd
+ *      forward + backward of its sum; the allocator's peak for one fwd+bwd,
+ *      with backward releasing saved tensors (the default) and retaining them
  *   4. nb_mha_forward (d_model 512, 8 heads, dropout 0.1) forward + backward
  *   5. autograd overhead: ns per op of a chain of 10,000 ops on (4,4) tensors
- *   6. the copy task's training step (examples/copy_task.c), two model sizes
+ *   6. the copy task's training step (examples/copy_task.c), two model sizes,
+ *      and its allocator peak with and without retain_graph
  *   7. nb_save / nb_load of the d_model 512 model with Adam's state, and the
  *      cost of anomaly mode on the d_model 64 step
  *   8. the process's peak RSS
