@@ -230,7 +230,8 @@ NB_API nb_tensor *nb_dropout(nb_tensor *t, double p, bool training, struct nb_rn
  * setting it on a non-floating t or clearing it on a non-leaf (a non-leaf
  * that requires grad is returned as it is; use nb_detach to stop gradients). */
 NB_API nb_tensor *nb_set_requires_grad(nb_tensor *t, bool requires_grad);
-NB_API bool nb_requires_grad(const nb_tensor *t); /* false on NULL (and on a freed t, with a message) */
+/* false on NULL (and on a freed t, with a message) */
+NB_API bool nb_requires_grad(const nb_tensor *t);
 NB_API bool nb_is_leaf(const nb_tensor *t);       /* made by no recorded op; false on NULL */
 /* The accumulated gradient of a leaf (borrowed: owned by t; t's shape and
  * dtype), or NULL when none yet or t is not a leaf. */

@@ -207,7 +207,8 @@ static int multi_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     for (int k = 0; rc == 0 && k < c->nout; k++) {
         const out_meta *o = &c->outs[k];
         if (c->gout[k]) gouts[k] = handle_on(c->gout[k]);
-        else if (nbi_is_float(o->dtype)) gouts[k] = nbi_new(c->name, o->dtype, o->ndim, o->shape, true);
+        else if (nbi_is_float(o->dtype))
+            gouts[k] = nbi_new(c->name, o->dtype, o->ndim, o->shape, true);
         else continue;
         if (!gouts[k]) rc = -1;
     }
@@ -233,54 +234,63 @@ static int output_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 }
 
 /* ------------------------------------------------------------------- apply */
-/* Checks f and the inputs, and makes the context (NULL + message on error;
- * then f->destroy has been called, when there is one). */
+/* Checks f and the inputs; *grad says whether a node will be needed. */
+static bool check_call(const char *fn, const nb_function *f, nb_tensor **inputs, int n, bool multi,
+                       bool *grad) {
+    if (!f->name || !f->name[0])
+        return nbi_error("%s: the function has no name (nb_function.name)", fn), false;
+    if (multi ? !f->forward_multi : !f->forward)
+        return nbi_error("%s: %s has no %s", fn, f->name, multi ? "forward_multi" : "forward"),
+               false;
+    if (n < 0) return nbi_error("%s: %s: %d inputs", fn, f->name, n), false;
+    if (n > 0 && !inputs)
+        return nbi_error("%s: %s: %d inputs but inputs is NULL", fn, f->name, n), false;
+    bool any = false;
+    for (int i = 0; i < n; i++) {
+        if (!nbi_arg(f->name, inputs[i], i)) return false;
+        any = any || inputs[i]->requires_grad;
+    }
+    *grad = any && nb_grad_enabled();
+    if (*grad && (multi ? !f->backward_multi : !f->backward))
+        return nbi_error("%s: an input requires grad, but %s has no %s", fn, f->name,
+                         multi ? "backward_multi" : "backward"), false;
+    return true;
+}
+
+static nb_function_ctx *new_ctx(const char *fn, const nb_function *f, nb_tensor **inputs, int n,
+                                int nout, bool grad, void *user) {
+    nb_function_ctx *c = calloc(1, sizeof *c);
+    if (!c) return nbi_error("%s: out of memory", fn);
+    c->f = *f;
+    c->f.destroy = NULL; /* set once the ctx is whole: begin calls it on failure */
+    c->user = user;
+    c->nin = n;
+    c->nout = nout;
+    c->name = malloc(strlen(f->name) + 1);
+    c->needs = calloc((size_t)n + 1, sizeof *c->needs);
+    if (nout) {
+        c->outs = calloc((size_t)nout, sizeof *c->outs);
+        c->gout = calloc((size_t)nout, sizeof *c->gout);
+    }
+    if (!c->name || !c->needs || (nout && (!c->outs || !c->gout))) {
+        ctx_free(c);
+        return nbi_error("%s: out of memory", fn);
+    }
+    strcpy(c->name, f->name);
+    for (int i = 0; i < n; i++) c->needs[i] = grad && inputs[i]->requires_grad;
+    c->f.destroy = f->destroy;
+    return c;
+}
+
+/* Checks the call and makes its context (NULL + message on error; then
+ * f->destroy has been called, when there is one). */
 static nb_function_ctx *begin(const char *fn, const nb_function *f, nb_tensor **inputs, int n,
                               int nout, void *user) {
     if (!f) return nbi_error("%s: the function is NULL", fn);
-    nb_function_ctx *c = NULL;
-    bool multi = nout > 0;
-    if (!f->name || !f->name[0]) {
-        nbi_error("%s: the function has no name (nb_function.name)", fn);
-    } else if (multi ? !f->forward_multi : !f->forward) {
-        nbi_error("%s: %s has no %s", fn, f->name, multi ? "forward_multi" : "forward");
-    } else if (n < 0 || (n > 0 && !inputs)) {
-        if (n < 0) nbi_error("%s: %s: %d inputs", fn, f->name, n);
-        else nbi_error("%s: %s: %d inputs but inputs is NULL", fn, f->name, n);
-    } else {
-        bool ok = true, any = false;
-        for (int i = 0; ok && i < n; i++) {
-            ok = nbi_arg(f->name, inputs[i], i);
-            any = any || (ok && inputs[i]->requires_grad);
-        }
-        any = any && nb_grad_enabled();
-        if (ok && any && (multi ? !f->backward_multi : !f->backward)) {
-            nbi_error("%s: an input requires grad, but %s has no %s", fn, f->name,
-                      multi ? "backward_multi" : "backward");
-            ok = false;
-        }
-        if (ok && !(c = calloc(1, sizeof *c))) nbi_error("%s: out of memory", fn);
-        if (c) {
-            c->f = *f;
-            c->user = user;
-            c->nin = n;
-            c->nout = nout;
-            c->name = malloc(strlen(f->name) + 1);
-            if (c->name) strcpy(c->name, f->name);
-            c->needs = calloc((size_t)n + 1, sizeof *c->needs);
-            if (multi) {
-                c->outs = calloc((size_t)nout, sizeof *c->outs);
-                c->gout = calloc((size_t)nout, sizeof *c->gout);
-            }
-            if (!c->name || !c->needs || (multi && (!c->outs || !c->gout))) {
-                nbi_error("%s: out of memory", fn);
-                c->f.destroy = NULL; /* called once, below */
-                ctx_free(c);
-                c = NULL;
-            }
-        }
-        for (int i = 0; c && i < n; i++) c->needs[i] = any && inputs[i]->requires_grad;
-    }
+    bool grad = false;
+    nb_function_ctx *c = check_call(fn, f, inputs, n, nout > 0, &grad)
+                             ? new_ctx(fn, f, inputs, n, nout, grad, user)
+                             : NULL;
     if (!c && f->destroy) f->destroy(user);
     return c;
 }
@@ -313,7 +323,8 @@ static int run_forward(nb_function_ctx *c, nb_tensor **inputs, int n, nb_tensor 
         else nbi_error("%s: forward failed without reporting an error (nb_report_error)", c->name);
     }
     for (int k = 0; rc == 0 && k < nout; k++) {
-        if (!ret[k]) rc = (nbi_error("%s: forward returned no tensor for output %d", c->name, k), -1);
+        if (!ret[k])
+            rc = (nbi_error("%s: forward returned no tensor for output %d", c->name, k), -1);
         else if (ret[k]->freed)
             rc = (nbi_error("%s: forward returned a freed tensor as output %d", c->name, k), -1);
         else if (inner != outer && ret[k]->scope == inner)
@@ -376,7 +387,8 @@ static int record_multi(nb_function_ctx *c, nb_tensor **inputs, int n, nb_tensor
     for (int k = 0; rc == 0 && k < c->nout; k++) {
         if (!differentiable(c, ret[k], ys[k])) continue;
         if (!nbi_anomaly_forward(c->name, ys[k], n, inputs)) rc = -1;
-        nbi_node *on = rc == 0 ? nbi_record_unchecked(ys[k], c->name, output_backward, 1, &h) : NULL;
+        nbi_node *on =
+            rc == 0 ? nbi_record_unchecked(ys[k], c->name, output_backward, 1, &h) : NULL;
         if (!on) {
             rc = -1;
             break;

@@ -98,7 +98,8 @@ static int numeric(const check *c, int i, double *J) {
     nb_tensor *t = c->in[i];
     int64_t m = c->m;
     double eps = c->o.eps;
-    double *plus = malloc((size_t)m * sizeof *plus + 1), *minus = malloc((size_t)m * sizeof *minus + 1);
+    double *plus = malloc((size_t)m * sizeof *plus + 1);
+    double *minus = malloc((size_t)m * sizeof *minus + 1);
     int rc = (plus && minus) ? 0 : (nbi_error("%s: out of memory", FN), -1);
     for (int64_t e = 0; rc == 0 && e < t->numel; e++) {
         double v = nbi_get_flat(t, e);
@@ -143,7 +144,8 @@ static void drop_grads(const check *c) {
  * to G[i] at stride `stride` (NULL rows for inputs that do not require grad,
  * zeros where there is no gradient), and the second pass must agree. */
 typedef void (*seed_fn)(nb_tensor *g, void *arg);
-static int backward_twice(const check *c, seed_fn make_seed, void *arg, double **G, int64_t stride) {
+static int backward_twice(const check *c, seed_fn make_seed, void *arg, double **G,
+                          int64_t stride) {
     int rc = -1;
     nb_scope_begin();
     nb_tensor *y = call(c);
@@ -217,7 +219,8 @@ static void compare_one(nb_gradcheck_result *r, const nb_gradcheck_opts *o, entr
                         int i, int64_t e, int64_t j, double a, double nu) {
     double err = fabs(a - nu);
     bool nan = err != err;
-    bool worse = r->checked == 0 || nan || (r->max_abs_err == r->max_abs_err && err > r->max_abs_err);
+    bool worse = r->checked == 0 || nan ||
+                 (r->max_abs_err == r->max_abs_err && err > r->max_abs_err);
     if (worse) {
         r->max_abs_err = err;
         note_worst(r, i, e, j, a, nu);
@@ -321,7 +324,8 @@ static int numeric_projection(const check *c, int i, const double *u, const doub
     int64_t m = c->m;
     double eps = c->o.eps;
     double *x = malloc((size_t)t->numel * sizeof *x + 1);
-    double *plus = malloc((size_t)m * sizeof *plus + 1), *minus = malloc((size_t)m * sizeof *minus + 1);
+    double *plus = malloc((size_t)m * sizeof *plus + 1);
+    double *minus = malloc((size_t)m * sizeof *minus + 1);
     int rc = (x && plus && minus) ? 0 : (nbi_error("%s: out of memory", FN), -1);
     for (int64_t e = 0; rc == 0 && e < t->numel; e++) x[e] = nbi_get_flat(t, e);
     for (int64_t e = 0; rc == 0 && e < t->numel; e++) nbi_set_flat(t, e, x[e] + eps * u[e]);

@@ -6,7 +6,8 @@
 /* x (..., in), w (out, in), b (out) -> (..., out) */
 nb_tensor *nb_linear(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
     const char *fn = "nb_linear";
-    if (!nn_input(fn, x, 0) || !nn_input(fn, w, 1) || !nn_opt_input(fn, b, 2)) return NULL;
+    if (!nn_input(fn, x, 0) || !nn_input(fn, w, 1) || !nn_opt_input(fn, b, 2))
+        return NULL;
     if (nb_dtype_of(x) != nb_dtype_of(w) || (b && nb_dtype_of(b) != nb_dtype_of(w)))
         return nn_error("%s: dtype mismatch: input %s, weight %s%s%s", fn,
                         nb_dtype_name(nb_dtype_of(x)), nb_dtype_name(nb_dtype_of(w)),

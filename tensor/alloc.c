@@ -234,8 +234,8 @@ typedef struct {
     int64_t n;
 } tensor_fifo;
 static _Thread_local tensor_fifo quarantine;
-static tensor_fifo graveyard; /* under grave_mu */
-static _Atomic int64_t graveyard_n;
+static tensor_fifo graveyard;       /* under grave_mu */
+static _Atomic int64_t graveyard_n; /* graveyard.n, read without the lock */
 static pthread_mutex_t grave_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic uint64_t tensor_allocs, tensor_frees;
 /* Past-window objects a thread keeps for reuse beyond its steady state. */
@@ -264,6 +264,15 @@ static nb_tensor *reuse(nb_tensor *t) {
     return t;
 }
 
+/* A quarantine far larger than the window holds (a thread that frees more
+ * tensors than it makes, the graveyard after many threads exited) gives
+ * objects past the window back to the system, a few per call. */
+static void trim(tensor_fifo *q, uint64_t now) {
+    for (int k = 0; k < 4 && q->head && aged(q->head, now) &&
+                    q->n > 2 * NB_HANDLE_WINDOW + QUARANTINE_SPARE; k++)
+        free(fifo_pop(q));
+}
+
 nb_tensor *nbi_tensor_obj_alloc(void) {
     uint64_t now = atomic_fetch_add(&tensor_allocs, 1) + 1;
     tensor_fifo *q = &quarantine;
@@ -272,9 +281,7 @@ nb_tensor *nbi_tensor_obj_alloc(void) {
     while (q->head && aged(q->head, now)) {
         nb_tensor *t = fifo_pop(q);
         if (RECYCLE) {
-            for (int k = 0; k < 4 && q->head && aged(q->head, now) &&
-                            q->n > 2 * NB_HANDLE_WINDOW + QUARANTINE_SPARE; k++)
-                free(fifo_pop(q));
+            trim(q, now);
             return reuse(t);
         }
         free(t); /* under a sanitizer, old objects go back, so it sees a late use */
@@ -284,11 +291,12 @@ nb_tensor *nbi_tensor_obj_alloc(void) {
         pthread_mutex_lock(&grave_mu);
         while (graveyard.head && aged(graveyard.head, now)) {
             t = fifo_pop(&graveyard);
-            atomic_fetch_sub(&graveyard_n, 1);
             if (RECYCLE) break;
             free(t);
             t = NULL;
         }
+        trim(&graveyard, now);
+        atomic_store(&graveyard_n, graveyard.n);
         pthread_mutex_unlock(&grave_mu);
         if (t) return reuse(t);
     }
@@ -300,10 +308,12 @@ nb_tensor *nbi_tensor_obj_alloc(void) {
 void nbi_tensor_obj_free(nb_tensor *t) {
     if (!t) return;
     if (!t->freed) t->freed = NBI_FREED_WITH_OWNER;
-    t->freed_at = atomic_load_explicit(&tensor_allocs, memory_order_relaxed);
+    uint64_t now = atomic_load_explicit(&tensor_allocs, memory_order_relaxed);
+    t->freed_at = now;
     atomic_fetch_add(&tensor_frees, 1);
     nbi_thread_register();
     fifo_push(&quarantine, t);
+    trim(&quarantine, now);
 }
 
 int64_t nbi_tensor_objs_live(void) {
@@ -321,7 +331,7 @@ static void quarantine_to_graveyard(void) {
     else graveyard.head = q->head;
     graveyard.tail = q->tail;
     graveyard.n += q->n;
-    atomic_fetch_add(&graveyard_n, q->n);
+    atomic_store(&graveyard_n, graveyard.n);
     pthread_mutex_unlock(&grave_mu);
     *q = (tensor_fifo){0};
 }

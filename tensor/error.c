@@ -64,7 +64,8 @@ void nb_report_error(const char *fmt, ...) {
 bool nbi_bad_arg(const char *fn, const nb_tensor *t, int i) {
     if (!t) {
         const char *earlier = nbi_error_cause();
-        if (earlier) nbi_error_quoting("%s: input %d is NULL, after an earlier error: %s", fn, i, earlier);
+        if (earlier)
+            nbi_error_quoting("%s: input %d is NULL, after an earlier error: %s", fn, i, earlier);
         else nbi_error_quoting("%s: input %d is NULL", fn, i);
         return false;
     }
