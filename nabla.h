@@ -408,9 +408,11 @@ NB_API nb_tensor *nb_keep(nb_tensor *t);
  * rule reads it) lets its storage go at once. NULL is ok; a handle freed
  * already is reported (a message), not freed twice. */
 NB_API void nb_free(nb_tensor *t);
-/* nb_free for a tensor held on behalf of an owner that hands out borrowed
- * handles to it (nb_params_free uses it): a later use of the handle reports
- * that it was freed with its owner. */
+/* For code that owns tensors and lends them out (nb_params does): a
+ * persistent handle as nb_persistent gives, but nb_free refuses it (a
+ * message); the owner frees it with nb_free_with_owner, after which a use
+ * of the handle reports that it was freed with its owner. */
+NB_API nb_tensor *nb_persistent_held(nb_tensor *t);
 NB_API void nb_free_with_owner(nb_tensor *t);
 NB_API int64_t nb_live_tensors(void); /* tensor objects alive (all threads) */
 /* Storage bytes (all threads), as torch.cuda.memory_allocated and friends:

@@ -77,7 +77,7 @@ static nb_tensor *append(list *l, const char *fn, const char *prefix, const char
     }
     size_t np = strlen(prefix), nn = strlen(name);
     char *copy = malloc(np + nn + 1);
-    nb_tensor *p = copy ? nb_persistent(t) : NULL;
+    nb_tensor *p = copy ? nb_persistent_held(t) : NULL; /* lent out, freed by the registry */
     if (!p) {
         free(copy);
         return copy ? NULL : nn_error("%s: out of memory", fn);
@@ -138,7 +138,7 @@ int nb_params_add_all(nb_params *dst, const char *prefix, const nb_params *src) 
                 for (int j = 0; j < 2; j++) /* out of memory: undo */
                     while (to[j]->n > n0[j]) {
                         to[j]->n--;
-                        nb_free(to[j]->v[to[j]->n].t);
+                        nb_free_with_owner(to[j]->v[to[j]->n].t);
                         free(to[j]->v[to[j]->n].name);
                     }
                 return -1;

@@ -113,9 +113,14 @@ nb_tensor *nb_keep(nb_tensor *t) {
     return k;
 }
 
-nb_tensor *nb_persistent(nb_tensor *t) {
-    if (!nbi_arg("nb_persistent", t, 0)) return NULL;
+static nb_tensor *persistent(const char *fn, nb_tensor *t, bool held) {
+    if (!nbi_arg(fn, t, 0)) return NULL;
     nb_tensor *k = nbi_make_view(t, t->ndim, t->shape, t->strides, t->offset);
-    if (k) nbi_scope_release(k); /* owned by the caller now, like a tensor made outside scopes */
+    if (!k) return NULL;
+    nbi_scope_release(k); /* owned by the caller now, like a tensor made outside scopes */
+    k->held = held;
     return k;
 }
+
+nb_tensor *nb_persistent(nb_tensor *t) { return persistent("nb_persistent", t, false); }
+nb_tensor *nb_persistent_held(nb_tensor *t) { return persistent("nb_persistent_held", t, true); }

@@ -239,7 +239,12 @@ void nb_free(nb_tensor *t) {
         nbi_bad_arg("nb_free", t, 0);
         return;
     }
-    if (!t->owned) return; /* borrowed (a .grad, a registry's tensor): its owner frees it */
+    if (!t->owned) return; /* borrowed (a .grad): its owner frees it */
+    if (t->held) {
+        nbi_error("nb_free: input 0 is held by the registry or optimizer that lent it out; it "
+                  "is freed with it (nb_params_free, nb_optim_free)");
+        return;
+    }
     nbi_scope_release(t);
     nbi_release_owned(t, NBI_FREED_BY_FREE);
 }
@@ -251,6 +256,7 @@ void nb_free_with_owner(nb_tensor *t) {
         return;
     }
     if (!t->owned) return;
+    t->held = false;
     nbi_scope_release(t);
     nbi_release_owned(t, NBI_FREED_WITH_OWNER);
 }

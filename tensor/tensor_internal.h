@@ -42,6 +42,7 @@ struct nb_tensor {
     _Atomic int edges;       /* graph nodes that have it as an input (part of refs) */
     _Atomic int holds;       /* those of them whose backward reads its data */
     bool owned;
+    bool held;               /* persistent, held by an owner that lends it out (a registry) */
     nbi_scope *scope;        /* scope that owns it; NULL = persistent */
     nb_tensor *prev, *next;  /* membership list of that scope (alloc.c's quarantine, once dead) */
 

@@ -233,6 +233,11 @@ static bool persistent_failed(nb_tensor *t) {
     nb_free(p);
     return p == NULL;
 }
+static bool persistent_held_failed(nb_tensor *t) {
+    nb_tensor *p = nb_persistent_held(t);
+    nb_free_with_owner(p);
+    return p == NULL;
+}
 
 /* weights_out must be NULL exactly when the call failed */
 static bool attention_failed(nb_tensor **in) {
@@ -335,6 +340,7 @@ static bool mha_failed(nb_tensor **in) {
     /* memory and argument checks */                                                             \
     X(nb_keep, 1, one, keep_failed(in[0]))                                                       \
     X(nb_persistent, 1, one, persistent_failed(in[0]))                                           \
+    X(nb_persistent_held, 1, one, persistent_held_failed(in[0]))                                 \
     X(nb_free, 1, one, VOID_FAILED(nb_free(in[0])))                                              \
     X(nb_free_with_owner, 1, one, VOID_FAILED(nb_free_with_owner(in[0])))                        \
     X(nb_check_input, 1, one, nb_check_input("nb_check_input", in[0], 0) == -1)                  \
