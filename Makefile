@@ -6,6 +6,8 @@ CFLAGS  += $(OPT) $(WARN) -D_POSIX_C_SOURCE=200809L -pthread
 LIBFLAGS := -fPIC -fvisibility=hidden
 LDLIBS  += -lm -lpthread
 BUILD   ?= build
+# parallel compiles inside test, valgrind, asan and tsan
+JOBS    ?= 2
 
 # Install locations (GNU style: files go to $(DESTDIR)$(LIBDIR) etc.).
 PREFIX     ?= /usr/local
@@ -35,7 +37,7 @@ TEST_BIN := $(BUILD)/tests/run_tests
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm)
 
-.PHONY: all test run bench clean check-deps readme-check valgrind asan error-table-check install uninstall install-check resume-check \
+.PHONY: all test run bench clean check-deps readme-check valgrind asan tsan error-table-check install uninstall install-check resume-check \
   fuzz fuzz-build fuzz-load fuzz-ops fuzz-regress fuzz-seeds fuzz-clean
 all: $(BUILD)/libnabla.a $(BUILD)/libnabla.so $(EXAMPLES)
 	@ln -sf $(BUILD)/libnabla.a libnabla.a
@@ -86,7 +88,7 @@ $(TEST_BIN): $(TEST_SRC) tests/test_util.h $(BUILD)/libnabla.a nabla.h | check-d
 	  $$(pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm) $(LDLIBS) -o $@
 
 test: check-deps
-	@$(MAKE) --no-print-directory $(TEST_BIN)
+	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BIN)
 	$(TEST_BIN)
 
 run: all
@@ -143,7 +145,7 @@ SHORT_ARGS = $$(case $$e in *copy_task) echo --epochs 1 $(SHORT_COPY) --save $(B
 RESUME_SHORT = --epochs 2 $(SHORT_COPY) --load $(BUILD)/short.ckpt
 VALGRIND := valgrind -q --leak-check=full --errors-for-leak-kinds=definite --error-exitcode=1
 valgrind: all check-deps
-	@$(MAKE) --no-print-directory $(TEST_BIN)
+	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BIN)
 	CK_FORK=no $(VALGRIND) $(TEST_BIN) > $(BUILD)/valgrind-tests.log 2>&1 || { tail -30 $(BUILD)/valgrind-tests.log; exit 1; }
 	@tail -1 $(BUILD)/valgrind-tests.log
 	@for e in $(EXAMPLES); do $(VALGRIND) $$e $(SHORT_ARGS) > /dev/null || exit 1; echo "valgrind clean: $$e"; done
@@ -153,11 +155,22 @@ valgrind: all check-deps
 # build-asan-clang (CI runs both).
 ASAN_BUILD = build-asan$(if $(findstring clang,$(CC)),-clang)
 asan: check-deps
-	@$(MAKE) --no-print-directory BUILD=$(ASAN_BUILD) OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=$(ASAN_BUILD) OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	  LDLIBS="-fsanitize=address,undefined -lm -lpthread" $(ASAN_BUILD)/tests/run_tests all
 	$(ASAN_BUILD)/tests/run_tests
 	@for e in $(EXAMPLES:$(BUILD)/%=$(ASAN_BUILD)/%); do $$e $(SHORT_ARGS) > /dev/null || exit 1; echo "asan ($(CC)) clean: $$e"; done
 	@$(ASAN_BUILD)/examples/copy_task $(RESUME_SHORT) > /dev/null && echo "asan ($(CC)) clean: copy_task --load"
+
+# ThreadSanitizer over the suites that run nabla on several threads at once
+# (the pool, user threads, concurrent backward), into build-tsan.
+TSAN_SUITES ?= threads concurrency
+tsan: check-deps
+	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build-tsan OPT="-O1 -g -fsanitize=thread" \
+	  LDLIBS="-fsanitize=thread -lm -lpthread" build-tsan/tests/run_tests
+	@for s in $(TSAN_SUITES); do \
+	  CK_FORK=no CK_RUN_SUITE=$$s TSAN_OPTIONS="halt_on_error=1 exitcode=66" \
+	    build-tsan/tests/run_tests > build-tsan/tsan-$$s.log 2>&1 || { tail -40 build-tsan/tsan-$$s.log; exit 1; }; \
+	  echo "tsan clean: suite $$s ($$(tail -1 build-tsan/tsan-$$s.log))"; done
 
 # The README's table of error messages still matches the sources.
 error-table-check:
@@ -256,4 +269,4 @@ resume-check: $(BUILD)/examples/copy_task
 	echo "resume-check: 2 epochs + --load + 2 epochs = 4 epochs, checkpoints identical ($$(wc -c < $$d/resumed) bytes)"
 
 clean:
-	rm -rf $(BUILD) build-asan build-asan-clang build-clang build-fuzz libnabla.a libnabla.so
+	rm -rf $(BUILD) build-asan build-asan-clang build-clang build-fuzz build-tsan libnabla.a libnabla.so

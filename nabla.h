@@ -424,6 +424,10 @@ NB_API int64_t nb_memory_allocated(void);
 NB_API int64_t nb_memory_peak(void);
 NB_API void nb_memory_reset_peak(void);
 NB_API int64_t nb_memory_cached(void);
+/* The cache's limit in bytes: NABLA_CACHE_MB MiB (a decimal count; unset,
+ * empty or not a plain number means the default, 1024), read once per
+ * process; -1 when the count is too large to be a byte size (no limit). */
+NB_API int64_t nb_memory_cache_limit(void);
 NB_API void nb_empty_cache(void);
 
 /* ------------------------------------------------------------------- errors */
@@ -551,7 +555,8 @@ NB_API nb_tensor *nb_layer_norm(nb_tensor *x, nb_tensor *w, nb_tensor *b, double
 /* As torch.nn.CrossEntropyLoss (mean reduction): logits (N, C) floating,
  * targets NB_I64 (N) in [0, C); targets equal to ignore_index count for
  * nothing (use -1 for none; all ignored gives NaN, as torch); label_smoothing
- * in [0, 1]. Returns a 0-d tensor. */
+ * in [0, 1]. A row whose logits are all -inf costs +inf (torch: NaN), so the
+ * mean is +inf: no class can be the target there. Returns a 0-d tensor. */
 NB_API nb_tensor *nb_cross_entropy(nb_tensor *logits, nb_tensor *targets, int64_t ignore_index,
                                    double label_smoothing);
 /* Scaled dot-product attention built from public ops:

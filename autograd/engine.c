@@ -8,10 +8,20 @@
 #include "autograd_internal.h"
 #include "../ops/ops_internal.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 static _Thread_local bool grad_disabled;
+/* Every leaf's .grad is written under it (the walk, nb_zero_grad). Held
+ * across fork, so that a child never inherits it locked. */
+static pthread_mutex_t grad_mu = PTHREAD_MUTEX_INITIALIZER;
+static void grad_lock(void) { pthread_mutex_lock(&grad_mu); }
+static void grad_unlock(void) { pthread_mutex_unlock(&grad_mu); }
+__attribute__((constructor)) static void grad_lock_atfork(void) {
+    pthread_atfork(grad_lock, grad_unlock, grad_unlock);
+}
 
 void nb_set_grad_enabled(bool enabled) { grad_disabled = !enabled; }
 bool nb_grad_enabled(void) { return !grad_disabled; }
@@ -103,9 +113,13 @@ nb_tensor *nb_grad(const nb_tensor *t) {
 }
 
 void nb_zero_grad(nb_tensor *t) {
-    if (!t || !nbi_arg("nb_zero_grad", t, 0) || !t->grad) return;
-    memset(t->grad->storage->data, 0, t->grad->storage->nbytes);
-    t->grad->storage->version++;
+    if (!t || !nbi_arg("nb_zero_grad", t, 0)) return;
+    pthread_mutex_lock(&grad_mu);
+    if (t->grad) {
+        memset(t->grad->storage->data, 0, t->grad->storage->nbytes);
+        t->grad->storage->version++;
+    }
+    pthread_mutex_unlock(&grad_mu);
 }
 
 nb_tensor *nb_detach(nb_tensor *t) {
@@ -114,6 +128,13 @@ nb_tensor *nb_detach(nb_tensor *t) {
 }
 
 /* ------------------------------------------------------------ the walk */
+/* One backward is a walk. Its state never lives where another thread's walk
+ * could meet it: a non-leaf tensor is claimed by the walk (t->walker, set by
+ * compare-and-swap) and keeps its incoming gradient in t->gacc only while
+ * claimed; leaves, which many walks may share (the parameters of models run
+ * on several threads), get their incoming gradient in the walk's own table,
+ * and their .grad is added to under a lock. A walk that meets a non-leaf
+ * another walk holds stops with an error before anything is accumulated. */
 typedef struct {
     nb_tensor **v;
     size_t n, cap;
@@ -131,62 +152,154 @@ static bool list_push(tensor_list *l, nb_tensor *t) {
     return true;
 }
 
-static _Thread_local uint64_t stamp;
+/* The leaves a walk reaches, by address (open addressing), with the
+ * gradient flowing into each. */
+typedef struct {
+    nb_tensor *t, *g;
+} leaf_slot;
+typedef struct {
+    leaf_slot *v;
+    size_t n, cap; /* cap: a power of two, or 0 */
+} leaf_table;
 
-/* Post-order DFS over tensors that require grad: inputs before users. */
+static size_t leaf_hash(const nb_tensor *t, size_t cap) {
+    return (size_t)(((uintptr_t)t >> 4) * 0x9E3779B97F4A7C15ULL) & (cap - 1);
+}
+
+/* t's slot; inserted when absent (*added says so). NULL when out of memory. */
+static leaf_slot *leaf_slot_of(leaf_table *lt, nb_tensor *t, bool *added) {
+    *added = false;
+    if (2 * (lt->n + 1) > lt->cap) {
+        size_t cap = lt->cap ? 2 * lt->cap : 16;
+        leaf_slot *v = calloc(cap, sizeof *v);
+        if (!v) return NULL;
+        for (size_t k = 0; k < lt->cap; k++) {
+            if (!lt->v[k].t) continue;
+            size_t h = leaf_hash(lt->v[k].t, cap);
+            while (v[h].t) h = (h + 1) & (cap - 1);
+            v[h] = lt->v[k];
+        }
+        free(lt->v);
+        lt->v = v;
+        lt->cap = cap;
+    }
+    size_t h = leaf_hash(t, lt->cap);
+    while (lt->v[h].t && lt->v[h].t != t) h = (h + 1) & (lt->cap - 1);
+    if (!lt->v[h].t) {
+        lt->v[h].t = t;
+        lt->n++;
+        *added = true;
+    }
+    return &lt->v[h];
+}
+
+typedef struct {
+    uint64_t id;         /* this walk's claim on the non-leaves it visits */
+    tensor_list order;   /* post-order: inputs before the tensors made from them */
+    leaf_table leaves;
+    bool retain_graph;
+} walk;
+
+static _Atomic uint64_t next_walk_id = 1;
+
+/* The walk's hold on t: 1 newly claimed, 0 visited already, -1 held by
+ * another walk (message set). */
+static int claim(walk *w, nb_tensor *t) {
+    uint64_t free_ = 0;
+    if (atomic_compare_exchange_strong(&t->walker, &free_, w->id)) return 1;
+    if (free_ == w->id) return 0;
+    nbi_error("nb_backward: another thread is backpropagating through this graph (at %s) at "
+              "the same time; a graph can be backpropagated by one thread at a time (leaves, "
+              "such as parameters, may be shared)", t->grad_fn->op);
+    return -1;
+}
+
+/* Visits input t of a node: a leaf goes into the table (and the order,
+ * once); a non-leaf is claimed. 1: descend into t; 0: skip; -1: error. */
+static int visit(walk *w, nb_tensor *t) {
+    if (!t->requires_grad) return 0;
+    if (t->grad_fn) return claim(w, t);
+    bool added;
+    if (!leaf_slot_of(&w->leaves, t, &added) || (added && !list_push(&w->order, t)))
+        return (nbi_error("nb_backward: out of memory ordering the graph"), -1);
+    return 0;
+}
+
+/* Post-order DFS from the root over tensors that require grad. */
 typedef struct {
     nb_tensor *t;
     int next; /* next input of t's node to visit */
 } frame;
 
-static bool topo_order(nb_tensor *root, tensor_list *order) {
-    uint64_t mark = ++stamp;
+static int topo_order(walk *w, nb_tensor *root) {
+    if (!root->grad_fn) return visit(w, root) < 0 ? -1 : 0; /* backward of a leaf */
+    if (claim(w, root) < 0) return -1;
     frame *stack = malloc(64 * sizeof *stack);
     size_t n = 0, cap = 64;
-    bool ok = stack != NULL;
-    if (ok) {
-        root->mark = mark;
-        stack[n++] = (frame){root, 0};
-    }
-    while (ok && n) {
+    int rc = stack ? 0 : -1;
+    if (stack) stack[n++] = (frame){root, 0};
+    while (rc == 0 && n) {
         frame *f = &stack[n - 1];
         nbi_node *node = f->t->grad_fn;
-        if (node && f->next < node->nin) {
+        if (f->next < node->nin) {
             nb_tensor *in = node->in[f->next++];
-            if (!in->requires_grad || in->mark == mark) continue;
-            in->mark = mark;
+            int v = visit(w, in);
+            if (v <= 0) {
+                rc = v;
+                continue;
+            }
             if (n == cap) {
                 frame *p = realloc(stack, 2 * cap * sizeof *p);
-                if (!(ok = p != NULL)) break;
+                if (!p) {
+                    atomic_store(&in->walker, 0);
+                    rc = -1;
+                    break;
+                }
                 stack = p;
                 cap *= 2;
             }
             stack[n++] = (frame){in, 0};
             continue;
         }
-        ok = list_push(order, f->t);
+        if (!list_push(&w->order, f->t)) rc = -1;
         n--;
     }
+    /* a non-leaf claimed but not yet in the order (stopped midway) */
+    for (size_t k = 0; k < n; k++) atomic_store(&stack[k].t->walker, 0);
     free(stack);
-    return ok;
+    if (rc != 0 && !nb_last_error()) nbi_error("nb_backward: out of memory ordering the graph");
+    return rc;
 }
 
-static void release_pending(tensor_list *order) {
-    for (size_t k = 0; k < order->n; k++) {
-        nb_tensor *t = order->v[k];
+/* Where the gradient flowing into t is kept during the walk. */
+static nb_tensor **incoming(walk *w, nb_tensor *t) {
+    if (t->grad_fn) return &t->gacc;
+    bool added;
+    return &leaf_slot_of(&w->leaves, t, &added)->g; /* present: the DFS put it there */
+}
+
+/* Ends the walk: drops the gradients still pending and the claims. */
+static void end_walk(walk *w) {
+    for (size_t k = 0; k < w->order.n; k++) {
+        nb_tensor *t = w->order.v[k];
+        if (!t->grad_fn) continue;
         nbi_unref(t->gacc);
         t->gacc = NULL;
+        atomic_store(&t->walker, 0);
     }
+    for (size_t k = 0; k < w->leaves.cap; k++) nbi_unref(w->leaves.v[k].g);
+    free(w->leaves.v);
+    free(w->order.v);
 }
 
-/* Adds g into t->gacc, which the engine holds by one reference. */
-static int accumulate(nb_tensor *t, nb_tensor *g) {
-    if (!t->gacc) {
+/* Adds g into *acc, which the walk holds by one reference. */
+static int accumulate(nb_tensor **acc_p, nb_tensor *g) {
+    nb_tensor *acc = *acc_p;
+    if (!acc) {
         nbi_ref(g);
-        t->gacc = g;
+        *acc_p = g;
         return 0;
     }
-    nb_tensor *acc = t->gacc;
     if (acc->refs == 1 && acc->storage->refs == 1 && nb_is_contiguous(acc)) {
         nbi_add_into(acc, g);
         return 0;
@@ -194,21 +307,37 @@ static int accumulate(nb_tensor *t, nb_tensor *g) {
     nb_tensor *sum = nb_add(acc, g);
     if (!sum) return -1;
     nbi_ref(sum);
-    t->gacc = sum;
+    *acc_p = sum;
     nbi_unref(acc);
     return 0;
 }
 
+/* Leaves' .grad: under grad_mu, so that walks on several threads sharing a
+ * leaf add up (PyTorch's rule), and nb_zero_grad does not tear a sum. No
+ * allocation happens under the lock, so it never nests in the allocator's. */
 static int accumulate_leaf(nb_tensor *leaf, nb_tensor *g) {
-    if (leaf->grad) {
+    pthread_mutex_lock(&grad_mu);
+    bool has = leaf->grad != NULL;
+    if (has) {
         nbi_add_into(leaf->grad, g);
         leaf->grad->storage->version++;
-        return 0;
     }
+    pthread_mutex_unlock(&grad_mu);
+    if (has) return 0;
     nb_tensor *copy = nbi_new("nb_backward", leaf->dtype, leaf->ndim, leaf->shape, false);
     if (!copy) return -1;
     nbi_copy_strided(copy, g->strides, g);
-    leaf->grad = nbi_unscoped(copy);
+    nbi_unscoped(copy);
+    pthread_mutex_lock(&grad_mu);
+    if (!leaf->grad) { /* another walk may have made it meanwhile */
+        leaf->grad = copy;
+        copy = NULL;
+    } else {
+        nbi_add_into(leaf->grad, g);
+        leaf->grad->storage->version++;
+    }
+    pthread_mutex_unlock(&grad_mu);
+    nbi_unref(copy);
     return 0;
 }
 
@@ -253,7 +382,7 @@ static void release_node(nbi_node *n) {
 
 /* One node: its rule runs in a scope of its own so temporaries die with it;
  * the gradients it passes on survive through the engine's references. */
-static int run_node(nb_tensor *t, nb_tensor *g) {
+static int run_node(walk *w, nb_tensor *t, nb_tensor *g) {
     nbi_node *n = t->grad_fn;
     if (!saved_intact(n)) return -1;
     nb_tensor *gin_inline[NBI_NODE_INLINE] = {0};
@@ -271,7 +400,7 @@ static int run_node(nb_tensor *t, nb_tensor *g) {
                       "%d of shape %s %s", n->op, NBI_SHAPE(gin[i]),
                       nb_dtype_name(gin[i]->dtype), i, NBI_SHAPE(in), nb_dtype_name(in->dtype));
             rc = -1;
-        } else if (accumulate(in, gin[i]) != 0) {
+        } else if (accumulate(incoming(w, in), gin[i]) != 0) {
             rc = -1;
         }
     }
@@ -297,36 +426,31 @@ static int check_not_released(const tensor_list *order) {
 }
 
 static int run_backward(nb_tensor *root, nb_tensor *seed, bool retain_graph) {
-    tensor_list order = {0};
-    if (!topo_order(root, &order)) {
-        free(order.v);
-        return (nbi_error("nb_backward: out of memory ordering the graph"), -1);
-    }
-    if (check_not_released(&order) != 0) {
-        free(order.v);
+    walk w = {.id = atomic_fetch_add(&next_walk_id, 1)};
+    if (topo_order(&w, root) != 0 || check_not_released(&w.order) != 0) {
+        end_walk(&w);
         return -1;
     }
     bool was_disabled = grad_disabled;
     grad_disabled = true; /* backward rules record nothing */
     nbi_trusted++;        /* and may read tensors whose handles were freed */
     nbi_ref(seed);
-    root->gacc = seed;
+    *incoming(&w, root) = seed;
     int rc = 0;
-    for (size_t k = order.n; k-- > 0 && rc == 0;) {
-        nb_tensor *t = order.v[k];
-        nb_tensor *g = t->gacc;
+    for (size_t k = w.order.n; k-- > 0 && rc == 0;) {
+        nb_tensor *t = w.order.v[k];
+        nb_tensor **in = incoming(&w, t), *g = *in;
         if (!g) continue;
-        t->gacc = NULL;
-        rc = t->grad_fn ? run_node(t, g) : accumulate_leaf(t, g);
+        *in = NULL;
+        rc = t->grad_fn ? run_node(&w, t, g) : accumulate_leaf(t, g);
         if (rc == 0 && t->grad_fn && !retain_graph) release_node(t->grad_fn);
         nbi_unref(g);
     }
-    release_pending(&order);
     /* the rest (nodes no gradient reached); after a failure, the failing
      * node and those after it keep what they saved, for a look or a retry */
-    for (size_t k = 0; rc == 0 && !retain_graph && k < order.n; k++)
-        if (order.v[k]->grad_fn) release_node(order.v[k]->grad_fn);
-    free(order.v);
+    for (size_t k = 0; rc == 0 && !retain_graph && k < w.order.n; k++)
+        if (w.order.v[k]->grad_fn) release_node(w.order.v[k]->grad_fn);
+    end_walk(&w);
     nbi_trusted--;
     grad_disabled = was_disabled;
     return rc;

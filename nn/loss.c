@@ -3,7 +3,10 @@
  *   logp   = log_softmax(logits)                      (N, C)
  *   loss_i = (1 - e) * -logp[i, t_i] + e * -mean_c logp[i, c]
  *   loss   = sum of loss_i over rows with t_i != ignore_index / their count
- * (0 / 0 = nan when every row is ignored, as torch). */
+ * (0 / 0 = nan when every row is ignored, as torch); a row of logits that
+ * are all -inf costs +inf. */
+#include <math.h>
+
 #include "nn_internal.h"
 
 
@@ -59,6 +62,11 @@ nb_tensor *nb_cross_entropy(nb_tensor *logits, nb_tensor *targets, int64_t ignor
         row = nb_add(nb_mul_scalar(nll, 1 - label_smoothing),
                      nb_mul_scalar(smooth, label_smoothing));
     }
+    /* A row whose logits are all -inf gives every class, the target too,
+     * probability 0: its loss is +inf (log_softmax's zeros there would read
+     * as a perfect prediction; PyTorch gives NaN). */
+    nb_tensor *dead = nb_eq(nb_max(nb_detach(logits), 1, false), nb_scalar(dt, -INFINITY));
+    row = nb_where(dead, nb_scalar(dt, INFINITY), row);
     /* where, not a product with the mask: an ignored row may be inf */
     row = nb_where(valid, row, nb_scalar(dt, 0));
     nb_tensor *count = nb_sum_all(nb_to(valid, dt));

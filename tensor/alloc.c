@@ -48,11 +48,21 @@ static int size_class(size_t n, size_t *cap) {
     return 4 * k + (int)q;
 }
 
+/* NABLA_CACHE_MB: a decimal count of MiB; unset, empty or not a number
+ * (junk after the digits, a sign) means the default, 1024; a count too
+ * large for size_t in bytes means no limit. */
 static size_t limit(void) {
     if (cache_limit == (size_t)-1) {
         const char *e = getenv("NABLA_CACHE_MB");
-        long mb = e ? strtol(e, NULL, 10) : 1024;
-        cache_limit = (size_t)(mb < 0 ? 0 : mb) << 20;
+        size_t mb = 1024;
+        if (e && *e >= '0' && *e <= '9') {
+            size_t v = 0;
+            const char *c = e;
+            for (; *c >= '0' && *c <= '9'; c++)
+                v = v > (SIZE_MAX >> 20) ? v : v * 10 + (size_t)(*c - '0');
+            if (!*c) mb = v;
+        }
+        cache_limit = mb > (SIZE_MAX >> 20) - 1 ? SIZE_MAX - 1 : mb << 20;
     }
     return cache_limit;
 }
@@ -67,6 +77,22 @@ static void count(int64_t delta) {
 static void *list_pop(int kind);
 static bool list_push(int kind, void *p);
 
+/* The cache's lock and the graveyard's are held across fork(): a thread
+ * allocating while another forks must not leave the child a lock it can
+ * never take (they never nest, so any order is fine). */
+static pthread_mutex_t grave_mu;
+static void lock_all(void) {
+    pthread_mutex_lock(&mu);
+    pthread_mutex_lock(&grave_mu);
+}
+static void unlock_all(void) {
+    pthread_mutex_unlock(&grave_mu);
+    pthread_mutex_unlock(&mu);
+}
+__attribute__((constructor)) static void locks_atfork(void) {
+    pthread_atfork(lock_all, unlock_all, unlock_all);
+}
+
 /* Small buffers: powers of two from 64 bytes, kept in per-thread lists. */
 static int small_kind(size_t cap) { return NBI_OBJ_KINDS + __builtin_ctzll(cap) - 6; }
 
@@ -76,6 +102,10 @@ void *nbi_buf_alloc(size_t nbytes, size_t *cap) {
         while (*cap < nbytes) *cap *= 2;
         void *p = list_pop(small_kind(*cap));
         if (!p) p = aligned_alloc(64, *cap);
+        if (!p) { /* the cache may hold what the system lacks */
+            nb_empty_cache();
+            p = aligned_alloc(64, *cap);
+        }
         if (p) count((int64_t)*cap);
         return p;
     }
@@ -89,6 +119,10 @@ void *nbi_buf_alloc(size_t nbytes, size_t *cap) {
     }
     pthread_mutex_unlock(&mu);
     if (!b) b = aligned_alloc(64, *cap);
+    if (!b) { /* out of memory: give the cache back to the system and try once more */
+        nb_empty_cache();
+        b = aligned_alloc(64, *cap);
+    }
     if (b) count((int64_t)*cap);
     return b;
 }
@@ -133,6 +167,13 @@ __attribute__((destructor)) static void release_cache_at_exit(void) { nb_empty_c
 int64_t nb_memory_allocated(void) { return atomic_load(&in_use); }
 int64_t nb_memory_peak(void) { return atomic_load(&peak); }
 void nb_memory_reset_peak(void) { atomic_store(&peak, atomic_load(&in_use)); }
+int64_t nb_memory_cache_limit(void) {
+    pthread_mutex_lock(&mu);
+    size_t l = limit();
+    pthread_mutex_unlock(&mu);
+    return l == SIZE_MAX - 1 ? -1 : (int64_t)l;
+}
+
 int64_t nb_memory_cached(void) {
     pthread_mutex_lock(&mu);
     int64_t n = (int64_t)cached_bytes;
@@ -173,9 +214,9 @@ static void quarantine_to_graveyard(void);
 
 /* Runs on a thread that used nabla as it exits: its caches go back too. */
 static void flush_at_thread_exit(void *arg) {
-    flush_lists(arg);
+    nbi_scope_thread_exit(); /* first: ending open scopes frees tensors */
     quarantine_to_graveyard();
-    nbi_scope_thread_exit();
+    flush_lists(arg);
     nbi_tensor_thread_exit();
 }
 static void make_key(void) { pthread_key_create(&lists_key, flush_at_thread_exit); }

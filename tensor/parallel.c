@@ -57,7 +57,8 @@ static void run_chunks(void) {
         int idx = (int)(t & 0xff), nch = (int)((t >> 8) & 0xff);
         if (idx >= nch) return;
         if (!atomic_compare_exchange_weak(&pool.ticket, &t, t + 1)) continue;
-        int64_t lo = idx * pool.chunk, hi = lo + pool.chunk < pool.n ? lo + pool.chunk : pool.n;
+        /* written so that nothing overflows for n up to INT64_MAX */
+        int64_t lo = idx * pool.chunk, hi = pool.n - lo > pool.chunk ? lo + pool.chunk : pool.n;
         pool.fn(pool.ctx, lo, hi);
         atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_release);
         t = atomic_load_explicit(&pool.ticket, memory_order_acquire);
@@ -132,9 +133,9 @@ void nbi_parallel_for(int64_t n, int64_t grain, nbi_range_fn fn, void *ctx) {
     }
     int workers = grow(nt - 1);
     if (workers + 1 < nt) nt = workers + 1;
-    int64_t chunk = (n + nt - 1) / nt;
+    int64_t chunk = n / nt + (n % nt != 0); /* n + nt - 1 could overflow */
     if (chunk >= 64) chunk = (chunk + 15) & ~(int64_t)15;
-    int nchunks = (int)((n + chunk - 1) / chunk);
+    int nchunks = (int)(n / chunk + (n % chunk != 0));
     pool.fn = fn;
     pool.ctx = ctx;
     pool.n = n;

@@ -7,6 +7,7 @@
 struct nbi_scope {
     nb_tensor *head; /* newest first */
     nbi_scope *parent;
+    const void *thread; /* the thread whose stack it is on (mine()) */
 };
 
 static _Thread_local nbi_scope *top;
@@ -39,6 +40,11 @@ void nbi_scope_hand_up(nb_tensor *t) {
 
 nbi_scope *nbi_scope_current(void) { return top; }
 
+/* A token for the calling thread: the address of one of its thread-locals. */
+static const void *mine(void) { return &depth; }
+
+bool nbi_scope_of_this_thread(const nbi_scope *s) { return !s || s->thread == mine(); }
+
 void nbi_scope_release(nb_tensor *t) {
     nbi_scope *s = t->scope;
     if (!s) return;
@@ -60,6 +66,7 @@ void nb_scope_begin(void) {
     }
     s->head = NULL;
     s->parent = top;
+    s->thread = mine();
     top = s;
     depth++;
 }
@@ -93,7 +100,11 @@ void nb_scope_end(void) {
 
 int nb_scope_depth(void) { return depth; }
 
+/* A thread that exits with scopes open: they end, as nb_scope_end would. */
 void nbi_scope_thread_exit(void) {
+    while (top) nb_scope_end();
+    unrecorded = 0;
+    depth = 0;
     while (spare) {
         nbi_scope *s = spare;
         spare = s->parent;

@@ -240,6 +240,11 @@ void nb_free(nb_tensor *t) {
         return;
     }
     if (!t->owned) return; /* borrowed (a .grad): its owner frees it */
+    if (!nbi_scope_of_this_thread(t->scope)) {
+        nbi_error("nb_free: input 0 belongs to a scope of another thread; only that thread "
+                  "may free it (nb_free, or the end of its scope)");
+        return;
+    }
     if (t->held) {
         nbi_error("nb_free: input 0 is held by the registry or optimizer that lent it out; it "
                   "is freed with it (nb_params_free, nb_optim_free)");

@@ -33,8 +33,8 @@ struct nb_tensor {
     bool requires_grad;
     nbi_node *grad_fn;   /* NULL for leaves; owned */
     nb_tensor *grad;     /* leaves: accumulated gradient; owned */
-    nb_tensor *gacc;     /* engine: gradient flowing in during one backward */
-    uint64_t mark;       /* engine: visit stamp */
+    nb_tensor *gacc;     /* engine: gradient flowing in, while a backward holds it (non-leaves) */
+    _Atomic uint64_t walker; /* engine: the backward walking through it now, 0 if none */
 
     /* ownership: refs counts the owner (scope or user, while `owned`) plus
      * every graph node and engine slot that holds this tensor. */
@@ -226,6 +226,8 @@ nbi_scope *nbi_scope_current(void); /* NULL when none is open */
 /* Moves t from the current scope, which owns it, to the enclosing one
  * (persistent at depth 1), as the result of work done in an inner scope. */
 void nbi_scope_hand_up(nb_tensor *t);
+/* Whether scope s (NULL: persistent) is on the calling thread's stack. */
+bool nbi_scope_of_this_thread(const nbi_scope *s);
 void nbi_scope_release(nb_tensor *t); /* removes t from its scope's list */
 
 /* --------------------------------------------------------------------- rng */

@@ -4,6 +4,12 @@
 #include <stdlib.h>
 
 int main(void) {
+    /* test_concurrency.c runs this binary to read the cache limit a value of
+     * NABLA_CACHE_MB gives (read once per process) */
+    if (getenv("NB_TEST_PRINT_CACHE_LIMIT")) {
+        printf("%lld\n", (long long)nb_memory_cache_limit());
+        return 0;
+    }
     SRunner *sr = srunner_create(suite_tensor());
     srunner_add_suite(sr, suite_views());
     srunner_add_suite(sr, suite_elementwise());
@@ -21,6 +27,7 @@ int main(void) {
     srunner_add_suite(sr, suite_checkpoint());
     srunner_add_suite(sr, suite_handles());
     srunner_add_suite(sr, suite_threads());
+    srunner_add_suite(sr, suite_concurrency());
     srunner_add_suite(sr, suite_soak());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);

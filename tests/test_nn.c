@@ -272,6 +272,34 @@ START_TEST(test_embedding_shapes) {
 }
 END_TEST
 
+/* cross entropy of a row whose logits are all -inf: every class, the
+ * target too, has probability 0, so its loss is +inf (it was 0 with zero
+ * gradient: a perfect prediction); the other rows keep their gradient. An
+ * ignored all -inf row still counts for nothing. */
+START_TEST(test_cross_entropy_all_minus_inf_row_is_infinite) {
+    nb_scope_begin();
+    const double v[] = {-INFINITY, -INFINITY, -INFINITY, 1, 2, 3};
+    nb_tensor *x = nb_set_requires_grad(nb_from_data(NB_F64, NB_SHAPE(2, 3), v), true);
+    for (int smooth = 0; smooth < 2; smooth++) {
+        nb_tensor *t = nb_from_data(NB_I64, NB_SHAPE(2), (int64_t[]){1, 0});
+        nb_tensor *loss = nb_cross_entropy(x, t, -100, smooth ? 0.1 : 0.0);
+        CHECK_NOT_NULL(loss);
+        ck_assert(isinf(nb_item(loss)) && nb_item(loss) > 0);
+        ck_assert_int_eq(nb_backward(loss), 0);
+        double *g = values(nb_grad(x));
+        for (int i = 0; i < 3; i++) ck_assert_double_eq(g[i], 0.0);
+        free(g);
+        nb_zero_grad(x);
+        /* the same row ignored: the loss is the other row's alone */
+        t = nb_from_data(NB_I64, NB_SHAPE(2), (int64_t[]){-100, 0});
+        loss = nb_cross_entropy(x, t, -100, 0.0);
+        CHECK_NOT_NULL(loss);
+        ck_assert_double_eq_tol(nb_item(loss), log(exp(1) + exp(2) + exp(3)) - 1, 1e-12);
+    }
+    nb_scope_end();
+}
+END_TEST
+
 /* cross entropy: an ignored row may hold inf / nan without touching the loss */
 START_TEST(test_cross_entropy_ignored_row_nonfinite) {
     nb_scope_begin();
@@ -952,6 +980,7 @@ Suite *suite_nn(void) {
     tcase_add_loop_test(tc, test_vs_torch, 0, NCASES);
     tcase_add_test(tc, test_embedding_shapes);
     tcase_add_test(tc, test_cross_entropy_ignored_row_nonfinite);
+    tcase_add_test(tc, test_cross_entropy_all_minus_inf_row_is_infinite);
     tcase_add_test(tc, test_index_ops_strided_index);
     suite_add_tcase(s, tc);
 

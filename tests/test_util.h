@@ -82,6 +82,7 @@ Suite *suite_attention(void);
 Suite *suite_optim(void);
 Suite *suite_transformer(void);
 Suite *suite_threads(void);
+Suite *suite_concurrency(void);
 Suite *suite_checkpoint(void);
 Suite *suite_handles(void);
 Suite *suite_soak(void);
