@@ -503,7 +503,9 @@ NB_API void nb_params_free(nb_params *ps); /* frees its tensors too; NULL is ok 
 /* Registers t's values under name: the registry keeps its own persistent
  * handle on t's storage (requires grad) and returns it (borrowed); t itself
  * stays the caller's (freed by its scope, or by nb_free). NULL for a
- * duplicate name (among parameters and buffers) or a t not NB_F32/NB_F64. */
+ * duplicate name (among parameters and buffers), the name "__metadata__"
+ * (reserved by the safetensors format) or a t not NB_F32/NB_F64. Names are
+ * hashed: registering and nb_params_get take constant time on average. */
 NB_API nb_tensor *nb_params_add(nb_params *ps, const char *name, nb_tensor *t);
 NB_API nb_tensor *nb_params_get(nb_params *ps, const char *name); /* NULL + message if absent */
 NB_API int nb_params_count(const nb_params *ps); /* parameters; 0 for NULL */
@@ -522,8 +524,8 @@ NB_API nb_tensor *nb_params_buffer_at(const nb_params *ps, int i, const char **n
 /* Registers every parameter and buffer of src in dst as prefix + name (prefix
  * NULL = ""), sharing their storage (a checkpoint of several registries in
  * one file); parameters stay parameters, buffers buffers. 0 or -1 (dst == src,
- * a name dst has already, prefix + name over 1023 bytes); on error dst is
- * unchanged. */
+ * a name dst has already, prefix + name over 1023 bytes or equal to
+ * "__metadata__"); on error dst is unchanged. */
 NB_API int nb_params_add_all(nb_params *dst, const char *prefix, const nb_params *src);
 
 /* Checkpoints in the safetensors format: 8-byte little-endian header size, a
@@ -531,14 +533,24 @@ NB_API int nb_params_add_all(nb_params *dst, const char *prefix, const nb_params
  * the raw little-endian data. Names are the registry's (PyTorch state_dict
  * keys); dtypes F32, F64, I64, BOOL.
  * nb_save writes every parameter and buffer to path through a temporary file
- * in the same directory and a rename, so an interrupted save leaves the
- * previous file whole. 0 or -1 (message names the path and the reason). */
+ * ".nabla-tmp-<pid>-<n>" in the same directory, fsync and a rename, so an
+ * interrupted save leaves the previous file whole. A path that is a symbolic
+ * link is followed: the file it names is replaced and the link stays a link.
+ * A file replaced keeps its permission bits (user, group, other); a new file
+ * gets 0666 & ~umask. Each save also removes the temporaries that killed
+ * saves left in that directory (those whose process no longer exists).
+ * 0 or -1 (message names the path and the reason). */
 NB_API int nb_save(const nb_params *ps, const char *path);
-/* Reads path into the registry's tensors. The file must hold exactly the
- * registry's names, each with the same dtype and shape; otherwise -1 with a
- * message naming the first mismatch, and no tensor is changed. Files up to
- * the memory available (the whole file is read and checked before any
- * tensor is written); headers up to 100 MiB. */
+/* Reads path, a regular file (a FIFO or device is refused at once, not
+ * waited on), into the registry's tensors. The file must hold exactly the
+ * registry's names, each with the same dtype and shape, and an optimizer's
+ * state (nb_optim_state, also under an nb_params_add_all prefix) values it
+ * can resume from: steps in [0, 2^53], exp_avg_sq finite and >= 0, exp_avg
+ * and momentum_buffer finite; otherwise -1 with a message naming the first
+ * mismatch, and no tensor is changed. Files up to the memory available (the
+ * whole file is read and checked before any tensor is written); headers up
+ * to 100 MiB. Names are matched through hash indexes: a million tensors
+ * load in about a second. */
 NB_API int nb_load(nb_params *ps, const char *path);
 
 /* functional forms */
@@ -733,7 +745,10 @@ NB_API void nb_optim_free(nb_optim *opt);               /* with its state; NULL 
  * "<name>.exp_avg", "<name>.exp_avg_sq" (Adam, AdamW) or
  * "<name>.momentum_buffer" (SGD with momentum). nb_save it next to the
  * model and nb_load it into an optimizer made the same way to resume a run
- * exactly; hyperparameters (lr, betas, ...) are not part of it. */
+ * exactly; hyperparameters (lr, betas, ...) are not part of it.
+ * nb_load refuses a state no run could have made (a step outside [0, 2^53],
+ * a NaN or infinite moment, a negative exp_avg_sq), so a corrupt file cannot
+ * turn every weight to NaN at the next step. */
 NB_API nb_params *nb_optim_state(nb_optim *opt);
 /* Scales all gradients so that their joint L2 norm is at most max_norm, as
  * torch.nn.utils.clip_grad_norm_; returns the norm before clipping (0 when no

@@ -12,8 +12,9 @@
  *   5. autograd overhead: ns per op of a chain of 10,000 ops on (4,4) tensors
  *   6. the copy task's training step (examples/copy_task.c), two model sizes,
  *      and its allocator peak with and without retain_graph
- *   7. nb_save / nb_load of the d_model 512 model with Adam's state, and the
- *      cost of anomaly mode on the d_model 64 step
+ *   7. nb_save / nb_load of the d_model 512 model with Adam's state, nb_load
+ *      of 120,000 and 1,000,000 empty tensors (the cost of names alone), and
+ *      the cost of anomaly mode on the d_model 64 step
  *   8. the process's peak RSS
  *
  * Each figure is the median of several timed runs (CLOCK_MONOTONIC) after
@@ -855,6 +856,39 @@ static void ckpt_load(void *p) {
     if (nb_load(c->all, c->path) != 0) die("nb_load");
 }
 
+/* A checkpoint of n empty tensors (shape (0), one storage), "layers.<i>.w":
+ * the cost of the names alone, which once grew as n^2 (a linear scan per
+ * name when registering, parsing the header and matching it). */
+static void bench_many_tensors(int n, const char *path) {
+    /* the d512 model's buffers, cached, would add to this case's ~0.7 GB of
+     * names and handles in the process's peak RSS (section 8) */
+    nb_empty_cache();
+    nb_params *ps = nb_params_new();
+    if (!ps) die("nb_params_new");
+    nb_scope_begin();
+    nb_tensor *e = need(nb_zeros(NB_F32, NB_SHAPE(0)), "nb_zeros");
+    char name[32];
+    double t0 = now();
+    for (int i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "layers.%d.w", i);
+        if (!nb_params_add(ps, name, e)) die("nb_params_add");
+    }
+    double add = now() - t0;
+    nb_scope_end();
+    ckpt_ctx c = {.all = ps};
+    snprintf(c.path, sizeof c.path, "%s", path);
+    t0 = now();
+    ckpt_save(&c);
+    double save = now() - t0;
+    struct stat st;
+    double mb = stat(c.path, &st) == 0 ? (double)st.st_size / 1e6 : NAN;
+    double load = median_time(ckpt_load, &c, 1, 3);
+    printf("%9d empty tensors (%4.1f MB header): nb_load %6.0f ms (registering them %4.0f ms, "
+           "nb_save %4.0f ms)\n", n, mb, 1e3 * load, 1e3 * add, 1e3 * save);
+    unlink(c.path);
+    nb_params_free(ps);
+}
+
 static void bench_checkpoint(void) {
     section("7. checkpoints (model + Adam state, safetensors, file in /tmp) and anomaly mode");
     copy_ctx m = copy_setup(512, 2048, 8);
@@ -874,6 +908,8 @@ static void bench_checkpoint(void) {
     unlink(c.path);
     nb_params_free(c.all);
     copy_teardown(&m);
+    bench_many_tensors(120000, c.path);
+    bench_many_tensors(1000000, c.path);
 
     printf("%-34s %4s %12s %12s %7s\n", "copy-task step, d64/ff256/h4", "thr", "ms, off",
            "ms, anomaly", "ratio");

@@ -2,18 +2,28 @@
  * u64 little-endian N, N bytes of JSON header (nn/safetensors.c), then each
  * tensor row-major, little-endian, at [begin, end) of the data section.
  *
- * Saving writes a temporary file beside the target and renames it over the
- * target. Loading is all-or-nothing: the whole file is read and every check
- * is made (the header's own, then names, dtypes and shapes against the
- * registry) before the first tensor is written. */
+ * Saving writes a temporary file ".nabla-tmp-<pid>-<n>" in the target's
+ * directory (the directory of the file a symbolic link names: the link stays
+ * a link), gives it the permission bits of the file it replaces, and renames
+ * it over the target. A save killed before its rename leaves the temporary
+ * behind; later saves into that directory remove those of processes that no
+ * longer exist. Loading is all-or-nothing: the whole file is read and every
+ * check is made (the header's own, then names, dtypes and shapes against the
+ * registry, then the values of the optimizer's state) before the first
+ * tensor is written. Names are looked up through hash indexes (a header of
+ * a million names once took hours of strcmp; now about a second). The
+ * file-system side (links, temporaries, opening) is in nn/files.c. */
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 #include <unistd.h>
 
+#include "files_internal.h"
 #include "safetensors_internal.h"
 
 /* Every tensor of a registry: parameters, then buffers. */
@@ -25,6 +35,7 @@ static int registry_items(const nb_params *ps, nn_st_item **out) {
         nb_tensor *t = i < np ? nb_params_at(ps, i, &v[i].name)
                               : nb_params_buffer_at(ps, i - np, &v[i].name);
         v[i].t = t;
+        v[i].check = nn_params_values(ps, i);
         v[i].dtype = nb_dtype_of(t);
         v[i].ndim = nb_ndim(t);
         memcpy(v[i].shape, nb_shape(t), (size_t)v[i].ndim * sizeof(int64_t));
@@ -71,95 +82,97 @@ static int write_tensor(int fd, nb_tensor *t) {
     return rc;
 }
 
-/* A fresh file next to path: path.tmp-<pid>-<n>, created exclusively. */
-static int open_temp(const char *path, char **tmp_out) {
-    size_t len = strlen(path) + 64;
-    char *tmp = malloc(len);
-    if (!tmp) return -1;
-    static _Atomic unsigned counter;
-    for (int attempt = 0; attempt < 100; attempt++) {
-        snprintf(tmp, len, "%s.tmp-%ld-%u", path, (long)getpid(), counter++);
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd >= 0) {
-            *tmp_out = tmp;
-            return fd;
-        }
-        if (errno != EEXIST) break;
-    }
-    free(tmp);
-    return -1;
-}
-
-/* The directory entry made by rename survives a crash only once the
- * directory itself is synced; a failure here is not worth failing the save. */
-static void sync_parent_dir(const char *path) {
-    const char *slash = strrchr(path, '/');
-    char dir[4096] = ".";
-    if (slash && (size_t)(slash - path) < sizeof dir) {
-        size_t n = slash == path ? 1 : (size_t)(slash - path);
-        memcpy(dir, path, n);
-        dir[n] = 0;
-    }
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
-}
-
-int nb_save(const nb_params *ps, const char *path) {
-    const char *fn = "nb_save";
-    if (!ps || !path) return nn_error("%s: %s is NULL", fn, ps ? "path" : "registry"), -1;
-    nn_st_item *v = NULL;
-    int n = registry_items(ps, &v);
-    size_t hlen = 0;
-    char *header = n < 0 ? NULL : nn_st_header_build(v, n, &hlen);
-    if (!header) {
-        free(v);
-        return nn_error("%s: out of memory", fn), -1;
-    }
-    char *tmp = NULL;
-    int fd = open_temp(path, &tmp);
-    if (fd < 0) {
-        int e = errno;
-        free(v);
-        free(header);
-        return nn_error("%s: cannot create a file next to \"%s\": %s", fn, path, strerror(e)), -1;
-    }
+/* ------------------------------------------------------------------ saving */
+/* The header, the data, the old file's permission bits (setuid, setgid and
+ * sticky are not carried over to a rewritten file), fsync, close: 0, or -1
+ * with errno (0 when a tensor could not be read). */
+static int write_file(int fd, const nn_target *t, const char *header, size_t hlen,
+                      const nn_st_item *v, int n) {
     unsigned char len[8];
     nn_st_copy_le(len, &(uint64_t){hlen}, 1, 8);
     errno = 0;
     int rc = write_all(fd, len, 8) || write_all(fd, header, hlen) ? -1 : 0;
     for (int i = 0; i < n && rc == 0; i++) rc = write_tensor(fd, v[i].t);
+    /* a failed fchmod (a file system without modes) leaves the bits open()
+     * gave, which are no wider than the old ones */
+    if (rc == 0 && t->exists) fchmod(fd, t->mode & 0777);
     if (rc == 0 && fsync(fd) != 0) rc = -1;
     int e = errno;
     if (close(fd) != 0 && rc == 0) rc = -1, e = errno;
-    if (rc == 0 && rename(tmp, path) != 0) rc = -1, e = errno;
+    errno = e;
+    return rc;
+}
+
+/* Writes the temporary and renames it over the target: 0, or -1 with the
+ * message set. */
+static int save_to(const nn_target *t, const char *path, const char *header, size_t hlen,
+                   const nn_st_item *v, int n) {
+    const char *fn = "nb_save";
+    nn_remove_stale_temps(t->dir);
+    char *tmp = NULL;
+    int fd = nn_open_temp(t, &tmp);
+    if (fd < 0) {
+        int e = errno;
+        char via[256] = ""; /* the directory that matters is the link's file's */
+        if (strcmp(t->path, path))
+            snprintf(via, sizeof via, " (a link to \"%.200s\")", t->path);
+        return nn_error("%s: cannot create a file next to \"%s\"%s: %s", fn, path, via,
+                        strerror(e)), -1;
+    }
+    int rc = write_file(fd, t, header, hlen, v, n), e = errno;
+    if (rc == 0 && rename(tmp, t->path) != 0) rc = -1, e = errno;
     if (rc == 0) {
-        sync_parent_dir(path);
+        nn_sync_dir(t->dir);
     } else {
         unlink(tmp);
         nn_error("%s: cannot write \"%s\": %s (the previous file, if any, is unchanged)", fn,
                  path, e ? strerror(e) : "a tensor could not be read");
     }
     free(tmp);
+    return rc;
+}
+
+/* A last guard: nb_params_add* refuse the name, so no registry has it. */
+static int reserved_name(const nn_st_item *v, int n, const char *path) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(v[i].name, NN_RESERVED_NAME))
+            return nn_error("nb_save: cannot write \"%s\": the registry has a tensor named "
+                            "\"%s\", a name the safetensors format reserves", path,
+                            NN_RESERVED_NAME), -1;
+    return 0;
+}
+
+int nb_save(const nb_params *ps, const char *path) {
+    const char *fn = "nb_save";
+    if (!ps || !path) return nn_error("%s: %s is NULL", fn, ps ? "path" : "registry"), -1;
+    nn_st_item *v = NULL;
+    int n = registry_items(ps, &v), rc = -1;
+    size_t hlen = 0;
+    char *header = n < 0 ? NULL : nn_st_header_build(v, n, &hlen);
+    if (!header) {
+        nn_error("%s: out of memory", fn);
+    } else if (reserved_name(v, n, path) == 0) {
+        nn_target t = {0};
+        int e = nn_resolve(path, &t);
+        if (e != 0)
+            nn_error("%s: cannot write \"%s\": %s (the previous file, if any, is unchanged)",
+                     fn, path, strerror(e));
+        else
+            rc = save_to(&t, path, header, hlen, v, n);
+        nn_target_free(&t);
+    }
     free(v);
     free(header);
     return rc;
 }
 
+/* ----------------------------------------------------------------- loading */
 static unsigned char *read_file(const char *path, uint64_t *size, char *msg, size_t cap) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        snprintf(msg, cap, "cannot open \"%s\": %s", path, strerror(errno));
-        if (fd >= 0) close(fd);
-        return NULL;
-    }
+    int fd = nn_open_regular(path, &st, msg, cap);
+    if (fd < 0) return NULL;
     unsigned char *buf = NULL;
-    if (!S_ISREG(st.st_mode)) {
-        snprintf(msg, cap, "\"%s\" is not a regular file", path);
-    } else if (st.st_size < 8) {
+    if (st.st_size < 8) {
         snprintf(msg, cap, "\"%s\" has %lld bytes, too short for a safetensors file", path,
                  (long long)st.st_size);
     } else if ((uint64_t)st.st_size > SIZE_MAX || !(buf = malloc((size_t)st.st_size))) {
@@ -185,14 +198,6 @@ static unsigned char *read_file(const char *path, uint64_t *size, char *msg, siz
     return buf;
 }
 
-static const nn_st_item *find_item(const nn_st_header *h, const char *name) {
-    for (int i = 0; i < h->n; i++)
-        if (!strcmp(h->v[i].name, name)) return &h->v[i];
-    return NULL;
-}
-
-/* Registry against file: the first mismatch, in registry order, then names
- * the file has and the registry does not. */
 /* An expanded view (stride 0 over a size > 1) has elements that alias:
  * there is no way to write a file's distinct values into it. */
 static bool writable(const nn_st_item *r) {
@@ -201,40 +206,128 @@ static bool writable(const nn_st_item *r) {
     return true;
 }
 
-static int match(const nn_st_item *reg, int n, const nn_st_header *h, char *msg, size_t cap) {
+/* Registry tensor r (of n) against the file: sets r->file; 0, or -1 with the
+ * mismatch in msg. */
+static int match_one(nn_st_item *r, int n, const nn_st_header *h, char *msg, size_t cap) {
     char a[96], b[96];
-    for (int i = 0; i < n; i++) {
-        if (!writable(&reg[i])) {
-            snprintf(msg, cap, "registry tensor \"%.200s\" is an expanded view (stride 0), "
-                     "which cannot hold loaded values", reg[i].name);
-            return -1;
-        }
-        const nn_st_item *f = find_item(h, reg[i].name);
-        if (!f) {
-            snprintf(msg, cap, "no tensor \"%.200s\" in the file (the registry has %d entries, "
-                     "the file %d)", reg[i].name, n, h->n);
-            return -1;
-        }
-        if (f->dtype != reg[i].dtype) {
-            snprintf(msg, cap, "tensor \"%.200s\" is %s in the file but %s in the registry",
-                     reg[i].name, nn_st_dtype_tag(f->dtype), nn_st_dtype_tag(reg[i].dtype));
-            return -1;
-        }
-        bool same = f->ndim == reg[i].ndim;
-        for (int d = 0; same && d < f->ndim; d++) same = f->shape[d] == reg[i].shape[d];
-        if (!same) {
-            snprintf(msg, cap, "tensor \"%.150s\" has shape %s in the file but %s in the "
-                     "registry", reg[i].name, nn_shape_str(a, sizeof a, f->ndim, f->shape),
-                     nn_shape_str(b, sizeof b, reg[i].ndim, reg[i].shape));
-            return -1;
-        }
+    if (!writable(r)) {
+        snprintf(msg, cap, "registry tensor \"%.200s\" is an expanded view (stride 0), "
+                 "which cannot hold loaded values", r->name);
+        return -1;
     }
-    for (int i = 0; i < h->n; i++) {
-        bool known = false;
-        for (int k = 0; k < n && !known; k++) known = !strcmp(reg[k].name, h->v[i].name);
-        if (!known) {
-            snprintf(msg, cap, "tensor \"%.200s\" in the file is not in the registry",
-                     h->v[i].name);
+    if ((r->file = nn_st_header_find(h, r->name)) < 0) {
+        snprintf(msg, cap, "no tensor \"%.200s\" in the file (the registry has %d entries, "
+                 "the file %d)", r->name, n, h->n);
+        return -1;
+    }
+    const nn_st_item *f = &h->v[r->file];
+    if (f->dtype != r->dtype) {
+        snprintf(msg, cap, "tensor \"%.200s\" is %s in the file but %s in the registry",
+                 r->name, nn_st_dtype_tag(f->dtype), nn_st_dtype_tag(r->dtype));
+        return -1;
+    }
+    bool same = f->ndim == r->ndim;
+    for (int d = 0; same && d < f->ndim; d++) same = f->shape[d] == r->shape[d];
+    if (!same) {
+        snprintf(msg, cap, "tensor \"%.150s\" has shape %s in the file but %s in the "
+                 "registry", r->name, nn_shape_str(a, sizeof a, f->ndim, f->shape),
+                 nn_shape_str(b, sizeof b, r->ndim, r->shape));
+        return -1;
+    }
+    return 0;
+}
+
+/* Registry against file: the first mismatch, in registry order, then names
+ * the file has and the registry does not (the first in file order). */
+static int match(nn_st_item *reg, int n, const nn_st_header *h, char *msg, size_t cap) {
+    for (int i = 0; i < n; i++)
+        if (match_one(&reg[i], n, h, msg, cap) != 0) return -1;
+    if (h->n == n) return 0; /* n distinct names found among n: the same set */
+    bool *known = calloc((size_t)h->n, sizeof *known);
+    if (!known) return snprintf(msg, cap, "out of memory"), -1;
+    for (int i = 0; i < n; i++) known[reg[i].file] = true;
+    int i = 0;
+    while (known[i]) i++; /* h->n > n: some entry is not known */
+    snprintf(msg, cap, "tensor \"%.200s\" in the file is not in the registry", h->v[i].name);
+    free(known);
+    return -1;
+}
+
+/* --------------------------------------------- values of the optimizer's state */
+/* 1 when every one of k values is in [lo, hi] (NaN is not): branch-free, so
+ * that the compiler vectorizes the pass over a large state. */
+#define DEFINE_IN_RANGE(T)                                                         \
+    static bool in_range_##T(const T *x, size_t k, T lo, T hi) {                  \
+        int ok = 1; /* an int: a bool accumulator defeats GCC's vectorizer */      \
+        for (size_t i = 0; i < k; i++) ok &= (x[i] >= lo) & (x[i] <= hi);          \
+        return ok;                                                                 \
+    }
+DEFINE_IN_RANGE(float)
+DEFINE_IN_RANGE(double)
+DEFINE_IN_RANGE(int64_t)
+
+static bool chunk_ok(const void *c, nb_dtype d, size_t k, nn_values check) {
+    bool nonneg = check == NN_VALUES_FINITE_NONNEG;
+    if (d == NB_F32) return in_range_float(c, k, nonneg ? 0 : -FLT_MAX, FLT_MAX);
+    if (d == NB_F64) return in_range_double(c, k, nonneg ? 0 : -DBL_MAX, DBL_MAX);
+    return in_range_int64_t(c, k, 0, NN_MAX_STEP);
+}
+
+/* The first element of r's values in the file (at src) that its check
+ * refuses, or -1 when all pass. */
+static int64_t first_bad(const nn_st_item *r, const unsigned char *src) {
+    if (r->check == NN_VALUES_ANY || (r->check == NN_VALUES_STEP) != (r->dtype == NB_I64) ||
+        r->dtype == NB_BOOL)
+        return -1; /* a dtype the check is not for: the registry's own business */
+    enum { CHUNK = 2048 };
+    union {
+        float f[CHUNK];
+        double d[CHUNK];
+        int64_t i[CHUNK];
+    } c;
+    size_t size = nn_st_dtype_size(r->dtype), n = (size_t)nb_numel(r->t);
+    for (size_t at = 0; at < n; at += CHUNK) {
+        size_t k = n - at < CHUNK ? n - at : CHUNK;
+        nn_st_copy_le(&c, src + at * size, k, size);
+        if (chunk_ok(&c, r->dtype, k, r->check)) continue;
+        for (size_t i = 0; i < k; i++)
+            if (!chunk_ok((const unsigned char *)&c + i * size, r->dtype, 1, r->check))
+                return (int64_t)(at + i);
+    }
+    return -1;
+}
+
+/* "tensor "optim.w.step" holds -1; an optimizer step count must be in [0, 2^53]" */
+static void bad_value(const nn_st_item *r, const unsigned char *src, int64_t i, char *msg,
+                      size_t cap) {
+    size_t size = nn_st_dtype_size(r->dtype);
+    union {
+        float f;
+        double d;
+        int64_t i;
+    } v;
+    nn_st_copy_le(&v, src + (size_t)i * size, 1, size);
+    if (r->dtype == NB_I64) {
+        snprintf(msg, cap, "tensor \"%.200s\" holds %lld; an optimizer step count must be in "
+                 "[0, %lld]", r->name, (long long)v.i, (long long)NN_MAX_STEP);
+        return;
+    }
+    const char *dot = strrchr(r->name, '.'), *what = dot ? dot + 1 : r->name;
+    snprintf(msg, cap, "tensor \"%.200s\" holds %g at element %lld; %.40s must be finite%s in "
+             "an optimizer's state", r->name, r->dtype == NB_F32 ? (double)v.f : v.d,
+             (long long)i, what, r->check == NN_VALUES_FINITE_NONNEG ? " and >= 0" : "");
+}
+
+/* Every registry tensor with a check (the optimizer's state), against the
+ * file's values: a step that ++ would overflow or a NaN moment would ruin
+ * every weight at the next step. */
+static int check_values(const nn_st_item *reg, int n, const nn_st_header *h,
+                        const unsigned char *data, char *msg, size_t cap) {
+    for (int i = 0; i < n; i++) {
+        const unsigned char *src = data + h->v[reg[i].file].begin;
+        int64_t bad = first_bad(&reg[i], src);
+        if (bad >= 0) {
+            bad_value(&reg[i], src, bad, msg, cap);
             return -1;
         }
     }
@@ -277,9 +370,8 @@ static int write_values(const nn_st_item *reg, int n, const nn_st_header *h,
     nb_scope_begin();
     bool ok = staged != NULL;
     for (int i = 0; i < n && ok; i++)
-        ok = (staged[i] = stage(&reg[i], data + find_item(h, reg[i].name)->begin)) != NULL;
-    for (int i = 0; i < n && ok; i++)
-        fill(&reg[i], staged[i], data + find_item(h, reg[i].name)->begin);
+        ok = (staged[i] = stage(&reg[i], data + h->v[reg[i].file].begin)) != NULL;
+    for (int i = 0; i < n && ok; i++) fill(&reg[i], staged[i], data + h->v[reg[i].file].begin);
     nb_scope_end();
     free(staged);
     if (!ok) snprintf(msg, cap, "out of memory");
@@ -306,7 +398,8 @@ int nb_load(nb_params *ps, const char *path) {
     else if (nn_st_header_parse((const char *)buf + 8, hlen, size - 8 - hlen, &h, bad_header,
                                 sizeof bad_header) == 0) {
         if ((n = registry_items(ps, &reg)) < 0) snprintf(msg, sizeof msg, "out of memory");
-        else if (match(reg, n, &h, msg, sizeof msg) == 0)
+        else if (match(reg, n, &h, msg, sizeof msg) == 0 &&
+                 check_values(reg, n, &h, buf + 8 + hlen, msg, sizeof msg) == 0)
             rc = write_values(reg, n, &h, buf + 8 + hlen, msg, sizeof msg);
     }
     if (rc != 0) {

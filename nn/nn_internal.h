@@ -4,6 +4,8 @@
 #define NABLA_NN_INTERNAL_H
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "../nabla.h"
@@ -42,6 +44,51 @@ static inline const char *nn_join(const char *fn, char *buf, size_t cap, const c
     return nn_error("%s: parameter name \"%.40s...\" is too long (%d bytes, at most %zu)", fn,
                     buf, n, cap - 1);
 }
+
+/* A hash index of names (open addressing, linear probing): name -> int, so
+ * that registries and checkpoint headers of a million names stay linear.
+ * Keys are borrowed: each must outlive the index. */
+typedef struct {
+    const char *key; /* NULL: an empty slot */
+    uint32_t hash;   /* the high half of the key's 64-bit hash, to skip most strcmp */
+    int value;
+} nn_index_slot;
+
+typedef struct {
+    nn_index_slot *slot;
+    size_t cap, n; /* cap: 0 or a power of two, at least 2n */
+} nn_index;
+
+/* Room for n keys in all, so that the next puts cannot fail: 0, or -1 when
+ * out of memory (the index is unchanged). */
+int nn_index_reserve(nn_index *ix, size_t n);
+void nn_index_put(nn_index *ix, const char *key, int value); /* room reserved, key absent */
+int nn_index_get(const nn_index *ix, const char *key);        /* its value, or -1 */
+void nn_index_free(nn_index *ix);
+
+/* The one tensor name a checkpoint cannot hold: the safetensors header's
+ * metadata entry. */
+#define NN_RESERVED_NAME "__metadata__"
+
+/* What nb_load requires of a registry tensor's values before it writes any
+ * tensor: the optimizer's state is checked (a step count that ++ would
+ * overflow, or a NaN moment, would ruin every weight at the next step).
+ * nb_params_add_all copies the check with the tensor. */
+typedef enum {
+    NN_VALUES_ANY,
+    NN_VALUES_STEP,          /* i64 in [0, NN_MAX_STEP] */
+    NN_VALUES_FINITE,        /* f32/f64, finite */
+    NN_VALUES_FINITE_NONNEG, /* f32/f64, finite and >= 0 (-0 included) */
+} nn_values;
+/* 2^53: every count up to it is exact in a double (Adam's bias correction
+ * takes pow(beta, step)), and ++ from it cannot overflow. */
+#define NN_MAX_STEP (INT64_C(1) << 53)
+
+/* nb_params_add_buffer (its messages too), with a check of loaded values. */
+nb_tensor *nn_params_add_checked(nb_params *ps, const char *name, nb_tensor *t,
+                                 nn_values check);
+/* The check of entry i: parameters 0..count-1, then buffers. */
+nn_values nn_params_values(const nb_params *ps, int i);
 
 /* U(-bound, bound) in the default dtype, registered in ps as name. */
 nb_tensor *nn_uniform_param(nb_params *ps, const char *name, int ndim, const int64_t *shape,

@@ -26,7 +26,8 @@ struct nb_optim {
      * returns, so nb_load writes straight into it): */
     nb_tensor **m;      /* SGD: momentum buffer (NULL without momentum); Adam: exp_avg */
     nb_tensor **v;      /* Adam: exp_avg_sq */
-    int64_t **steps;    /* per parameter: steps that found a gradient (0-d i64 data) */
+    int64_t **steps;    /* per parameter: steps that found a gradient (0-d i64 data; at
+                         * most NN_MAX_STEP from nb_load, so ++ cannot overflow) */
     nb_params *state;
 };
 
@@ -45,8 +46,10 @@ void nb_optim_free(nb_optim *o) {
 }
 
 /* Registers a zero buffer "<param name>.<what>" shaped like p (0-d i64 for
- * the step) in o->state, whatever scope is open. */
-static nb_tensor *state_buffer(nb_optim *o, const char *pname, const char *what, nb_tensor *p) {
+ * the step) in o->state, whatever scope is open; nb_load refuses a file whose
+ * values for it break `check`. */
+static nb_tensor *state_buffer(nb_optim *o, const char *pname, const char *what, nb_tensor *p,
+                               nn_values check) {
     char name[1024];
     int len = snprintf(name, sizeof name, "%s.%s", pname, what);
     if (len >= (int)sizeof name)
@@ -54,19 +57,20 @@ static nb_tensor *state_buffer(nb_optim *o, const char *pname, const char *what,
                         kind_name(o->kind), name, len, sizeof name - 1);
     nb_scope_begin();
     nb_tensor *z = p ? nb_zeros(nb_dtype_of(p), nb_ndim(p), nb_shape(p)) : nb_scalar(NB_I64, 0);
-    nb_tensor *s = nb_params_add_buffer(o->state, name, z);
+    nb_tensor *s = nn_params_add_checked(o->state, name, z, check);
     nb_scope_end();
     return s;
 }
 
 /* The state of parameter i, in PyTorch's order: step, then the moments. */
 static int make_state(nb_optim *o, int i, const char *pname) {
-    nb_tensor *p = o->params[i], *step = state_buffer(o, pname, "step", NULL);
+    nb_tensor *p = o->params[i], *step = state_buffer(o, pname, "step", NULL, NN_VALUES_STEP);
     if (!step) return -1;
     o->steps[i] = nb_data(step);
     const char *m_name = o->kind == OPT_SGD ? "momentum_buffer" : "exp_avg";
-    if (o->m && !(o->m[i] = state_buffer(o, pname, m_name, p))) return -1;
-    if (o->v && !(o->v[i] = state_buffer(o, pname, "exp_avg_sq", p))) return -1;
+    if (o->m && !(o->m[i] = state_buffer(o, pname, m_name, p, NN_VALUES_FINITE))) return -1;
+    if (o->v && !(o->v[i] = state_buffer(o, pname, "exp_avg_sq", p, NN_VALUES_FINITE_NONNEG)))
+        return -1;
     return 0;
 }
 

@@ -1,6 +1,9 @@
 /* params.c: the parameter registry, name -> persistent tensor, in the order
- * of registration (the order optimizers and checkpoints walk). */
+ * of registration (the order optimizers and checkpoints walk), with a hash
+ * index of the names (also used by nn/safetensors.c for headers). */
+#include <limits.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,9 +21,65 @@ void *nn_error(const char *fmt, ...) {
     return NULL;
 }
 
+/* ------------------------------------------------------------ name index */
+/* FNV-1a, then the high bits folded down: the low bits pick the slot. */
+static uint64_t hash_name(const char *s) {
+    uint64_t h = 0xcbf29ce484222325u;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3u;
+    return h ^ (h >> 29);
+}
+
+static nn_index_slot *probe(nn_index_slot *slot, size_t cap, const char *key, uint64_t h) {
+    uint32_t tag = (uint32_t)(h >> 32);
+    for (size_t i = (size_t)h & (cap - 1);; i = (i + 1) & (cap - 1))
+        if (!slot[i].key || (slot[i].hash == tag && !strcmp(slot[i].key, key))) return &slot[i];
+}
+
+int nn_index_reserve(nn_index *ix, size_t n) {
+    if (n <= ix->cap / 2) return 0;
+    size_t cap = ix->cap ? ix->cap : 16;
+    while (cap / 2 < n) {
+        if (cap > SIZE_MAX / 2 / sizeof *ix->slot) return -1;
+        cap *= 2;
+    }
+    nn_index_slot *slot = calloc(cap, sizeof *slot);
+    if (!slot) return -1;
+    for (size_t i = 0; i < ix->cap; i++) {
+        const nn_index_slot *s = &ix->slot[i];
+        if (!s->key) continue;
+        size_t k = (size_t)hash_name(s->key) & (cap - 1);
+        while (slot[k].key) k = (k + 1) & (cap - 1);
+        slot[k] = *s;
+    }
+    free(ix->slot);
+    ix->slot = slot;
+    ix->cap = cap;
+    return 0;
+}
+
+void nn_index_put(nn_index *ix, const char *key, int value) {
+    uint64_t h = hash_name(key);
+    nn_index_slot *s = probe(ix->slot, ix->cap, key, h);
+    if (!s->key) ix->n++;
+    *s = (nn_index_slot){key, (uint32_t)(h >> 32), value};
+}
+
+int nn_index_get(const nn_index *ix, const char *key) {
+    if (ix->n == 0) return -1;
+    const nn_index_slot *s = probe(ix->slot, ix->cap, key, hash_name(key));
+    return s->key ? s->value : -1;
+}
+
+void nn_index_free(nn_index *ix) {
+    free(ix->slot);
+    *ix = (nn_index){0};
+}
+
+/* ------------------------------------------------------------ the registry */
 typedef struct {
     char *name;
     nb_tensor *t;
+    nn_values check; /* of values nb_load reads into t */
 } entry;
 
 typedef struct {
@@ -29,9 +88,11 @@ typedef struct {
 } list;
 
 /* Parameters and buffers in two lists, each in registration order; names are
- * unique across both (they share one namespace in a checkpoint). */
+ * unique across both (they share one namespace in a checkpoint), and the
+ * index maps each name to 2 * position + (1 for a buffer). */
 struct nb_params {
     list params, buffers;
+    nn_index index;
 };
 
 nb_params *nb_params_new(void) {
@@ -52,29 +113,40 @@ void nb_params_free(nb_params *ps) {
     if (!ps) return;
     list_free(&ps->params);
     list_free(&ps->buffers);
+    nn_index_free(&ps->index);
     free(ps);
 }
 
-static int find(const list *l, const char *name) {
-    for (int i = 0; i < l->n; i++)
-        if (!strcmp(l->v[i].name, name)) return i;
-    return -1;
+static const entry *find(const nb_params *ps, const char *name) {
+    int k = nn_index_get(&ps->index, name);
+    if (k < 0) return NULL;
+    const list *l = k & 1 ? &ps->buffers : &ps->params;
+    return &l->v[k >> 1];
 }
 
-static bool exists(const nb_params *ps, const char *name) {
-    return find(&ps->params, name) >= 0 || find(&ps->buffers, name) >= 0;
-}
-
-/* Appends a persistent handle on t's storage named prefix + name. */
-static nb_tensor *append(list *l, const char *fn, const char *prefix, const char *name,
-                         nb_tensor *t, bool grad) {
-    if (l->n == l->cap) {
-        int cap = l->cap ? 2 * l->cap : 16;
-        entry *v = realloc(l->v, (size_t)cap * sizeof *v);
-        if (!v) return nn_error("%s: out of memory", fn);
-        l->v = v;
-        l->cap = cap;
+/* Room for k more entries in each list and in the index, so that what
+ * follows fails only in the allocations of one entry. */
+static int reserve(nb_params *ps, int kp, int kb) {
+    list *l[2] = {&ps->params, &ps->buffers};
+    int more[2] = {kp, kb};
+    for (int j = 0; j < 2; j++) {
+        if (more[j] > INT_MAX / 2 - l[j]->n) return -1; /* the index's values are 2n + 1 */
+        if (l[j]->n + more[j] <= l[j]->cap) continue;
+        int cap = l[j]->cap ? l[j]->cap : 16;
+        while (cap < l[j]->n + more[j]) cap = cap > INT_MAX / 4 ? INT_MAX / 2 : 2 * cap;
+        entry *v = realloc(l[j]->v, (size_t)cap * sizeof *v);
+        if (!v) return -1;
+        l[j]->v = v;
+        l[j]->cap = cap;
     }
+    return nn_index_reserve(&ps->index, (size_t)ps->params.n + (size_t)ps->buffers.n +
+                                            (size_t)kp + (size_t)kb);
+}
+
+/* Appends a persistent handle on t's storage named prefix + name (room
+ * reserved); the caller indexes it. */
+static nb_tensor *append(list *l, const char *fn, const char *prefix, const char *name,
+                         nb_tensor *t, bool grad, nn_values check) {
     size_t np = strlen(prefix), nn = strlen(name);
     char *copy = malloc(np + nn + 1);
     nb_tensor *p = copy ? nb_persistent_held(t) : NULL; /* lent out, freed by the registry */
@@ -85,16 +157,35 @@ static nb_tensor *append(list *l, const char *fn, const char *prefix, const char
     memcpy(copy, prefix, np);
     memcpy(copy + np, name, nn + 1);
     nb_set_requires_grad(p, grad);
-    l->v[l->n++] = (entry){copy, p};
+    l->v[l->n++] = (entry){copy, p, check};
     return p;
+}
+
+static void index_last(nb_params *ps, bool buffer) {
+    const list *l = buffer ? &ps->buffers : &ps->params;
+    nn_index_put(&ps->index, l->v[l->n - 1].name, 2 * (l->n - 1) + buffer);
+}
+
+static void *reserved(const char *fn) {
+    return nn_error("%s: \"%s\" is reserved by the safetensors format (its header's metadata "
+                    "entry) and cannot name a tensor", fn, NN_RESERVED_NAME);
 }
 
 static const char *check_add(const char *fn, nb_params *ps, const char *name, nb_tensor *t) {
     if (!name && ps && nb_last_error()) return NULL; /* a name that failed to build */
     if (!ps || !name) return nn_error("%s: registry or name is NULL", fn);
     if (!nn_input(fn, t, 0)) return NULL;
-    if (exists(ps, name)) return nn_error("%s: an entry named \"%s\" exists already", fn, name);
+    if (!strcmp(name, NN_RESERVED_NAME)) return reserved(fn);
+    if (find(ps, name)) return nn_error("%s: an entry named \"%s\" exists already", fn, name);
     return "";
+}
+
+static nb_tensor *add_one(nb_params *ps, const char *fn, const char *name, nb_tensor *t,
+                          bool buffer, nn_values check) {
+    if (reserve(ps, !buffer, buffer) != 0) return nn_error("%s: out of memory", fn);
+    nb_tensor *p = append(buffer ? &ps->buffers : &ps->params, fn, "", name, t, !buffer, check);
+    if (p) index_last(ps, buffer);
+    return p;
 }
 
 nb_tensor *nb_params_add(nb_params *ps, const char *name, nb_tensor *t) {
@@ -104,23 +195,31 @@ nb_tensor *nb_params_add(nb_params *ps, const char *name, nb_tensor *t) {
     if (d != NB_F32 && d != NB_F64)
         return nn_error("%s: parameter \"%s\" must be f32 or f64, got %s", fn, name,
                         nb_dtype_name(d));
-    return append(&ps->params, fn, "", name, t, true);
+    return add_one(ps, fn, name, t, false, NN_VALUES_ANY);
+}
+
+nb_tensor *nn_params_add_checked(nb_params *ps, const char *name, nb_tensor *t,
+                                 nn_values check) {
+    const char *fn = "nb_params_add_buffer";
+    if (!check_add(fn, ps, name, t)) return NULL;
+    return add_one(ps, fn, name, t, true, check);
 }
 
 nb_tensor *nb_params_add_buffer(nb_params *ps, const char *name, nb_tensor *t) {
-    const char *fn = "nb_params_add_buffer";
-    if (!check_add(fn, ps, name, t)) return NULL;
-    return append(&ps->buffers, fn, "", name, t, false);
+    return nn_params_add_checked(ps, name, t, NN_VALUES_ANY);
 }
 
-/* Checks every new name first, so that an error leaves dst unchanged. */
-int nb_params_add_all(nb_params *dst, const char *prefix, const nb_params *src) {
+nn_values nn_params_values(const nb_params *ps, int i) {
+    if (!ps || i < 0) return NN_VALUES_ANY;
+    if (i < ps->params.n) return ps->params.v[i].check;
+    i -= ps->params.n;
+    return i < ps->buffers.n ? ps->buffers.v[i].check : NN_VALUES_ANY;
+}
+
+/* Each new name is free: src's names are distinct, so prefix + name are too. */
+static int check_names(nb_params *dst, const char *prefix, const nb_params *src) {
     const char *fn = "nb_params_add_all";
-    if (!dst || !src) return nn_error("%s: registry is NULL", fn), -1;
-    if (dst == src) return nn_error("%s: dst and src are the same registry", fn), -1;
-    if (!prefix) prefix = "";
     const list *from[2] = {&src->params, &src->buffers};
-    list *to[2] = {&dst->params, &dst->buffers};
     char name[1024];
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < from[k]->n; i++) {
@@ -128,13 +227,30 @@ int nb_params_add_all(nb_params *dst, const char *prefix, const nb_params *src) 
             if (len >= (int)sizeof name)
                 return nn_error("%s: name \"%.40s...\" is too long (%d bytes, at most %zu)",
                                 fn, name, len, sizeof name - 1), -1;
-            if (exists(dst, name))
+            if (!strcmp(name, NN_RESERVED_NAME)) return reserved(fn), -1;
+            if (find(dst, name))
                 return nn_error("%s: an entry named \"%s\" exists already", fn, name), -1;
         }
+    return 0;
+}
+
+/* Checks every new name and makes room first, so that an error leaves dst
+ * unchanged; the new names are indexed once all are in. */
+int nb_params_add_all(nb_params *dst, const char *prefix, const nb_params *src) {
+    const char *fn = "nb_params_add_all";
+    if (!dst || !src) return nn_error("%s: registry is NULL", fn), -1;
+    if (dst == src) return nn_error("%s: dst and src are the same registry", fn), -1;
+    if (!prefix) prefix = "";
+    if (check_names(dst, prefix, src) != 0) return -1;
+    if (reserve(dst, src->params.n, src->buffers.n) != 0)
+        return nn_error("%s: out of memory", fn), -1;
+    const list *from[2] = {&src->params, &src->buffers};
+    list *to[2] = {&dst->params, &dst->buffers};
     int n0[2] = {to[0]->n, to[1]->n};
     for (int k = 0; k < 2; k++)
-        for (int i = 0; i < from[k]->n; i++)
-            if (!append(to[k], fn, prefix, from[k]->v[i].name, from[k]->v[i].t, k == 0)) {
+        for (int i = 0; i < from[k]->n; i++) {
+            const entry *e = &from[k]->v[i];
+            if (!append(to[k], fn, prefix, e->name, e->t, k == 0, e->check)) {
                 for (int j = 0; j < 2; j++) /* out of memory: undo */
                     while (to[j]->n > n0[j]) {
                         to[j]->n--;
@@ -143,15 +259,17 @@ int nb_params_add_all(nb_params *dst, const char *prefix, const nb_params *src) 
                     }
                 return -1;
             }
+        }
+    for (int k = 0; k < 2; k++)
+        for (int i = n0[k]; i < to[k]->n; i++)
+            nn_index_put(&dst->index, to[k]->v[i].name, 2 * i + k);
     return 0;
 }
 
 nb_tensor *nb_params_get(nb_params *ps, const char *name) {
     if (!ps || !name) return nn_error("nb_params_get: registry or name is NULL");
-    int i = find(&ps->params, name);
-    if (i >= 0) return ps->params.v[i].t;
-    i = find(&ps->buffers, name);
-    if (i >= 0) return ps->buffers.v[i].t;
+    const entry *e = find(ps, name);
+    if (e) return e->t;
     return nn_error("nb_params_get: no parameter or buffer named \"%s\"", name);
 }
 

@@ -6,7 +6,8 @@
  * padded with spaces to a multiple of 8. Parsing checks everything that can
  * be checked without the registry: syntax (integers without leading zeros,
  * as JSON writes them), known dtypes, at most NB_MAX_DIMS dims, sizes that
- * fit int64, unique names, no field or __metadata__ given twice (readers
+ * fit int64, unique names (looked up in a hash index, not scanned: headers
+ * may hold a million names), no field or __metadata__ given twice (readers
  * would disagree on which counts), and data_offsets that match the
  * sizes and tile the data section exactly (no holes, no overlaps, nothing
  * past the end: the reference implementation's rules). */
@@ -371,6 +372,11 @@ void nn_st_header_free(nn_st_header *h) {
     for (int i = 0; i < h->n; i++) free(h->names[i]);
     free(h->names);
     free(h->v);
+    nn_index_free(&h->index);
+}
+
+int nn_st_header_find(const nn_st_header *h, const char *name) {
+    return nn_index_get(&h->index, name);
 }
 
 static int top_field(json *j, const char *key, void *ctx) {
@@ -381,11 +387,10 @@ static int top_field(json *j, const char *key, void *ctx) {
         j->metadata = true;
         return parse_object(j, metadata_field, NULL);
     }
-    for (int i = 0; i < h->n; i++)
-        if (!strcmp(h->names[i], key)) {
-            snprintf(m, sizeof m, "tensor \"%.200s\" appears twice", key);
-            return fail(j, m);
-        }
+    if (nn_index_get(&h->index, key) >= 0) {
+        snprintf(m, sizeof m, "tensor \"%.200s\" appears twice", key);
+        return fail(j, m);
+    }
     tensor_ctx t = {0};
     if (parse_object(j, tensor_field, &t)) {
         snprintf(m, sizeof m, "tensor \"%.100s\": %.200s", key, j->msg);
@@ -397,6 +402,7 @@ static int top_field(json *j, const char *key, void *ctx) {
                  !(t.seen & 1) ? "dtype" : !(t.seen & 2) ? "shape" : "data_offsets");
         return fail(j, m);
     }
+    if (nn_index_reserve(&h->index, (size_t)h->n + 1) != 0) return fail(j, "out of memory");
     if (h->n == h->cap) {
         int cap = h->cap ? 2 * h->cap : 16;
         nn_st_item *v = realloc(h->v, (size_t)cap * sizeof *v);
@@ -410,6 +416,7 @@ static int top_field(json *j, const char *key, void *ctx) {
     if (!(h->names[h->n] = malloc(len + 1))) return fail(j, "out of memory");
     memcpy(h->names[h->n], key, len + 1);
     t.it.name = h->names[h->n];
+    nn_index_put(&h->index, t.it.name, h->n);
     h->v[h->n++] = t.it;
     return 0;
 }

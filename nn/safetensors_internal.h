@@ -15,17 +15,21 @@
 typedef struct {
     const char *name; /* the registry's, or the header's own copy */
     nb_tensor *t;     /* registry side */
+    nn_values check;  /* registry side: what its loaded values must be */
+    int file;         /* registry side: its entry in the file's header, once matched */
     nb_dtype dtype;
     int ndim;
     int64_t shape[NB_MAX_DIMS];
     uint64_t begin, end; /* file side: data_offsets */
 } nn_st_item;
 
-/* A parsed header: its tensors in file order (names owned). */
+/* A parsed header: its tensors in file order (names owned), and an index of
+ * the names (values: positions in v). */
 typedef struct {
     nn_st_item *v;
     int n, cap;
     char **names;
+    nn_index index;
 } nn_st_header;
 
 size_t nn_st_dtype_size(nb_dtype d);    /* 4, 8, 8, 1 */
@@ -42,5 +46,7 @@ char *nn_st_header_build(const nn_st_item *v, int n, size_t *len);
 int nn_st_header_parse(const char *text, size_t len, uint64_t data_len, nn_st_header *h,
                        char *msg, size_t cap);
 void nn_st_header_free(nn_st_header *h);
+/* The position in h->v of the tensor called name, or -1. */
+int nn_st_header_find(const nn_st_header *h, const char *name);
 
 #endif

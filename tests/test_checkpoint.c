@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,7 +34,7 @@ static void remove_dir(void) {
 }
 
 static const char *tmp_path(const char *name) {
-    static char path[4][128];
+    static char path[4][512];
     static int k;
     k = (k + 1) % 4;
     snprintf(path[k], sizeof path[k], "%s/%s", dir, name);
@@ -538,6 +539,467 @@ START_TEST(test_bad_paths_and_sizes) {
 }
 END_TEST
 
+/* ------------------------------------------------- many tensors: O(n log n) */
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct {
+    double add, load, get; /* CPU seconds: registering n names, nb_load, n nb_params_get */
+} scale_times;
+
+/* n empty tensors (shape (0), one storage) registered as "layers.<i>.w",
+ * saved, then loaded back and looked up. Times are CPU time: the machine may
+ * be shared, and only the growth from n to 10n is asserted. A phase over its
+ * bound (when given) ends the run, its later phases NaN: quadratic code then
+ * fails in seconds rather than minutes. */
+static scale_times scale_run(int n, const scale_times *bound) {
+    scale_times t = {NAN, NAN, NAN};
+    char name[32];
+    nb_params *ps = nb_params_new();
+    nb_scope_begin();
+    nb_tensor *e = nb_zeros(NB_F32, NB_SHAPE(0));
+    int failed = 0;
+    double t0 = cpu_seconds();
+    for (int i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "layers.%d.w", i);
+        failed += nb_params_add(ps, name, e) == NULL;
+    }
+    t.add = cpu_seconds() - t0;
+    nb_scope_end();
+    ck_assert_msg(failed == 0, "%d of %d nb_params_add failed: %s", failed, n, nb_last_error());
+    const char *path = tmp_path("scale.safetensors");
+    if (!bound || t.add < bound->add) {
+        CK_OK(nb_save(ps, path));
+        t0 = cpu_seconds();
+        CK_OK(nb_load(ps, path));
+        t.load = cpu_seconds() - t0;
+    }
+    if (!bound || t.load < bound->load) {
+        t0 = cpu_seconds();
+        for (int i = n - 1; i >= 0; i--) {
+            snprintf(name, sizeof name, "layers.%d.w", i);
+            failed += nb_params_get(ps, name) == NULL;
+        }
+        t.get = cpu_seconds() - t0;
+        ck_assert_int_eq(failed, 0);
+    }
+    nb_params_free(ps);
+    return t;
+}
+
+static scale_times scale_best(int n, int runs) {
+    scale_times best = scale_run(n, NULL);
+    for (int r = 1; r < runs; r++) {
+        scale_times t = scale_run(n, NULL);
+        best.add = fmin(best.add, t.add);
+        best.load = fmin(best.load, t.load);
+        best.get = fmin(best.get, t.get);
+    }
+    return best;
+}
+
+static bool scale_ok(scale_times t, scale_times bound) {
+    return t.add < bound.add && t.load < bound.load && t.get < bound.get;
+}
+
+/* 10x the tensors may cost about 10x (n log n: a little more), never the
+ * 100x of a quadratic scan; 40x leaves room for a noisy machine. */
+START_TEST(test_many_tensors_scale) {
+    make_dir();
+    scale_times small = scale_best(12000, 3);
+    scale_times bound = {40 * small.add, 40 * small.load, 40 * small.get};
+    scale_times large = scale_run(120000, &bound);
+    if (!scale_ok(large, bound)) large = scale_run(120000, &bound); /* one retry: noise */
+    ck_assert_msg(scale_ok(large, bound),
+                  "12,000 -> 120,000 tensors: registering %.1f -> %.1f ms, nb_load %.1f -> "
+                  "%.1f ms, nb_params_get %.1f -> %.1f ms (each must grow < 40x)",
+                  1e3 * small.add, 1e3 * large.add, 1e3 * small.load, 1e3 * large.load,
+                  1e3 * small.get, 1e3 * large.get);
+    remove_dir();
+}
+END_TEST
+
+/* ------------------------------------------------- files that are not files */
+static void on_alarm(int sig) { (void)sig; }
+
+/* open() of a FIFO waits for a writer: nb_load must refuse it at once. An
+ * alarm guards the test: without SA_RESTART, a blocked open() returns EINTR
+ * after 10 s, and a regression fails on the message rather than hanging. */
+START_TEST(test_load_fifo_does_not_block) {
+    make_dir();
+    nb_params *ps = small_registry();
+    const char *fifo = tmp_path("fifo");
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    struct sigaction sa = {.sa_handler = on_alarm}, old;
+    sigemptyset(&sa.sa_mask);
+    ck_assert_int_eq(sigaction(SIGALRM, &sa, &old), 0);
+    alarm(10);
+    int rc = nb_load(ps, fifo);
+    alarm(0);
+    sigaction(SIGALRM, &old, NULL);
+    expect_error_rc(rc, "nb_load", fifo, "is not a regular file");
+    expect_error_rc(nb_load(ps, "/dev/null"), "nb_load", "\"/dev/null\" is not a regular file");
+    expect_untouched(ps);
+    nb_params_free(ps);
+    remove_dir();
+}
+END_TEST
+
+/* ------------------------------------------------- optimizer state values */
+/* Every byte of every tensor of a registry (all contiguous here), in order. */
+static unsigned char *registry_bytes(nb_params *ps, size_t *len) {
+    int np = nb_params_count(ps), n = np + nb_params_buffer_count(ps);
+    size_t total = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        unsigned char *out = pass ? malloc(total ? total : 1) : NULL;
+        size_t at = 0;
+        for (int i = 0; i < n; i++) {
+            nb_tensor *t = i < np ? nb_params_at(ps, i, NULL)
+                                  : nb_params_buffer_at(ps, i - np, NULL);
+            ck_assert(nb_is_contiguous(t));
+            size_t k = (size_t)nb_numel(t) * (nb_dtype_of(t) == NB_F32 ? 4 : 8);
+            if (out) memcpy(out + at, nb_data(t), k);
+            at += k;
+        }
+        total = at;
+        if (out) {
+            *len = total;
+            return out;
+        }
+    }
+    return NULL;
+}
+
+static void expect_bytes_unchanged(nb_params *ps, const unsigned char *before, size_t len) {
+    size_t now_len;
+    unsigned char *now = registry_bytes(ps, &now_len);
+    ck_assert_msg(now_len == len && memcmp(now, before, len) == 0,
+                  "a refused load changed the registry");
+    free(now);
+}
+
+/* One element of a state tensor, read or written as a double (i64 or f32). */
+static double state_get(nb_params *st, const char *name, int64_t at) {
+    nb_tensor *t = nb_params_get(st, name);
+    CK_NN(t);
+    return nb_dtype_of(t) == NB_I64 ? (double)((int64_t *)nb_data(t))[at]
+                                    : (double)((float *)nb_data(t))[at];
+}
+
+static void state_set(nb_params *st, const char *name, int64_t at, int64_t i, double f) {
+    nb_tensor *t = nb_params_get(st, name);
+    CK_NN(t);
+    if (nb_dtype_of(t) == NB_I64) ((int64_t *)nb_data(t))[at] = i;
+    else ((float *)nb_data(t))[at] = (float)f;
+}
+
+typedef struct {
+    const char *name; /* the state tensor, without the registry's prefix */
+    int64_t at, i;    /* element; value for the i64 step */
+    double f;         /* value for the f32 moments */
+    const char *msg;  /* what the message says about it */
+} bad_state;
+
+/* Saves ps with one state value made bad (then restores it) and expects
+ * nb_load to refuse the file and leave every byte of ps as it was. */
+static void expect_state_refused(nb_params *ps, nb_params *st, const char *prefix,
+                                 bad_state b) {
+    char full[160];
+    snprintf(full, sizeof full, "%s%s", prefix, b.name);
+    int64_t old_i = 0;
+    double old_f = state_get(st, b.name, b.at);
+    if (nb_dtype_of(nb_params_get(st, b.name)) == NB_I64)
+        old_i = ((int64_t *)nb_data(nb_params_get(st, b.name)))[b.at];
+    state_set(st, b.name, b.at, b.i, b.f);
+    const char *path = tmp_path("bad-state.safetensors");
+    CK_OK(nb_save(ps, path));
+    state_set(st, b.name, b.at, old_i, old_f);
+    size_t len;
+    unsigned char *before = registry_bytes(ps, &len);
+    char quoted[192];
+    snprintf(quoted, sizeof quoted, "tensor \"%s\" holds", full);
+    expect_error_rc(nb_load(ps, path), "nb_load", path, quoted, b.msg, "no tensor was changed");
+    expect_bytes_unchanged(ps, before, len);
+    free(before);
+}
+
+#define STEP_MSG "an optimizer step count must be in [0, 9007199254740992]"
+
+static const bad_state bad_adam[] = {
+    {"l1.weight.step", 0, INT64_MAX, 0, "holds 9223372036854775807; " STEP_MSG},
+    {"l1.weight.step", 0, -1, 0, "holds -1; " STEP_MSG},
+    {"l2.bias.step", 0, INT64_MIN, 0, "holds -9223372036854775808; " STEP_MSG},
+    {"l2.bias.step", 0, (INT64_C(1) << 53) + 1, 0, "holds 9007199254740993; " STEP_MSG},
+    {"l1.weight.exp_avg_sq", 5, 0, -1.0, "holds -1 at element 5; exp_avg_sq"},
+    {"l1.weight.exp_avg_sq", 0, 0, NAN, "at element 0; exp_avg_sq must be finite and >= 0"},
+    {"l2.weight.exp_avg_sq", 7, 0, INFINITY, "holds inf at element 7"},
+    {"l1.bias.exp_avg", 2, 0, NAN, "holds nan at element 2; exp_avg"},
+    {"l2.weight.exp_avg", 0, 0, -INFINITY, "holds -inf at element 0; exp_avg must be finite"},
+};
+
+START_TEST(test_bad_optimizer_state_refused) {
+    make_dir();
+    net n;
+    net_init(&n, 0);
+    for (int s = 0; s < 2; s++) net_step(&n, s);
+    nb_params *st = nb_optim_state(n.opt);
+    for (size_t i = 0; i < sizeof bad_adam / sizeof *bad_adam; i++)
+        expect_state_refused(st, st, "", bad_adam[i]);
+    /* the edges of what is accepted load: a step of 2^53, -0 in exp_avg_sq, a
+     * large finite moment */
+    state_set(st, "l1.weight.step", 0, INT64_C(1) << 53, 0);
+    state_set(st, "l1.weight.exp_avg_sq", 1, 0, -0.0);
+    state_set(st, "l1.weight.exp_avg", 1, 0, -1e30);
+    const char *path = tmp_path("edge.safetensors");
+    CK_OK(nb_save(st, path));
+    state_set(st, "l1.weight.step", 0, 3, 0);
+    CK_OK(nb_load(st, path));
+    ck_assert(state_get(st, "l1.weight.step", 0) == 0x1p53);
+    ck_assert(state_get(st, "l1.weight.exp_avg", 1) == -1e30f);
+    /* SGD's momentum buffer */
+    net sgd;
+    net_init(&sgd, 2);
+    net_step(&sgd, 0);
+    expect_state_refused(nb_optim_state(sgd.opt), nb_optim_state(sgd.opt), "",
+                         (bad_state){"l2.weight.momentum_buffer", 3, 0, INFINITY,
+                                     "holds inf at element 3; momentum_buffer must be finite"});
+    net_free(&sgd);
+    /* the checks belong to the optimizer's tensors, not to names: a buffer of
+     * the user's called "x.step" holds what it likes, and so do parameters */
+    nb_params *mine = nb_params_new();
+    nb_scope_begin();
+    CK_NN(nb_params_add_buffer(mine, "x.step", nb_scalar(NB_I64, -1)));
+    CK_NN(nb_params_add(mine, "x.exp_avg_sq", nb_full(NB_F32, NB_SHAPE(2), -INFINITY)));
+    nb_scope_end();
+    CK_OK(nb_save(mine, tmp_path("mine.safetensors")));
+    CK_OK(nb_load(mine, tmp_path("mine.safetensors")));
+    nb_params_free(mine);
+    net_free(&n);
+    remove_dir();
+}
+END_TEST
+
+/* The model and "optim." + its state in one registry (as copy_task and the
+ * bench save them): the checks travel with nb_params_add_all, and a refused
+ * file changes neither the model nor the state. */
+START_TEST(test_bad_optimizer_state_in_combined_registry) {
+    make_dir();
+    net n;
+    net_init(&n, 1);
+    for (int s = 0; s < 2; s++) net_step(&n, s);
+    nb_params *all = nb_params_new(), *outer = nb_params_new();
+    CK_OK(nb_params_add_all(all, "", n.ps));
+    CK_OK(nb_params_add_all(all, "optim.", nb_optim_state(n.opt)));
+    nb_params *st = nb_optim_state(n.opt);
+    expect_state_refused(all, st, "optim.", (bad_state){"l1.weight.step", 0, -1, 0,
+                                                        "holds -1; " STEP_MSG});
+    expect_state_refused(all, st, "optim.", (bad_state){"l2.bias.exp_avg_sq", 0, 0, -2.5,
+                                                        "holds -2.5 at element 0"});
+    /* copied again: a registry of registries */
+    CK_OK(nb_params_add_all(outer, "run.", all));
+    expect_state_refused(outer, st, "run.optim.", (bad_state){"l1.bias.exp_avg", 1, 0, NAN,
+                                                              "holds nan at element 1"});
+    /* a good combined file still loads */
+    CK_OK(nb_save(all, tmp_path("good.safetensors")));
+    CK_OK(nb_load(all, tmp_path("good.safetensors")));
+    nb_params_free(outer);
+    nb_params_free(all);
+    net_free(&n);
+    remove_dir();
+}
+END_TEST
+
+/* ------------------------------------------------- names, modes, links, temporaries */
+START_TEST(test_reserved_name_refused) {
+    make_dir();
+    nb_params *ps = nb_params_new(), *src = nb_params_new();
+    nb_scope_begin();
+    nb_tensor *one = nb_ones(NB_F32, NB_SHAPE(1));
+    expect_error(nb_params_add(ps, "__metadata__", one), "nb_params_add", "\"__metadata__\"",
+                 "reserved by the safetensors format");
+    expect_error(nb_params_add_buffer(ps, "__metadata__", one), "nb_params_add_buffer",
+                 "\"__metadata__\"", "reserved by the safetensors format");
+    CK_NN(nb_params_add(src, "metadata__", one));
+    CK_NN(nb_params_add(ps, "__metadata__.w", one)); /* only the exact name is taken */
+    CK_NN(nb_params_add_buffer(ps, "__METADATA__", one));
+    nb_scope_end();
+    expect_error_rc(nb_params_add_all(ps, "__", src), "nb_params_add_all", "\"__metadata__\"",
+                    "reserved by the safetensors format");
+    ck_assert_int_eq(nb_params_count(ps), 1);
+    ck_assert_int_eq(nb_params_buffer_count(ps), 1);
+    CK_OK(nb_params_add_all(ps, "_", src));
+    CK_OK(nb_save(ps, tmp_path("names.safetensors")));
+    CK_OK(nb_load(ps, tmp_path("names.safetensors")));
+    nb_params_free(src);
+    nb_params_free(ps);
+    remove_dir();
+}
+END_TEST
+
+static mode_t mode_of(const char *path) {
+    struct stat st;
+    ck_assert_int_eq(stat(path, &st), 0);
+    return st.st_mode & 07777;
+}
+
+START_TEST(test_save_keeps_permissions) {
+    make_dir();
+    nb_params *ps = small_registry();
+    const char *path = tmp_path("perm.safetensors"), *fresh = tmp_path("fresh.safetensors");
+    mode_t saved_umask = umask(022), got[5];
+    int rc[5];
+    rc[0] = nb_save(ps, path), got[0] = mode_of(path); /* new: 0666 & ~umask, as fopen */
+    chmod(path, 0600);
+    rc[1] = nb_save(ps, path), got[1] = mode_of(path);
+    chmod(path, 0640);
+    umask(077); /* the umask narrows new files only, not the bits a file has */
+    rc[2] = nb_save(ps, path), got[2] = mode_of(path);
+    rc[3] = nb_save(ps, fresh), got[3] = mode_of(fresh);
+    chmod(path, 0444); /* read-only to its owner: replaced, still read-only */
+    rc[4] = nb_save(ps, path), got[4] = mode_of(path);
+    umask(saved_umask);
+    const mode_t want[5] = {0644, 0600, 0640, 0600, 0444};
+    for (int i = 0; i < 5; i++)
+        ck_assert_msg(rc[i] == 0 && got[i] == want[i], "save %d: rc %d, mode %04o, want %04o",
+                      i, rc[i], (unsigned)got[i], (unsigned)want[i]);
+    CK_OK(nb_load(ps, path));
+    nb_params_free(ps);
+    remove_dir();
+}
+END_TEST
+
+static void expect_link(const char *link, const char *target) {
+    struct stat st;
+    char buf[256];
+    ck_assert_int_eq(lstat(link, &st), 0);
+    ck_assert_msg(S_ISLNK(st.st_mode), "%s is no longer a symbolic link", link);
+    ssize_t n = readlink(link, buf, sizeof buf - 1);
+    ck_assert_int_gt(n, 0);
+    buf[n] = 0;
+    ck_assert_str_eq(buf, target);
+}
+
+static int entries_in(const char *d) {
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "exit $(ls -A '%s' | wc -l)", d);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Saving to a symbolic link writes the file it points to (through a chain of
+ * links, into another directory, or a file the link names that does not
+ * exist yet), and the link stays a link. */
+START_TEST(test_save_through_symlink) {
+    make_dir();
+    nb_params *ps = small_registry();
+    const char *real = tmp_path("real.st"), *link = tmp_path("link.st");
+    CK_OK(nb_save(ps, real));
+    chmod(real, 0600);
+    ck_assert_int_eq(symlink("real.st", link), 0);
+    ck_assert_int_eq(symlink("link.st", tmp_path("chain.st")), 0);
+    nb_scope_begin();
+    ck_assert_int_eq(nb_copy_into(nb_params_get(ps, "a"), nb_scalar(NB_F32, 3.0)), 0);
+    nb_scope_end();
+    CK_OK(nb_save(ps, tmp_path("chain.st")));
+    expect_link(link, "real.st");
+    expect_link(tmp_path("chain.st"), "link.st");
+    ck_assert_int_eq(mode_of(real), 0600);
+    nb_params *q = small_registry();
+    CK_OK(nb_load(q, real));
+    ck_assert(((float *)nb_data(nb_params_get(q, "a")))[0] == 3.0f);
+    /* into another directory, and a link whose file is still to be made */
+    char sub[96];
+    snprintf(sub, sizeof sub, "%s/sub", dir);
+    ck_assert_int_eq(mkdir(sub, 0700), 0);
+    ck_assert_int_eq(symlink("sub/made.st", tmp_path("dangling.st")), 0);
+    CK_OK(nb_save(ps, tmp_path("dangling.st")));
+    expect_link(tmp_path("dangling.st"), "sub/made.st");
+    CK_OK(nb_load(q, tmp_path("sub/made.st")));
+    ck_assert_int_eq(entries_in(sub), 1); /* no temporary left in either directory */
+    ck_assert_int_eq(entries_in(dir), 5);
+    /* a link into a directory that does not exist: the message names both */
+    ck_assert_int_eq(symlink("nodir/x.st", tmp_path("nowhere.st")), 0);
+    expect_error_rc(nb_save(ps, tmp_path("nowhere.st")), "nb_save", "cannot create a file next "
+                    "to", "nowhere.st\" (a link to \"", "nodir/x.st\")", "No such file");
+    /* a loop of links is an error, not a hang */
+    ck_assert_int_eq(symlink("loop2", tmp_path("loop1")), 0);
+    ck_assert_int_eq(symlink("loop1", tmp_path("loop2")), 0);
+    expect_error_rc(nb_save(ps, tmp_path("loop1")), "nb_save", "cannot write", "loop1",
+                    "Too many levels of symbolic links");
+    nb_params_free(q);
+    nb_params_free(ps);
+    remove_dir();
+}
+END_TEST
+
+static void touch(const char *name) {
+    FILE *f = fopen(tmp_path(name), "wb");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+}
+
+static bool present(const char *name) {
+    struct stat st;
+    return lstat(tmp_path(name), &st) == 0;
+}
+
+/* A save killed with SIGKILL leaves its temporary: the next save into that
+ * directory removes it, once its process is gone, and only then. */
+START_TEST(test_stale_temporaries_removed) {
+    make_dir();
+    pid_t dead = fork();
+    ck_assert_int_ge(dead, 0);
+    if (dead == 0) _exit(0);
+    ck_assert_int_eq(waitpid(dead, NULL, 0), dead); /* exited and reaped: no such process */
+    char stale[64], live[2][64], other[5][64];
+    snprintf(stale, sizeof stale, ".nabla-tmp-%ld-0", (long)dead);
+    snprintf(live[0], sizeof live[0], ".nabla-tmp-%ld-999", (long)getpid());
+    snprintf(live[1], sizeof live[1], ".nabla-tmp-%ld-3", (long)getppid()); /* another's */
+    /* names that are not exactly a temporary's stay too */
+    snprintf(other[0], sizeof other[0], "x.nabla-tmp-%ld-0", (long)dead);
+    snprintf(other[1], sizeof other[1], ".nabla-tmp-%ld", (long)dead);
+    snprintf(other[2], sizeof other[2], ".nabla-tmp-%ld-1x", (long)dead);
+    snprintf(other[3], sizeof other[3], ".nabla-tmp-0-1");
+    snprintf(other[4], sizeof other[4], ".nabla-tmp--%ld-1", (long)dead);
+    touch(stale);
+    touch(live[0]);
+    touch(live[1]);
+    for (int i = 0; i < 5; i++) touch(other[i]);
+    char stale_dir[64];
+    snprintf(stale_dir, sizeof stale_dir, ".nabla-tmp-%ld-7", (long)dead);
+    ck_assert_int_eq(mkdir(tmp_path(stale_dir), 0700), 0); /* not a file: left alone */
+    nb_params *ps = small_registry();
+    CK_OK(nb_save(ps, tmp_path("model.safetensors")));
+    ck_assert_msg(!present(stale), "%s (pid %ld has exited) is still there", stale, (long)dead);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(present(live[i]), "%s (a live process's) was removed", live[i]);
+    for (int i = 0; i < 5; i++) ck_assert_msg(present(other[i]), "%s was removed", other[i]);
+    ck_assert(present(stale_dir));
+    nb_params_free(ps);
+    remove_dir();
+}
+END_TEST
+
+/* A name of 253 bytes (NAME_MAX is 255): the temporary's name does not grow with it. */
+START_TEST(test_long_file_name) {
+    make_dir();
+    char name[254], path[400];
+    memset(name, 'a', 250);
+    memcpy(name + 250, ".st", 4);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    nb_params *ps = small_registry();
+    CK_OK(nb_save(ps, path));
+    CK_OK(nb_save(ps, path)); /* and over itself */
+    CK_OK(nb_load(ps, path));
+    ck_assert_int_eq(entries_in(dir), 1);
+    nb_params_free(ps);
+    remove_dir();
+}
+END_TEST
+
 Suite *suite_checkpoint(void) {
     Suite *s = suite_create("checkpoint");
     TCase *tc = tcase_create("checkpoint");
@@ -551,6 +1013,20 @@ Suite *suite_checkpoint(void) {
     tcase_add_test(tc, test_resume_is_exact);
     tcase_add_test(tc, test_bad_files_change_nothing);
     tcase_add_test(tc, test_bad_paths_and_sizes);
+    tcase_add_test(tc, test_load_fifo_does_not_block);
+    tcase_add_test(tc, test_bad_optimizer_state_refused);
+    tcase_add_test(tc, test_bad_optimizer_state_in_combined_registry);
+    tcase_add_test(tc, test_reserved_name_refused);
+    tcase_add_test(tc, test_save_keeps_permissions);
+    tcase_add_test(tc, test_save_through_symlink);
+    tcase_add_test(tc, test_stale_temporaries_removed);
+    tcase_add_test(tc, test_long_file_name);
     suite_add_tcase(s, tc);
+    /* alone, with room for the quadratic code it guards against to fail
+     * rather than time out */
+    TCase *scale = tcase_create("scale");
+    tcase_set_timeout(scale, 300);
+    tcase_add_test(scale, test_many_tensors_scale);
+    suite_add_tcase(s, scale);
     return s;
 }
