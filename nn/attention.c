@@ -37,7 +37,7 @@ static bool batch_broadcast(int na, const int64_t *a, int nb, const int64_t *b, 
     return true;
 }
 
-nb_tensor *nb_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *keep_mask,
+static nb_tensor *attention_body(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *keep_mask,
                         double dropout_p, bool training, nb_rng *rng, nb_tensor **weights_out) {
     const char *fn = "nb_attention";
     char sq[128], sk[128], sv[128], sm[128], ss[128];
@@ -130,4 +130,10 @@ nb_tensor *nb_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *kee
     if (out && weights_out) *weights_out = weights;
     else nb_free(weights);
     return out;
+}
+
+nb_tensor *nb_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *keep_mask,
+                        double dropout_p, bool training, nb_rng *rng, nb_tensor **weights_out) {
+    nn_enter();
+    return nn_leave("nb_attention", attention_body(q, k, v, keep_mask, dropout_p, training, rng, weights_out));
 }

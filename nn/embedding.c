@@ -25,7 +25,7 @@ static bool first_out_of_range(nb_tensor *idx, int64_t size, int64_t *bad) {
 }
 
 /* weight (num, dim), idx NB_I64 (...) -> (..., dim) */
-nb_tensor *nb_embedding(nb_tensor *weight, nb_tensor *idx) {
+static nb_tensor *embedding_body(nb_tensor *weight, nb_tensor *idx) {
     const char *fn = "nb_embedding";
     if (!nn_input(fn, weight, 0) || !nn_input(fn, idx, 1)) return NULL;
     if (nb_ndim(weight) != 2)
@@ -48,8 +48,13 @@ nb_tensor *nb_embedding(nb_tensor *weight, nb_tensor *idx) {
     return nb_reshape(nb_index_select(weight, 0, flat), nd + 1, shape);
 }
 
+nb_tensor *nb_embedding(nb_tensor *weight, nb_tensor *idx) {
+    nn_enter();
+    return nn_leave("nb_embedding", embedding_body(weight, idx));
+}
+
 /* N(0, 1) weights, as torch.nn.Embedding's default */
-int nb_embedding_init(nb_Embedding *m, nb_params *ps, const char *name, int64_t num, int64_t dim,
+static int embedding_init_body(nb_Embedding *m, nb_params *ps, const char *name, int64_t num, int64_t dim,
                       nb_rng *rng) {
     if (!m || !ps) return (nn_error("nb_embedding_init: module or registry is NULL"), -1);
     if (num <= 0 || dim <= 0)
@@ -65,8 +70,19 @@ int nb_embedding_init(nb_Embedding *m, nb_params *ps, const char *name, int64_t 
     return m->weight ? 0 : -1;
 }
 
-nb_tensor *nb_embedding_forward(const nb_Embedding *m, nb_tensor *idx) {
+int nb_embedding_init(nb_Embedding *m, nb_params *ps, const char *name, int64_t num, int64_t dim,
+                      nb_rng *rng) {
+    nn_enter();
+    return nn_leave_rc("nb_embedding_init", embedding_init_body(m, ps, name, num, dim, rng));
+}
+
+static nb_tensor *embedding_forward_body(const nb_Embedding *m, nb_tensor *idx) {
     if (!m) return nn_error("nb_embedding_forward: module is NULL");
     if (!nn_input("nb_embedding_forward", idx, 0)) return NULL;
     return nb_embedding(m->weight, idx);
+}
+
+nb_tensor *nb_embedding_forward(const nb_Embedding *m, nb_tensor *idx) {
+    nn_enter();
+    return nn_leave("nb_embedding_forward", embedding_forward_body(m, idx));
 }

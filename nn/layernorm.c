@@ -18,7 +18,7 @@ static bool check_affine(const char *fn, const char *what, nb_tensor *p, nb_tens
 }
 
 /* x (..., D), w (D) or NULL, b (D) or NULL -> (..., D) */
-nb_tensor *nb_layer_norm(nb_tensor *x, nb_tensor *w, nb_tensor *b, double eps) {
+static nb_tensor *layer_norm_body(nb_tensor *x, nb_tensor *w, nb_tensor *b, double eps) {
     const char *fn = "nb_layer_norm";
     if (!nn_input(fn, x, 0) || !nn_opt_input(fn, w, 1) || !nn_opt_input(fn, b, 2)) return NULL;
     nb_dtype dt = nb_dtype_of(x);
@@ -37,8 +37,13 @@ nb_tensor *nb_layer_norm(nb_tensor *x, nb_tensor *w, nb_tensor *b, double eps) {
     return y;
 }
 
+nb_tensor *nb_layer_norm(nb_tensor *x, nb_tensor *w, nb_tensor *b, double eps) {
+    nn_enter();
+    return nn_leave("nb_layer_norm", layer_norm_body(x, w, b, eps));
+}
+
 /* weight ones, bias zeros, as torch */
-int nb_layernorm_init(nb_LayerNorm *m, nb_params *ps, const char *name, int64_t dim, double eps) {
+static int layernorm_init_body(nb_LayerNorm *m, nb_params *ps, const char *name, int64_t dim, double eps) {
     if (!m || !ps) return (nn_error("nb_layernorm_init: module or registry is NULL"), -1);
     if (dim <= 0)
         return (nn_error("nb_layernorm_init: dim must be positive, got %lld", (long long)dim), -1);
@@ -56,8 +61,18 @@ int nb_layernorm_init(nb_LayerNorm *m, nb_params *ps, const char *name, int64_t 
     return m->weight && m->bias ? 0 : -1;
 }
 
-nb_tensor *nb_layernorm_forward(const nb_LayerNorm *m, nb_tensor *x) {
+int nb_layernorm_init(nb_LayerNorm *m, nb_params *ps, const char *name, int64_t dim, double eps) {
+    nn_enter();
+    return nn_leave_rc("nb_layernorm_init", layernorm_init_body(m, ps, name, dim, eps));
+}
+
+static nb_tensor *layernorm_forward_body(const nb_LayerNorm *m, nb_tensor *x) {
     if (!m) return nn_error("nb_layernorm_forward: module is NULL");
     if (!nn_input("nb_layernorm_forward", x, 0)) return NULL;
     return nb_layer_norm(x, m->weight, m->bias, m->eps);
+}
+
+nb_tensor *nb_layernorm_forward(const nb_LayerNorm *m, nb_tensor *x) {
+    nn_enter();
+    return nn_leave("nb_layernorm_forward", layernorm_forward_body(m, x));
 }

@@ -4,7 +4,7 @@
 #include "nn_internal.h"
 
 /* x (..., in), w (out, in), b (out) -> (..., out) */
-nb_tensor *nb_linear(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
+static nb_tensor *linear_body(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
     const char *fn = "nb_linear";
     if (!nn_input(fn, x, 0) || !nn_input(fn, w, 1) || !nn_opt_input(fn, b, 2))
         return NULL;
@@ -34,6 +34,11 @@ nb_tensor *nb_linear(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
     return nb_view(y, nd, shape);
 }
 
+nb_tensor *nb_linear(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
+    nn_enter();
+    return nn_leave("nb_linear", linear_body(x, w, b));
+}
+
 /* U(-bound, bound) in the default dtype, registered as name */
 nb_tensor *nn_uniform_param(nb_params *ps, const char *name, int ndim, const int64_t *shape,
                             double bound, nb_rng *rng) {
@@ -46,7 +51,7 @@ nb_tensor *nn_uniform_param(nb_params *ps, const char *name, int ndim, const int
 
 /* torch's default: kaiming_uniform(a = sqrt(5)) gives bound 1/sqrt(in) for
  * the weight, and the bias uses the same bound. */
-int nb_linear_init(nb_Linear *m, nb_params *ps, const char *name, int64_t in, int64_t out,
+static int linear_init_body(nb_Linear *m, nb_params *ps, const char *name, int64_t in, int64_t out,
                    bool bias, nb_rng *rng) {
     if (!m || !ps) return (nn_error("nb_linear_init: module or registry is NULL"), -1);
     if (in <= 0 || out <= 0)
@@ -65,8 +70,19 @@ int nb_linear_init(nb_Linear *m, nb_params *ps, const char *name, int64_t in, in
     return 0;
 }
 
-nb_tensor *nb_linear_forward(const nb_Linear *m, nb_tensor *x) {
+int nb_linear_init(nb_Linear *m, nb_params *ps, const char *name, int64_t in, int64_t out,
+                   bool bias, nb_rng *rng) {
+    nn_enter();
+    return nn_leave_rc("nb_linear_init", linear_init_body(m, ps, name, in, out, bias, rng));
+}
+
+static nb_tensor *linear_forward_body(const nb_Linear *m, nb_tensor *x) {
     if (!m) return nn_error("nb_linear_forward: module is NULL");
     if (!nn_input("nb_linear_forward", x, 0)) return NULL;
     return nb_linear(x, m->weight, m->bias);
+}
+
+nb_tensor *nb_linear_forward(const nb_Linear *m, nb_tensor *x) {
+    nn_enter();
+    return nn_leave("nb_linear_forward", linear_forward_body(m, x));
 }

@@ -23,7 +23,7 @@ static bool first_bad_target(nb_tensor *t, int64_t c, int64_t ignore, int64_t *b
 }
 
 /* logits (N, C), targets NB_I64 (N) -> () */
-nb_tensor *nb_cross_entropy(nb_tensor *logits, nb_tensor *targets, int64_t ignore_index,
+static nb_tensor *cross_entropy_body(nb_tensor *logits, nb_tensor *targets, int64_t ignore_index,
                             double label_smoothing) {
     const char *fn = "nb_cross_entropy";
     char b1[128];
@@ -71,4 +71,10 @@ nb_tensor *nb_cross_entropy(nb_tensor *logits, nb_tensor *targets, int64_t ignor
     row = nb_where(valid, row, nb_scalar(dt, 0));
     nb_tensor *count = nb_sum_all(nb_to(valid, dt));
     return nb_div(nb_sum_all(row), count);
+}
+
+nb_tensor *nb_cross_entropy(nb_tensor *logits, nb_tensor *targets, int64_t ignore_index,
+                            double label_smoothing) {
+    nn_enter();
+    return nn_leave("nb_cross_entropy", cross_entropy_body(logits, targets, ignore_index, label_smoothing));
 }

@@ -19,7 +19,7 @@
 #include "nn_internal.h"
 
 
-int nb_mha_init(nb_MHA *m, nb_params *ps, const char *name, int64_t d_model, int64_t heads,
+static int mha_init_body(nb_MHA *m, nb_params *ps, const char *name, int64_t d_model, int64_t heads,
                 double dropout, bool bias, nb_rng *rng) {
     const char *fn = "nb_mha_init";
     if (!m || !ps) return (nn_error("%s: module or registry is NULL", fn), -1);
@@ -43,6 +43,12 @@ int nb_mha_init(nb_MHA *m, nb_params *ps, const char *name, int64_t d_model, int
     return 0;
 }
 
+int nb_mha_init(nb_MHA *m, nb_params *ps, const char *name, int64_t d_model, int64_t heads,
+                double dropout, bool bias, nb_rng *rng) {
+    nn_enter();
+    return nn_leave_rc("nb_mha_init", mha_init_body(m, ps, name, d_model, heads, dropout, bias, rng));
+}
+
 /* x (B,L,d_model) -> w(x) viewed (B,L,H,d_k) -> transposed (B,H,L,d_k) */
 static nb_tensor *project_heads(const nb_MHA *m, const nb_Linear *w, nb_tensor *x) {
     int64_t B = nb_shape(x)[0], L = nb_shape(x)[1];
@@ -50,7 +56,7 @@ static nb_tensor *project_heads(const nb_MHA *m, const nb_Linear *w, nb_tensor *
     return nb_transpose(nb_view(y, NB_SHAPE(B, L, m->heads, m->d_k)), 1, 2);
 }
 
-nb_tensor *nb_mha_forward(nb_MHA *m, nb_tensor *q, nb_tensor *k, nb_tensor *v,
+static nb_tensor *mha_forward_body(nb_MHA *m, nb_tensor *q, nb_tensor *k, nb_tensor *v,
                           nb_tensor *keep_mask, bool training, nb_rng *rng,
                           nb_tensor **weights_out) {
     const char *fn = "nb_mha_forward";
@@ -114,4 +120,11 @@ nb_tensor *nb_mha_forward(nb_MHA *m, nb_tensor *q, nb_tensor *k, nb_tensor *v,
     nb_tensor *out = nb_linear_forward(&m->w_o, merged);
     if (!out && weights_out) *weights_out = NULL;
     return out;
+}
+
+nb_tensor *nb_mha_forward(nb_MHA *m, nb_tensor *q, nb_tensor *k, nb_tensor *v,
+                          nb_tensor *keep_mask, bool training, nb_rng *rng,
+                          nb_tensor **weights_out) {
+    nn_enter();
+    return nn_leave("nb_mha_forward", mha_forward_body(m, q, k, v, keep_mask, training, rng, weights_out));
 }

@@ -12,6 +12,14 @@
 
 /* Reports through nb_report_error and returns NULL. */
 void *nn_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Errors name the function the user called: each public nn function runs
+ * its body between nn_enter() and nn_leave(fn, result) (nn_leave_rc for an
+ * int result); when the outermost one on this thread fails with a message
+ * that an inner function set, its name goes in front: "nb_linear: nb_matmul:
+ * expected a floating tensor (f32 or f64), got i64". */
+void nn_enter(void);
+void *nn_leave(const char *fn, void *result);
+int nn_leave_rc(const char *fn, int rc);
 /* Tensor argument i of fn (counted from 0) is live: true, or false with
  * nabla's message for a NULL or freed input; nn_opt_input accepts NULL. */
 #define nn_input(fn, t, i) (nb_check_input((fn), (t), (i)) == 0)

@@ -21,6 +21,35 @@ void *nn_error(const char *fmt, ...) {
     return NULL;
 }
 
+static _Thread_local int depth; /* public nn functions running on this thread */
+
+void nn_enter(void) { depth++; }
+
+/* The outermost function puts its name before a message that an inner one
+ * set (its own messages start with its name already); when that message is
+ * a NULL passed along after an earlier failure, the earlier failure is the
+ * reason to give. */
+static void name_the_failure(const char *fn) {
+    static const char after[] = ", after an earlier error: ";
+    const char *m = nb_last_error();
+    size_t n = strlen(fn);
+    if (depth > 0 || !m || (strncmp(m, fn, n) == 0 && m[n] == ':')) return;
+    const char *cause = strstr(m, after);
+    nb_report_error("%s: %s", fn, cause ? cause + sizeof after - 1 : m);
+}
+
+void *nn_leave(const char *fn, void *result) {
+    depth--;
+    if (!result) name_the_failure(fn);
+    return result;
+}
+
+int nn_leave_rc(const char *fn, int rc) {
+    depth--;
+    if (rc != 0) name_the_failure(fn);
+    return rc;
+}
+
 /* ------------------------------------------------------------ name index */
 /* FNV-1a, then the high bits folded down: the low bits pick the slot. */
 static uint64_t hash_name(const char *s) {

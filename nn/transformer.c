@@ -11,7 +11,7 @@
 #define LN_EPS 1e-5 /* torch.nn.LayerNorm's default */
 
 /* ------------------------------------------------------------ feed-forward */
-int nb_feedforward_init(nb_FeedForward *m, nb_params *ps, const char *name, int64_t d_model,
+static int feedforward_init_body(nb_FeedForward *m, nb_params *ps, const char *name, int64_t d_model,
                         int64_t d_ff, double dropout, nb_rng *rng) {
     if (!m) return (nn_error("nb_feedforward_init: module is NULL"), -1);
     if (!(dropout >= 0 && dropout <= 1))
@@ -26,8 +26,14 @@ int nb_feedforward_init(nb_FeedForward *m, nb_params *ps, const char *name, int6
                           true, rng);
 }
 
+int nb_feedforward_init(nb_FeedForward *m, nb_params *ps, const char *name, int64_t d_model,
+                        int64_t d_ff, double dropout, nb_rng *rng) {
+    nn_enter();
+    return nn_leave_rc("nb_feedforward_init", feedforward_init_body(m, ps, name, d_model, d_ff, dropout, rng));
+}
+
 /* x (B, L, d_model) -> (B, L, d_model) */
-nb_tensor *nb_feedforward_forward(const nb_FeedForward *m, nb_tensor *x, bool training,
+static nb_tensor *feedforward_forward_body(const nb_FeedForward *m, nb_tensor *x, bool training,
                                   nb_rng *rng) {
     if (!m) return nn_error("nb_feedforward_forward: module is NULL");
     if (!nn_input("nb_feedforward_forward", x, 0)) return NULL;
@@ -35,8 +41,14 @@ nb_tensor *nb_feedforward_forward(const nb_FeedForward *m, nb_tensor *x, bool tr
     return nb_linear_forward(&m->w_2, nb_dropout(h, m->dropout, training, rng));
 }
 
+nb_tensor *nb_feedforward_forward(const nb_FeedForward *m, nb_tensor *x, bool training,
+                                  nb_rng *rng) {
+    nn_enter();
+    return nn_leave("nb_feedforward_forward", feedforward_forward_body(m, x, training, rng));
+}
+
 /* ---------------------------------------------------------------- helpers */
-nb_tensor *nb_positional_encoding(int64_t max_len, int64_t d_model, nb_dtype dtype) {
+static nb_tensor *positional_encoding_body(int64_t max_len, int64_t d_model, nb_dtype dtype) {
     if (max_len <= 0 || d_model <= 0)
         return nn_error("nb_positional_encoding: sizes must be positive, got max_len %lld, "
                         "d_model %lld", (long long)max_len, (long long)d_model);
@@ -63,21 +75,36 @@ nb_tensor *nb_positional_encoding(int64_t max_len, int64_t d_model, nb_dtype dty
     return kept;
 }
 
-int nb_init_xavier_uniform(nb_tensor *t, nb_rng *rng) {
+nb_tensor *nb_positional_encoding(int64_t max_len, int64_t d_model, nb_dtype dtype) {
+    nn_enter();
+    return nn_leave("nb_positional_encoding", positional_encoding_body(max_len, d_model, dtype));
+}
+
+static int init_xavier_uniform_body(nb_tensor *t, nb_rng *rng) {
     if (!nn_input("nb_init_xavier_uniform", t, 0)) return -1;
+    nb_dtype dt = nb_dtype_of(t);
+    if (dt != NB_F32 && dt != NB_F64)
+        return (nn_error("nb_init_xavier_uniform: t must be f32 or f64, got %s",
+                         nb_dtype_name(dt)), -1);
     int nd = nb_ndim(t);
     if (nd < 2)
         return (nn_error("nb_init_xavier_uniform: needs a tensor of 2 or more dims, got %d", nd),
                 -1);
     int64_t receptive = 1;
     for (int i = 2; i < nd; i++) receptive *= nb_shape(t)[i];
-    double fan_in = (double)(nb_shape(t)[1] * receptive), fan_out = (double)(nb_shape(t)[0] * receptive);
+    double fan_in = (double)(nb_shape(t)[1] * receptive);
+    double fan_out = (double)(nb_shape(t)[0] * receptive);
     double bound = sqrt(6.0 / (fan_in + fan_out));
     nb_scope_begin();
     nb_tensor *u = nb_rand(nb_dtype_of(t), nd, nb_shape(t), rng);
     int rc = nb_copy_into(t, nb_add_scalar(nb_mul_scalar(u, 2 * bound), -bound));
     nb_scope_end();
     return rc;
+}
+
+int nb_init_xavier_uniform(nb_tensor *t, nb_rng *rng) {
+    nn_enter();
+    return nn_leave_rc("nb_init_xavier_uniform", init_xavier_uniform_body(t, rng));
 }
 
 /* x + dropout(y): the residual half of every sublayer */
@@ -144,7 +171,7 @@ static bool config_ok(const nb_TransformerConfig *c) {
     return true;
 }
 
-int nb_transformer_init(nb_Transformer *m, nb_params *ps, const nb_TransformerConfig *cfg,
+static int transformer_init_body(nb_Transformer *m, nb_params *ps, const nb_TransformerConfig *cfg,
                         nb_rng *rng) {
     if (!m || !ps || !cfg) return (nn_error("nb_transformer_init: NULL argument"), -1);
     memset(m, 0, sizeof *m);
@@ -180,6 +207,12 @@ int nb_transformer_init(nb_Transformer *m, nb_params *ps, const nb_TransformerCo
     return 0;
 }
 
+int nb_transformer_init(nb_Transformer *m, nb_params *ps, const nb_TransformerConfig *cfg,
+                        nb_rng *rng) {
+    nn_enter();
+    return nn_leave_rc("nb_transformer_init", transformer_init_body(m, ps, cfg, rng));
+}
+
 void nb_transformer_free(nb_Transformer *m) {
     if (!m) return;
     free(m->encoder);
@@ -206,7 +239,7 @@ static nb_tensor *embed(const char *fn, nb_Transformer *m, const nb_Embedding *e
     return nb_dropout(x, m->cfg.dropout, training, rng);
 }
 
-nb_tensor *nb_transformer_encode(nb_Transformer *m, nb_tensor *src, nb_tensor *src_keep,
+static nb_tensor *transformer_encode_body(nb_Transformer *m, nb_tensor *src, nb_tensor *src_keep,
                                  bool training, nb_rng *rng) {
     const char *fn = "nb_transformer_encode";
     if (!m) return nn_error("%s: model is NULL", fn);
@@ -228,7 +261,13 @@ nb_tensor *nb_transformer_encode(nb_Transformer *m, nb_tensor *src, nb_tensor *s
     return nb_layernorm_forward(&m->encoder_norm, x);
 }
 
-nb_tensor *nb_transformer_decode(nb_Transformer *m, nb_tensor *memory, nb_tensor *src_keep,
+nb_tensor *nb_transformer_encode(nb_Transformer *m, nb_tensor *src, nb_tensor *src_keep,
+                                 bool training, nb_rng *rng) {
+    nn_enter();
+    return nn_leave("nb_transformer_encode", transformer_encode_body(m, src, src_keep, training, rng));
+}
+
+static nb_tensor *transformer_decode_body(nb_Transformer *m, nb_tensor *memory, nb_tensor *src_keep,
                                  nb_tensor *tgt, nb_tensor *tgt_keep, bool training,
                                  nb_rng *rng) {
     const char *fn = "nb_transformer_decode";
@@ -258,8 +297,20 @@ nb_tensor *nb_transformer_decode(nb_Transformer *m, nb_tensor *memory, nb_tensor
     return nb_layernorm_forward(&m->decoder_norm, x);
 }
 
-nb_tensor *nb_transformer_logits(nb_Transformer *m, nb_tensor *x) {
+nb_tensor *nb_transformer_decode(nb_Transformer *m, nb_tensor *memory, nb_tensor *src_keep,
+                                 nb_tensor *tgt, nb_tensor *tgt_keep, bool training,
+                                 nb_rng *rng) {
+    nn_enter();
+    return nn_leave("nb_transformer_decode", transformer_decode_body(m, memory, src_keep, tgt, tgt_keep, training, rng));
+}
+
+static nb_tensor *transformer_logits_body(nb_Transformer *m, nb_tensor *x) {
     if (!m) return nn_error("nb_transformer_logits: model is NULL");
     if (!nn_input("nb_transformer_logits", x, 0)) return NULL;
     return nb_linear_forward(&m->generator, x);
+}
+
+nb_tensor *nb_transformer_logits(nb_Transformer *m, nb_tensor *x) {
+    nn_enter();
+    return nn_leave("nb_transformer_logits", transformer_logits_body(m, x));
 }

@@ -776,6 +776,72 @@ START_TEST(test_init_errors) {
 END_TEST
 
 /* ------------------------------------------------------------------- errors */
+/* A failure inside an nn function names the function the user called, then
+ * the inner one and its reason (they named only the inner one); a NULL
+ * passed along inside gives way to the failure that made it. */
+START_TEST(test_module_errors_name_the_called_function) {
+    nb_scope_begin();
+    nb_tensor *xi = nb_ones(NB_I64, NB_SHAPE(2, 3)), *wi = nb_ones(NB_I64, NB_SHAPE(4, 3));
+    nb_clear_error();
+    ck_assert_ptr_null(nb_linear(xi, wi, NULL));
+    ck_assert_str_eq(nb_last_error(),
+                     "nb_linear: nb_matmul: expected a floating tensor (f32 or f64), got i64");
+    nb_clear_error();
+    ck_assert_int_eq(nb_init_xavier_uniform(wi, NULL), -1);
+    ck_assert_str_eq(nb_last_error(), "nb_init_xavier_uniform: t must be f32 or f64, got i64");
+    nb_params *ps = nb_params_new();
+    nb_TransformerConfig cfg = {.src_vocab = 11, .tgt_vocab = 11, .d_model = 16, .d_ff = 32,
+                                .heads = 2, .layers = 1, .max_len = 8, .dropout = 0.0};
+    nb_Transformer m;
+    ck_assert_int_eq(nb_transformer_init(&m, ps, &cfg, NULL), 0);
+    nb_clear_error();
+    ck_assert_ptr_null(nb_transformer_encode(&m, nb_full(NB_I64, NB_SHAPE(1, 4), 11), NULL,
+                                             false, NULL));
+    ck_assert_str_eq(nb_last_error(), "nb_transformer_encode: nb_embedding: index 11 out of "
+                                      "range for vocabulary size 11 (valid: 0..10)");
+    nb_Linear lin;
+    ck_assert_int_eq(nb_linear_init(&lin, ps, "x", 3, 4, true, NULL), 0);
+    nb_clear_error();
+    ck_assert_int_eq(nb_linear_init(&lin, ps, "x", 3, 4, true, NULL), -1);
+    ck_assert_str_eq(nb_last_error(),
+                     "nb_linear_init: nb_params_add: an entry named \"x.weight\" exists already");
+    nb_clear_error();
+    nb_transformer_free(&m);
+    nb_params_free(ps);
+    nb_scope_end();
+}
+END_TEST
+
+/* A registry's handles are lent out: nb_free refuses them (it used to free
+ * them, and nb_params_free then freed them again); nb_params_free frees
+ * them, after which a kept handle is reported as freed with its owner. */
+START_TEST(test_registry_handles_are_held) {
+    int64_t live = nb_live_tensors();
+    nb_params *ps = nb_params_new();
+    nb_scope_begin();
+    nb_tensor *p = nb_params_add(ps, "w", nb_ones(NB_F32, NB_SHAPE(3)));
+    nb_tensor *b = nb_params_add_buffer(ps, "n", nb_ones(NB_I64, NB_SHAPE(2)));
+    nb_scope_end();
+    ck_assert_ptr_nonnull(p);
+    nb_clear_error();
+    nb_free(p);
+    ck_assert_str_eq(nb_last_error(), "nb_free: input 0 is held by the registry or optimizer "
+                                      "that lent it out; it is freed with it (nb_params_free, "
+                                      "nb_optim_free)");
+    nb_clear_error();
+    nb_free(b);
+    ck_assert_ptr_nonnull(nb_last_error());
+    nb_clear_error();
+    ck_assert_ptr_eq(nb_params_get(ps, "w"), p);
+    ck_assert_int_eq(nb_numel(p), 3); /* still the registry's, still alive */
+    nb_params_free(ps);
+    ck_assert_int_eq(nb_live_tensors(), live);
+    ck_assert_int_eq(nb_numel(p), -1);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "was freed (with its owner"));
+    nb_clear_error();
+}
+END_TEST
+
 START_TEST(test_errors_linear) {
     int64_t live = nb_live_tensors();
     nb_scope_begin();
@@ -1003,6 +1069,8 @@ Suite *suite_nn(void) {
 
     tc = tcase_create("errors");
     tcase_add_test(tc, test_errors_linear);
+    tcase_add_test(tc, test_module_errors_name_the_called_function);
+    tcase_add_test(tc, test_registry_handles_are_held);
     tcase_add_test(tc, test_errors_embedding);
     tcase_add_test(tc, test_errors_layer_norm);
     tcase_add_test(tc, test_errors_cross_entropy);
