@@ -243,7 +243,10 @@ NB_API nb_tensor *nb_grad(const nb_tensor *t);
  * retain_graph); to backpropagate twice, retain it with nb_backward_with_opts.
  * Errors: loss does not require grad or has numel != 1, a saved tensor was
  * modified in place, the graph was released, a custom function's backward
- * failed. A failure midway leaves the gradients accumulated so far. */
+ * failed. A failure midway leaves the gradients accumulated so far.
+ * Threads: backward may run on any thread, on several at once when their
+ * graphs share only leaves (whose .grad then adds up, under a lock); a graph
+ * another thread is backpropagating through at that moment is an error. */
 NB_API int nb_backward(nb_tensor *loss);
 /* The same from any output, with its gradient (same shape and dtype as out). */
 NB_API int nb_backward_with_grad(nb_tensor *out, nb_tensor *grad);
