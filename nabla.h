@@ -129,7 +129,9 @@ NB_API void nb_mark_modified(nb_tensor *t);
 NB_API double nb_item(const nb_tensor *t);           /* one element -> double; NaN on error */
 /* Writes t's numel values, row-major, into out (room for numel doubles); 0 or -1. */
 NB_API int nb_copy_to_f64(const nb_tensor *t, double *out);
-NB_API void nb_print(const nb_tensor *t); /* to stdout, in PyTorch's layout; NULL is ok */
+/* To stdout, in PyTorch's layout; NULL is ok; a freed t prints tensor(freed)
+ * and sets the message. */
+NB_API void nb_print(const nb_tensor *t);
 
 /* --------------------------------------------------------- views and shape */
 /* Any dtype; all differentiable. nb_view, nb_transpose, nb_permute, nb_unsqueeze,

@@ -197,7 +197,6 @@ typedef struct {
     uint64_t id;         /* this walk's claim on the non-leaves it visits */
     tensor_list order;   /* post-order: inputs before the tensors made from them */
     leaf_table leaves;
-    bool retain_graph;
 } walk;
 
 static _Atomic uint64_t next_walk_id = 1;

@@ -77,22 +77,6 @@ static void count(int64_t delta) {
 static void *list_pop(int kind);
 static bool list_push(int kind, void *p);
 
-/* The cache's lock and the graveyard's are held across fork(): a thread
- * allocating while another forks must not leave the child a lock it can
- * never take (they never nest, so any order is fine). */
-static pthread_mutex_t grave_mu;
-static void lock_all(void) {
-    pthread_mutex_lock(&mu);
-    pthread_mutex_lock(&grave_mu);
-}
-static void unlock_all(void) {
-    pthread_mutex_unlock(&grave_mu);
-    pthread_mutex_unlock(&mu);
-}
-__attribute__((constructor)) static void locks_atfork(void) {
-    pthread_atfork(lock_all, unlock_all, unlock_all);
-}
-
 /* Small buffers: powers of two from 64 bytes, kept in per-thread lists. */
 static int small_kind(size_t cap) { return NBI_OBJ_KINDS + __builtin_ctzll(cap) - 6; }
 
@@ -279,6 +263,21 @@ static tensor_fifo graveyard;       /* under grave_mu */
 static _Atomic int64_t graveyard_n; /* graveyard.n, read without the lock */
 static pthread_mutex_t grave_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic uint64_t tensor_allocs, tensor_frees;
+
+/* The cache's lock and the graveyard's are held across fork(): a thread
+ * allocating while another forks must not leave the child a lock it can
+ * never take (they never nest, so any order is fine). */
+static void lock_all(void) {
+    pthread_mutex_lock(&mu);
+    pthread_mutex_lock(&grave_mu);
+}
+static void unlock_all(void) {
+    pthread_mutex_unlock(&grave_mu);
+    pthread_mutex_unlock(&mu);
+}
+__attribute__((constructor)) static void locks_atfork(void) {
+    pthread_atfork(lock_all, unlock_all, unlock_all);
+}
 /* Past-window objects a thread keeps for reuse beyond its steady state. */
 #define QUARANTINE_SPARE 4096
 

@@ -201,13 +201,18 @@ static void release_storage(nbi_storage *s) {
     }
 }
 
-/* Drops t's data when only graph edges hold t besides `others` references. */
+/* Drops t's data when only graph edges hold t besides `others` references.
+ * Two threads may get here for one tensor at once (its owner letting go
+ * while a backward elsewhere releases a node that saved it): the swap of
+ * the storage pointer decides which of them releases it. */
 static void drop_data_if_unneeded(nb_tensor *t, int others) {
-    if (t->owned || t->holds > 0 || t->refs - others != t->edges || t->edges == 0 ||
-        t->storage == &released_storage)
+    if (t->owned || t->holds > 0 || t->refs - others != t->edges || t->edges == 0) return;
+    nbi_storage *s = __atomic_load_n(&t->storage, __ATOMIC_ACQUIRE);
+    if (s == &released_storage ||
+        !__atomic_compare_exchange_n(&t->storage, &s, &released_storage, false, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
         return;
-    release_storage(t->storage);
-    t->storage = &released_storage;
+    release_storage(s);
 }
 
 void nbi_drop_unneeded_data(nb_tensor *t) { drop_data_if_unneeded(t, 1); }
