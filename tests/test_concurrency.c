@@ -5,7 +5,8 @@
  * one thread's scope freed on another, a thread that exits with a scope
  * open, nb_parallel_for at the edge of int64, and the allocator's retry
  * after emptying its cache. `make tsan` runs this suite under
- * ThreadSanitizer (the fork cases are left out there). */
+ * ThreadSanitizer (the fork case is left out there, and under ASan and
+ * valgrind: see the test). */
 #include "test_util.h"
 
 #include <errno.h>
@@ -264,8 +265,11 @@ static bool child_ok(pid_t pid, int seconds) {
  * allocate, compute on the pool and backpropagate (32 of 200 children hung
  * on the cache's lock before). */
 START_TEST(fork_while_other_threads_allocate) {
-    /* ThreadSanitizer does not follow a threaded fork; valgrind: see above */
-    if (UNDER_TSAN || under_valgrind()) return;
+    /* ThreadSanitizer does not follow a threaded fork; valgrind: see above;
+     * AddressSanitizer's own allocator (gcc 12's libasan) does not hold its
+     * quarantine lock across fork: 3 of 2,000 children hung there, in
+     * __asan::Quarantine::Drain, none in nabla's locks */
+    if (UNDER_TSAN || UNDER_ASAN || under_valgrind()) return;
     int forks = 200;
     busy_arg b = {.w = nb_set_requires_grad(nb_zeros(NB_F64, NB_SHAPE(8)), true)};
     pthread_t th[2] = {start(stay_busy, &b), start(stay_busy, &b)};
