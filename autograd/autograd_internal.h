@@ -56,6 +56,14 @@ bool nbi_anomaly_seed(const char *fn, const nb_tensor *grad);
  * as its owner frees it (see nbi_drop_unneeded_data), even though the graph
  * still holds it as an edge. */
 void nbi_save(nbi_node *n, uint32_t bits);
+/* What a backward rule reads of its node's tensors' values: input i, or the
+ * output, which the op must have declared with nbi_save (an undeclared one
+ * may have lost its data by the time backward runs). NULL, with the message
+ * "<op>: backward reads input i, which the op did not declare saved", when
+ * it did not. Shapes, dtypes and requires_grad of n->in[i] stay readable
+ * directly: only values go. */
+nb_tensor *nbi_saved_in(const nbi_node *n, int i);
+nb_tensor *nbi_saved_out(const nbi_node *n);
 /* Whether backward should compute the gradient of input i. */
 static inline bool nbi_wants(const nbi_node *n, int i) {
     return n->in[i]->requires_grad;

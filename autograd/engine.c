@@ -76,6 +76,22 @@ void nbi_save(nbi_node *n, uint32_t bits) {
     if (bits & NBI_SAVE_OUT) n->out->holds++;
 }
 
+static nb_tensor *unsaved(const nbi_node *n, const char *what) {
+    return nbi_error("%s: backward reads %s, which the op did not declare saved (nbi_save); "
+                     "its data may be gone", n->op, what);
+}
+
+nb_tensor *nbi_saved_in(const nbi_node *n, int i) {
+    if (i >= 0 && i < n->nin && i < 31 && (n->saved & NBI_SAVE_IN(i))) return n->in[i];
+    char what[32];
+    snprintf(what, sizeof what, "input %d", i);
+    return unsaved(n, what);
+}
+
+nb_tensor *nbi_saved_out(const nbi_node *n) {
+    return (n->saved & NBI_SAVE_OUT) ? n->out : unsaved(n, "its output");
+}
+
 void nbi_node_free(nbi_node *n) {
     if (n->fn_release) n->fn_release(n, true);
     for (int i = 0; i < n->nin; i++) {

@@ -36,10 +36,10 @@ typedef struct {
 
 #define BINARY_CASES(T, ERF)                                                  \
     switch (j->op) {                                                          \
-    case NBI_ADD: ROWS2(T, x + y); break;                                     \
-    case NBI_SUB: ROWS2(T, x - y); break;                                     \
-    case NBI_MUL: ROWS2(T, x * y); break;                                     \
-    case NBI_DIV: ROWS2(T, x / y); break;                                     \
+    case NBI_add: ROWS2(T, x + y); break;                                     \
+    case NBI_sub: ROWS2(T, x - y); break;                                     \
+    case NBI_mul: ROWS2(T, x * y); break;                                     \
+    case NBI_div: ROWS2(T, x / y); break;                                     \
     case NBI_RELU_GRAD: ROWS2(T, y <= 0 ? 0 : x); break;                      \
     case NBI_TANH_GRAD: ROWS2(T, x * (1 - y * y)); break;                     \
     case NBI_GELU_GRAD:                                                       \
@@ -47,6 +47,10 @@ typedef struct {
                       y * (T)0.39894228040143267794 * (T)exp(-(double)(y * y) / 2))); \
         break;                                                                \
     }
+
+#define BINOP_CHEAP(name, inputs, flags, call) [NBI_##name] = ((flags) & NB_OP_CHEAP) != 0,
+static const bool binop_cheap[] = {NB_OPS_BINARY(BINOP_CHEAP)[NBI_RELU_GRAD] = true,
+                                   [NBI_TANH_GRAD] = false, [NBI_GELU_GRAD] = false};
 
 static void binary_span(void *ctx, int64_t lo, int64_t hi) {
     const binary_job *j = ctx;
@@ -65,7 +69,7 @@ void nbi_binary_into(nbi_binop op, nb_tensor *out, const nb_tensor *a, const nb_
     binary_job j = {.op = op, .dt = out->dtype, .po = nbi_ptr(out), .pa = nbi_ptr(a),
                     .pb = nbi_ptr(b)};
     nbi_iter_init(&j.it, out->ndim, out->shape, 3, st);
-    int64_t grain = op >= NBI_TANH_GRAD ? NBI_GRAIN_HEAVY : NBI_GRAIN;
+    int64_t grain = binop_cheap[op] ? NBI_GRAIN : NBI_GRAIN_HEAVY;
     nbi_parallel_for(out->numel, grain, binary_span, &j);
 }
 
@@ -82,7 +86,7 @@ nb_tensor *nbi_binary(const char *fn, nbi_binop op, nb_tensor *a, nb_tensor *b) 
 }
 
 void nbi_add_into(nb_tensor *dst, const nb_tensor *src) {
-    nbi_binary_into(NBI_ADD, dst, dst, src);
+    nbi_binary_into(NBI_add, dst, dst, src);
 }
 
 /* Each rule reduces its gradients back over broadcast dims. */
@@ -103,16 +107,16 @@ static int sub_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 }
 
 static int mul_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    if (nbi_wants(n, 0) && !(gin[0] = to_input(n, 0, nb_mul(g, n->in[1])))) return -1;
-    if (nbi_wants(n, 1) && !(gin[1] = to_input(n, 1, nb_mul(g, n->in[0])))) return -1;
+    if (nbi_wants(n, 0) && !(gin[0] = to_input(n, 0, nb_mul(g, nbi_saved_in(n, 1))))) return -1;
+    if (nbi_wants(n, 1) && !(gin[1] = to_input(n, 1, nb_mul(g, nbi_saved_in(n, 0))))) return -1;
     return 0;
 }
 
 /* d(a/b)/da = 1/b, d(a/b)/db = -a/b^2 = -(a/b)/b */
 static int div_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    nb_tensor *ga = nb_div(g, n->in[1]);
+    nb_tensor *ga = nb_div(g, nbi_saved_in(n, 1));
     if (nbi_wants(n, 0) && !(gin[0] = to_input(n, 0, ga))) return -1;
-    if (nbi_wants(n, 1) && !(gin[1] = to_input(n, 1, nb_neg(nb_mul(ga, n->out))))) return -1;
+    if (nbi_wants(n, 1) && !(gin[1] = to_input(n, 1, nb_neg(nb_mul(ga, nbi_saved_out(n)))))) return -1;
     return 0;
 }
 
@@ -128,14 +132,14 @@ static nb_tensor *binary_op(const char *fn, nbi_binop op, nbi_backward_fn bw, ui
 }
 
 nb_tensor *nb_add(nb_tensor *a, nb_tensor *b) {
-    return binary_op("nb_add", NBI_ADD, add_backward, 0, a, b);
+    return binary_op("nb_add", NBI_add, add_backward, 0, a, b);
 }
 nb_tensor *nb_sub(nb_tensor *a, nb_tensor *b) {
-    return binary_op("nb_sub", NBI_SUB, sub_backward, 0, a, b);
+    return binary_op("nb_sub", NBI_sub, sub_backward, 0, a, b);
 }
 nb_tensor *nb_mul(nb_tensor *a, nb_tensor *b) {
-    return binary_op("nb_mul", NBI_MUL, mul_backward, NBI_SAVE_IN(0) | NBI_SAVE_IN(1), a, b);
+    return binary_op("nb_mul", NBI_mul, mul_backward, NBI_SAVE_IN(0) | NBI_SAVE_IN(1), a, b);
 }
 nb_tensor *nb_div(nb_tensor *a, nb_tensor *b) {
-    return binary_op("nb_div", NBI_DIV, div_backward, NBI_SAVE_IN(1) | NBI_SAVE_OUT, a, b);
+    return binary_op("nb_div", NBI_div, div_backward, NBI_SAVE_IN(1) | NBI_SAVE_OUT, a, b);
 }

@@ -104,7 +104,7 @@ static void where_into(nb_tensor *y, const nb_tensor *cond, const nb_tensor *a,
 
 /* g flows to a where cond holds and to b elsewhere */
 static int where_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    nb_tensor *cond = n->in[0], *zero = nb_scalar(g->dtype, 0);
+    nb_tensor *cond = nbi_saved_in(n, 0), *zero = nb_scalar(g->dtype, 0);
     if (nbi_wants(n, 1) &&
         !(gin[1] = nbi_sum_to(nb_where(cond, g, zero), n->in[1]->ndim, n->in[1]->shape)))
         return -1;

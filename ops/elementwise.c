@@ -2,10 +2,15 @@
  * ones with a scalar: pow, add, mul), forward kernels and backward rules. */
 #include "ops_internal.h"
 #include "elementwise_internal.h"
+#include "registry.h"
 
 #include <math.h>
 
-typedef enum { U_NEG, U_EXP, U_LOG, U_SQRT, U_TANH, U_RELU, U_GELU, U_POW, U_ADD, U_MUL } unop;
+/* U_neg, U_exp, ...: the ops of NB_OPS_ELEMENTWISE, in its order */
+#define UNOP_ENUM(name, inputs, flags, call) U_##name,
+typedef enum { NB_OPS_ELEMENTWISE(UNOP_ENUM) } unop;
+#define UNOP_FLAGS(name, inputs, flags, call) [U_##name] = (flags),
+static const unsigned unop_flags[] = {NB_OPS_ELEMENTWISE(UNOP_FLAGS)};
 
 /* x (...) any strides -> y (...) contiguous; s is the scalar argument.
  * Element ranges run on the thread pool. */
@@ -38,16 +43,16 @@ typedef struct {
 
 #define UNARY_CASES(T, EXP, LOG, SQRT, TANH, ERF, POW)                        \
     switch (j->op) {                                                          \
-    case U_NEG: ROWS1(T, -x); break;                                          \
-    case U_EXP: ROWS1(T, EXP(x)); break;                                      \
-    case U_LOG: ROWS1(T, LOG(x)); break;                                      \
-    case U_SQRT: ROWS1(T, SQRT(x)); break;                                    \
-    case U_TANH: ROWS1(T, TANH(x)); break;                                    \
-    case U_RELU: ROWS1(T, x <= 0 ? 0 : x); break; /* NaN stays NaN */         \
-    case U_GELU: ROWS1(T, (T)0.5 * x * (1 + ERF(x * (T)0.70710678118654752440))); break; \
-    case U_POW: ROWS1(T, POW(x, (T)s)); break;                                \
-    case U_ADD: ROWS1(T, x + (T)s); break;                                    \
-    case U_MUL: ROWS1(T, x * (T)s); break;                                    \
+    case U_neg: ROWS1(T, -x); break;                                          \
+    case U_exp: ROWS1(T, EXP(x)); break;                                      \
+    case U_log: ROWS1(T, LOG(x)); break;                                      \
+    case U_sqrt: ROWS1(T, SQRT(x)); break;                                    \
+    case U_tanh: ROWS1(T, TANH(x)); break;                                    \
+    case U_relu: ROWS1(T, x <= 0 ? 0 : x); break; /* NaN stays NaN */         \
+    case U_gelu: ROWS1(T, (T)0.5 * x * (1 + ERF(x * (T)0.70710678118654752440))); break; \
+    case U_pow_scalar: ROWS1(T, POW(x, (T)s)); break;                                \
+    case U_add_scalar: ROWS1(T, x + (T)s); break;                                    \
+    case U_mul_scalar: ROWS1(T, x * (T)s); break;                                    \
     }
 
 static void unary_span(void *ctx, int64_t lo, int64_t hi) {
@@ -66,7 +71,7 @@ static nb_tensor *unary(const char *fn, unop op, double s, nb_tensor *t) {
     const int64_t *st[2] = {y->strides, t->strides};
     unary_job j = {.op = op, .dt = t->dtype, .s = s, .po = nbi_ptr(y), .px = nbi_ptr(t)};
     nbi_iter_init(&j.it, t->ndim, t->shape, 2, st);
-    bool cheap = op == U_NEG || op == U_RELU || op == U_ADD || op == U_MUL;
+    bool cheap = unop_flags[op] & NB_OP_CHEAP;
     nbi_parallel_for(t->numel, cheap ? NBI_GRAIN : NBI_GRAIN_HEAVY, unary_span, &j);
     return y;
 }
@@ -88,29 +93,29 @@ static int neg_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     return (gin[0] = nb_neg(g)) ? 0 : -1;
 }
 static int exp_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    return (gin[0] = nb_mul(g, n->out)) ? 0 : -1;
+    return (gin[0] = nb_mul(g, nbi_saved_out(n))) ? 0 : -1;
 }
 static int log_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    return (gin[0] = nb_div(g, n->in[0])) ? 0 : -1;
+    return (gin[0] = nb_div(g, nbi_saved_in(n, 0))) ? 0 : -1;
 }
 static int sqrt_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    return (gin[0] = nb_div(nb_mul_scalar(g, 0.5), n->out)) ? 0 : -1;
+    return (gin[0] = nb_div(nb_mul_scalar(g, 0.5), nbi_saved_out(n))) ? 0 : -1;
 }
 static int tanh_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    return (gin[0] = nbi_binary("nb_tanh", NBI_TANH_GRAD, g, n->out)) ? 0 : -1;
+    return (gin[0] = nbi_binary("nb_tanh", NBI_TANH_GRAD, g, nbi_saved_out(n))) ? 0 : -1;
 }
 static int relu_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    return (gin[0] = nbi_binary("nb_relu", NBI_RELU_GRAD, g, n->in[0])) ? 0 : -1;
+    return (gin[0] = nbi_binary("nb_relu", NBI_RELU_GRAD, g, nbi_saved_in(n, 0))) ? 0 : -1;
 }
 static int gelu_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    return (gin[0] = nbi_binary("nb_gelu", NBI_GELU_GRAD, g, n->in[0])) ? 0 : -1;
+    return (gin[0] = nbi_binary("nb_gelu", NBI_GELU_GRAD, g, nbi_saved_in(n, 0))) ? 0 : -1;
 }
 /* d(x^p)/dx = p x^(p-1) */
 static int pow_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     double p = n->d[0];
     if (p == 0) /* x^0 is constant: 0 * x^-1 would be NaN at x = 0 */
         return (gin[0] = nb_zeros(g->dtype, g->ndim, g->shape)) ? 0 : -1;
-    nb_tensor *d = nb_mul_scalar(nb_pow_scalar(n->in[0], p - 1), p);
+    nb_tensor *d = nb_mul_scalar(nb_pow_scalar(nbi_saved_in(n, 0), p - 1), p);
     return (gin[0] = nb_mul(g, d)) ? 0 : -1;
 }
 static int add_scalar_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
@@ -122,31 +127,31 @@ static int mul_scalar_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     return (gin[0] = nb_mul_scalar(g, n->d[0])) ? 0 : -1;
 }
 
-nb_tensor *nb_neg(nb_tensor *t) { return unary_op("nb_neg", U_NEG, 0, neg_backward, 0, t); }
+nb_tensor *nb_neg(nb_tensor *t) { return unary_op("nb_neg", U_neg, 0, neg_backward, 0, t); }
 nb_tensor *nb_exp(nb_tensor *t) {
-    return unary_op("nb_exp", U_EXP, 0, exp_backward, NBI_SAVE_OUT, t);
+    return unary_op("nb_exp", U_exp, 0, exp_backward, NBI_SAVE_OUT, t);
 }
 nb_tensor *nb_log(nb_tensor *t) {
-    return unary_op("nb_log", U_LOG, 0, log_backward, NBI_SAVE_IN(0), t);
+    return unary_op("nb_log", U_log, 0, log_backward, NBI_SAVE_IN(0), t);
 }
 nb_tensor *nb_sqrt(nb_tensor *t) {
-    return unary_op("nb_sqrt", U_SQRT, 0, sqrt_backward, NBI_SAVE_OUT, t);
+    return unary_op("nb_sqrt", U_sqrt, 0, sqrt_backward, NBI_SAVE_OUT, t);
 }
 nb_tensor *nb_tanh(nb_tensor *t) {
-    return unary_op("nb_tanh", U_TANH, 0, tanh_backward, NBI_SAVE_OUT, t);
+    return unary_op("nb_tanh", U_tanh, 0, tanh_backward, NBI_SAVE_OUT, t);
 }
 nb_tensor *nb_relu(nb_tensor *t) {
-    return unary_op("nb_relu", U_RELU, 0, relu_backward, NBI_SAVE_IN(0), t);
+    return unary_op("nb_relu", U_relu, 0, relu_backward, NBI_SAVE_IN(0), t);
 }
 nb_tensor *nb_gelu(nb_tensor *t) {
-    return unary_op("nb_gelu", U_GELU, 0, gelu_backward, NBI_SAVE_IN(0), t);
+    return unary_op("nb_gelu", U_gelu, 0, gelu_backward, NBI_SAVE_IN(0), t);
 }
 nb_tensor *nb_pow_scalar(nb_tensor *t, double exponent) {
-    return unary_op("nb_pow_scalar", U_POW, exponent, pow_backward, NBI_SAVE_IN(0), t);
+    return unary_op("nb_pow_scalar", U_pow_scalar, exponent, pow_backward, NBI_SAVE_IN(0), t);
 }
 nb_tensor *nb_add_scalar(nb_tensor *t, double value) {
-    return unary_op("nb_add_scalar", U_ADD, value, add_scalar_backward, 0, t);
+    return unary_op("nb_add_scalar", U_add_scalar, value, add_scalar_backward, 0, t);
 }
 nb_tensor *nb_mul_scalar(nb_tensor *t, double value) {
-    return unary_op("nb_mul_scalar", U_MUL, value, mul_scalar_backward, 0, t);
+    return unary_op("nb_mul_scalar", U_mul_scalar, value, mul_scalar_backward, 0, t);
 }

@@ -4,9 +4,13 @@
 #define NABLA_ELEMENTWISE_INTERNAL_H
 
 #include "ops_internal.h"
+#include "registry.h"
 
+/* NBI_add, NBI_sub, ...: the ops of NB_OPS_BINARY, then the fused gradient
+ * kernels of one-input ops' backward rules. */
+#define NBI_BINOP_ENUM(name, inputs, flags, call) NBI_##name,
 typedef enum {
-    NBI_ADD, NBI_SUB, NBI_MUL, NBI_DIV,
+    NB_OPS_BINARY(NBI_BINOP_ENUM)
     NBI_RELU_GRAD, /* (g, x) -> x > 0 ? g : 0 */
     NBI_TANH_GRAD, /* (g, y) -> g * (1 - y^2), y = tanh(x) */
     NBI_GELU_GRAD, /* (g, x) -> g * gelu'(x) */

@@ -78,9 +78,10 @@ static void gather_into(nb_tensor *out, const int64_t *ist, const nb_tensor *idx
 /* node: in[0] = t, in[1] = index (version-checked: backward re-reads it);
  * i[0] = dim, i[1] = 1 for index_select */
 static int pick_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    nb_tensor *t = n->in[0], *idx = n->in[1];
+    const nb_tensor *t = n->in[0]; /* its shape only */
+    nb_tensor *idx = nbi_saved_in(n, 1);
     int dim = (int)n->i[0];
-    nb_tensor *z = nb_zeros(g->dtype, t->ndim, t->shape);
+    nb_tensor *z = idx ? nb_zeros(g->dtype, t->ndim, t->shape) : NULL;
     if (!z) return -1;
     int64_t ist[NB_MAX_DIMS] = {0};
     if (n->i[1]) ist[dim] = idx->strides[0];

@@ -56,8 +56,10 @@ static void fill_where(nb_tensor *out, const nb_tensor *x, const int64_t *xst,
 /* g (S) any strides, mask broadcast to S -> g with zeros where mask is true,
  * summed back to t's shape. node->in = {t, mask}. */
 static int masked_fill_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    nb_tensor *t = n->in[0], *mask = n->in[1];
+    const nb_tensor *t = n->in[0]; /* its shape only */
     if (!nbi_wants(n, 0)) return 0;
+    nb_tensor *mask = nbi_saved_in(n, 1);
+    if (!mask) return -1;
     nb_tensor *gm = nbi_new(n->op, g->dtype, g->ndim, g->shape, false);
     if (!gm) return -1;
     fill_where(gm, g, g->strides, mask, 0.0);

@@ -149,7 +149,8 @@ static int matmul_batched(const mm_geom *g, const nb_tensor *a, const nb_tensor 
  * input was broadcast along. A 1-D operand is seen as a matrix (a: (1,K),
  * b: (K,1)) and g gets the matching size-1 dims back. */
 static int matmul_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    nb_tensor *a = n->in[0], *b = n->in[1];
+    nb_tensor *a = nbi_saved_in(n, 0), *b = nbi_saved_in(n, 1);
+    if (!a || !b) return -1;
     bool a1 = a->ndim == 1, b1 = b->ndim == 1;
     nb_tensor *a2 = a1 ? nb_unsqueeze(a, 0) : a; /* (1,K) */
     nb_tensor *b2 = b1 ? nb_unsqueeze(b, 1) : b; /* (K,1) */

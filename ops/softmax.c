@@ -232,7 +232,8 @@ DEFINE_SPANS(double, f64)
 /* y (S) saved output, g (S) any strides -> gin (S) contiguous; node->i[0] =
  * dim (normalized), node->i[1] = log_mode. */
 static int softmax_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    const nb_tensor *y = n->out;
+    const nb_tensor *y = nbi_saved_out(n);
+    if (!y) return -1;
     int dim = (int)n->i[0];
     bool log_mode = n->i[1] != 0;
     if (!nbi_wants(n, 0)) return 0;

@@ -1,0 +1,110 @@
+/* registry.h: every op of nabla, declared once.
+ *
+ * Adding an op is: one line here, its forward kernel and backward rule in
+ * its family file (ops/<family>.c, the list it sits in), its prototype in
+ * nabla.h, and its fixtures from tests/fixtures/gen_edges.py. Everything
+ * else is made from these lists:
+ *   - the dispatch enums of the elementwise and binary kernels (and which
+ *     ops are cheap enough for the large thread grain);
+ *   - the per-op tests (tests/test_registry.c: PyTorch fixtures present,
+ *     gradcheck on contiguous, transposed and broadcast inputs, bitwise
+ *     identity across thread counts, inputs and output freed before
+ *     backward; tests/test_edges.c: edge values against PyTorch);
+ *   - the op fuzzer's opcodes (fuzz/fuzz_ops.c, fuzz/gen_seeds.c);
+ *   - the op table of docs (tests/op_table.c; make readme-check compares).
+ *
+ * A line is X(name, inputs, flags, call):
+ *   name    the public function is nb_<name>
+ *   inputs  one word per tensor input, as the generic tests make them:
+ *           a letter, then optionally ":" and a shape (default 3x4)
+ *             f floating       p floating > 0       a floating, |x| >= 0.5
+ *             b bool           i int64 index in [0, 3)
+ *   flags   NB_OP_DIFF   differentiable in its floating inputs
+ *           NB_OP_EXACT  bit for bit PyTorch's result, sign of zero included
+ *                        (else within the tolerance of docs/numerics.md)
+ *           NB_OP_CHEAP  an elementwise kernel cheap enough for the large
+ *                        thread grain (NBI_GRAIN rather than NBI_GRAIN_HEAVY)
+ *   call    the call the tests and the fuzzer's seeds make, on inputs x[0..]
+ *           (x is nb_tensor **; op_rng() is the includer's seeded generator)
+ *
+ * This header includes nothing: include nabla.h first and define X. */
+#ifndef NABLA_OPS_REGISTRY_H
+#define NABLA_OPS_REGISTRY_H
+
+#define NB_OP_DIFF 1u
+#define NB_OP_EXACT 2u
+#define NB_OP_CHEAP 4u
+
+/* ops/elementwise.c: one input and maybe a scalar; kernel enum U_<name> */
+#define NB_OPS_ELEMENTWISE(X)                                                        \
+    X(neg, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_neg(x[0]))                \
+    X(exp, "f", NB_OP_DIFF, nb_exp(x[0]))                                            \
+    X(log, "p", NB_OP_DIFF, nb_log(x[0]))                                            \
+    X(sqrt, "p", NB_OP_DIFF, nb_sqrt(x[0]))                                          \
+    X(tanh, "f", NB_OP_DIFF, nb_tanh(x[0]))                                          \
+    X(relu, "a", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_relu(x[0]))              \
+    X(gelu, "f", NB_OP_DIFF, nb_gelu(x[0]))                                          \
+    X(pow_scalar, "p", NB_OP_DIFF, nb_pow_scalar(x[0], 1.5))                         \
+    X(add_scalar, "f", NB_OP_DIFF | NB_OP_CHEAP, nb_add_scalar(x[0], 1.5))           \
+    X(mul_scalar, "f", NB_OP_DIFF | NB_OP_CHEAP, nb_mul_scalar(x[0], -2.5))
+
+/* ops/binary.c: two broadcast inputs; kernel enum NBI_<name> */
+#define NB_OPS_BINARY(X)                                                             \
+    X(add, "f f", NB_OP_DIFF | NB_OP_CHEAP, nb_add(x[0], x[1]))                      \
+    X(sub, "f f", NB_OP_DIFF | NB_OP_CHEAP, nb_sub(x[0], x[1]))                      \
+    X(mul, "f f", NB_OP_DIFF | NB_OP_CHEAP, nb_mul(x[0], x[1]))                      \
+    X(div, "f a", NB_OP_DIFF | NB_OP_CHEAP, nb_div(x[0], x[1]))
+
+/* ops/compare.c: boolean results, and where */
+#define NB_OPS_COMPARE(X)                                                            \
+    X(eq, "f f", NB_OP_EXACT, nb_eq(x[0], x[1]))                                     \
+    X(ne, "f f", NB_OP_EXACT, nb_ne(x[0], x[1]))                                     \
+    X(lt, "f f", NB_OP_EXACT, nb_lt(x[0], x[1]))                                     \
+    X(gt, "f f", NB_OP_EXACT, nb_gt(x[0], x[1]))                                     \
+    X(logical_not, "b", NB_OP_EXACT, nb_logical_not(x[0]))                           \
+    X(where, "b f f", NB_OP_DIFF | NB_OP_EXACT, nb_where(x[0], x[1], x[2]))
+
+/* ops/reduce.c */
+#define NB_OPS_REDUCE(X)                                                             \
+    X(sum, "f", NB_OP_DIFF, nb_sum(x[0], 1, false))                                  \
+    X(mean, "f", NB_OP_DIFF, nb_mean(x[0], 0, true))                                 \
+    X(max, "f", NB_OP_DIFF | NB_OP_EXACT, nb_max(x[0], 1, false))                    \
+    X(argmax, "f", NB_OP_EXACT, nb_argmax(x[0], 0, false))                           \
+    X(sum_all, "f", NB_OP_DIFF, nb_sum_all(x[0]))                                    \
+    X(mean_all, "f", NB_OP_DIFF, nb_mean_all(x[0]))
+
+/* ops/matmul.c, ops/softmax.c, ops/masked_fill.c, ops/dropout.c */
+#define NB_OPS_MISSION(X)                                                            \
+    X(matmul, "f f:4x5", NB_OP_DIFF, nb_matmul(x[0], x[1]))                          \
+    X(softmax, "f", NB_OP_DIFF, nb_softmax(x[0], 1))                                 \
+    X(log_softmax, "f", NB_OP_DIFF, nb_log_softmax(x[0], 0))                         \
+    X(masked_fill, "f b", NB_OP_DIFF | NB_OP_EXACT, nb_masked_fill(x[0], x[1], -2))  \
+    X(dropout, "f", NB_OP_DIFF, nb_dropout(x[0], 0.25, true, op_rng()))
+
+/* ops/view.c: views (no copy) and reshape/contiguous */
+#define NB_OPS_VIEW(X)                                                               \
+    X(view, "f", NB_OP_DIFF | NB_OP_EXACT, nb_view(x[0], NB_SHAPE(3, 1, 4)))         \
+    X(reshape, "f", NB_OP_DIFF | NB_OP_EXACT, nb_reshape(x[0], NB_SHAPE(2, 6)))      \
+    X(transpose, "f", NB_OP_DIFF | NB_OP_EXACT, nb_transpose(x[0], 0, 1))            \
+    X(permute, "f:2x3x4", NB_OP_DIFF | NB_OP_EXACT,                                  \
+      nb_permute(x[0], 3, (const int[]){2, 0, 1}))                                   \
+    X(unsqueeze, "f", NB_OP_DIFF | NB_OP_EXACT, nb_unsqueeze(x[0], 1))               \
+    X(squeeze, "f:3x1x4", NB_OP_DIFF | NB_OP_EXACT, nb_squeeze(x[0], 1))             \
+    X(expand, "f:3x1", NB_OP_DIFF | NB_OP_EXACT, nb_expand(x[0], NB_SHAPE(2, 3, 4))) \
+    X(narrow, "f", NB_OP_DIFF | NB_OP_EXACT, nb_narrow(x[0], 1, 1, 2))               \
+    X(select, "f", NB_OP_DIFF | NB_OP_EXACT, nb_select(x[0], 0, -1))                 \
+    X(contiguous, "f", NB_OP_DIFF | NB_OP_EXACT, nb_contiguous(x[0]))
+
+/* ops/shape.c, ops/index.c: copies that move elements */
+#define NB_OPS_SHAPE(X)                                                              \
+    X(cat, "f f:2x4", NB_OP_DIFF | NB_OP_EXACT, nb_cat(x, 2, 0))                     \
+    X(to, "f", NB_OP_DIFF, nb_to(x[0], NB_F64))                                      \
+    X(gather, "f i:3x2", NB_OP_DIFF | NB_OP_EXACT, nb_gather(x[0], 1, x[1]))         \
+    X(index_select, "f i:5", NB_OP_DIFF | NB_OP_EXACT, nb_index_select(x[0], 0, x[1]))
+
+/* Every op, in this order (the fuzzer's opcodes follow it). */
+#define NB_OPS(X)                                                                    \
+    NB_OPS_ELEMENTWISE(X) NB_OPS_BINARY(X) NB_OPS_COMPARE(X) NB_OPS_REDUCE(X)        \
+    NB_OPS_MISSION(X) NB_OPS_VIEW(X) NB_OPS_SHAPE(X)
+
+#endif
