@@ -25,7 +25,9 @@
  *           NB_OP_CHEAP  an elementwise kernel cheap enough for the large
  *                        thread grain (NBI_GRAIN rather than NBI_GRAIN_HEAVY)
  *   call    the call the tests and the fuzzer's seeds make, on inputs x[0..]
- *           (x is nb_tensor **; op_rng() is the includer's seeded generator)
+ *           (x is nb_tensor **; op_rng() is the includer's seeded generator).
+ *           It must stay valid when dim 0 of every input grows (the thread
+ *           tests multiply it to reach the parallel paths): hence -1 sizes.
  *
  * This header includes nothing: include nabla.h first and define X. */
 #ifndef NABLA_OPS_REGISTRY_H
@@ -73,38 +75,57 @@
     X(sum_all, "f", NB_OP_DIFF, nb_sum_all(x[0]))                                    \
     X(mean_all, "f", NB_OP_DIFF, nb_mean_all(x[0]))
 
-/* ops/matmul.c, ops/softmax.c, ops/masked_fill.c, ops/dropout.c */
-#define NB_OPS_MISSION(X)                                                            \
-    X(matmul, "f f:4x5", NB_OP_DIFF, nb_matmul(x[0], x[1]))                          \
+/* ops/matmul.c */
+#define NB_OPS_MATMUL(X) X(matmul, "f:2x3x4 f:2x4x5", NB_OP_DIFF, nb_matmul(x[0], x[1]))
+
+/* ops/softmax.c */
+#define NB_OPS_SOFTMAX(X)                                                            \
     X(softmax, "f", NB_OP_DIFF, nb_softmax(x[0], 1))                                 \
-    X(log_softmax, "f", NB_OP_DIFF, nb_log_softmax(x[0], 0))                         \
-    X(masked_fill, "f b", NB_OP_DIFF | NB_OP_EXACT, nb_masked_fill(x[0], x[1], -2))  \
-    X(dropout, "f", NB_OP_DIFF, nb_dropout(x[0], 0.25, true, op_rng()))
+    X(log_softmax, "f", NB_OP_DIFF, nb_log_softmax(x[0], 0))
+
+/* ops/masked_fill.c */
+#define NB_OPS_MASKED_FILL(X)                                                        \
+    X(masked_fill, "f b", NB_OP_DIFF | NB_OP_EXACT, nb_masked_fill(x[0], x[1], -2))
+
+/* ops/dropout.c */
+#define NB_OPS_DROPOUT(X) X(dropout, "f", NB_OP_DIFF, nb_dropout(x[0], 0.25, true, op_rng()))
 
 /* ops/view.c: views (no copy) and reshape/contiguous */
 #define NB_OPS_VIEW(X)                                                               \
-    X(view, "f", NB_OP_DIFF | NB_OP_EXACT, nb_view(x[0], NB_SHAPE(3, 1, 4)))         \
-    X(reshape, "f", NB_OP_DIFF | NB_OP_EXACT, nb_reshape(x[0], NB_SHAPE(2, 6)))      \
+    X(view, "f", NB_OP_DIFF | NB_OP_EXACT, nb_view(x[0], NB_SHAPE(-1, 1, 4)))         \
+    X(reshape, "f", NB_OP_DIFF | NB_OP_EXACT, nb_reshape(x[0], NB_SHAPE(-1, 6)))      \
     X(transpose, "f", NB_OP_DIFF | NB_OP_EXACT, nb_transpose(x[0], 0, 1))            \
     X(permute, "f:2x3x4", NB_OP_DIFF | NB_OP_EXACT,                                  \
       nb_permute(x[0], 3, (const int[]){2, 0, 1}))                                   \
     X(unsqueeze, "f", NB_OP_DIFF | NB_OP_EXACT, nb_unsqueeze(x[0], 1))               \
     X(squeeze, "f:3x1x4", NB_OP_DIFF | NB_OP_EXACT, nb_squeeze(x[0], 1))             \
-    X(expand, "f:3x1", NB_OP_DIFF | NB_OP_EXACT, nb_expand(x[0], NB_SHAPE(2, 3, 4))) \
+    X(expand, "f:3x1", NB_OP_DIFF | NB_OP_EXACT, nb_expand(x[0], NB_SHAPE(2, -1, 4))) \
     X(narrow, "f", NB_OP_DIFF | NB_OP_EXACT, nb_narrow(x[0], 1, 1, 2))               \
     X(select, "f", NB_OP_DIFF | NB_OP_EXACT, nb_select(x[0], 0, -1))                 \
     X(contiguous, "f", NB_OP_DIFF | NB_OP_EXACT, nb_contiguous(x[0]))
 
-/* ops/shape.c, ops/index.c: copies that move elements */
+/* ops/shape.c: copies that move elements */
 #define NB_OPS_SHAPE(X)                                                              \
     X(cat, "f f:2x4", NB_OP_DIFF | NB_OP_EXACT, nb_cat(x, 2, 0))                     \
-    X(to, "f", NB_OP_DIFF, nb_to(x[0], NB_F64))                                      \
+    X(to, "f", NB_OP_DIFF, nb_to(x[0], NB_F64))
+
+/* ops/index.c */
+#define NB_OPS_INDEX(X)                                                              \
     X(gather, "f i:3x2", NB_OP_DIFF | NB_OP_EXACT, nb_gather(x[0], 1, x[1]))         \
     X(index_select, "f i:5", NB_OP_DIFF | NB_OP_EXACT, nb_index_select(x[0], 0, x[1]))
 
 /* Every op, in this order (the fuzzer's opcodes follow it). */
 #define NB_OPS(X)                                                                    \
     NB_OPS_ELEMENTWISE(X) NB_OPS_BINARY(X) NB_OPS_COMPARE(X) NB_OPS_REDUCE(X)        \
-    NB_OPS_MISSION(X) NB_OPS_VIEW(X) NB_OPS_SHAPE(X)
+    NB_OPS_MATMUL(X) NB_OPS_SOFTMAX(X) NB_OPS_MASKED_FILL(X) NB_OPS_DROPOUT(X)       \
+    NB_OPS_VIEW(X) NB_OPS_SHAPE(X) NB_OPS_INDEX(X)
+
+/* Every family list with its file under ops/, for tables that name it. */
+#define NB_OP_FAMILIES(F)                                                            \
+    F(NB_OPS_ELEMENTWISE, "elementwise") F(NB_OPS_BINARY, "binary")                  \
+    F(NB_OPS_COMPARE, "compare") F(NB_OPS_REDUCE, "reduce") F(NB_OPS_MATMUL, "matmul") \
+    F(NB_OPS_SOFTMAX, "softmax") F(NB_OPS_MASKED_FILL, "masked_fill")                \
+    F(NB_OPS_DROPOUT, "dropout") F(NB_OPS_VIEW, "view") F(NB_OPS_SHAPE, "shape")     \
+    F(NB_OPS_INDEX, "index")
 
 #endif
