@@ -37,7 +37,7 @@ TEST_BIN := $(BUILD)/tests/run_tests
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm)
 
-.PHONY: all test run bench clean check-deps readme-check valgrind asan tsan error-table-check install uninstall install-check resume-check \
+.PHONY: all test run bench clean check-deps readme-check valgrind asan tsan error-table-check op-table install uninstall install-check resume-check \
   fuzz fuzz-build fuzz-load fuzz-ops fuzz-regress fuzz-seeds fuzz-clean
 all: $(BUILD)/libnabla.a $(BUILD)/libnabla.so $(EXAMPLES)
 	@ln -sf $(BUILD)/libnabla.a libnabla.a
@@ -171,6 +171,16 @@ tsan: check-deps
 	  CK_FORK=no CK_RUN_SUITE=$$s TSAN_OPTIONS="halt_on_error=1 exitcode=66" \
 	    build-tsan/tests/run_tests > build-tsan/tsan-$$s.log 2>&1 || { tail -40 build-tsan/tsan-$$s.log; exit 1; }; \
 	  echo "tsan clean: suite $$s ($$(tail -1 build-tsan/tsan-$$s.log))"; done
+
+# The op tables of docs/ops.md ("full") and README.md ("short") rewritten from
+# ops/registry.h (the registry suite of make test fails when they differ).
+op-table: check-deps
+	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BIN)
+	@for fw in docs/ops.md:full README.md:short; do f=$${fw%%:*}; \
+	  NB_TEST_PRINT_OP_TABLE=$${fw##*:} $(TEST_BIN) > $(BUILD)/op-table.md || exit 1; \
+	  awk -v tf=$(BUILD)/op-table.md '/^<!-- op table: /{while ((getline l < tf) > 0) print l; skip=1; next} \
+	    skip && /^<!-- end of op table -->/{skip=0; next} !skip' $$f > $(BUILD)/op-table.tmp && \
+	  cp $(BUILD)/op-table.tmp $$f && echo "op table of $$f: made from ops/registry.h"; done
 
 # The README's table of error messages still matches the sources.
 error-table-check:

@@ -10,11 +10,18 @@ int main(void) {
         printf("%lld\n", (long long)nb_memory_cache_limit());
         return 0;
     }
+    /* make op-table: the registry's op tables, for docs/ops.md and README.md */
+    const char *table = getenv("NB_TEST_PRINT_OP_TABLE");
+    if (table) {
+        print_op_table(table);
+        return 0;
+    }
     SRunner *sr = srunner_create(suite_tensor());
     srunner_add_suite(sr, suite_views());
     srunner_add_suite(sr, suite_elementwise());
     srunner_add_suite(sr, suite_reduce());
     srunner_add_suite(sr, suite_matmul());
+    srunner_add_suite(sr, suite_registry());
     srunner_add_suite(sr, suite_softmax());
     srunner_add_suite(sr, suite_autograd());
     srunner_add_suite(sr, suite_function());

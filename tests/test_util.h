@@ -86,5 +86,8 @@ Suite *suite_concurrency(void);
 Suite *suite_checkpoint(void);
 Suite *suite_handles(void);
 Suite *suite_soak(void);
+Suite *suite_registry(void);
+/* test_registry.c: prints the op table of docs/ops.md ("full") or README.md */
+void print_op_table(const char *which);
 
 #endif

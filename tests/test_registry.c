@@ -1,0 +1,485 @@
+/* test_registry.c: what every op of ops/registry.h must have, checked from
+ * the registry itself, so a new op cannot skip it:
+ *   - its flags tell the truth (an op marked differentiable records a node
+ *     on inputs that require grad; an unmarked one does not);
+ *   - nb_gradcheck in f64 on contiguous, transposed and broadcast inputs;
+ *   - bitwise identical outputs and gradients for 1, 2 and 3 threads, with
+ *     dim 0 of the inputs grown to reach the parallel paths;
+ *   - its inputs and its output freed before backward give gradients bitwise
+ *     equal to the run that keeps them (a save declaration missing from the
+ *     op fails here: the rule's nbi_saved_in names it, or its data is gone);
+ *   - the op tables of README.md and docs/ops.md are the registry's.
+ * PyTorch fixtures for every op are required by test_edges.c, the fuzzer's
+ * entries by the replay of make test (fuzz/replay.c). */
+#include "test_util.h"
+
+#include "ops/registry.h"
+
+#include <stdlib.h>
+
+/* the generator dropout's registry call draws from: the same mask each call */
+static _Thread_local nb_rng op_rng_state;
+static nb_rng *op_rng(void) {
+    nb_rng_seed(&op_rng_state, 20261125);
+    return &op_rng_state;
+}
+
+#define CALL_FN(name, inputs, flags, call) \
+    static nb_tensor *call_##name(nb_tensor **x) { return call; }
+NB_OPS(CALL_FN)
+
+typedef struct {
+    const char *name, *family, *inputs, *call_text;
+    unsigned flags;
+    nb_tensor *(*call)(nb_tensor **x);
+} reg_op;
+
+#define REG_ROW(name, inputs, flags, call) \
+    {#name, REG_FAMILY, inputs, #call, flags, call_##name},
+static const reg_op OPS[] = {
+#define REG_FAMILY "elementwise"
+    NB_OPS_ELEMENTWISE(REG_ROW)
+#undef REG_FAMILY
+#define REG_FAMILY "binary"
+    NB_OPS_BINARY(REG_ROW)
+#undef REG_FAMILY
+#define REG_FAMILY "compare"
+    NB_OPS_COMPARE(REG_ROW)
+#undef REG_FAMILY
+#define REG_FAMILY "reduce"
+    NB_OPS_REDUCE(REG_ROW)
+#undef REG_FAMILY
+#define REG_FAMILY "matmul"
+    NB_OPS_MATMUL(REG_ROW)
+#undef REG_FAMILY
+#define REG_FAMILY "softmax"
+    NB_OPS_SOFTMAX(REG_ROW)
+#undef REG_FAMILY
+#define REG_FAMILY "masked_fill"
+    NB_OPS_MASKED_FILL(REG_ROW)
+#undef REG_FAMILY
+#define REG_FAMILY "dropout"
+    NB_OPS_DROPOUT(REG_ROW)
+#undef REG_FAMILY
+#define REG_FAMILY "view"
+    NB_OPS_VIEW(REG_ROW)
+#undef REG_FAMILY
+#define REG_FAMILY "shape"
+    NB_OPS_SHAPE(REG_ROW)
+#undef REG_FAMILY
+#define REG_FAMILY "index"
+    NB_OPS_INDEX(REG_ROW)
+#undef REG_FAMILY
+};
+#define NOPS (int)(sizeof OPS / sizeof OPS[0])
+
+/* The registry's count, independent of the table above: a family list left
+ * out of OPS fails registry_table_covers_every_op. */
+#define COUNT_ONE(name, inputs, flags, call) +1
+static const int REGISTRY_COUNT = 0 NB_OPS(COUNT_ONE);
+
+/* ------------------------------------------------------------------ inputs */
+#define MAX_IN 3
+
+typedef struct {
+    int n;
+    char kind[MAX_IN];
+    int ndim[MAX_IN];
+    int64_t shape[MAX_IN][NB_MAX_DIMS];
+} spec;
+
+/* "f p:2x3 i:5" -> kinds and shapes (default 3x4) */
+static spec parse_spec(const reg_op *op) {
+    spec s = {0};
+    const char *p = op->inputs;
+    while (*p) {
+        while (*p == ' ') p++;
+        if (!*p) break;
+        ck_assert_msg(s.n < MAX_IN, "%s: more than %d inputs", op->name, MAX_IN);
+        int k = s.n++;
+        s.kind[k] = *p++;
+        ck_assert_msg(strchr("fpabi", s.kind[k]) != NULL, "%s: input kind '%c'", op->name,
+                      s.kind[k]);
+        if (*p == ':') {
+            p++;
+            while (*p && *p != ' ') {
+                ck_assert(s.ndim[k] < NB_MAX_DIMS);
+                s.shape[k][s.ndim[k]++] = strtoll(p, (char **)&p, 10);
+                if (*p == 'x') p++;
+            }
+        } else {
+            s.ndim[k] = 2;
+            s.shape[k][0] = 3;
+            s.shape[k][1] = 4;
+        }
+    }
+    return s;
+}
+
+static bool is_float_kind(char k) { return k == 'f' || k == 'p' || k == 'a'; }
+
+/* Row-major values of one input: normal draws mapped to its kind's domain. */
+static nb_tensor *values_for(char kind, nb_dtype dt, int ndim, const int64_t *shape,
+                             uint64_t seed) {
+    nb_rng r;
+    nb_rng_seed(&r, seed);
+    nb_tensor *z = nb_randn(NB_F64, ndim, shape, &r);
+    ck_assert_msg(z != NULL, "%s", nb_last_error());
+    double *v = nb_data(z);
+    int64_t n = nb_numel(z);
+    for (int64_t i = 0; i < n; i++) {
+        double a = fabs(v[i]);
+        switch (kind) {
+        case 'p': v[i] = a + 0.5; break;
+        case 'a': v[i] = v[i] < 0 ? -(a + 0.5) : a + 0.5; break;
+        case 'b': v[i] = v[i] > 0; break;
+        case 'i': v[i] = (double)((int64_t)(a * 1000) % 3); break;
+        default: break;
+        }
+    }
+    nb_dtype want = kind == 'b' ? NB_BOOL : kind == 'i' ? NB_I64 : dt;
+    return nb_to(z, want);
+}
+
+enum { LAYOUT_CONTIG, LAYOUT_TRANSPOSED };
+
+/* One input with the given logical values, laid out contiguously or with its
+ * last two dims swapped in memory (not contiguous, same values). */
+static nb_tensor *laid_out(nb_tensor *vals, int layout) {
+    int nd = nb_ndim(vals);
+    if (layout == LAYOUT_CONTIG || nd < 2) return nb_contiguous(vals);
+    int64_t sw[NB_MAX_DIMS];
+    memcpy(sw, nb_shape(vals), sizeof(int64_t) * (size_t)nd);
+    sw[nd - 2] = nb_shape(vals)[nd - 1];
+    sw[nd - 1] = nb_shape(vals)[nd - 2];
+    nb_tensor *base = nb_empty(nb_dtype_of(vals), nd, sw);
+    nb_tensor *v = nb_transpose(base, -1, -2);
+    ck_assert_int_eq(nb_copy_into(v, vals), 0);
+    return v;
+}
+
+/* The inputs of op, dim 0 of each multiplied by grow, in dtype dt. */
+static void make_inputs(const reg_op *op, const spec *s, nb_dtype dt, int64_t grow, int layout,
+                        uint64_t seed, nb_tensor **x) {
+    for (int k = 0; k < s->n; k++) {
+        int64_t sh[NB_MAX_DIMS];
+        memcpy(sh, s->shape[k], sizeof sh);
+        sh[0] *= grow;
+        nb_tensor *v = values_for(s->kind[k], dt, s->ndim[k], sh, seed + (uint64_t)k);
+        x[k] = is_float_kind(s->kind[k]) ? laid_out(v, layout) : v;
+        ck_assert_msg(x[k] != NULL, "%s input %d: %s", op->name, k, nb_last_error());
+    }
+}
+
+/* ----------------------------------------------------------- honest flags */
+START_TEST(registry_table_covers_every_op) {
+    ck_assert_int_eq(NOPS, REGISTRY_COUNT);
+    for (int i = 0; i < NOPS; i++)
+        for (int j = 0; j < i; j++)
+            ck_assert_msg(strcmp(OPS[i].name, OPS[j].name) != 0, "%s registered twice",
+                          OPS[i].name);
+}
+END_TEST
+
+/* An op flagged differentiable records a node (its output requires grad
+ * when a floating input does); an unflagged one records none. */
+START_TEST(registry_flags_match_behaviour) {
+    const reg_op *op = &OPS[_i];
+    spec s = parse_spec(op);
+    nb_scope_begin();
+    nb_tensor *x[MAX_IN];
+    make_inputs(op, &s, NB_F64, 1, LAYOUT_CONTIG, 7, x);
+    for (int k = 0; k < s.n; k++)
+        if (is_float_kind(s.kind[k])) nb_set_requires_grad(x[k], true);
+    nb_tensor *y = op->call(x);
+    ck_assert_msg(y != NULL, "%s: %s", op->name, nb_last_error());
+    bool diff = (op->flags & NB_OP_DIFF) != 0;
+    ck_assert_msg(nb_requires_grad(y) == diff, "%s: flagged %sdifferentiable, but its output %s",
+                  op->name, diff ? "" : "not ",
+                  nb_requires_grad(y) ? "requires grad" : "does not require grad");
+    nb_scope_end();
+}
+END_TEST
+
+/* Every input position refuses NULL with a message naming the op and it. */
+START_TEST(registry_null_inputs_named) {
+    const reg_op *op = &OPS[_i];
+    spec s = parse_spec(op);
+    nb_scope_begin();
+    nb_tensor *x[MAX_IN];
+    make_inputs(op, &s, NB_F64, 1, LAYOUT_CONTIG, 5, x);
+    for (int k = 0; k < s.n; k++) {
+        nb_tensor *keep = x[k];
+        x[k] = NULL;
+        char want[64];
+        snprintf(want, sizeof want, "nb_%s: input %d is NULL", op->name, k);
+        nb_clear_error();
+        expect_error(op->call(x), want);
+        x[k] = keep;
+    }
+    nb_scope_end();
+}
+END_TEST
+
+/* ---------------------------------------------------------------- gradcheck */
+typedef struct {
+    const reg_op *op;
+    spec s;
+    nb_tensor *fixed[MAX_IN]; /* bool and index inputs, not perturbed */
+    int nfloat;
+    bool broadcast;           /* the leaves are (1, ...) and expanded here */
+} gc_ctx;
+
+static nb_tensor *gc_fn(nb_tensor **leaves, int n, void *vctx) {
+    gc_ctx *c = vctx;
+    (void)n;
+    nb_tensor *x[MAX_IN];
+    for (int k = 0, f = 0; k < c->s.n; k++) {
+        if (!is_float_kind(c->s.kind[k])) {
+            x[k] = c->fixed[k];
+            continue;
+        }
+        x[k] = c->broadcast ? nb_expand(leaves[f], c->s.ndim[k], c->s.shape[k]) : leaves[f];
+        f++;
+    }
+    return c->op->call(x);
+}
+
+static const char *const LAYOUT_NAMES[] = {"contiguous", "transposed", "broadcast"};
+
+static void gradcheck_layout(const reg_op *op, int mode) {
+    gc_ctx c = {.op = op, .s = parse_spec(op), .broadcast = mode == 2};
+    nb_tensor *x[MAX_IN], *leaves[MAX_IN];
+    make_inputs(op, &c.s, NB_F64, 1, mode == 1 ? LAYOUT_TRANSPOSED : LAYOUT_CONTIG, 11, x);
+    for (int k = 0; k < c.s.n; k++) {
+        if (!is_float_kind(c.s.kind[k])) {
+            c.fixed[k] = x[k];
+            continue;
+        }
+        nb_tensor *leaf = x[k];
+        if (c.broadcast) { /* one row, read through stride 0 by the op */
+            leaf = nb_contiguous(nb_narrow(x[k], 0, 0, 1));
+        }
+        leaves[c.nfloat++] = nb_set_requires_grad(leaf, true);
+    }
+    char label[96];
+    snprintf(label, sizeof label, "nb_%s (%s inputs)", op->name, LAYOUT_NAMES[mode]);
+    expect_gradcheck(label, gc_fn, &c, c.nfloat, leaves);
+}
+
+START_TEST(registry_gradcheck) {
+    const reg_op *op = &OPS[_i];
+    if (!(op->flags & NB_OP_DIFF)) return;
+    for (int mode = 0; mode < 3; mode++) {
+        nb_scope_begin();
+        gradcheck_layout(op, mode);
+        nb_scope_end();
+    }
+}
+END_TEST
+
+/* ------------------------------------------------------------ thread counts */
+/* The bytes of a tensor, row-major. */
+static unsigned char *bytes_of(nb_tensor *t, size_t *n) {
+    nb_tensor *c = nb_contiguous(t);
+    ck_assert_msg(c != NULL, "%s", nb_last_error());
+    size_t es = nb_dtype_of(c) == NB_BOOL ? sizeof(bool)
+                : nb_dtype_of(c) == NB_F32 ? sizeof(float) : 8;
+    *n = (size_t)nb_numel(c) * es;
+    unsigned char *b = malloc(*n ? *n : 1);
+    ck_assert(b != NULL);
+    if (*n) memcpy(b, nb_data(c), *n);
+    return b;
+}
+
+#define MAX_SNAP (1 + MAX_IN)
+typedef struct {
+    int n;
+    size_t len[MAX_SNAP];
+    unsigned char *b[MAX_SNAP];
+} snap;
+
+/* The output and every floating input's gradient of sum(y * w). */
+static snap run_grown(const reg_op *op, nb_dtype dt, int64_t grow) {
+    spec s = parse_spec(op);
+    snap r = {0};
+    nb_scope_begin();
+    nb_tensor *x[MAX_IN];
+    make_inputs(op, &s, dt, grow, LAYOUT_CONTIG, 23, x);
+    bool diff = op->flags & NB_OP_DIFF;
+    for (int k = 0; diff && k < s.n; k++)
+        if (is_float_kind(s.kind[k])) nb_set_requires_grad(x[k], true);
+    nb_tensor *y = op->call(x);
+    ck_assert_msg(y != NULL, "%s: %s", op->name, nb_last_error());
+    r.b[r.n] = bytes_of(y, &r.len[r.n]);
+    r.n++;
+    if (diff) {
+        nb_tensor *w = values_for('f', nb_dtype_of(y), nb_ndim(y), nb_shape(y), 99);
+        ck_assert_msg(nb_backward(nb_sum_all(nb_mul(y, w))) == 0, "nb_%s: backward: %s",
+                      op->name, nb_last_error());
+        for (int k = 0; k < s.n; k++) {
+            if (!is_float_kind(s.kind[k])) continue;
+            r.b[r.n] = bytes_of(nb_grad(x[k]), &r.len[r.n]);
+            r.n++;
+        }
+    }
+    nb_scope_end();
+    return r;
+}
+
+static void snap_free(snap *s) {
+    for (int i = 0; i < s->n; i++) free(s->b[i]);
+}
+
+/* Dim 0 grows 8192 times: 3x4 inputs become 98,304 elements, past the
+ * parallel threshold of every kernel (32,768 for the cheapest). */
+START_TEST(registry_thread_identity) {
+    const reg_op *op = &OPS[_i];
+    int before = nb_num_threads();
+    for (int d = 0; d < 2; d++) {
+        nb_dtype dt = d ? NB_F32 : NB_F64;
+        nb_set_num_threads(1);
+        snap one = run_grown(op, dt, 8192);
+        for (int t = 2; t <= 3; t++) {
+            nb_set_num_threads(t);
+            snap other = run_grown(op, dt, 8192);
+            nb_set_num_threads(before);
+            ck_assert_int_eq(other.n, one.n);
+            for (int i = 0; i < one.n; i++) {
+                ck_assert_msg(other.len[i] == one.len[i] &&
+                                  memcmp(other.b[i], one.b[i], one.len[i]) == 0,
+                              "nb_%s (%s): %s differs between 1 and %d threads", op->name,
+                              nb_dtype_name(dt), i == 0 ? "the output" : "a gradient", t);
+            }
+            snap_free(&other);
+        }
+        snap_free(&one);
+    }
+    nb_set_num_threads(before);
+}
+END_TEST
+
+/* ---------------------------------------------------- freed before backward */
+/* Leaves' gradients of sum(op(x)), where x are intermediates (leaf + 0). With
+ * free_all, x and the output are nb_free'd before backward: the op must have
+ * declared what its rule reads. */
+static snap run_freed(const reg_op *op, bool free_all) {
+    spec s = parse_spec(op);
+    snap r = {0};
+    nb_scope_begin();
+    nb_tensor *leaf[MAX_IN] = {0}, *x[MAX_IN];
+    make_inputs(op, &s, NB_F64, 1, LAYOUT_CONTIG, 31, leaf);
+    for (int k = 0; k < s.n; k++) {
+        x[k] = leaf[k]; /* bool and index inputs: fresh tensors, freed as they are */
+        if (!is_float_kind(s.kind[k])) continue;
+        nb_set_requires_grad(leaf[k], true);
+        x[k] = nb_add_scalar(leaf[k], 0.0);
+    }
+    nb_tensor *y = op->call(x);
+    ck_assert_msg(y != NULL, "%s: %s", op->name, nb_last_error());
+    nb_tensor *loss = nb_sum_all(y); /* reads nothing of y */
+    if (free_all) {
+        nb_free(y);
+        for (int k = 0; k < s.n; k++) nb_free(x[k]);
+    }
+    int rc = nb_backward(loss);
+    ck_assert_msg(rc == 0, "nb_%s with its inputs%s freed before backward: %s", op->name,
+                  free_all ? " and output" : "", nb_last_error());
+    for (int k = 0; k < s.n; k++) {
+        if (!is_float_kind(s.kind[k])) continue;
+        r.b[r.n] = bytes_of(nb_grad(leaf[k]), &r.len[r.n]);
+        r.n++;
+    }
+    nb_scope_end();
+    return r;
+}
+
+START_TEST(registry_inputs_freed_before_backward) {
+    const reg_op *op = &OPS[_i];
+    if (!(op->flags & NB_OP_DIFF)) return;
+    snap keep = run_freed(op, false), freed = run_freed(op, true);
+    ck_assert_int_eq(keep.n, freed.n);
+    for (int i = 0; i < keep.n; i++)
+        ck_assert_msg(keep.len[i] == freed.len[i] && memcmp(keep.b[i], freed.b[i], keep.len[i]) == 0,
+                      "nb_%s: the gradient of input %d changes when the inputs and output are "
+                      "freed before backward", op->name, i);
+    snap_free(&keep);
+    snap_free(&freed);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- op tables */
+#define OP_TABLE_BEGIN "<!-- op table: made from ops/registry.h by make op-table -->"
+#define OP_TABLE_END "<!-- end of op table -->"
+
+/* The table docs/ops.md and README.md show between the markers. */
+static char *op_table(bool full) {
+    size_t cap = 1 << 16, len = 0;
+    char *s = malloc(cap); /* no ck_assert: make op-table calls this outside a test */
+    if (!s) abort();
+#define PUT(...) len += (size_t)snprintf(s + len, cap - len, __VA_ARGS__)
+    PUT("%s\n", OP_TABLE_BEGIN);
+    if (full) {
+        PUT("| op | ops/ file | differentiable | vs PyTorch | the call the tests make |\n");
+        PUT("| --- | --- | --- | --- | --- |\n");
+        for (int i = 0; i < NOPS; i++)
+            PUT("| `nb_%s` | %s.c | %s | %s | `%s` |\n", OPS[i].name, OPS[i].family,
+                OPS[i].flags & NB_OP_DIFF ? "yes" : "no",
+                OPS[i].flags & NB_OP_EXACT ? "bit for bit" : "within tolerance",
+                OPS[i].call_text);
+    } else {
+        PUT("| ops/ file | ops |\n| --- | --- |\n");
+        for (int i = 0; i < NOPS; i++) {
+            bool first = i == 0 || strcmp(OPS[i].family, OPS[i - 1].family) != 0;
+            bool last = i == NOPS - 1 || strcmp(OPS[i].family, OPS[i + 1].family) != 0;
+            if (first) PUT("| %s.c | `", OPS[i].family);
+            PUT("nb_%s%s", OPS[i].name, last ? "` |\n" : " ");
+        }
+    }
+    PUT("%s\n", OP_TABLE_END);
+#undef PUT
+    if (len >= cap) abort();
+    return s;
+}
+
+void print_op_table(const char *which) { /* run_tests.c: NB_TEST_PRINT_OP_TABLE */
+    char *t = op_table(strcmp(which, "full") == 0);
+    fputs(t, stdout);
+    free(t);
+}
+
+static void expect_table_in(const char *rel, bool full) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/../../%s", NB_FIXTURE_DIR, rel);
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    static char buf[1 << 18];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *want = op_table(full);
+    ck_assert_msg(strstr(buf, want) != NULL,
+                  "%s: its op table is not the registry's; run make op-table", rel);
+    free(want);
+}
+
+START_TEST(registry_tables_in_docs) {
+    expect_table_in("docs/ops.md", true);
+    expect_table_in("README.md", false);
+}
+END_TEST
+
+Suite *suite_registry(void) {
+    Suite *s = suite_create("registry");
+    TCase *tc = tcase_create("registry");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, registry_table_covers_every_op);
+    tcase_add_loop_test(tc, registry_flags_match_behaviour, 0, NOPS);
+    tcase_add_loop_test(tc, registry_null_inputs_named, 0, NOPS);
+    tcase_add_loop_test(tc, registry_gradcheck, 0, NOPS);
+    tcase_add_loop_test(tc, registry_thread_identity, 0, NOPS);
+    tcase_add_loop_test(tc, registry_inputs_freed_before_backward, 0, NOPS);
+    tcase_add_test(tc, registry_tables_in_docs);
+    suite_add_tcase(s, tc);
+    return s;
+}
