@@ -6,7 +6,6 @@
  * rule once with the summed gradient of its output. Leaves that require grad
  * accumulate into .grad, which they own. */
 #include "autograd_internal.h"
-#include "../ops/ops_internal.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -303,10 +302,11 @@ static int accumulate(nb_tensor **acc_p, nb_tensor *g) {
         nbi_add_into(acc, g);
         return 0;
     }
-    nb_tensor *sum = nb_add(acc, g);
+    /* acc is shared (a gradient a rule passed on as it came, or a view of
+     * one): the sum goes to a new tensor */
+    nb_tensor *sum = nbi_add_new("nb_backward", acc, g);
     if (!sum) return -1;
-    nbi_ref(sum);
-    *acc_p = sum;
+    *acc_p = nbi_unscoped(sum);
     nbi_unref(acc);
     return 0;
 }

@@ -13,8 +13,6 @@
 /* Sums g over broadcast dims so that it has (ndim, shape); g itself when it
  * already has that shape. */
 nb_tensor *nbi_sum_to(nb_tensor *g, int ndim, const int64_t *shape);
-/* dst += src, elementwise; same shape and dtype; dst contiguous. */
-void nbi_add_into(nb_tensor *dst, const nb_tensor *src);
 /* Expands g (the gradient of a reduction over dim, kept or not) back to shape. */
 nb_tensor *nbi_unreduce(nb_tensor *g, int dim, bool keepdim, int ndim, const int64_t *shape);
 

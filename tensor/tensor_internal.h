@@ -169,6 +169,14 @@ int64_t nbi_flat_offset(const nb_tensor *t, int64_t i); /* element offset from s
 /* Copies src into dst of the same shape (any strides, any dtypes). */
 void nbi_copy_strided(nb_tensor *dst, const int64_t *src_strides, const nb_tensor *src);
 
+/* Gradient accumulation (accumulate.c), for the backward engine: operands of
+ * one shape and one floating dtype, read with any strides.
+ * dst += src, dst contiguous: */
+void nbi_add_into(nb_tensor *dst, const nb_tensor *src);
+/* a + b as a new contiguous tensor in the current scope; NULL (and message,
+ * naming fn) when out of memory. */
+nb_tensor *nbi_add_new(const char *fn, const nb_tensor *a, const nb_tensor *b);
+
 /* ------------------------------------------------------ strided iteration */
 /* Walks up to NBI_ITER_OPS operands over one shape, row by row: the last
  * (coalesced) dim is the inner loop, the others are stepped by a cursor. */
