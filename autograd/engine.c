@@ -38,8 +38,29 @@ nbi_node *nbi_record(nb_tensor *out, const char *op, nbi_backward_fn bw, int n,
     return nbi_record_unchecked(out, op, bw, n, inputs);
 }
 
+/* Frees n, which holds no references yet (its recording failed) or whose
+ * references release lets go of (tensor/ destroying n's output). The counts
+ * go down before the references: releasing an input may destroy it at once. */
+static void node_free(nbi_node *n, void (*release)(nb_tensor *t)) {
+    if (n->fn_release) n->fn_release(n, true);
+    for (int i = 0; i < n->nin; i++) {
+        n->in[i]->edges--;
+        if (i < 31 && (n->saved & NBI_SAVE_IN(i))) n->in[i]->holds--;
+    }
+    if (n->saved & NBI_SAVE_OUT) n->out->holds--;
+    if (release) {
+        for (int i = 0; i < n->nin; i++) release(n->in[i]);
+        release(n->extra);
+    }
+    if (n->in != n->in_inline) free(n->in);
+    if (n->ver != n->ver_inline) free(n->ver);
+    nbi_obj_free(NBI_OBJ_NODE, n);
+}
+
 nbi_node *nbi_record_unchecked(nb_tensor *out, const char *op, nbi_backward_fn bw, int n,
                                nb_tensor *const *inputs) {
+    /* tensor/ frees out's node when out goes, through node_free */
+    nbi_set_node_free(node_free);
     nbi_node *node = nbi_obj_alloc(NBI_OBJ_NODE, sizeof *node);
     if (!node) return nbi_error("%s: out of memory recording the graph", op);
     node->in = node->in_inline;
@@ -48,7 +69,7 @@ nbi_node *nbi_record_unchecked(nb_tensor *out, const char *op, nbi_backward_fn b
         node->in = malloc((size_t)n * sizeof *node->in);
         node->ver = malloc((size_t)n * sizeof *node->ver);
         if (!node->in || !node->ver) {
-            nbi_node_free(node);
+            node_free(node, NULL);
             return nbi_error("%s: out of memory recording the graph", op);
         }
     }
@@ -73,18 +94,6 @@ void nbi_save(nbi_node *n, uint32_t bits) {
     for (int i = 0; i < n->nin && i < 31; i++)
         if (bits & NBI_SAVE_IN(i)) n->in[i]->holds++;
     if (bits & NBI_SAVE_OUT) n->out->holds++;
-}
-
-void nbi_node_free(nbi_node *n) {
-    if (n->fn_release) n->fn_release(n, true);
-    for (int i = 0; i < n->nin; i++) {
-        n->in[i]->edges--;
-        if (i < 31 && (n->saved & NBI_SAVE_IN(i))) n->in[i]->holds--;
-    }
-    if (n->saved & NBI_SAVE_OUT) n->out->holds--;
-    if (n->in != n->in_inline) free(n->in);
-    if (n->ver != n->ver_inline) free(n->ver);
-    nbi_obj_free(NBI_OBJ_NODE, n);
 }
 
 nb_tensor *nb_set_requires_grad(nb_tensor *t, bool requires_grad) {
