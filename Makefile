@@ -37,7 +37,7 @@ TEST_BIN := $(BUILD)/tests/run_tests
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm)
 
-.PHONY: all test run bench clean check-deps readme-check valgrind asan tsan error-table-check op-table install uninstall install-check resume-check \
+.PHONY: all test run bench clean check-deps layers-check readme-check valgrind asan tsan error-table-check op-table install uninstall install-check resume-check \
   fuzz fuzz-build fuzz-load fuzz-ops fuzz-regress fuzz-seeds fuzz-clean
 all: $(BUILD)/libnabla.a $(BUILD)/libnabla.so $(EXAMPLES)
 	@ln -sf $(BUILD)/libnabla.a libnabla.a
@@ -90,6 +90,12 @@ $(TEST_BIN): $(TEST_SRC) tests/test_util.h $(BUILD)/libnabla.a nabla.h | check-d
 test: check-deps
 	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BIN)
 	$(TEST_BIN)
+	@bash tests/layers_check.sh $(BUILD)
+
+# The library's folders form layers, tensor < autograd < ops < nn, none
+# reaching up (by include or by symbol); make test runs this too.
+layers-check: $(BUILD)/libnabla.a
+	@bash tests/layers_check.sh $(BUILD)
 
 run: all
 	@if [ -x $(BUILD)/examples/copy_task ]; then $(BUILD)/examples/copy_task; else \

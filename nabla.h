@@ -77,7 +77,7 @@ typedef struct nb_rng {
 #define NB_SHAPE(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), \
                       (const int64_t[]){__VA_ARGS__}
 
-/* ---------------------------------------------------------------- creation */
+/* ---------------------------------------------------- creation and copying */
 /* Shapes: 0 <= ndim <= 8, every size >= 0, numel must fit int64_t; any dtype
  * unless said. A bad shape or an unknown dtype is an error. */
 NB_API nb_tensor *nb_empty(nb_dtype dtype, int ndim, const int64_t *shape); /* uninitialized */
@@ -209,7 +209,7 @@ NB_API nb_tensor *nb_argmax(nb_tensor *t, int dim, bool keepdim); /* any dtype; 
 NB_API nb_tensor *nb_sum_all(nb_tensor *t);
 NB_API nb_tensor *nb_mean_all(nb_tensor *t);
 
-/* ---------------------------------------------------------- the mission's ops */
+/* ----------------------------------- matmul, softmax, masked_fill, dropout */
 /* torch.matmul: 1-D x 1-D dot, 2-D product, batched with broadcast batch dims;
  * a 1-D operand gets a dim prepended (a) or appended (b), removed after.
  * a (..., M, K), b (..., K, N) -> (broadcast(...), M, N). Floating, one dtype;
@@ -226,6 +226,16 @@ NB_API nb_tensor *nb_masked_fill(nb_tensor *t, nb_tensor *mask, double value);
  * by 1/(1-p), drawing from rng (NULL = global); identity (a new handle on t)
  * when !training or p == 0; p in [0, 1], else an error. */
 NB_API nb_tensor *nb_dropout(nb_tensor *t, double p, bool training, struct nb_rng *rng);
+
+/* ---------------------------------------------------------------- indexing */
+/* Gathers along dim: out[i][j] = t[index[i][j]][j] (dim 0), as torch.gather;
+ * index is NB_I64 of t's ndim, no larger than t outside dim, with values in
+ * [0, t's size at dim); out has index's shape, t's dtype. Differentiable in t. */
+NB_API nb_tensor *nb_gather(nb_tensor *t, int dim, nb_tensor *index);
+/* Slices of t along dim picked by a 1-D NB_I64 index (values in [0, t's size
+ * at dim)), as torch.index_select: t's shape with the size at dim replaced by
+ * len(index), t's dtype. Differentiable in t. */
+NB_API nb_tensor *nb_index_select(nb_tensor *t, int dim, nb_tensor *index);
 
 /* ----------------------------------------------------------------- autograd */
 /* Sets or clears requires-grad on a leaf, in place; returns t. NULL when
@@ -413,6 +423,8 @@ NB_API nb_tensor *nb_keep(nb_tensor *t);
  * rule reads it) lets its storage go at once. NULL is ok; a handle freed
  * already is reported (a message), not freed twice. */
 NB_API void nb_free(nb_tensor *t);
+/* Persistent handle on t's storage, detached, owned by no scope (nb_free it). */
+NB_API nb_tensor *nb_persistent(nb_tensor *t);
 /* For code that owns tensors and lends them out (nb_params does): a
  * persistent handle as nb_persistent gives, but nb_free refuses it (a
  * message); the owner frees it with nb_free_with_owner, after which a use
@@ -480,28 +492,18 @@ NB_API int nb_num_threads(void);
 NB_API void nb_parallel_for(int64_t n, int64_t grain,
                             void (*fn)(void *ctx, int64_t lo, int64_t hi), void *ctx);
 
-/* ============================================================ nn: modules
- * Built only from the public API above. A module is a small public struct
- * (keep it on the stack or in your model struct); its parameters are
- * persistent tensors registered by name in an nb_params registry, which owns
- * them. Names follow PyTorch's state_dict keys: nb_mha_init(&m, ps,
- * "decoder.layers.0.src_attn", ...) registers
+/* ========================================================================= nn
+ * The neural-network layer: parameter registry, checkpoints, functional
+ * forms, modules, optimizers. Built only from the public API above. A module
+ * is a small public struct (keep it on the stack or in your model struct);
+ * its parameters are persistent tensors registered by name in an nb_params
+ * registry, which owns them. Names follow PyTorch's state_dict keys:
+ * nb_mha_init(&m, ps, "decoder.layers.0.src_attn", ...) registers
  * "decoder.layers.0.src_attn.w_q.weight", ... Parameters are made in
  * nb_default_dtype(). A full parameter name longer than 511 bytes makes the
  * *_init function fail (parameters it registered before stay registered). */
 
-/* Persistent handle on t's storage, detached, owned by no scope (nb_free it). */
-NB_API nb_tensor *nb_persistent(nb_tensor *t);
-
-/* Gathers along dim: out[i][j] = t[index[i][j]][j] (dim 0), as torch.gather;
- * index is NB_I64 of t's ndim, no larger than t outside dim, with values in
- * [0, t's size at dim); out has index's shape, t's dtype. Differentiable in t. */
-NB_API nb_tensor *nb_gather(nb_tensor *t, int dim, nb_tensor *index);
-/* Slices of t along dim picked by a 1-D NB_I64 index (values in [0, t's size
- * at dim)), as torch.index_select: t's shape with the size at dim replaced by
- * len(index), t's dtype. Differentiable in t. */
-NB_API nb_tensor *nb_index_select(nb_tensor *t, int dim, nb_tensor *index);
-
+/* -------------------------------------------------- nn: parameter registry */
 typedef struct nb_params nb_params; /* opaque, ordered by registration */
 NB_API nb_params *nb_params_new(void); /* empty; the caller's, freed by nb_params_free */
 NB_API void nb_params_free(nb_params *ps); /* frees its tensors too; NULL is ok */
@@ -533,6 +535,7 @@ NB_API nb_tensor *nb_params_buffer_at(const nb_params *ps, int i, const char **n
  * "__metadata__"); on error dst is unchanged. */
 NB_API int nb_params_add_all(nb_params *dst, const char *prefix, const nb_params *src);
 
+/* ------------------------------------------- nn: checkpoints (safetensors) */
 /* Checkpoints in the safetensors format: 8-byte little-endian header size, a
  * JSON header {name: {dtype, shape, data_offsets}} (plus "__metadata__"), then
  * the raw little-endian data. Names are the registry's (PyTorch state_dict
@@ -558,7 +561,7 @@ NB_API int nb_save(const nb_params *ps, const char *path);
  * load in about a second. */
 NB_API int nb_load(nb_params *ps, const char *path);
 
-/* functional forms */
+/* ---------------------------------------------------- nn: functional forms */
 /* x (..., in), w (out, in), b (out) or NULL -> (..., out) = x w^T + b; one
  * floating dtype. */
 NB_API nb_tensor *nb_linear(nb_tensor *x, nb_tensor *w, nb_tensor *b);
@@ -589,7 +592,7 @@ NB_API nb_tensor *nb_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tens
                                double dropout_p, bool training, nb_rng *rng,
                                nb_tensor **weights_out);
 
-/* modules */
+/* -------------------------------------------- nn: modules and initializers */
 typedef struct nb_Linear {
     nb_tensor *weight; /* (out, in): kaiming-uniform(a = sqrt 5), i.e. U(+-1/sqrt(in)) */
     nb_tensor *bias;   /* (out) U(+-1/sqrt(in)), or NULL */
@@ -723,7 +726,8 @@ NB_API nb_tensor *nb_transformer_decode(nb_Transformer *m, nb_tensor *memory,
 /* (B, L, d_model) -> logits (B, L, tgt_vocab) */
 NB_API nb_tensor *nb_transformer_logits(nb_Transformer *m, nb_tensor *x);
 
-/* optimizers: state is allocated at creation; step reads each parameter's
+/* -------------------------------------------- nn: optimizers and schedules */
+/* Optimizers: state is allocated at creation; step reads each parameter's
  * .grad (parameters without one are skipped) and updates it in place.
  * An optimizer uses the parameters ps has when it is made (at least one, all
  * floating and contiguous); it is the caller's, freed by nb_optim_free. NULL

@@ -43,7 +43,6 @@ nbi_node *nbi_record(nb_tensor *out, const char *op, nbi_backward_fn bw, int n,
                      nb_tensor *const *inputs);
 nbi_node *nbi_record_unchecked(nb_tensor *out, const char *op, nbi_backward_fn bw, int n,
                                nb_tensor *const *inputs);
-void nbi_node_free(nbi_node *n);
 /* Anomaly mode (anomaly.c): true when off or when all is finite; otherwise
  * false with the message set. forward: an op's new output (views skipped);
  * backward: the gradients node n's rule returned for its inputs, given g;

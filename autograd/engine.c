@@ -6,7 +6,6 @@
  * rule once with the summed gradient of its output. Leaves that require grad
  * accumulate into .grad, which they own. */
 #include "autograd_internal.h"
-#include "../ops/ops_internal.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -39,8 +38,29 @@ nbi_node *nbi_record(nb_tensor *out, const char *op, nbi_backward_fn bw, int n,
     return nbi_record_unchecked(out, op, bw, n, inputs);
 }
 
+/* Frees n, which holds no references yet (its recording failed) or whose
+ * references release lets go of (tensor/ destroying n's output). The counts
+ * go down before the references: releasing an input may destroy it at once. */
+static void node_free(nbi_node *n, void (*release)(nb_tensor *t)) {
+    if (n->fn_release) n->fn_release(n, true);
+    for (int i = 0; i < n->nin; i++) {
+        n->in[i]->edges--;
+        if (i < 31 && (n->saved & NBI_SAVE_IN(i))) n->in[i]->holds--;
+    }
+    if (n->saved & NBI_SAVE_OUT) n->out->holds--;
+    if (release) {
+        for (int i = 0; i < n->nin; i++) release(n->in[i]);
+        release(n->extra);
+    }
+    if (n->in != n->in_inline) free(n->in);
+    if (n->ver != n->ver_inline) free(n->ver);
+    nbi_obj_free(NBI_OBJ_NODE, n);
+}
+
 nbi_node *nbi_record_unchecked(nb_tensor *out, const char *op, nbi_backward_fn bw, int n,
                                nb_tensor *const *inputs) {
+    /* tensor/ frees out's node when out goes, through node_free */
+    nbi_set_node_free(node_free);
     nbi_node *node = nbi_obj_alloc(NBI_OBJ_NODE, sizeof *node);
     if (!node) return nbi_error("%s: out of memory recording the graph", op);
     node->in = node->in_inline;
@@ -49,7 +69,7 @@ nbi_node *nbi_record_unchecked(nb_tensor *out, const char *op, nbi_backward_fn b
         node->in = malloc((size_t)n * sizeof *node->in);
         node->ver = malloc((size_t)n * sizeof *node->ver);
         if (!node->in || !node->ver) {
-            nbi_node_free(node);
+            node_free(node, NULL);
             return nbi_error("%s: out of memory recording the graph", op);
         }
     }
@@ -90,18 +110,6 @@ nb_tensor *nbi_saved_in(const nbi_node *n, int i) {
 
 nb_tensor *nbi_saved_out(const nbi_node *n) {
     return (n->saved & NBI_SAVE_OUT) ? n->out : unsaved(n, "its output");
-}
-
-void nbi_node_free(nbi_node *n) {
-    if (n->fn_release) n->fn_release(n, true);
-    for (int i = 0; i < n->nin; i++) {
-        n->in[i]->edges--;
-        if (i < 31 && (n->saved & NBI_SAVE_IN(i))) n->in[i]->holds--;
-    }
-    if (n->saved & NBI_SAVE_OUT) n->out->holds--;
-    if (n->in != n->in_inline) free(n->in);
-    if (n->ver != n->ver_inline) free(n->ver);
-    nbi_obj_free(NBI_OBJ_NODE, n);
 }
 
 nb_tensor *nb_set_requires_grad(nb_tensor *t, bool requires_grad) {
@@ -319,10 +327,11 @@ static int accumulate(nb_tensor **acc_p, nb_tensor *g) {
         nbi_add_into(acc, g);
         return 0;
     }
-    nb_tensor *sum = nb_add(acc, g);
+    /* acc is shared (a gradient a rule passed on as it came, or a view of
+     * one): the sum goes to a new tensor */
+    nb_tensor *sum = nbi_add_new("nb_backward", acc, g);
     if (!sum) return -1;
-    nbi_ref(sum);
-    *acc_p = sum;
+    *acc_p = nbi_unscoped(sum);
     nbi_unref(acc);
     return 0;
 }

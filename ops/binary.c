@@ -85,10 +85,6 @@ nb_tensor *nbi_binary(const char *fn, nbi_binop op, nb_tensor *a, nb_tensor *b) 
     return y;
 }
 
-void nbi_add_into(nb_tensor *dst, const nb_tensor *src) {
-    nbi_binary_into(NBI_add, dst, dst, src);
-}
-
 /* Each rule reduces its gradients back over broadcast dims. */
 static nb_tensor *to_input(nbi_node *n, int i, nb_tensor *g) {
     return nbi_sum_to(g, n->in[i]->ndim, n->in[i]->shape);

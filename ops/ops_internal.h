@@ -1,5 +1,5 @@
-/* ops_internal.h: kernels that several op files share, and that backward
- * rules call directly (no graph is recorded by these). */
+/* ops_internal.h: what several op files share: kernels that backward rules
+ * call directly (no graph is recorded by these), and nbi_alias. */
 #ifndef NABLA_OPS_INTERNAL_H
 #define NABLA_OPS_INTERNAL_H
 
@@ -13,8 +13,11 @@
 /* Sums g over broadcast dims so that it has (ndim, shape); g itself when it
  * already has that shape. */
 nb_tensor *nbi_sum_to(nb_tensor *g, int ndim, const int64_t *shape);
-/* dst += src, elementwise; same shape and dtype; dst contiguous. */
-void nbi_add_into(nb_tensor *dst, const nb_tensor *src);
+/* A new handle on t's elements (same storage and geometry) whose gradient
+ * passes straight through: what an op returns when it has nothing to do
+ * (nb_contiguous of a contiguous tensor, a cast to t's own dtype); op names
+ * the node. */
+nb_tensor *nbi_alias(const char *op, nb_tensor *t);
 /* Expands g (the gradient of a reduction over dim, kept or not) back to shape. */
 nb_tensor *nbi_unreduce(nb_tensor *g, int dim, bool keepdim, int ndim, const int64_t *shape);
 

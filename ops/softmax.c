@@ -5,9 +5,10 @@
  * exp never overflows (softmax(x) = exp(x - m) / sum exp(x - m), and
  * log_softmax(x) = (x - m) - log(sum exp(x - m))).
  *
- * Convention (DESIGN.md section 6): a slice that is entirely -inf (an
- * attention row whose keys are all masked) gives zeros, not NaN, for both
- * softmax and log_softmax, and passes zero gradient. PyTorch gives NaN there.
+ * Convention (README, "Numerics conventions"): a slice that is entirely
+ * -inf (an attention row whose keys are all masked) gives zeros, not NaN, for
+ * both softmax and log_softmax, and passes zero gradient. PyTorch gives NaN
+ * there.
  * Any slice with at least one finite value is exactly PyTorch's result.
  *
  * The input is read in place with any strides (transposed, expanded); the

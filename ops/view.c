@@ -122,10 +122,18 @@ nb_tensor *nb_reshape(nb_tensor *t, int ndim, const int64_t *shape) {
     return y;
 }
 
+/* The rule of nbi_alias and nb_contiguous: neither changes an element. */
 static int identity_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     (void)n;
     gin[0] = g;
     return 0;
+}
+
+nb_tensor *nbi_alias(const char *op, nb_tensor *t) {
+    nb_tensor *y = nbi_make_view(t, t->ndim, t->shape, t->strides, t->offset);
+    if (y && nbi_needs_grad(1, &t) && !nbi_record(y, op, identity_backward, 1, &t))
+        return nbi_discard(y);
+    return y;
 }
 
 nb_tensor *nb_contiguous(nb_tensor *t) {

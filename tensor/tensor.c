@@ -1,7 +1,6 @@
 /* tensor.c: the life of a tensor object: allocation, views over shared
  * storage, reference counting, freeing, inspection and strided copies. */
 #include "tensor_internal.h"
-#include "../autograd/autograd_internal.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -135,19 +134,6 @@ nb_tensor *nbi_make_view(const nb_tensor *base, int ndim, const int64_t *shape,
     return t;
 }
 
-static int identity_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    (void)n;
-    gin[0] = g;
-    return 0;
-}
-
-nb_tensor *nbi_alias(const char *op, nb_tensor *t) {
-    nb_tensor *y = nbi_make_view(t, t->ndim, t->shape, t->strides, t->offset);
-    if (y && nbi_needs_grad(1, &t) && !nbi_record(y, op, identity_backward, 1, &t))
-        return nbi_discard(y);
-    return y;
-}
-
 void nbi_ref(nb_tensor *t) { t->refs++; }
 
 /* Destruction is iterative: freeing the head of a long graph releases its
@@ -218,12 +204,24 @@ static void drop_data_if_unneeded(nb_tensor *t, int others) {
 void nbi_drop_unneeded_data(nb_tensor *t) { drop_data_if_unneeded(t, 1); }
 void nbi_drop_unsaved_data(nb_tensor *t) { drop_data_if_unneeded(t, 0); }
 
+/* autograd/'s node destructor (see nbi_set_node_free). Loads pair with the
+ * store (acquire/release), though a thread that holds a tensor with a node
+ * has already synchronized with the thread that recorded it. */
+static _Atomic(nbi_node_free_fn) node_free;
+
+void nbi_set_node_free(nbi_node_free_fn fn) {
+    /* a load first: this runs on every record, on every thread, and the
+     * shared word is written once rather than bounced between caches */
+    if (atomic_load_explicit(&node_free, memory_order_acquire)) return;
+    nbi_node_free_fn unset = NULL;
+    atomic_compare_exchange_strong_explicit(&node_free, &unset, fn, memory_order_acq_rel,
+                                            memory_order_acquire);
+}
+
 static void destroy(nb_tensor *x) {
-    nbi_node *n = x->grad_fn;
-    if (n) {
-        for (int i = 0; i < n->nin; i++) release_into(n->in[i]);
-        release_into(n->extra);
-        nbi_node_free(n);
+    if (x->grad_fn) {
+        nbi_node_free_fn free_node = atomic_load_explicit(&node_free, memory_order_acquire);
+        free_node(x->grad_fn, release_into);
     }
     release_into(x->grad);
     release_into(x->gacc);

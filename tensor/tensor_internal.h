@@ -1,5 +1,6 @@
 /* tensor_internal.h: the tensor object, its storage and the helpers every op
- * uses (errors, allocation, strided iteration, graph recording).
+ * uses (errors, allocation, strided iteration, threads, scopes). The bottom
+ * layer: it includes nothing of autograd/, ops/ or nn/ (tests/layers_check.sh).
  * Not part of the public API: nn/ and users see only nabla.h. */
 #ifndef NABLA_TENSOR_INTERNAL_H
 #define NABLA_TENSOR_INTERNAL_H
@@ -131,11 +132,20 @@ nb_tensor *nbi_new_like(const char *fn, const nb_tensor *t, bool zero);
 /* A new tensor object over base's storage with the given geometry. */
 nb_tensor *nbi_make_view(const nb_tensor *base, int ndim, const int64_t *shape,
                          const int64_t *strides, int64_t offset);
-/* A new handle with the same geometry, recording an identity node named op. */
-nb_tensor *nbi_alias(const char *op, nb_tensor *t);
 /* Reference counting used by graph nodes and the engine. */
 void nbi_ref(nb_tensor *t);
 void nbi_unref(nb_tensor *t);
+/* A tensor owns its grad_fn node, but nodes are autograd/'s, a layer above
+ * this one, so tensor/ cannot call autograd's code to free one: autograd/
+ * hands its node destructor down through this setter instead (dependency
+ * inversion), each time it records a node. A node exists only once that has
+ * happened, so a tensor with a grad_fn always finds the destructor set. The
+ * first call sets it and later calls leave it (idempotent; threads may race).
+ * The destructor lets go of the tensors the node references by calling
+ * `release` on each, which queues them, so that freeing the head of a long
+ * graph does not recurse through it. */
+typedef void (*nbi_node_free_fn)(nbi_node *n, void (*release)(nb_tensor *t));
+void nbi_set_node_free(nbi_node_free_fn fn);
 /* The owner (its scope, or nb_free) lets go of t: the handle dies (`how`
  * says why, for messages); the object lives on while a graph holds it. */
 void nbi_release_owned(nb_tensor *t, int how);
@@ -168,6 +178,14 @@ int64_t nbi_flat_offset(const nb_tensor *t, int64_t i); /* element offset from s
 
 /* Copies src into dst of the same shape (any strides, any dtypes). */
 void nbi_copy_strided(nb_tensor *dst, const int64_t *src_strides, const nb_tensor *src);
+
+/* Gradient accumulation (accumulate.c), for the backward engine: operands of
+ * one shape and one floating dtype, read with any strides.
+ * dst += src, dst contiguous: */
+void nbi_add_into(nb_tensor *dst, const nb_tensor *src);
+/* a + b as a new contiguous tensor in the current scope; NULL (and message,
+ * naming fn) when out of memory. */
+nb_tensor *nbi_add_new(const char *fn, const nb_tensor *a, const nb_tensor *b);
 
 /* ------------------------------------------------------ strided iteration */
 /* Walks up to NBI_ITER_OPS operands over one shape, row by row: the last

@@ -3,6 +3,8 @@
  * nb_gradcheck itself (it must catch a wrong gradient and say where). */
 #include "test_util.h"
 
+#include <stdlib.h>
+
 static nb_tensor *vec(int n, const double *v) {
     return nb_from_data(NB_F64, 1, (const int64_t[]){n}, v);
 }
@@ -377,6 +379,45 @@ END_TEST
 
 /* A transformer training step raises nothing in anomaly mode: its -inf
  * masks, softmax, dropout and cross entropy are all legitimate. */
+/* Gradients reach a tensor as views (sum's is expanded, stride 0; transpose's
+ * is permuted; nb_contiguous of a contiguous tensor passes its own on) and
+ * add up in the walk and into .grad, for a non-leaf (t) and a leaf (x), in
+ * both floating dtypes. loss = sum(t) + sum(t^T * w) + sum(contiguous(x)) +
+ * sum(x), t = 2x: d loss/dx = 4 + 2 w^T, exactly (small integers). Big
+ * enough that the sums are split across threads. */
+START_TEST(accumulates_gradients_given_as_views) {
+    enum { R = 256, C = 300 };
+    double *w = malloc(sizeof(double) * R * C), *got = malloc(sizeof(double) * R * C);
+    ck_assert(w && got);
+    for (int j = 0; j < C; j++)
+        for (int i = 0; i < R; i++) w[j * R + i] = (i * 7 + j) % 5;
+    nb_dtype dts[2] = {NB_F32, NB_F64};
+    for (int k = 0; k < 2; k++) {
+        nb_tensor *x = nb_set_requires_grad(nb_full(dts[k], NB_SHAPE(R, C), 0.5), true);
+        for (int call = 1; call <= 2; call++) {
+            nb_scope_begin();
+            nb_tensor *wt = nb_to(nb_from_data(NB_F64, NB_SHAPE(C, R), w), dts[k]);
+            nb_tensor *t = nb_mul_scalar(x, 2);
+            nb_tensor *tw = nb_mul(nb_transpose(t, 0, 1), wt);
+            nb_tensor *loss = nb_add(nb_add(nb_sum_all(t), nb_sum_all(tw)),
+                                     nb_add(nb_sum_all(nb_contiguous(x)), nb_sum_all(x)));
+            ck_assert_msg(loss && nb_backward(loss) == 0, "%s", nb_last_error());
+            nb_scope_end();
+            ck_assert_int_eq(nb_copy_to_f64(nb_grad(x), got), 0);
+            for (int i = 0; i < R; i++)
+                for (int j = 0; j < C; j++)
+                    ck_assert_msg(got[i * C + j] == call * (4 + 2 * w[j * R + i]),
+                                  "%s, backward %d, grad[%d][%d] = %g, expected %g",
+                                  nb_dtype_name(dts[k]), call, i, j, got[i * C + j],
+                                  call * (4 + 2 * w[j * R + i]));
+        }
+        nb_free(x);
+    }
+    free(w);
+    free(got);
+}
+END_TEST
+
 START_TEST(anomaly_mode_is_quiet_on_a_transformer_step) {
     nb_params *ps = nb_params_new();
     nb_Transformer m;
@@ -409,6 +450,7 @@ Suite *suite_autograd(void) {
     tcase_add_test(tc, accumulates_across_backward_calls);
     tcase_add_test(tc, shared_subexpression);
     tcase_add_test(tc, broadcast_gradients_sum_back);
+    tcase_add_test(tc, accumulates_gradients_given_as_views);
     tcase_add_test(tc, gradient_through_views_reaches_leaf);
     tcase_add_test(tc, backward_with_grad_for_non_scalar);
     tcase_add_test(tc, grad_mode_off_records_nothing);

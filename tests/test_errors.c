@@ -144,7 +144,7 @@ static const void *item_many(void) {
     return isnan(nb_item(f32(NB_SHAPE(2, 3)))) ? NULL : succeeded;
 }
 
-/* the mission's ops and autograd */
+/* matmul, softmax, masked_fill, dropout, and autograd */
 static const void *dropout_p(void) { return nb_dropout(f32(NB_SHAPE(4)), 1.5, true, NULL); }
 static const void *dropout_negative(void) {
     return nb_dropout(f32(NB_SHAPE(4)), -0.25, false, NULL);
@@ -269,7 +269,7 @@ static const bad_case cases[] = {
     {"view_after_transpose", view_after_transpose, {"nb_view", "nb_reshape", "(3,2)", "(6)"},
      {0}, 0},
     {"item_many", item_many, {"nb_item", "(2,3)", "6"}, {0}, 0},
-    /* the mission's ops, autograd, settings */
+    /* matmul, softmax, masked_fill, dropout; autograd; settings */
     {"dropout_p", dropout_p, {"nb_dropout", "1.5"}, {0}, 0},
     {"dropout_negative", dropout_negative, {"nb_dropout", "-0.25"}, {0}, 0},
     {"dropout_nan", dropout_nan, {"nb_dropout", "nan"}, {0}, 0},

@@ -319,7 +319,7 @@ static bool mha_failed(nb_tensor **in) {
     X(nb_argmax, 1, one, nb_argmax(in[0], -1, false) == NULL)                                    \
     X(nb_sum_all, 1, one, nb_sum_all(in[0]) == NULL)                                             \
     X(nb_mean_all, 1, one, nb_mean_all(in[0]) == NULL)                                           \
-    /* the mission's ops */                                                                      \
+    /* matmul, softmax, masked_fill, dropout */                                                  \
     X(nb_matmul, 2, mm, nb_matmul(in[0], in[1]) == NULL)                                         \
     X(nb_softmax, 1, one, nb_softmax(in[0], -1) == NULL)                                         \
     X(nb_log_softmax, 1, one, nb_log_softmax(in[0], -1) == NULL)                                 \

@@ -10,7 +10,8 @@
 
 #include "nabla.h"
 
-/* Loads tensor `name` from tests/fixtures/<file> (written by gen_fixtures.py).
+/* Loads tensor `name` from tests/fixtures/<file> (written by the gen_*.py
+ * script beside it, through fxwriter.py).
  * The tensor is persistent and cached for the whole run: do not nb_free it.
  * Fails the test when the file or the name is missing. */
 nb_tensor *fx(const char *file, const char *name);
