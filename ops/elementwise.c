@@ -48,7 +48,7 @@ typedef struct {
     case U_log: ROWS1(T, LOG(x)); break;                                      \
     case U_sqrt: ROWS1(T, SQRT(x)); break;                                    \
     case U_tanh: ROWS1(T, TANH(x)); break;                                    \
-    case U_relu: ROWS1(T, x <= 0 ? 0 : x); break; /* NaN stays NaN */         \
+    case U_relu: ROWS1(T, x < 0 ? 0 : x); break; /* NaN, -0 stay (as torch) */ \
     case U_gelu: ROWS1(T, (T)0.5 * x * (1 + ERF(x * (T)0.70710678118654752440))); break; \
     case U_pow_scalar: ROWS1(T, POW(x, (T)s)); break;                                \
     case U_add_scalar: ROWS1(T, x + (T)s); break;                                    \
