@@ -86,5 +86,6 @@ Suite *suite_concurrency(void);
 Suite *suite_checkpoint(void);
 Suite *suite_handles(void);
 Suite *suite_soak(void);
+Suite *suite_edges(void);
 
 #endif
