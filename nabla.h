@@ -171,7 +171,7 @@ NB_API nb_tensor *nb_add(nb_tensor *a, nb_tensor *b);
 NB_API nb_tensor *nb_sub(nb_tensor *a, nb_tensor *b);
 NB_API nb_tensor *nb_mul(nb_tensor *a, nb_tensor *b);
 NB_API nb_tensor *nb_div(nb_tensor *a, nb_tensor *b);
-/* -t, e^t, ln t, sqrt t, tanh t, max(t, 0) (NaN stays NaN): floating, t's shape;
+/* -t, e^t, ln t, sqrt t, tanh t, max(t, 0) (NaN and -0 stay): floating, t's shape;
  * IEEE results outside the domain (log of a negative is NaN). */
 NB_API nb_tensor *nb_neg(nb_tensor *t);
 NB_API nb_tensor *nb_exp(nb_tensor *t);

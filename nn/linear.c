@@ -24,7 +24,10 @@ static nb_tensor *linear_body(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
      * backward gives the weight gradient in one product too, instead of a
      * batch of small products and a sum over the batch. */
     int nd = nb_ndim(x);
-    nb_tensor *x2 = nd == 2 ? x : nb_reshape(x, NB_SHAPE(-1, in));
+    /* rows counted, not -1: with in == 0 a -1 would be ambiguous (0 elements) */
+    int64_t rows = 1;
+    for (int i = 0; i < nd - 1; i++) rows *= nb_shape(x)[i];
+    nb_tensor *x2 = nd == 2 ? x : nb_reshape(x, NB_SHAPE(rows, in));
     nb_tensor *y = nb_matmul(x2, nb_transpose(w, 0, 1));
     if (b) y = nb_add(y, b);
     if (nd == 2 || !y) return y;

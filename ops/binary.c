@@ -108,11 +108,15 @@ static int mul_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     return 0;
 }
 
-/* d(a/b)/da = 1/b, d(a/b)/db = -a/b^2 = -(a/b)/b */
+/* d(a/b)/da = 1/b, d(a/b)/db = -a/b^2 = -g * ((a/b)/b), PyTorch's order:
+ * (g/b) * (a/b) would overflow g/b for a tiny b and give inf * 0 = NaN where
+ * a = 0, whose true gradient (and PyTorch's) is 0. */
 static int div_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    nb_tensor *ga = nb_div(g, nbi_saved_in(n, 1));
-    if (nbi_wants(n, 0) && !(gin[0] = to_input(n, 0, ga))) return -1;
-    if (nbi_wants(n, 1) && !(gin[1] = to_input(n, 1, nb_neg(nb_mul(ga, nbi_saved_out(n)))))) return -1;
+    nb_tensor *b = nbi_saved_in(n, 1);
+    if (nbi_wants(n, 0) && !(gin[0] = to_input(n, 0, nb_div(g, b)))) return -1;
+    if (nbi_wants(n, 1) &&
+        !(gin[1] = to_input(n, 1, nb_neg(nb_mul(g, nb_div(nbi_saved_out(n), b))))))
+        return -1;
     return 0;
 }
 

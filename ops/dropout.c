@@ -14,7 +14,7 @@
  * input's size per dropout layer.
  *
  * Special cases: !training or p == 0 returns a new handle on t (identity
- * gradient, no draws); p == 1 returns zeros (zero gradient, no draws). */
+ * gradient, no draws); p == 1 returns t * 0 (gradient g * 0, no draws). */
 #include "ops_internal.h"
 
 #include <math.h>
@@ -32,8 +32,10 @@ static uint64_t from_slot(int64_t s) {
     return u;
 }
 
-/* dst (S) contiguous <- src (S) any strides, kept by the mask of (seed, base)
- * and scaled; dropped elements are 0. p == 1 drops everything (u < 1).
+/* dst (S) contiguous <- src (S) any strides, multiplied by the mask of
+ * (seed, base) scaled: 1/(1-p) where kept, 0 where dropped, so a dropped
+ * inf or NaN gives NaN and a dropped negative -0, as PyTorch's x * mask.
+ * p == 1 drops everything (u < 1) and needs no draws.
  *
  * u = (z >> 11) * 2^-53 >= p is tested as (z >> 11) >= ceil(p * 2^53), the
  * same decision in integers. Element ranges run on the thread pool; each row
@@ -60,7 +62,7 @@ typedef struct {
             int64_t len = je - jb;                                                       \
             for (int64_t i = 0; i < len; i++) {                                          \
                 uint64_t z = nbi_mix64(h + (uint64_t)i * 0x9E3779B97F4A7C15ULL);         \
-                o[i * sd] = (z >> 11) >= j->thr ? x[i * ss] * scale : (T)0;              \
+                o[i * sd] = x[i * ss] * ((z >> 11) >= j->thr ? scale : (T)0);            \
             }                                                                            \
         }                                                                                \
     } while (0)
@@ -102,9 +104,9 @@ static void apply_mask(nb_tensor *dst, const nb_tensor *src, uint64_t seed, uint
  * (seed, base) = (node->i[0], node->i[1]) and p = node->d[0]. */
 static int dropout_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     if (!nbi_wants(n, 0)) return 0;
-    nb_tensor *gi = nbi_new(n->op, g->dtype, g->ndim, g->shape, n->d[0] >= 1.0);
+    nb_tensor *gi = nbi_new(n->op, g->dtype, g->ndim, g->shape, false);
     if (!gi) return -1;
-    if (n->d[0] < 1.0) apply_mask(gi, g, from_slot(n->i[0]), from_slot(n->i[1]), n->d[0]);
+    apply_mask(gi, g, from_slot(n->i[0]), from_slot(n->i[1]), n->d[0]);
     gin[0] = gi;
     return 0;
 }
@@ -119,14 +121,14 @@ nb_tensor *nb_dropout(nb_tensor *t, double p, bool training, nb_rng *rng) {
     if (!nbi_check_float(fn, t)) return NULL;
     if (!training || p == 0.0) return nbi_alias(fn, t);
 
-    nb_tensor *y = nbi_new(fn, t->dtype, t->ndim, t->shape, p >= 1.0);
+    nb_tensor *y = nbi_new(fn, t->dtype, t->ndim, t->shape, false);
     if (!y) return NULL;
     uint64_t seed = 0, base = 0;
     if (p < 1.0) {
         seed = (rng ? rng : nb_global_rng())->seed;
         base = nbi_rng_take(rng, (uint64_t)t->numel);
-        apply_mask(y, t, seed, base, p);
     }
+    apply_mask(y, t, seed, base, p);
     if (nbi_needs_grad(1, &t)) {
         nbi_node *node = nbi_record(y, fn, dropout_backward, 1, &t);
         if (!node) return nbi_discard(y);

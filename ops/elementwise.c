@@ -48,12 +48,32 @@ typedef struct {
     case U_log: ROWS1(T, LOG(x)); break;                                      \
     case U_sqrt: ROWS1(T, SQRT(x)); break;                                    \
     case U_tanh: ROWS1(T, TANH(x)); break;                                    \
-    case U_relu: ROWS1(T, x <= 0 ? 0 : x); break; /* NaN stays NaN */         \
+    case U_relu: ROWS1(T, x < 0 ? 0 : x); break; /* NaN, -0 stay (as torch) */ \
     case U_gelu: ROWS1(T, (T)0.5 * x * (1 + ERF(x * (T)0.70710678118654752440))); break; \
-    case U_pow_scalar: ROWS1(T, POW(x, (T)s)); break;                                \
+    case U_pow_scalar: /* PyTorch's paths, see pow_path */                         \
+        switch (pow_path(s)) {                                                        \
+        case P_SQRT: ROWS1(T, SQRT(x)); break;                                        \
+        case P_RSQRT: ROWS1(T, 1 / SQRT(x)); break;                                   \
+        case P_RECIP: ROWS1(T, 1 / x); break;                                         \
+        case P_SQUARE: ROWS1(T, x * x); break;                                        \
+        case P_CUBE: ROWS1(T, x * x * x); break;                                      \
+        case P_RECIP_SQUARE: ROWS1(T, 1 / (x * x)); break;                            \
+        case P_POW: ROWS1(T, POW(x, (T)s)); break;                                    \
+        }                                                                             \
+        break;                                                                        \
     case U_add_scalar: ROWS1(T, x + (T)s); break;                                    \
     case U_mul_scalar: ROWS1(T, x * (T)s); break;                                    \
     }
+
+/* PyTorch computes x^p for these p without pow (aten's PowKernel.cpp): the
+ * results differ from pow's at -0 and -inf (sqrt(-0) = -0, sqrt(-inf) = NaN,
+ * 1/sqrt(-0) = -inf; pow gives +0, +inf, +inf) and in the last bit, so nabla
+ * takes the same paths. x^0 = 1 and x^1 = x are pow's results already. */
+typedef enum { P_POW, P_SQRT, P_RSQRT, P_RECIP, P_SQUARE, P_CUBE, P_RECIP_SQUARE } pow_kind;
+static pow_kind pow_path(double p) {
+    return p == 0.5 ? P_SQRT : p == -0.5 ? P_RSQRT : p == -1 ? P_RECIP : p == 2 ? P_SQUARE
+         : p == 3 ? P_CUBE : p == -2 ? P_RECIP_SQUARE : P_POW;
+}
 
 static void unary_span(void *ctx, int64_t lo, int64_t hi) {
     const unary_job *j = ctx;

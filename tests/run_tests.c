@@ -23,6 +23,7 @@ int main(void) {
     srunner_add_suite(sr, suite_matmul());
     srunner_add_suite(sr, suite_registry());
     srunner_add_suite(sr, suite_softmax());
+    srunner_add_suite(sr, suite_edges());
     srunner_add_suite(sr, suite_autograd());
     srunner_add_suite(sr, suite_function());
     srunner_add_suite(sr, suite_errors());

@@ -90,5 +90,6 @@ Suite *suite_soak(void);
 Suite *suite_registry(void);
 /* test_registry.c: prints the op table of docs/ops.md ("full") or README.md */
 void print_op_table(const char *which);
+Suite *suite_edges(void);
 
 #endif
