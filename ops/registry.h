@@ -42,20 +42,20 @@
     X(neg, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_neg(x[0]))                \
     X(exp, "f", NB_OP_DIFF, nb_exp(x[0]))                                            \
     X(log, "p", NB_OP_DIFF, nb_log(x[0]))                                            \
-    X(sqrt, "p", NB_OP_DIFF, nb_sqrt(x[0]))                                          \
+    X(sqrt, "p", NB_OP_DIFF | NB_OP_EXACT, nb_sqrt(x[0]))                                          \
     X(tanh, "f", NB_OP_DIFF, nb_tanh(x[0]))                                          \
     X(relu, "a", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_relu(x[0]))              \
     X(gelu, "f", NB_OP_DIFF, nb_gelu(x[0]))                                          \
     X(pow_scalar, "p", NB_OP_DIFF, nb_pow_scalar(x[0], 1.5))                         \
-    X(add_scalar, "f", NB_OP_DIFF | NB_OP_CHEAP, nb_add_scalar(x[0], 1.5))           \
-    X(mul_scalar, "f", NB_OP_DIFF | NB_OP_CHEAP, nb_mul_scalar(x[0], -2.5))
+    X(add_scalar, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_add_scalar(x[0], 1.5))           \
+    X(mul_scalar, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_mul_scalar(x[0], -2.5))
 
 /* ops/binary.c: two broadcast inputs; kernel enum NBI_<name> */
 #define NB_OPS_BINARY(X)                                                             \
-    X(add, "f f", NB_OP_DIFF | NB_OP_CHEAP, nb_add(x[0], x[1]))                      \
-    X(sub, "f f", NB_OP_DIFF | NB_OP_CHEAP, nb_sub(x[0], x[1]))                      \
-    X(mul, "f f", NB_OP_DIFF | NB_OP_CHEAP, nb_mul(x[0], x[1]))                      \
-    X(div, "f a", NB_OP_DIFF | NB_OP_CHEAP, nb_div(x[0], x[1]))
+    X(add, "f f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_add(x[0], x[1]))                      \
+    X(sub, "f f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_sub(x[0], x[1]))                      \
+    X(mul, "f f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_mul(x[0], x[1]))                      \
+    X(div, "f a", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_div(x[0], x[1]))
 
 /* ops/compare.c: boolean results, and where */
 #define NB_OPS_COMPARE(X)                                                            \
@@ -107,7 +107,7 @@
 /* ops/shape.c: copies that move elements */
 #define NB_OPS_SHAPE(X)                                                              \
     X(cat, "f f:2x4", NB_OP_DIFF | NB_OP_EXACT, nb_cat(x, 2, 0))                     \
-    X(to, "f", NB_OP_DIFF, nb_to(x[0], NB_F64))
+    X(to, "f", NB_OP_DIFF | NB_OP_EXACT, nb_to(x[0], NB_F64))
 
 /* ops/index.c */
 #define NB_OPS_INDEX(X)                                                              \
