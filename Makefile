@@ -208,7 +208,7 @@ fuzz-build:
 	  OPT="-O1 -g -fsanitize=fuzzer-no-link $(FUZZ_SAN)" build-fuzz/libnabla.a
 	@$(MAKE) --no-print-directory build-fuzz/fuzz_load build-fuzz/fuzz_ops
 
-build-fuzz/fuzz_%: fuzz/fuzz_%.c $(wildcard fuzz/*.h) build-fuzz/libnabla.a nabla.h
+build-fuzz/fuzz_%: fuzz/fuzz_%.c $(wildcard fuzz/*.h) ops/registry.h build-fuzz/libnabla.a nabla.h
 	$(FUZZ_CC) -O1 -g -fsanitize=fuzzer $(FUZZ_SAN) -std=c11 -Wall -Wextra -D_POSIX_C_SOURCE=200809L \
 	  -I. $< build-fuzz/libnabla.a -lm -lpthread -o $@
 

@@ -5,7 +5,8 @@
  * Valid files: nb_save of the fuzz registry (sentinel values and others), and
  * hand-made headers for it (other tensor order, \u escapes in names, extra
  * whitespace and __metadata__). Invalid files: each a small edit of a valid
- * header, one defect each (see the table in main). */
+ * header, one defect each (see the table in main).
+ */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,6 +122,12 @@ static char *edit(const char *h, const char *from, const char *to) {
     return out;
 }
 
+/* ------------------------------------------------------ fuzz_ops programs */
+/* The program's first byte for n (1-3) input tensors; see ops_program.h. */
+static unsigned char head_byte(int f64, int ntensors, int path) {
+    return (unsigned char)(f64 | (ntensors - 1) << 1 | path << 3);
+}
+
 /* fuzz_ops programs: three inputs, A (2,3) and B (3) requiring grad and a
  * bool C (2,3), then one op (or a few) per seed; see ops_program.h. */
 static void ops_seeds(void) {
@@ -135,75 +142,96 @@ static void ops_seeds(void) {
         size_t len;
     } seeds[] = {
 #define P(...) {__VA_ARGS__}, sizeof((unsigned char[]){__VA_ARGS__})
-        {"add", P(OP_ADD, A, B, OP_SUM_ALL, R)},
-        {"sub", P(OP_SUB, B, A)},
-        {"mul", P(OP_MUL, A, B)},
-        {"div", P(OP_DIV, A, B)},
-        {"matmul", P(OP_MATMUL, A, B, OP_TRANSPOSE, A, 3, 4, OP_MATMUL, R + 1, A)},
-        {"softmax", P(OP_SOFTMAX, A, 4)},
-        {"log-softmax", P(OP_LOG_SOFTMAX, A, 3)},
-        {"masked-fill", P(OP_MASKED_FILL, A, C, 2, OP_SOFTMAX, R, 4)},
-        {"sum", P(OP_SUM, A, 4, 0)},
-        {"mean", P(OP_MEAN, A, 3, 1)},
-        {"max", P(OP_MAX, A, 4, 1)},
-        {"sum-all", P(OP_SUM_ALL, A)},
-        {"mean-all", P(OP_MEAN_ALL, B)},
-        {"exp", P(OP_EXP, A)},
-        {"tanh", P(OP_TANH, A)},
-        {"relu", P(OP_RELU, A)},
-        {"neg", P(OP_NEG, A)},
-        {"log", P(OP_LOG, A)},
-        {"sqrt", P(OP_SQRT, A)},
-        {"gelu", P(OP_GELU, A)},
-        {"contiguous", P(OP_TRANSPOSE, A, 3, 4, OP_CONTIGUOUS, R)},
-        {"cat", P(OP_CAT, 1, A, A, 3)},
-        {"where", P(OP_WHERE, C, A, B)},
-        {"gt", P(OP_GT, A, B)},
-        {"lt", P(OP_LT, A, B)},
-        {"eq", P(OP_EQ, A, A)},
-        {"not", P(OP_NOT, C)},
-        {"transpose", P(OP_TRANSPOSE, A, 3, 4)},
-        {"permute", P(OP_PERMUTE, A, 0, 0)},
-        {"unsqueeze", P(OP_UNSQUEEZE, A, 5)},
-        {"squeeze", P(OP_UNSQUEEZE, A, 5, OP_SQUEEZE, R, 5)},
-        {"expand", P(OP_EXPAND, B, 1, 2, 1, OP_ADD, R, A)},
-        {"narrow", P(OP_NARROW, A, 4, 5, 3)},
-        {"select", P(OP_SELECT, A, 3, 4, 0)},
-        {"view", P(OP_VIEW, A, 2, 1, 2)},
-        {"reshape", P(OP_TRANSPOSE, A, 3, 4, OP_RESHAPE, R, 1, 2, 0)},
-        {"to", P(OP_TO, A, 2, OP_WHERE, C, R, R, OP_TO, R + 1, 3)},
-        {"bad-add-mixed-dtypes", P(OP_TO, A, 1, OP_TO, A, 0, OP_ADD, R, R + 1)},
-        {"matmul-big", P(OP_CAT, 2, A, A, A, 3, OP_CAT, 2, R, R, R, 3, OP_CAT, 2, R + 1, R + 1,
-                         R + 1, 4, OP_TRANSPOSE, R + 2, 3, 4, OP_MATMUL, R + 2, R + 3,
-                         OP_MATMUL, R + 3, R + 2)},
-        {"pow", P(OP_POW, A, 2, OP_POW, A, 7)},
-        {"add-scalar", P(OP_ADD_SCALAR, A, 9)},
-        {"mul-scalar", P(OP_MUL_SCALAR, A, 4)},
-        {"argmax", P(OP_ARGMAX, A, 4, 0, OP_ARGMAX, C, 3, 1)},
-        {"ne", P(OP_NE, A, B)},
-        {"detach", P(OP_DETACH, A, OP_REQUIRES_GRAD, R, OP_MUL, R, A)},
-        {"bad-requires-grad-bool", P(OP_REQUIRES_GRAD, C)},
-        {"bad-view-transposed", P(OP_TRANSPOSE, A, 3, 4, OP_VIEW, R, 1, 1)},
-        {"bad-add-bool", P(OP_ADD, A, C)},
-        {"bad-matmul-k", P(OP_MATMUL, A, A)},
-        {"bad-softmax-dim", P(OP_SOFTMAX, A, 255)},
+        {"add", P(OP_add, A, B, OP_sum_all, R)},
+        {"sub", P(OP_sub, B, A)},
+        {"mul", P(OP_mul, A, B)},
+        {"div", P(OP_div, A, B)},
+        {"matmul", P(OP_matmul, A, B, OP_transpose, A, 3, 4, OP_matmul, R + 1, A)},
+        {"softmax", P(OP_softmax, A, 4)},
+        {"log-softmax", P(OP_log_softmax, A, 3)},
+        {"masked-fill", P(OP_masked_fill, A, C, 2, OP_softmax, R, 4)},
+        {"sum", P(OP_sum, A, 4, 0)},
+        {"mean", P(OP_mean, A, 3, 1)},
+        {"max", P(OP_max, A, 4, 1)},
+        {"sum-all", P(OP_sum_all, A)},
+        {"mean-all", P(OP_mean_all, B)},
+        {"exp", P(OP_exp, A)},
+        {"tanh", P(OP_tanh, A)},
+        {"relu", P(OP_relu, A)},
+        {"neg", P(OP_neg, A)},
+        {"log", P(OP_log, A)},
+        {"sqrt", P(OP_sqrt, A)},
+        {"gelu", P(OP_gelu, A)},
+        {"contiguous", P(OP_transpose, A, 3, 4, OP_contiguous, R)},
+        {"cat", P(OP_cat, 1, A, A, 3)},
+        {"where", P(OP_where, C, A, B)},
+        {"gt", P(OP_gt, A, B)},
+        {"lt", P(OP_lt, A, B)},
+        {"eq", P(OP_eq, A, A)},
+        {"not", P(OP_logical_not, C)},
+        {"transpose", P(OP_transpose, A, 3, 4)},
+        {"permute", P(OP_permute, A, 0, 0)},
+        {"unsqueeze", P(OP_unsqueeze, A, 5)},
+        {"squeeze", P(OP_unsqueeze, A, 5, OP_squeeze, R, 5)},
+        {"expand", P(OP_expand, B, 1, 2, 1, OP_add, R, A)},
+        {"narrow", P(OP_narrow, A, 4, 5, 3)},
+        {"select", P(OP_select, A, 3, 4, 0)},
+        {"view", P(OP_view, A, 2, 1, 2)},
+        {"reshape", P(OP_transpose, A, 3, 4, OP_reshape, R, 1, 2, 0)},
+        {"to", P(OP_to, A, 2, OP_where, C, R, R, OP_to, R + 1, 3)},
+        {"bad-add-mixed-dtypes", P(OP_to, A, 1, OP_to, A, 0, OP_add, R, R + 1)},
+        {"matmul-big", P(OP_cat, 2, A, A, A, 3, OP_cat, 2, R, R, R, 3, OP_cat, 2, R + 1, R + 1,
+                         R + 1, 4, OP_transpose, R + 2, 3, 4, OP_matmul, R + 2, R + 3,
+                         OP_matmul, R + 3, R + 2)},
+        {"pow", P(OP_pow_scalar, A, 2, OP_pow_scalar, A, 7)},
+        {"add-scalar", P(OP_add_scalar, A, 9)},
+        {"mul-scalar", P(OP_mul_scalar, A, 4)},
+        {"argmax", P(OP_argmax, A, 4, 0, OP_argmax, C, 3, 1)},
+        {"ne", P(OP_ne, A, B)},
+        {"detach", P(OP_detach, A, OP_requires_grad, R, OP_mul, R, A)},
+        /* dropout: operand, p (index into fuzz_ops.c's probs: 0 .25 .5 .9 1
+         * 1e-3 -.5 NaN), mode (3: not training; 4: the global generator), seed */
+        {"dropout", P(OP_dropout, A, 1, 0, 7, OP_dropout, B, 2, 4, 9, OP_dropout, A, 3, 0, 200)},
+        {"dropout-identity-zeros", P(OP_dropout, A, 0, 0, 1, OP_dropout, A, 4, 0, 1,
+                                     OP_dropout, A, 2, 3, 1)},
+        /* gather / index_select: operand, dim byte, index mode (0: from the
+         * pool; 1: in range; 2: some out of range; 3: any shape), index sizes, values */
+        {"gather", P(OP_gather, A, 4, 1, 2, 4, 0, 2, 1, 1, 2, 0, 0, 1)},
+        {"gather-dim0", P(OP_gather, A, 3, 1, 3, 2, 0, 1, 1, 0, 1, 1)},
+        {"gather-argmax-index", P(OP_argmax, A, 4, 1, OP_gather, A, 4, 0, R)},
+        {"index-select", P(OP_index_select, A, 4, 1, 4, 2, 0, 1, 1)},
+        {"index-select-dim0", P(OP_index_select, B, 2, 1, 3, 2, 2, 0)},
+        {"bad-dropout-p",
+         P(OP_dropout, A, 6, 0, 1, OP_dropout, A, 7, 0, 1, OP_dropout, C, 1, 0, 1)},
+        {"bad-gather-range", P(OP_gather, A, 4, 2, 2, 2, 1, 2, 3, 5, OP_gather, A, 4, 2, 1, 1, 0)},
+        {"bad-gather-dtype", P(OP_gather, A, 4, 0, A)},
+        {"bad-index-select-range", P(OP_index_select, A, 3, 2, 2, 4, 0)},
+        {"bad-index-select-2d", P(OP_index_select, A, 3, 3, 2, 1, 1, 0)},
+        {"bad-requires-grad-bool", P(OP_requires_grad, C)},
+        {"bad-view-transposed", P(OP_transpose, A, 3, 4, OP_view, R, 1, 1)},
+        {"bad-add-bool", P(OP_add, A, C)},
+        {"bad-matmul-k", P(OP_matmul, A, A)},
+        {"bad-softmax-dim", P(OP_softmax, A, 255)},
 #undef P
     };
     for (int f64 = 0; f64 < 2; f64++)
         for (size_t i = 0; i < sizeof seeds / sizeof *seeds; i++)
             for (int path = 0; path < 4; path++) { /* matmul seeds on each kernel path */
-            if (path && strncmp(seeds[i].name, "matmul", 6)) continue;
-            unsigned char b[64];
-            size_t n = 0;
-            b[n++] = (unsigned char)(0x04 | f64 | path << 3); /* 3 tensors */
-            memcpy(b + n, inputs, sizeof inputs);
-            n += sizeof inputs;
-            memcpy(b + n, seeds[i].prog, seeds[i].len);
-            n += seeds[i].len;
-            char name[64];
-            snprintf(name, sizeof name, "%s-%s%s", seeds[i].name, f64 ? "f64" : "f32",
-                     path == 1 ? "-portable" : path == 2 ? "-avx2" : path == 3 ? "-avx512" : "");
-            put_file(name, b, n);
+                if (path && strncmp(seeds[i].name, "matmul", 6)) continue;
+                unsigned char b[64];
+                size_t n = 0;
+                b[n++] = head_byte(f64, 3, path);
+                memcpy(b + n, inputs, sizeof inputs);
+                n += sizeof inputs;
+                memcpy(b + n, seeds[i].prog, seeds[i].len);
+                n += seeds[i].len;
+                char name[64];
+                snprintf(name, sizeof name, "%s-%s%s", seeds[i].name, f64 ? "f64" : "f32",
+                         path == 1   ? "-portable"
+                         : path == 2 ? "-avx2"
+                         : path == 3 ? "-avx512"
+                                     : "");
+                put_file(name, b, n);
             }
 }
 
