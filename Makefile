@@ -182,7 +182,8 @@ error-table-check:
 # prints a summary line; make fuzz-load / fuzz-ops run one (make -j2 fuzz-load
 # fuzz-ops runs both at once); FUZZ_ARGS adds libFuzzer options; make
 # fuzz-regress replays fuzz/regressions/; make fuzz-seeds rewrites
-# fuzz/corpus/ from fuzz/gen_seeds.c; make fuzz-clean removes build-fuzz/.
+# fuzz/corpus/ from fuzz/gen_seeds.c (which runs fuzz_ops.c to find each
+# registered op's seed); make fuzz-clean removes build-fuzz/.
 FUZZ_CC   ?= clang
 FUZZ_TIME ?= 60
 FUZZ_SAN  := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
@@ -222,7 +223,8 @@ fuzz-clean:
 
 fuzz-seeds:
 	@mkdir -p build-fuzz
-	$(CC) -O1 -g $(WARN) -D_POSIX_C_SOURCE=200809L -pthread -I. fuzz/gen_seeds.c $(LIB_SRC) $(LDLIBS) -o build-fuzz/gen_seeds
+	$(CC) -O1 -g $(WARN) -D_POSIX_C_SOURCE=200809L -pthread -I. fuzz/gen_seeds.c fuzz/fuzz_ops.c \
+	  $(LIB_SRC) $(LDLIBS) -o build-fuzz/gen_seeds
 	rm -rf fuzz/corpus/load fuzz/corpus/ops && mkdir -p fuzz/corpus/load fuzz/corpus/ops && \
 	  build-fuzz/gen_seeds fuzz/corpus/load fuzz/corpus/ops
 

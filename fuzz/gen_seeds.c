@@ -6,7 +6,11 @@
  * hand-made headers for it (other tensor order, \u escapes in names, extra
  * whitespace and __metadata__). Invalid files: each a small edit of a valid
  * header, one defect each (see the table in main).
- */
+ *
+ * fuzz_ops: one program per op of ops/registry.h, made from its registry line
+ * (see registry_seed; linked with fuzz_ops.c, it runs the harness to check
+ * them), and hand-made ones (ops_seeds' table): a few ops in a row, bad
+ * calls, each matmul kernel path. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -128,9 +132,109 @@ static unsigned char head_byte(int f64, int ntensors, int path) {
     return (unsigned char)(f64 | (ntensors - 1) << 1 | path << 3);
 }
 
+/* A kind byte for an nd-d input (see ops_program.h): bool, or floating and
+ * requiring grad. */
+static unsigned char kind_byte(int nd, bool is_bool) {
+    for (unsigned k = 0; k < 256; k++)
+        if ((int)(k % 5) == nd && ((k >> 3) % 4 == 3) == is_bool && ((k & 0x20) != 0) == !is_bool)
+            return (unsigned char)k;
+    die("no kind byte");
+    return 0;
+}
+
+/* The value byte of element i of an input of letter c (ops/registry.h):
+ * f in [-1.5, 1.5], p in (0, 3], a with |x| >= 0.5 (fuzz_ops.c's val_of is
+ * (byte - 123) / 8), b 0 or 1. */
+static unsigned char value_byte(char c, int i) {
+    int k = (i * 7 + 3) % 25 - 12; /* -12 .. 12, varied */
+    switch (c) {
+    case 'p': return (unsigned char)(124 + (k + 12) % 24);
+    case 'a': return (unsigned char)(123 + (k < 0 ? k - 4 : k + 4) / 2 * 2);
+    case 'b': return (unsigned char)(i % 3 == 1);
+    default: return (unsigned char)(123 + k);
+    }
+}
+
+/* The inputs of a registry line's "inputs" word list (letter[:AxBxC], default
+ * 3x4), as program bytes; 'i' (an index) is left to the op's decoder, which
+ * makes its index tensor from the program. Returns the number of tensors. */
+static int registry_inputs(const char *spec, unsigned char *b, size_t *n) {
+    int count = 0;
+    for (const char *w = spec; *w;) {
+        char letter = *w++;
+        int64_t s[4] = {3, 4};
+        int nd = 2;
+        if (*w == ':')
+            for (nd = 0; *w == ':' || *w == 'x'; nd++) s[nd] = strtol(w + 1, (char **)&w, 10);
+        while (*w == ' ') w++;
+        if (letter == 'i') continue;
+        b[(*n)++] = kind_byte(nd, letter == 'b');
+        int64_t numel = 1;
+        for (int i = 0; i < nd; i++) b[(*n)++] = (unsigned char)s[i], numel *= s[i];
+        for (int i = 0; i < numel; i++) b[(*n)++] = value_byte(letter, i);
+        count++;
+    }
+    return count;
+}
+
+/* Whether fuzz_ops runs exactly one op on prog, successfully, as opcode op. */
+static bool runs_once(unsigned op, const unsigned char *prog, size_t n) {
+    long before = fuzz_ops_succeeded(op);
+    LLVMFuzzerTestOneInput(prog, n);
+    return fuzz_ops_last_ops() == 1 && fuzz_ops_succeeded(op) == before + 1;
+}
+
+/* One seed per registered op: its registry inputs, its opcode, its operands
+ * in order, then the arguments its decoder reads. Those are searched for:
+ * the shortest prefix, of a fixed pseudo-random sequence of byte strings,
+ * under which the harness itself finds the call valid and correct. So a new
+ * registry line gets its seed with no edit here, and the same one each time. */
+static const struct {
+    unsigned op;
+    const char *name, *inputs;
+} registered[] = {
+#define X(name, inputs, flags, call) {OP_##name, #name, inputs},
+    NB_OPS(X)
+#undef X
+};
+
+static void registry_seed(size_t k, int f64) {
+    unsigned char b[512];
+    size_t n = 1;
+    int ntensors = registry_inputs(registered[k].inputs, b, &n);
+    b[0] = head_byte(f64, ntensors, 0);
+    b[n++] = (unsigned char)registered[k].op;
+    for (int i = 0; i < ntensors; i++) b[n++] = (unsigned char)i;
+    uint64_t x = 0x9E3779B97F4A7C15ULL;
+    for (const char *c = registered[k].name; *c; c++) /* FNV-1a: a stream per op name */
+        x = (x ^ (unsigned char)*c) * 0x100000001B3ULL;
+    enum { TAIL = 16, TRIES = 4096 };
+    for (int t = 0; t < TRIES; t++) {
+        for (int i = 0; i < TAIL; i++) { /* try 0: zeros; then xorshift64 */
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            b[n + (size_t)i] = t ? (unsigned char)(x >> 24) : 0;
+        }
+        for (size_t len = 0; len <= TAIL; len++)
+            if (runs_once(registered[k].op, b, n + len)) {
+                char name[96];
+                snprintf(name, sizeof name, "op-%s-%s", registered[k].name, f64 ? "f64" : "f32");
+                put_file(name, b, n + len);
+                return;
+            }
+    }
+    fprintf(stderr, "gen_seeds: no valid program found for nb_%s\n", registered[k].name);
+    exit(1);
+}
+
 /* fuzz_ops programs: three inputs, A (2,3) and B (3) requiring grad and a
  * bool C (2,3), then one op (or a few) per seed; see ops_program.h. */
 static void ops_seeds(void) {
+    int argc = 0;
+    char **argv = NULL;
+    LLVMFuzzerInitialize(&argc, &argv); /* registry_seed runs the harness */
+    for (size_t k = 0; k < sizeof registered / sizeof *registered; k++)
+        for (int f64 = 0; f64 < 2; f64++) registry_seed(k, f64);
+
     static const unsigned char inputs[] = {
         32, 2, 3, 131, 139, 115, 127, 147, 119, /* A = [[1,2,-1],[.5,3,-.5]] */
         36, 3, 135, 111, 125,                   /* B = [1.5,-1.5,.25] */
