@@ -87,9 +87,18 @@ $(TEST_BIN): $(TEST_SRC) tests/test_util.h $(BUILD)/libnabla.a nabla.h | check-d
 	  -DNB_FIXTURE_DIR='"$(CURDIR)/tests/fixtures"' $(TEST_SRC) $(BUILD)/libnabla.a \
 	  $$(pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm) $(LDLIBS) -o $@
 
+# After the suites, the op fuzzer's seed corpus replayed without libFuzzer
+# (fuzz/replay.c): every call checked against its reference, and every op of
+# ops/registry.h must have run successfully at least once.
 test: check-deps
-	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BIN)
+	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BIN) $(BUILD)/fuzz/replay
 	$(TEST_BIN)
+	$(BUILD)/fuzz/replay fuzz/corpus/ops
+
+$(BUILD)/fuzz/replay: fuzz/replay.c fuzz/fuzz_ops.c fuzz/ops_program.h ops/registry.h \
+  ops/gemm_internal.h $(BUILD)/libnabla.a nabla.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I. fuzz/replay.c fuzz/fuzz_ops.c $(BUILD)/libnabla.a $(LDLIBS) -o $@
 
 run: all
 	@if [ -x $(BUILD)/examples/copy_task ]; then $(BUILD)/examples/copy_task; else \
