@@ -3,8 +3,9 @@
  *
  * The opcodes are ops/registry.h's ops in its order (OP_<name> runs
  * nb_<name>), then the fuzzer's own: nb_detach and nb_set_requires_grad.
- * Adding an op to the registry renumbers the fuzzer-only opcodes; the seed
- * corpus is regenerated with make fuzz-seeds.
+ * Adding an op to the registry renumbers the opcodes after it, so the seed
+ * corpus's programs change meaning: regenerate it (make fuzz-seeds), which
+ * also gives the new op its seed (make test's replay fails without one).
  *
  * Program layout (a byte past the end reads as 0):
  *   head       bit 0: f64 (else f32); 1 + (bits 1-2 % 3) input tensors;
