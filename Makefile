@@ -87,15 +87,24 @@ $(TEST_BIN): $(TEST_SRC) tests/test_util.h $(BUILD)/libnabla.a nabla.h | check-d
 	  -DNB_FIXTURE_DIR='"$(CURDIR)/tests/fixtures"' $(TEST_SRC) $(BUILD)/libnabla.a \
 	  $$(pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm) $(LDLIBS) -o $@
 
+# After the suites, the op fuzzer's seed corpus replayed without libFuzzer
+# (fuzz/replay.c): every call checked against its reference, and every op of
+# ops/registry.h must have run successfully at least once.
 test: check-deps
-	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BIN)
+	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BIN) $(BUILD)/fuzz/replay
 	$(TEST_BIN)
+	$(BUILD)/fuzz/replay fuzz/corpus/ops
 	@bash tests/layers_check.sh $(BUILD)
 
 # The library's folders form layers, tensor < autograd < ops < nn, none
 # reaching up (by include or by symbol); make test runs this too.
 layers-check: $(BUILD)/libnabla.a
 	@bash tests/layers_check.sh $(BUILD)
+
+$(BUILD)/fuzz/replay: fuzz/replay.c fuzz/fuzz_ops.c fuzz/ops_program.h ops/registry.h \
+  ops/gemm_internal.h $(BUILD)/libnabla.a nabla.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I. fuzz/replay.c fuzz/fuzz_ops.c $(BUILD)/libnabla.a $(LDLIBS) -o $@
 
 run: all
 	@if [ -x $(BUILD)/examples/copy_task ]; then $(BUILD)/examples/copy_task; else \
@@ -198,7 +207,8 @@ error-table-check:
 # prints a summary line; make fuzz-load / fuzz-ops run one (make -j2 fuzz-load
 # fuzz-ops runs both at once); FUZZ_ARGS adds libFuzzer options; make
 # fuzz-regress replays fuzz/regressions/; make fuzz-seeds rewrites
-# fuzz/corpus/ from fuzz/gen_seeds.c; make fuzz-clean removes build-fuzz/.
+# fuzz/corpus/ from fuzz/gen_seeds.c (which runs fuzz_ops.c to find each
+# registered op's seed); make fuzz-clean removes build-fuzz/.
 FUZZ_CC   ?= clang
 FUZZ_TIME ?= 60
 FUZZ_SAN  := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
@@ -224,7 +234,7 @@ fuzz-build:
 	  OPT="-O1 -g -fsanitize=fuzzer-no-link $(FUZZ_SAN)" build-fuzz/libnabla.a
 	@$(MAKE) --no-print-directory build-fuzz/fuzz_load build-fuzz/fuzz_ops
 
-build-fuzz/fuzz_%: fuzz/fuzz_%.c $(wildcard fuzz/*.h) build-fuzz/libnabla.a nabla.h
+build-fuzz/fuzz_%: fuzz/fuzz_%.c $(wildcard fuzz/*.h) ops/registry.h build-fuzz/libnabla.a nabla.h
 	$(FUZZ_CC) -O1 -g -fsanitize=fuzzer $(FUZZ_SAN) -std=c11 -Wall -Wextra -D_POSIX_C_SOURCE=200809L \
 	  -I. $< build-fuzz/libnabla.a -lm -lpthread -o $@
 
@@ -238,7 +248,8 @@ fuzz-clean:
 
 fuzz-seeds:
 	@mkdir -p build-fuzz
-	$(CC) -O1 -g $(WARN) -D_POSIX_C_SOURCE=200809L -pthread -I. fuzz/gen_seeds.c $(LIB_SRC) $(LDLIBS) -o build-fuzz/gen_seeds
+	$(CC) -O1 -g $(WARN) -D_POSIX_C_SOURCE=200809L -pthread -I. fuzz/gen_seeds.c fuzz/fuzz_ops.c \
+	  $(LIB_SRC) $(LDLIBS) -o build-fuzz/gen_seeds
 	rm -rf fuzz/corpus/load fuzz/corpus/ops && mkdir -p fuzz/corpus/load fuzz/corpus/ops && \
 	  build-fuzz/gen_seeds fuzz/corpus/load fuzz/corpus/ops
 

@@ -2,11 +2,12 @@
  *
  * The input is a small program. Its first bytes pick the floating dtype (f32
  * or f64) and make 1-3 tensors (0-4 dims of size 0-5, values from the bytes,
- * some NB_BOOL, some requiring grad); each following byte picks an op (view
- * ops, broadcasting arithmetic, matmul, softmax, reductions, cat, where,
- * comparisons, nb_to, ...)
- * whose operands and arguments (dims, sizes, starts) come from the next bytes,
- * and whose result joins the pool of operands.
+ * some NB_BOOL, some requiring grad); each following byte picks an op: one
+ * of ops/registry.h (every op of nabla, each with its decoder op_<name>
+ * here, which the dispatch table made from the registry requires), or
+ * nb_detach / nb_set_requires_grad. Its operands and arguments (dims, sizes,
+ * starts, index tensors, dropout's p and seed) come from the next bytes, and
+ * its result joins the pool of operands.
  *
  * Every call is judged by a slow reference written here on plain double
  * arrays (row-major values, explicit shapes, its own broadcast and index
@@ -28,7 +29,13 @@
  *   and dtype;
  * - everything runs in one scope, after which nb_live_tensors() is back to
  *   its value before the input.
- * A violation prints the op and its operands' shapes and aborts.
+ * A violation prints the op and its operands' shapes and aborts. Calls that
+ * passed are counted per opcode: fuzz/replay.c (make test) replays the seed
+ * corpus and requires each registered op to have passed at least once.
+ *
+ * nb_dropout's mask is random: its reference checks each element is x * 0
+ * (dropped, as PyTorch's x * mask) or x * (1/(1-p)) as the dtype computes it,
+ * and that the same seed repeats it.
  *
  * Limits of the reference: results of more than MAX_NUMEL elements are not
  * computed (the call is skipped); f32 matmul values are not compared when an
@@ -348,30 +355,24 @@ static void pick_n(pool *p, reader *r, nb_tensor **ops, int n) {
     for (int k = 0; k < n; k++) ops[k] = pick(p, r);
 }
 
-/* Per function: calls the library accepted, refused (as the reference said),
- * and skipped as too big; printed at exit with NABLA_FUZZ_STATS=1. */
-#define MAX_FNS 64
-static struct {
-    const char *fn;
-    long ok, refused, skipped;
-} stats[MAX_FNS];
+/* Per opcode: calls that were valid and passed every check, calls refused
+ * (as the reference said), and calls skipped as too big. replay.c reads the
+ * first (fuzz_ops_succeeded); NABLA_FUZZ_STATS=1 prints all three at exit. */
+enum { SUCCEEDED, REFUSED, SKIPPED };
+static long stats[OP_COUNT][3];
+static unsigned cur_op; /* the opcode being run */
 
 static bool verbose;
 
-static void count(const char *fn, int what) {
-    int i = 0;
-    while (i < MAX_FNS - 1 && stats[i].fn && strcmp(stats[i].fn, fn)) i++;
-    stats[i].fn = fn;
-    if (what == 0) stats[i].ok++;
-    else if (what == 1) stats[i].refused++;
-    else stats[i].skipped++;
-}
+static void count(int what) { stats[cur_op][what]++; }
+
+long fuzz_ops_succeeded(unsigned op) { return op < OP_COUNT ? stats[op][SUCCEEDED] : 0; }
 
 static void print_stats(void) {
-    fprintf(stderr, "fuzz_ops: calls per function (accepted / refused / skipped):\n");
-    for (int i = 0; i < MAX_FNS && stats[i].fn; i++)
-        fprintf(stderr, "  %-16s %10ld %10ld %8ld\n", stats[i].fn, stats[i].ok, stats[i].refused,
-                stats[i].skipped);
+    fprintf(stderr, "fuzz_ops: calls per function (succeeded / refused / skipped):\n");
+    for (unsigned op = 0; op < OP_COUNT; op++)
+        fprintf(stderr, "  %-22s %10ld %10ld %8ld\n", fuzz_ops_name(op), stats[op][SUCCEEDED],
+                stats[op][REFUSED], stats[op][SKIPPED]);
 }
 
 /* Checks one call: result against the expectation, operands unchanged, then
@@ -386,7 +387,6 @@ static void check_call(pool *p, reader *r, expect *e, nb_tensor *res, nb_tensor 
                      before[k].v[i], a.v[i]);
         vals_free(&a);
     }
-    count(e->fn, res ? 0 : 1);
     if (verbose) /* NABLA_FUZZ_VERBOSE=1: every call and its outcome */
         fprintf(stderr, "fuzz_ops: %s -> %s\n", ctx, res ? shape_str(&e->sh) : nb_last_error());
     if (!res) {
@@ -396,6 +396,7 @@ static void check_call(pool *p, reader *r, expect *e, nb_tensor *res, nb_tensor 
         if (!msg || strncmp(msg, e->fn, len) || msg[len] != ':')
             fail("error message does not start with \"%s:\"", e->fn);
         nb_clear_error();
+        count(REFUSED);
         return;
     }
     if (!e->ok) fail("the library accepted a call the reference refuses");
@@ -428,6 +429,7 @@ static void check_call(pool *p, reader *r, expect *e, nb_tensor *res, nb_tensor 
                      nb_dtype_name(nb_dtype_of(p->leaves[i])), nb_ndim(p->leaves[i]));
         }
     }
+    count(SUCCEEDED);
     pool_add(p, res, r);
 }
 
@@ -443,7 +445,7 @@ static void begin_call(const char *what, nb_tensor **ops, int nops, vals *in) {
 }
 
 static void end_call(vals *in, int nops, expect *e) {
-    if (e->skip) count(e->fn, 2);
+    if (e->skip) count(SKIPPED);
     for (int k = 0; k < nops; k++) vals_free(&in[k]);
     expect_free(e);
 }
@@ -472,15 +474,16 @@ static int dim_arg(reader *r, int nd) {
 /* -------------------------------------------------------- reference ops */
 static bool float_ok(nb_dtype d) { return is_float(d); }
 
-/* + - * / */
-static void op_binary(pool *p, reader *r, int which) {
-    static const char *names[] = {"nb_add", "nb_sub", "nb_mul", "nb_div"};
+/* + - * /: the library call and its reference on one pair of elements */
+typedef nb_tensor *binary_call(nb_tensor *, nb_tensor *);
+static void binary(pool *p, reader *r, const char *fn, binary_call *call,
+                   double (*ref)(double, double)) {
     nb_tensor *ops[2];
     pick_n(p, r, ops, 2);
     vals in[2];
-    begin_call(names[which], ops, 2, in);
+    begin_call(fn, ops, 2, in);
     expect e;
-    expect_init(&e, names[which], in[0].dt);
+    expect_init(&e, fn, in[0].dt);
     if (float_ok(in[0].dt) && in[0].dt == in[1].dt && bcast(&in[0].sh, &in[1].sh, &e.sh)) {
         expect_alloc(&e, false);
         if (!e.skip && numel(&e.sh)) {
@@ -488,29 +491,31 @@ static void op_binary(pool *p, reader *r, int which) {
             do {
                 double x = in[0].v[bcast_flat(&e.sh, idx, &in[0].sh)];
                 double y = in[1].v[bcast_flat(&e.sh, idx, &in[1].sh)];
-                e.v[i++] = which == 0 ? x + y : which == 1 ? x - y : which == 2 ? x * y : x / y;
+                e.v[i++] = ref(x, y);
             } while (next_index(idx, &e.sh));
         }
     }
-    nb_tensor *res = NULL;
-    if (!e.skip) {
-        nb_clear_error();
-        res = which == 0 ? nb_add(ops[0], ops[1]) : which == 1 ? nb_sub(ops[0], ops[1])
-            : which == 2 ? nb_mul(ops[0], ops[1]) : nb_div(ops[0], ops[1]);
-        check_call(p, r, &e, res, ops, 2, in);
-    }
-    end_call(in, 2, &e);
+    RUN(p, r, e, ops, 2, in, call(ops[0], ops[1]));
 }
 
+static double ref_add(double x, double y) { return x + y; }
+static double ref_sub(double x, double y) { return x - y; }
+static double ref_mul(double x, double y) { return x * y; }
+static double ref_div(double x, double y) { return x / y; }
+static void op_add(pool *p, reader *r, const char *fn) { binary(p, r, fn, nb_add, ref_add); }
+static void op_sub(pool *p, reader *r, const char *fn) { binary(p, r, fn, nb_sub, ref_sub); }
+static void op_mul(pool *p, reader *r, const char *fn) { binary(p, r, fn, nb_mul, ref_mul); }
+static void op_div(pool *p, reader *r, const char *fn) { binary(p, r, fn, nb_div, ref_div); }
+
 /* comparisons: any dtype (one for both), bool result */
-static void op_compare(pool *p, reader *r, int which) {
-    static const char *names[] = {"nb_gt", "nb_lt", "nb_eq", "nb_ne"};
+static void compare(pool *p, reader *r, const char *fn, binary_call *call,
+                    bool (*ref)(double, double)) {
     nb_tensor *ops[2];
     pick_n(p, r, ops, 2);
     vals in[2];
-    begin_call(names[which], ops, 2, in);
+    begin_call(fn, ops, 2, in);
     expect e;
-    expect_init(&e, names[which], NB_BOOL);
+    expect_init(&e, fn, NB_BOOL);
     if (in[0].dt == in[1].dt && bcast(&in[0].sh, &in[1].sh, &e.sh)) {
         expect_alloc(&e, false);
         if (!e.skip && numel(&e.sh)) {
@@ -519,21 +524,28 @@ static void op_compare(pool *p, reader *r, int which) {
                 /* f32 values are exact in double: comparing doubles is comparing floats */
                 double x = in[0].v[bcast_flat(&e.sh, idx, &in[0].sh)];
                 double y = in[1].v[bcast_flat(&e.sh, idx, &in[1].sh)];
-                e.v[i++] = which == 0 ? x > y : which == 1 ? x < y : which == 2 ? x == y : x != y;
+                e.v[i++] = ref(x, y);
             } while (next_index(idx, &e.sh));
         }
     }
-    RUN(p, r, e, ops, 2, in,
-        which == 0 ? nb_gt(ops[0], ops[1]) : which == 1 ? nb_lt(ops[0], ops[1])
-        : which == 2 ? nb_eq(ops[0], ops[1]) : nb_ne(ops[0], ops[1]));
+    RUN(p, r, e, ops, 2, in, call(ops[0], ops[1]));
 }
 
-static void op_not(pool *p, reader *r) {
+static bool ref_eq(double x, double y) { return x == y; }
+static bool ref_ne(double x, double y) { return x != y; }
+static bool ref_lt(double x, double y) { return x < y; }
+static bool ref_gt(double x, double y) { return x > y; }
+static void op_eq(pool *p, reader *r, const char *fn) { compare(p, r, fn, nb_eq, ref_eq); }
+static void op_ne(pool *p, reader *r, const char *fn) { compare(p, r, fn, nb_ne, ref_ne); }
+static void op_lt(pool *p, reader *r, const char *fn) { compare(p, r, fn, nb_lt, ref_lt); }
+static void op_gt(pool *p, reader *r, const char *fn) { compare(p, r, fn, nb_gt, ref_gt); }
+
+static void op_logical_not(pool *p, reader *r, const char *fn) {
     nb_tensor *ops[1] = {pick(p, r)};
     vals in[1];
-    begin_call("nb_logical_not", ops, 1, in);
+    begin_call(fn, ops, 1, in);
     expect e;
-    expect_init(&e, "nb_logical_not", NB_BOOL);
+    expect_init(&e, fn, NB_BOOL);
     if (in[0].dt == NB_BOOL) {
         e.sh = in[0].sh;
         expect_alloc(&e, false);
@@ -542,55 +554,64 @@ static void op_not(pool *p, reader *r) {
     RUN(p, r, e, ops, 1, in, nb_logical_not(ops[0]));
 }
 
-/* one-input floating ops */
-enum { U_EXP, U_TANH, U_RELU, U_NEG, U_LOG, U_SQRT, U_GELU, U_COUNT };
-static void op_unary(pool *p, reader *r, int which) {
-    static const char *names[] = {"nb_exp", "nb_tanh", "nb_relu", "nb_neg",
-                                  "nb_log", "nb_sqrt", "nb_gelu"};
+/* one-input floating ops. exp, tanh, log and gelu go through libm's float
+ * functions for f32: correct to an ulp or so, not correctly rounded (TOL,
+ * relative to |x| for gelu, whose terms cancel near 0); the others EXACT. */
+typedef nb_tensor *unary_call(nb_tensor *);
+enum { REL_Y, REL_X }; /* the tolerance's magnitude: |result| or |x| */
+static void unary(pool *p, reader *r, const char *fn, unary_call *call, double (*ref)(double),
+                  int rule, int rel) {
     nb_tensor *ops[1] = {pick(p, r)};
     vals in[1];
-    begin_call(names[which], ops, 1, in);
+    begin_call(fn, ops, 1, in);
     expect e;
-    expect_init(&e, names[which], in[0].dt);
+    expect_init(&e, fn, in[0].dt);
     if (float_ok(in[0].dt)) {
         e.sh = in[0].sh;
-        expect_alloc(&e, which == U_GELU);
-        /* exp, tanh, log and gelu go through libm's float functions for f32:
-         * correct to an ulp or so, not correctly rounded */
-        bool exact = which == U_RELU || which == U_NEG || which == U_SQRT;
-        e.rule = exact ? EXACT : TOL;
+        expect_alloc(&e, rel == REL_X);
+        e.rule = rule;
         e.rtol = in[0].dt == NB_F32 ? 1e-5 : 1e-9;
         for (int64_t i = 0; !e.skip && i < in[0].n; i++) {
-            double x = in[0].v[i];
-            switch (which) {
-            case U_EXP: e.v[i] = exp(x); break;
-            case U_TANH: e.v[i] = tanh(x); break;
-            case U_RELU: e.v[i] = x <= 0 ? 0 : x; break; /* NaN stays NaN */
-            case U_NEG: e.v[i] = -x; break;
-            case U_LOG: e.v[i] = log(x); break;
-            case U_SQRT: e.v[i] = sqrt(x); break;
-            case U_GELU:
-                e.v[i] = 0.5 * x * (1 + erf(x / sqrt(2.0)));
-                e.mag[i] = fabs(x);
-                break;
-            }
+            e.v[i] = ref(in[0].v[i]);
+            if (e.mag) e.mag[i] = fabs(in[0].v[i]);
         }
     }
-    nb_tensor *t = ops[0];
-    RUN(p, r, e, ops, 1, in,
-        which == U_EXP ? nb_exp(t) : which == U_TANH ? nb_tanh(t) : which == U_RELU ? nb_relu(t)
-        : which == U_NEG ? nb_neg(t) : which == U_LOG ? nb_log(t) : which == U_SQRT ? nb_sqrt(t)
-        : nb_gelu(t));
+    RUN(p, r, e, ops, 1, in, call(ops[0]));
+}
+
+static double ref_neg(double x) { return -x; }
+static double ref_relu(double x) { return x <= 0 ? 0 : x; } /* NaN stays NaN */
+static double ref_gelu(double x) { return 0.5 * x * (1 + erf(x / sqrt(2.0))); }
+static void op_neg(pool *p, reader *r, const char *fn) {
+    unary(p, r, fn, nb_neg, ref_neg, EXACT, REL_Y);
+}
+static void op_exp(pool *p, reader *r, const char *fn) {
+    unary(p, r, fn, nb_exp, exp, TOL, REL_Y);
+}
+static void op_log(pool *p, reader *r, const char *fn) {
+    unary(p, r, fn, nb_log, log, TOL, REL_Y);
+}
+static void op_sqrt(pool *p, reader *r, const char *fn) {
+    unary(p, r, fn, nb_sqrt, sqrt, EXACT, REL_Y);
+}
+static void op_tanh(pool *p, reader *r, const char *fn) {
+    unary(p, r, fn, nb_tanh, tanh, TOL, REL_Y);
+}
+static void op_relu(pool *p, reader *r, const char *fn) {
+    unary(p, r, fn, nb_relu, ref_relu, EXACT, REL_Y);
+}
+static void op_gelu(pool *p, reader *r, const char *fn) {
+    unary(p, r, fn, nb_gelu, ref_gelu, TOL, REL_X);
 }
 
 /* torch.matmul */
-static void op_matmul(pool *p, reader *r) {
+static void op_matmul(pool *p, reader *r, const char *fn) {
     nb_tensor *ops[2];
     pick_n(p, r, ops, 2);
     vals in[2];
-    begin_call("nb_matmul", ops, 2, in);
+    begin_call(fn, ops, 2, in);
     expect e;
-    expect_init(&e, "nb_matmul", in[0].dt);
+    expect_init(&e, fn, in[0].dt);
     const shp *a = &in[0].sh, *b = &in[1].sh;
     bool ok = float_ok(in[0].dt) && in[0].dt == in[1].dt && a->nd > 0 && b->nd > 0;
     bool a1 = a->nd == 1, b1 = b->nd == 1;
@@ -645,8 +666,8 @@ static void op_matmul(pool *p, reader *r) {
 
 /* softmax / log_softmax over dim: the stable formula, a slice of all -inf
  * gives zeros (nabla's documented convention; PyTorch gives NaN) */
-static void op_softmax(pool *p, reader *r, bool log_mode) {
-    const char *fn = log_mode ? "nb_log_softmax" : "nb_softmax";
+typedef nb_tensor *dim_call(nb_tensor *, int);
+static void softmax_dim(pool *p, reader *r, const char *fn, dim_call *call, bool log_mode) {
     nb_tensor *ops[1] = {pick(p, r)};
     int dim = dim_arg(r, nb_ndim(ops[0]));
     vals in[1];
@@ -688,14 +709,20 @@ static void op_softmax(pool *p, reader *r, bool log_mode) {
                 }
             }
     }
-    RUN(p, r, e, ops, 1, in, log_mode ? nb_log_softmax(ops[0], dim) : nb_softmax(ops[0], dim));
+    RUN(p, r, e, ops, 1, in, call(ops[0], dim));
+}
+
+static void op_softmax(pool *p, reader *r, const char *fn) {
+    softmax_dim(p, r, fn, nb_softmax, false);
+}
+static void op_log_softmax(pool *p, reader *r, const char *fn) {
+    softmax_dim(p, r, fn, nb_log_softmax, true);
 }
 
 /* sum / mean / max over a dim */
 enum { R_SUM, R_MEAN, R_MAX };
-static void op_reduce(pool *p, reader *r, int which) {
-    static const char *names[] = {"nb_sum", "nb_mean", "nb_max"};
-    const char *fn = names[which];
+typedef nb_tensor *reduce_call(nb_tensor *, int, bool);
+static void reduce_dim(pool *p, reader *r, const char *fn, reduce_call *call, int which) {
     nb_tensor *ops[1] = {pick(p, r)};
     int dim = dim_arg(r, nb_ndim(ops[0]));
     bool keep = u8(r) & 1;
@@ -742,13 +769,14 @@ static void op_reduce(pool *p, reader *r, int which) {
                 if (e.mag) e.mag[at] = which == R_MEAN ? mag / (double)len : mag;
             }
     }
-    RUN(p, r, e, ops, 1, in,
-        which == R_SUM ? nb_sum(ops[0], dim, keep) : which == R_MEAN ? nb_mean(ops[0], dim, keep)
-                                                                  : nb_max(ops[0], dim, keep));
+    RUN(p, r, e, ops, 1, in, call(ops[0], dim, keep));
 }
 
-static void op_reduce_all(pool *p, reader *r, bool mean) {
-    const char *fn = mean ? "nb_mean_all" : "nb_sum_all";
+static void op_sum(pool *p, reader *r, const char *fn) { reduce_dim(p, r, fn, nb_sum, R_SUM); }
+static void op_mean(pool *p, reader *r, const char *fn) { reduce_dim(p, r, fn, nb_mean, R_MEAN); }
+static void op_max(pool *p, reader *r, const char *fn) { reduce_dim(p, r, fn, nb_max, R_MAX); }
+
+static void reduce_all(pool *p, reader *r, const char *fn, unary_call *call, bool mean) {
     nb_tensor *ops[1] = {pick(p, r)};
     vals in[1];
     begin_call(fn, ops, 1, in);
@@ -764,20 +792,27 @@ static void op_reduce_all(pool *p, reader *r, bool mean) {
         e.v[0] = mean ? acc / (double)in[0].n : acc; /* the mean of nothing is NaN */
         e.mag[0] = mean ? mag / (double)in[0].n : mag;
     }
-    RUN(p, r, e, ops, 1, in, mean ? nb_mean_all(ops[0]) : nb_sum_all(ops[0]));
+    RUN(p, r, e, ops, 1, in, call(ops[0]));
+}
+
+static void op_sum_all(pool *p, reader *r, const char *fn) {
+    reduce_all(p, r, fn, nb_sum_all, false);
+}
+static void op_mean_all(pool *p, reader *r, const char *fn) {
+    reduce_all(p, r, fn, nb_mean_all, true);
 }
 
 /* value where mask, t elsewhere; the broadcast shape */
-static void op_masked_fill(pool *p, reader *r) {
+static void op_masked_fill(pool *p, reader *r, const char *fn) {
     static const double fills[] = {0, 1.5, -INFINITY, INFINITY, NAN, -1e9, 1e39, -0.0};
     nb_tensor *ops[2];
     pick_n(p, r, ops, 2);
     double value = fills[u8(r) % 8];
     vals in[2];
-    begin_call("nb_masked_fill", ops, 2, in);
+    begin_call(fn, ops, 2, in);
     snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " value %g", value);
     expect e;
-    expect_init(&e, "nb_masked_fill", in[0].dt);
+    expect_init(&e, fn, in[0].dt);
     if (float_ok(in[0].dt) && in[1].dt == NB_BOOL && bcast(&in[0].sh, &in[1].sh, &e.sh)) {
         expect_alloc(&e, false);
         if (!e.skip && numel(&e.sh)) {
@@ -792,13 +827,13 @@ static void op_masked_fill(pool *p, reader *r) {
 }
 
 /* cond ? a : b, three-way broadcast; a and b of one (any) dtype */
-static void op_where(pool *p, reader *r) {
+static void op_where(pool *p, reader *r, const char *fn) {
     nb_tensor *ops[3];
     pick_n(p, r, ops, 3);
     vals in[3];
-    begin_call("nb_where", ops, 3, in);
+    begin_call(fn, ops, 3, in);
     expect e;
-    expect_init(&e, "nb_where", in[1].dt);
+    expect_init(&e, fn, in[1].dt);
     shp t;
     if (in[0].dt == NB_BOOL && in[1].dt == in[2].dt && bcast(&in[0].sh, &in[1].sh, &t) &&
         bcast(&t, &in[2].sh, &e.sh)) {
@@ -816,16 +851,16 @@ static void op_where(pool *p, reader *r) {
 }
 
 /* 1-3 tensors along dim */
-static void op_cat(pool *p, reader *r) {
+static void op_cat(pool *p, reader *r, const char *fn) {
     int n = 1 + (int)(u8(r) % 3);
     nb_tensor *ops[3];
     for (int k = 0; k < n; k++) ops[k] = pick(p, r);
     int dim = dim_arg(r, nb_ndim(ops[0]));
     vals in[3];
-    begin_call("nb_cat", ops, n, in);
+    begin_call(fn, ops, n, in);
     snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " dim %d", dim);
     expect e;
-    expect_init(&e, "nb_cat", in[0].dt);
+    expect_init(&e, fn, in[0].dt);
     int nd = in[0].sh.nd, d = norm_dim(dim, nd);
     bool ok = nd > 0 && d >= 0;
     for (int k = 0; ok && k < n; k++) {
@@ -852,19 +887,19 @@ static void op_cat(pool *p, reader *r) {
     RUN(p, r, e, ops, n, in, nb_cat(ops, n, dim));
 }
 
-static void op_contiguous(pool *p, reader *r) {
+static void op_contiguous(pool *p, reader *r, const char *fn) {
     nb_tensor *ops[1] = {pick(p, r)};
     vals in[1];
-    begin_call("nb_contiguous", ops, 1, in);
+    begin_call(fn, ops, 1, in);
     expect e;
-    expect_init(&e, "nb_contiguous", in[0].dt);
+    expect_init(&e, fn, in[0].dt);
     e.sh = in[0].sh;
     expect_alloc(&e, false);
     if (!e.skip) memcpy(e.v, in[0].v, (size_t)in[0].n * sizeof *e.v);
     nb_clear_error();
     if (!e.skip) {
         nb_tensor *res = nb_contiguous(ops[0]);
-        if (res && !nb_is_contiguous(res)) fail("nb_contiguous gave a non-contiguous tensor");
+        if (res && !nb_is_contiguous(res)) fail("%s gave a non-contiguous tensor", fn);
         check_call(p, r, &e, res, ops, 1, in);
     }
     end_call(in, 1, &e);
@@ -897,14 +932,14 @@ static int64_t *permuted(const shp *in, const int *perm, shp *out) {
     return src;
 }
 
-static void op_transpose(pool *p, reader *r) {
+static void op_transpose(pool *p, reader *r, const char *fn) {
     nb_tensor *ops[1] = {pick(p, r)};
     int nd = nb_ndim(ops[0]), d0 = dim_arg(r, nd), d1 = dim_arg(r, nd);
     vals in[1];
-    begin_call("nb_transpose", ops, 1, in);
+    begin_call(fn, ops, 1, in);
     snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " dims %d %d", d0, d1);
     expect e;
-    expect_init(&e, "nb_transpose", in[0].dt);
+    expect_init(&e, fn, in[0].dt);
     int a = norm_dim(d0, nd), b = norm_dim(d1, nd);
     if (a >= 0 && b >= 0) {
         int perm[NB_MAX_DIMS];
@@ -917,7 +952,7 @@ static void op_transpose(pool *p, reader *r) {
     RUN(p, r, e, ops, 1, in, nb_transpose(ops[0], d0, d1));
 }
 
-static void op_permute(pool *p, reader *r) {
+static void op_permute(pool *p, reader *r, const char *fn) {
     nb_tensor *ops[1] = {pick(p, r)};
     int nd = nb_ndim(ops[0]), dims[NB_MAX_DIMS + 1], n = nd;
     unsigned mode = u8(r) % 4;
@@ -935,12 +970,12 @@ static void op_permute(pool *p, reader *r) {
         for (int i = 0; i < n; i++) dims[i] = dim_arg(r, nd);
     }
     vals in[1];
-    begin_call("nb_permute", ops, 1, in);
+    begin_call(fn, ops, 1, in);
     int len = (int)strlen(ctx);
     len += snprintf(ctx + len, sizeof ctx - (size_t)len, " dims");
     for (int i = 0; i < n; i++) len += snprintf(ctx + len, sizeof ctx - (size_t)len, " %d", dims[i]);
     expect e;
-    expect_init(&e, "nb_permute", in[0].dt);
+    expect_init(&e, fn, in[0].dt);
     bool ok = n == nd, seen[NB_MAX_DIMS] = {false};
     int perm[NB_MAX_DIMS];
     for (int i = 0; ok && i < n; i++) {
@@ -956,15 +991,15 @@ static void op_permute(pool *p, reader *r) {
     RUN(p, r, e, ops, 1, in, nb_permute(ops[0], n, dims));
 }
 
-static void op_unsqueeze(pool *p, reader *r) {
+static void op_unsqueeze(pool *p, reader *r, const char *fn) {
     nb_tensor *ops[1] = {pick(p, r)};
     int nd = nb_ndim(ops[0]);
     int dim = (int)(u8(r) % (unsigned)(2 * nd + 4)) - nd - 2; /* -(nd+2) .. nd+1 */
     vals in[1];
-    begin_call("nb_unsqueeze", ops, 1, in);
+    begin_call(fn, ops, 1, in);
     snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " dim %d", dim);
     expect e;
-    expect_init(&e, "nb_unsqueeze", in[0].dt);
+    expect_init(&e, fn, in[0].dt);
     if (nd < NB_MAX_DIMS && dim >= -(nd + 1) && dim <= nd) {
         int d = dim < 0 ? dim + nd + 1 : dim;
         e.sh.nd = nd + 1;
@@ -974,14 +1009,14 @@ static void op_unsqueeze(pool *p, reader *r) {
     RUN(p, r, e, ops, 1, in, nb_unsqueeze(ops[0], dim));
 }
 
-static void op_squeeze(pool *p, reader *r) {
+static void op_squeeze(pool *p, reader *r, const char *fn) {
     nb_tensor *ops[1] = {pick(p, r)};
     int nd = nb_ndim(ops[0]), dim = dim_arg(r, nd);
     vals in[1];
-    begin_call("nb_squeeze", ops, 1, in);
+    begin_call(fn, ops, 1, in);
     snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " dim %d", dim);
     expect e;
-    expect_init(&e, "nb_squeeze", in[0].dt);
+    expect_init(&e, fn, in[0].dt);
     int d = norm_dim(dim, nd);
     if (d >= 0) {
         e.sh.nd = 0;
@@ -992,7 +1027,7 @@ static void op_squeeze(pool *p, reader *r) {
     RUN(p, r, e, ops, 1, in, nb_squeeze(ops[0], dim));
 }
 
-static void op_expand(pool *p, reader *r) {
+static void op_expand(pool *p, reader *r, const char *fn) {
     nb_tensor *ops[1] = {pick(p, r)};
     int tnd = nb_ndim(ops[0]);
     const int64_t *ts = nb_shape(ops[0]);
@@ -1011,13 +1046,13 @@ static void op_expand(pool *p, reader *r) {
         else want[i] = c == 254 ? -2 : (int64_t)(c / 4 % 6); /* often a bad size */
     }
     vals in[1];
-    begin_call("nb_expand", ops, 1, in);
+    begin_call(fn, ops, 1, in);
     int len = (int)strlen(ctx);
     len += snprintf(ctx + len, sizeof ctx - (size_t)len, " to");
     for (int i = 0; i < nd; i++)
         len += snprintf(ctx + len, sizeof ctx - (size_t)len, " %lld", (long long)want[i]);
     expect e;
-    expect_init(&e, "nb_expand", in[0].dt);
+    expect_init(&e, fn, in[0].dt);
     bool ok = nd >= tnd;
     e.sh.nd = nd;
     for (int i = 0; ok && i < nd; i++) {
@@ -1040,9 +1075,8 @@ static void op_expand(pool *p, reader *r) {
     RUN(p, r, e, ops, 1, in, nb_expand(ops[0], nd, want));
 }
 
-/* narrow (which 0) or select (which 1) */
-static void op_slice(pool *p, reader *r, bool select) {
-    const char *fn = select ? "nb_select" : "nb_narrow";
+/* narrow, or select (one index: the dim goes) */
+static void slice(pool *p, reader *r, const char *fn, bool select) {
     nb_tensor *ops[1] = {pick(p, r)};
     int nd = nb_ndim(ops[0]), dim = dim_arg(r, nd), dn = norm_dim(dim, nd);
     /* start in -size-1 .. size+1 and length in -1 .. size+1 (size of the dim, if valid) */
@@ -1085,6 +1119,9 @@ static void op_slice(pool *p, reader *r, bool select) {
         select ? nb_select(ops[0], dim, start) : nb_narrow(ops[0], dim, start, length));
 }
 
+static void op_narrow(pool *p, reader *r, const char *fn) { slice(p, r, fn, false); }
+static void op_select(pool *p, reader *r, const char *fn) { slice(p, r, fn, true); }
+
 /* Whether t's elements, in row-major order, can be seen with shape `to`
  * through some strides: the strides of the dims of size > 1 are fixed by
  * the offsets of their first steps, and then every element must be where
@@ -1107,9 +1144,8 @@ static bool viewable(nb_tensor *t, int64_t n, const shp *to) {
     return ok;
 }
 
-/* nb_view (which 0) or nb_reshape (which 1) */
-static void op_view(pool *p, reader *r, bool reshape) {
-    const char *fn = reshape ? "nb_reshape" : "nb_view";
+/* nb_view, or nb_reshape (which may copy where a view cannot be) */
+static void view_shape(pool *p, reader *r, const char *fn, bool reshape) {
     nb_tensor *ops[1] = {pick(p, r)};
     int64_t n = nb_numel(ops[0]), want[NB_MAX_DIMS];
     int nd = (int)(u8(r) % 6);
@@ -1162,16 +1198,19 @@ static void op_view(pool *p, reader *r, bool reshape) {
     RUN(p, r, e, ops, 1, in, reshape ? nb_reshape(ops[0], nd, want) : nb_view(ops[0], nd, want));
 }
 
+static void op_view(pool *p, reader *r, const char *fn) { view_shape(p, r, fn, false); }
+static void op_reshape(pool *p, reader *r, const char *fn) { view_shape(p, r, fn, true); }
+
 /* nb_to: any dtype to any; to I64 truncates (NaN, +-Inf and values out of
  * int64's range are not specified: any result is accepted) */
-static void op_to(pool *p, reader *r) {
+static void op_to(pool *p, reader *r, const char *fn) {
     nb_tensor *ops[1] = {pick(p, r)};
     nb_dtype to = (nb_dtype)(u8(r) % 4);
     vals in[1];
-    begin_call("nb_to", ops, 1, in);
+    begin_call(fn, ops, 1, in);
     snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " to %s", nb_dtype_name(to));
     expect e;
-    expect_init(&e, "nb_to", to);
+    expect_init(&e, fn, to);
     e.sh = in[0].sh;
     expect_alloc(&e, false);
     for (int64_t i = 0; !e.skip && i < in[0].n; i++) {
@@ -1187,45 +1226,49 @@ static void op_to(pool *p, reader *r) {
 }
 
 /* t ^ s, t + s, t * s: the scalar is rounded to the dtype first, as the
- * library's kernels do ((T)s) */
-static void op_scalar(pool *p, reader *r, int which) {
-    static const char *names[] = {"nb_pow_scalar", "nb_add_scalar", "nb_mul_scalar"};
+ * library's kernels do ((T)s); powf for f32 is within an ulp or so (TOL) */
+typedef nb_tensor *scalar_call(nb_tensor *, double);
+static void scalar_op(pool *p, reader *r, const char *fn, scalar_call *call,
+                      double (*ref)(double, double), int rule) {
     static const double scalars[] = {0, 1, 2, 0.5, -1, 3, -0.5, 2.5, 1e-3, -7.25, 1e39, NAN};
     nb_tensor *ops[1] = {pick(p, r)};
     double sc = scalars[u8(r) % 12];
     vals in[1];
-    begin_call(names[which], ops, 1, in);
+    begin_call(fn, ops, 1, in);
     snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " scalar %g", sc);
     expect e;
-    expect_init(&e, names[which], in[0].dt);
+    expect_init(&e, fn, in[0].dt);
     if (float_ok(in[0].dt)) {
         e.sh = in[0].sh;
         expect_alloc(&e, false);
         double s = round_to(sc, e.dt);
-        if (which == 0) { /* powf for f32: within an ulp or so */
-            e.rule = TOL;
-            e.rtol = e.dt == NB_F32 ? 1e-5 : 1e-9;
-        }
-        for (int64_t i = 0; !e.skip && i < in[0].n; i++) {
-            double x = in[0].v[i];
-            e.v[i] = which == 0 ? pow(x, s) : which == 1 ? x + s : x * s;
-        }
+        e.rule = rule;
+        e.rtol = e.dt == NB_F32 ? 1e-5 : 1e-9;
+        for (int64_t i = 0; !e.skip && i < in[0].n; i++) e.v[i] = ref(in[0].v[i], s);
     }
-    RUN(p, r, e, ops, 1, in,
-        which == 0 ? nb_pow_scalar(ops[0], sc) : which == 1 ? nb_add_scalar(ops[0], sc)
-                                                            : nb_mul_scalar(ops[0], sc));
+    RUN(p, r, e, ops, 1, in, call(ops[0], sc));
+}
+
+static void op_pow_scalar(pool *p, reader *r, const char *fn) {
+    scalar_op(p, r, fn, nb_pow_scalar, pow, TOL);
+}
+static void op_add_scalar(pool *p, reader *r, const char *fn) {
+    scalar_op(p, r, fn, nb_add_scalar, ref_add, EXACT);
+}
+static void op_mul_scalar(pool *p, reader *r, const char *fn) {
+    scalar_op(p, r, fn, nb_mul_scalar, ref_mul, EXACT);
 }
 
 /* index of the first max over dim (NaN counts as the max), any dtype */
-static void op_argmax(pool *p, reader *r) {
+static void op_argmax(pool *p, reader *r, const char *fn) {
     nb_tensor *ops[1] = {pick(p, r)};
     int dim = dim_arg(r, nb_ndim(ops[0]));
     bool keep = u8(r) & 1;
     vals in[1];
-    begin_call("nb_argmax", ops, 1, in);
+    begin_call(fn, ops, 1, in);
     snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " dim %d keepdim %d", dim, keep);
     expect e;
-    expect_init(&e, "nb_argmax", NB_I64);
+    expect_init(&e, fn, NB_I64);
     const shp *s = &in[0].sh;
     int d = norm_dim(dim, s->nd);
     if (d >= 0 && s->nd == 0) { /* a 0-d zero */
@@ -1254,19 +1297,19 @@ static void op_argmax(pool *p, reader *r) {
 }
 
 /* a view with no history that does not require grad */
-static void op_detach(pool *p, reader *r) {
+static void op_detach(pool *p, reader *r, const char *fn) {
     nb_tensor *ops[1] = {pick(p, r)};
     vals in[1];
-    begin_call("nb_detach", ops, 1, in);
+    begin_call(fn, ops, 1, in);
     expect e;
-    expect_init(&e, "nb_detach", in[0].dt);
+    expect_init(&e, fn, in[0].dt);
     e.sh = in[0].sh;
     expect_gather(&e, &in[0], NULL);
     if (!e.skip) {
         nb_clear_error();
         nb_tensor *res = nb_detach(ops[0]);
         if (res && (nb_requires_grad(res) || !nb_is_leaf(res)))
-            fail("nb_detach gave a tensor that requires grad or has history");
+            fail("%s gave a tensor that requires grad or has history", fn);
         check_call(p, r, &e, res, ops, 1, in);
     }
     end_call(in, 1, &e);
@@ -1276,71 +1319,218 @@ static void op_detach(pool *p, reader *r) {
  * joins the leaves whose gradients are checked); a non-leaf (which requires
  * grad already) is returned as it is; other dtypes are refused. Not added to
  * the pool again (it is the same tensor). */
-static void op_requires_grad(pool *p, reader *r) {
+static void op_requires_grad(pool *p, reader *r, const char *fn) {
     nb_tensor *t = pick(p, r);
-    snprintf(ctx, sizeof ctx, "nb_set_requires_grad on %s%s", nb_dtype_name(nb_dtype_of(t)),
+    snprintf(ctx, sizeof ctx, "%s on %s%s", fn, nb_dtype_name(nb_dtype_of(t)),
              nb_is_leaf(t) ? " (leaf)" : "");
     bool was = nb_requires_grad(t), leaf = nb_is_leaf(t);
     nb_clear_error();
     nb_tensor *res = nb_set_requires_grad(t, true);
-    count("nb_set_requires_grad", res ? 0 : 1);
     if (!is_float(nb_dtype_of(t))) {
         const char *msg = nb_last_error();
+        size_t len = strlen(fn);
         if (res) fail("a %s tensor was made to require grad", nb_dtype_name(nb_dtype_of(t)));
-        if (!msg || strncmp(msg, "nb_set_requires_grad:", 21)) fail("message not named");
+        if (!msg || strncmp(msg, fn, len) || msg[len] != ':') fail("message not named");
         nb_clear_error();
+        count(REFUSED);
         return;
     }
     if (res != t || !nb_requires_grad(t)) fail("a floating tensor does not require grad");
     if (leaf && !was && p->nleaves < MAX_LEAVES) p->leaves[p->nleaves++] = t;
+    count(SUCCEEDED);
 }
 
+/* ------------------------------------------------------------- dropout */
+/* nb_dropout on its own generator seeded from the program (or the global
+ * one, seeded): exactly t when !training or p == 0, zeros when p == 1, else
+ * each element is +0 or x * scale, with scale = 1/(1-p) computed in t's
+ * dtype as ops/dropout.c does. The same seed gives the same bits, and the
+ * generator advances by numel when the call draws (0 < p < 1, training),
+ * else not at all (ops/dropout.c). The mask itself is not recomputed here:
+ * it is tensor/rng.c's hash, which a copy would only repeat. */
+static nb_tensor *dropout_seeded(nb_tensor *t, double prob, bool training, unsigned seed,
+                                 nb_rng *own, uint64_t *offset) {
+    nb_clear_error();
+    nb_rng *g = own ? own : nb_global_rng();
+    if (own) nb_rng_seed(own, seed);
+    else nb_manual_seed(seed);
+    nb_tensor *res = nb_dropout(t, prob, training, own);
+    *offset = g->offset;
+    return res;
+}
+
+/* Every element of got is +0 (dropped) or x * scale in the dtype (kept). */
+static void check_dropped_or_scaled(const vals *x, const vals *got, double prob) {
+    double scale = x->dt == NB_F32 ? (double)(1.0f / (float)(1.0 - prob)) : 1.0 / (1.0 - prob);
+    for (int64_t i = 0; i < got->n; i++) {
+        /* f32: the double product of two floats is exact, rounded once like the float one */
+        double k = round_to(x->v[i] * scale, x->dt), l = got->v[i];
+        double d = x->v[i] * 0.0; /* dropped, as PyTorch's x * mask: NaN for inf, -0 for x < 0 */
+        bool kept = isnan(k) ? isnan(l) : l == k && signbit(l) == signbit(k);
+        bool dropped = isnan(d) ? isnan(l) : l == 0 && signbit(l) == signbit(d);
+        if (!kept && !dropped)
+            fail("element %lld is %.17g: neither x * 0 = %g nor x * scale = %.17g (x %.17g)",
+                 (long long)i, l, d, k, x->v[i]);
+    }
+}
+
+/* The call again with the same seed: the same bits, the same generator offset. */
+static void check_same_seed(nb_tensor *t, nb_tensor *res, double prob, bool training,
+                            unsigned seed, bool global, uint64_t offset) {
+    nb_rng own2;
+    uint64_t offset2;
+    nb_tensor *again = dropout_seeded(t, prob, training, seed, global ? NULL : &own2, &offset2);
+    if (!again) fail("the same call with the same seed failed");
+    vals a = read_tensor(res), b = read_tensor(again);
+    if (!same_shape(&a.sh, &b.sh) || memcmp(a.v, b.v, (size_t)a.n * sizeof *a.v))
+        fail("the same seed gave another result");
+    if (offset2 != offset) fail("generator offsets %llu and %llu", (unsigned long long)offset,
+                                (unsigned long long)offset2);
+    vals_free(&a);
+    vals_free(&b);
+}
+
+static void op_dropout(pool *p, reader *r, const char *fn) {
+    static const double probs[] = {0, 0.25, 0.5, 0.9, 1, 1e-3, -0.5, NAN};
+    nb_tensor *ops[1] = {pick(p, r)};
+    double prob = probs[u8(r) % 8];
+    unsigned mode = u8(r), seed = u8(r);
+    bool training = mode % 4 != 3, global = mode & 4;
+    vals in[1];
+    begin_call(fn, ops, 1, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " p %g training %d seed %u%s", prob,
+             training, seed, global ? " (global generator)" : "");
+    expect e;
+    expect_init(&e, fn, in[0].dt);
+    bool draws = training && prob > 0 && prob < 1;
+    if (float_ok(in[0].dt) && prob >= 0 && prob <= 1) {
+        e.sh = in[0].sh;
+        expect_alloc(&e, false);
+        bool zeros = training && prob == 1;
+        for (int64_t i = 0; !e.skip && i < in[0].n; i++)
+            e.v[i] = zeros ? in[0].v[i] * 0.0 : in[0].v[i];
+        if (draws) e.rule = NOVALS; /* checked by check_dropped_or_scaled */
+    }
+    if (!e.skip) {
+        nb_rng own, *rng = global ? NULL : &own;
+        uint64_t offset;
+        nb_tensor *res = dropout_seeded(ops[0], prob, training, seed, rng, &offset);
+        if (res && e.ok) {
+            if (offset != (draws ? (uint64_t)in[0].n : 0)) /* seeding restarts it at 0 */
+                fail("the generator advanced to offset %llu", (unsigned long long)offset);
+            if (draws) {
+                vals got = read_tensor(res);
+                check_dropped_or_scaled(&in[0], &got, prob);
+                vals_free(&got);
+            }
+            check_same_seed(ops[0], res, prob, training, seed, global, offset);
+        }
+        check_call(p, r, &e, res, ops, 1, in);
+    }
+    end_call(in, 1, &e);
+}
+
+/* ------------------------------------------------------ gather, index_select */
+/* The index operand, by a mode byte: 0 takes one from the pool (any dtype
+ * and shape: mostly refused); else a new I64 tensor from the program's
+ * bytes, of a valid shape for t and dim d (gather: t's ndim and no larger
+ * outside d; index_select: 1-d) with values in range (mode 1) or in
+ * -1 .. size+1, some out of range (mode 2), or of any shape (mode 3, or d
+ * invalid). */
+static nb_tensor *index_arg(pool *p, reader *r, const shp *t, int d, bool select) {
+    unsigned mode = u8(r) % 4;
+    if (mode == 0) return pick(p, r);
+    int64_t size = d >= 0 && t->nd ? t->s[d] : 2;
+    shp s = {.nd = select ? 1 : t->nd};
+    if (mode == 3 || d < 0) s.nd = (int)(u8(r) % 5);
+    for (int i = 0; i < s.nd; i++) {
+        unsigned most = mode == 3 || d < 0 ? 5 : select || i == d ? 4 : (unsigned)t->s[i];
+        s.s[i] = (int64_t)(u8(r) % (most + 1));
+    }
+    int64_t n = numel(&s), *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    if (!v) abort();
+    for (int64_t i = 0; i < n; i++) {
+        unsigned b = u8(r);
+        v[i] = mode == 1 && size > 0 ? (int64_t)(b % (unsigned)size)
+                                     : (int64_t)(b % (unsigned)(size + 3)) - 1;
+    }
+    nb_tensor *idx = nb_from_data(NB_I64, s.nd, s.s, v);
+    free(v);
+    if (!idx) fail("could not make an index tensor");
+    return idx;
+}
+
+/* Row-major positions in t of out's elements, where out's coordinate at d
+ * is replaced by an index value: index[i] for gather (index has out's
+ * shape), index[coordinate d] for index_select. NULL when out is too big. */
+static int64_t *picked(const shp *out, const shp *t, int d, const double *index, bool select) {
+    int64_t n = numel(out);
+    if (n > MAX_NUMEL) return NULL;
+    int64_t *src = malloc((size_t)(n ? n : 1) * sizeof *src);
+    if (!src) abort();
+    if (n == 0) return src;
+    int64_t idx[NB_MAX_DIMS] = {0}, i = 0;
+    do {
+        int64_t f = 0;
+        for (int j = 0; j < t->nd; j++)
+            f = f * t->s[j] + (j != d ? idx[j] : (int64_t)index[select ? idx[d] : i]);
+        src[i++] = f;
+    } while (next_index(idx, out));
+    return src;
+}
+
+/* Valid: t not 0-d, dim in range, an I64 index (gather: t's ndim, no larger
+ * than t outside dim; index_select: 1-d) whose values are in [0, size at dim).
+ * Any dtype of t; the result has t's. */
+static void pick_op(pool *p, reader *r, const char *fn, bool select) {
+    nb_tensor *ops[2] = {pick(p, r), NULL};
+    int nd = nb_ndim(ops[0]), dim = dim_arg(r, nd), d = nd ? norm_dim(dim, nd) : -1;
+    shp ts = {.nd = nd};
+    memcpy(ts.s, nb_shape(ops[0]), (size_t)nd * sizeof(int64_t));
+    ops[1] = index_arg(p, r, &ts, d, select);
+    vals in[2];
+    begin_call(fn, ops, 2, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " dim %d", dim);
+    expect e;
+    expect_init(&e, fn, in[0].dt);
+    const shp *is = &in[1].sh;
+    bool ok = d >= 0 && in[1].dt == NB_I64 && is->nd == (select ? 1 : nd);
+    for (int i = 0; ok && !select && i < nd; i++) ok = i == d || is->s[i] <= ts.s[i];
+    for (int64_t i = 0; ok && i < in[1].n; i++) ok = in[1].v[i] >= 0 && in[1].v[i] < ts.s[d];
+    if (ok) {
+        e.sh = select ? ts : *is;
+        if (select) e.sh.s[d] = is->s[0];
+        int64_t *src = picked(&e.sh, &ts, d, in[1].v, select);
+        expect_gather(&e, &in[0], src);
+        free(src);
+    }
+    RUN(p, r, e, ops, 2, in,
+        select ? nb_index_select(ops[0], dim, ops[1]) : nb_gather(ops[0], dim, ops[1]));
+}
+
+static void op_gather(pool *p, reader *r, const char *fn) { pick_op(p, r, fn, false); }
+static void op_index_select(pool *p, reader *r, const char *fn) { pick_op(p, r, fn, true); }
+
 /* ------------------------------------------------------------- the program */
+/* The decoder of each opcode: one per registered op (a registry line
+ * without its op_<name> here does not compile), then the fuzzer's own. */
+typedef void op_decoder(pool *p, reader *r, const char *fn);
+static const struct {
+    op_decoder *run;
+    const char *fn;
+} program_ops[OP_COUNT] = {
+#define X(name, inputs, flags, call) [OP_##name] = {op_##name, "nb_" #name},
+    NB_OPS(X)
+#undef X
+    [OP_detach] = {op_detach, "nb_detach"},
+    [OP_requires_grad] = {op_requires_grad, "nb_set_requires_grad"},
+};
+
+const char *fuzz_ops_name(unsigned op) { return op < OP_COUNT ? program_ops[op].fn : NULL; }
 
 static void run_op(pool *p, reader *r, unsigned op) {
-    switch (op) {
-    case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: op_binary(p, r, (int)(op - OP_ADD)); break;
-    case OP_MATMUL: op_matmul(p, r); break;
-    case OP_SOFTMAX: op_softmax(p, r, false); break;
-    case OP_LOG_SOFTMAX: op_softmax(p, r, true); break;
-    case OP_MASKED_FILL: op_masked_fill(p, r); break;
-    case OP_SUM: op_reduce(p, r, R_SUM); break;
-    case OP_MEAN: op_reduce(p, r, R_MEAN); break;
-    case OP_MAX: op_reduce(p, r, R_MAX); break;
-    case OP_SUM_ALL: op_reduce_all(p, r, false); break;
-    case OP_MEAN_ALL: op_reduce_all(p, r, true); break;
-    case OP_EXP: op_unary(p, r, U_EXP); break;
-    case OP_TANH: op_unary(p, r, U_TANH); break;
-    case OP_RELU: op_unary(p, r, U_RELU); break;
-    case OP_NEG: op_unary(p, r, U_NEG); break;
-    case OP_LOG: op_unary(p, r, U_LOG); break;
-    case OP_SQRT: op_unary(p, r, U_SQRT); break;
-    case OP_GELU: op_unary(p, r, U_GELU); break;
-    case OP_CONTIGUOUS: op_contiguous(p, r); break;
-    case OP_CAT: op_cat(p, r); break;
-    case OP_WHERE: op_where(p, r); break;
-    case OP_GT: op_compare(p, r, 0); break;
-    case OP_LT: op_compare(p, r, 1); break;
-    case OP_EQ: op_compare(p, r, 2); break;
-    case OP_NOT: op_not(p, r); break;
-    case OP_TRANSPOSE: op_transpose(p, r); break;
-    case OP_PERMUTE: op_permute(p, r); break;
-    case OP_UNSQUEEZE: op_unsqueeze(p, r); break;
-    case OP_SQUEEZE: op_squeeze(p, r); break;
-    case OP_EXPAND: op_expand(p, r); break;
-    case OP_NARROW: op_slice(p, r, false); break;
-    case OP_SELECT: op_slice(p, r, true); break;
-    case OP_VIEW: op_view(p, r, false); break;
-    case OP_RESHAPE: op_view(p, r, true); break;
-    case OP_TO: op_to(p, r); break;
-    case OP_POW: op_scalar(p, r, 0); break;
-    case OP_ADD_SCALAR: op_scalar(p, r, 1); break;
-    case OP_MUL_SCALAR: op_scalar(p, r, 2); break;
-    case OP_ARGMAX: op_argmax(p, r); break;
-    case OP_NE: op_compare(p, r, 3); break;
-    case OP_DETACH: op_detach(p, r); break;
-    case OP_REQUIRES_GRAD: op_requires_grad(p, r); break;
-    }
+    cur_op = op;
+    program_ops[op].run(p, r, program_ops[op].fn);
 }
 
 /* One input tensor: a byte of kind (ndim, bool, requires grad), sizes, values. */
@@ -1372,6 +1562,9 @@ static void make_tensor(pool *p, reader *r) {
 }
 
 static int64_t live_baseline;
+static int last_ops; /* ops the last input ran */
+
+int fuzz_ops_last_ops(void) { return last_ops; }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
@@ -1394,7 +1587,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     nb_clear_error();
     nb_scope_begin();
     for (int i = 0; i < ntensors; i++) make_tensor(&p, &r);
-    for (int k = 0; k < MAX_OPS && more(&r); k++) run_op(&p, &r, u8(&r) % OP_COUNT);
+    for (last_ops = 0; last_ops < MAX_OPS && more(&r); last_ops++)
+        run_op(&p, &r, u8(&r) % OP_COUNT);
     nb_scope_end();
     snprintf(ctx, sizeof ctx, "the end of the program");
     if (nb_live_tensors() != live_baseline)

@@ -5,7 +5,12 @@
  * Valid files: nb_save of the fuzz registry (sentinel values and others), and
  * hand-made headers for it (other tensor order, \u escapes in names, extra
  * whitespace and __metadata__). Invalid files: each a small edit of a valid
- * header, one defect each (see the table in main). */
+ * header, one defect each (see the table in main).
+ *
+ * fuzz_ops: one program per op of ops/registry.h, made from its registry line
+ * (see registry_seed; linked with fuzz_ops.c, it runs the harness to check
+ * them), and hand-made ones (ops_seeds' table): a few ops in a row, bad
+ * calls, each matmul kernel path. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,9 +126,115 @@ static char *edit(const char *h, const char *from, const char *to) {
     return out;
 }
 
+/* ------------------------------------------------------ fuzz_ops programs */
+/* The program's first byte for n (1-3) input tensors; see ops_program.h. */
+static unsigned char head_byte(int f64, int ntensors, int path) {
+    return (unsigned char)(f64 | (ntensors - 1) << 1 | path << 3);
+}
+
+/* A kind byte for an nd-d input (see ops_program.h): bool, or floating and
+ * requiring grad. */
+static unsigned char kind_byte(int nd, bool is_bool) {
+    for (unsigned k = 0; k < 256; k++)
+        if ((int)(k % 5) == nd && ((k >> 3) % 4 == 3) == is_bool && ((k & 0x20) != 0) == !is_bool)
+            return (unsigned char)k;
+    die("no kind byte");
+    return 0;
+}
+
+/* The value byte of element i of an input of letter c (ops/registry.h):
+ * f in [-1.5, 1.5], p in (0, 3], a with |x| >= 0.5 (fuzz_ops.c's val_of is
+ * (byte - 123) / 8), b 0 or 1. */
+static unsigned char value_byte(char c, int i) {
+    int k = (i * 7 + 3) % 25 - 12; /* -12 .. 12, varied */
+    switch (c) {
+    case 'p': return (unsigned char)(124 + (k + 12) % 24);
+    case 'a': return (unsigned char)(123 + (k < 0 ? k - 4 : k + 4) / 2 * 2);
+    case 'b': return (unsigned char)(i % 3 == 1);
+    default: return (unsigned char)(123 + k);
+    }
+}
+
+/* The inputs of a registry line's "inputs" word list (letter[:AxBxC], default
+ * 3x4), as program bytes; 'i' (an index) is left to the op's decoder, which
+ * makes its index tensor from the program. Returns the number of tensors. */
+static int registry_inputs(const char *spec, unsigned char *b, size_t *n) {
+    int count = 0;
+    for (const char *w = spec; *w;) {
+        char letter = *w++;
+        int64_t s[4] = {3, 4};
+        int nd = 2;
+        if (*w == ':')
+            for (nd = 0; *w == ':' || *w == 'x'; nd++) s[nd] = strtol(w + 1, (char **)&w, 10);
+        while (*w == ' ') w++;
+        if (letter == 'i') continue;
+        b[(*n)++] = kind_byte(nd, letter == 'b');
+        int64_t numel = 1;
+        for (int i = 0; i < nd; i++) b[(*n)++] = (unsigned char)s[i], numel *= s[i];
+        for (int i = 0; i < numel; i++) b[(*n)++] = value_byte(letter, i);
+        count++;
+    }
+    return count;
+}
+
+/* Whether fuzz_ops runs exactly one op on prog, successfully, as opcode op. */
+static bool runs_once(unsigned op, const unsigned char *prog, size_t n) {
+    long before = fuzz_ops_succeeded(op);
+    LLVMFuzzerTestOneInput(prog, n);
+    return fuzz_ops_last_ops() == 1 && fuzz_ops_succeeded(op) == before + 1;
+}
+
+/* One seed per registered op: its registry inputs, its opcode, its operands
+ * in order, then the arguments its decoder reads. Those are searched for:
+ * the shortest prefix, of a fixed pseudo-random sequence of byte strings,
+ * under which the harness itself finds the call valid and correct. So a new
+ * registry line gets its seed with no edit here, and the same one each time. */
+static const struct {
+    unsigned op;
+    const char *name, *inputs;
+} registered[] = {
+#define X(name, inputs, flags, call) {OP_##name, #name, inputs},
+    NB_OPS(X)
+#undef X
+};
+
+static void registry_seed(size_t k, int f64) {
+    unsigned char b[512];
+    size_t n = 1;
+    int ntensors = registry_inputs(registered[k].inputs, b, &n);
+    b[0] = head_byte(f64, ntensors, 0);
+    b[n++] = (unsigned char)registered[k].op;
+    for (int i = 0; i < ntensors; i++) b[n++] = (unsigned char)i;
+    uint64_t x = 0x9E3779B97F4A7C15ULL;
+    for (const char *c = registered[k].name; *c; c++) /* FNV-1a: a stream per op name */
+        x = (x ^ (unsigned char)*c) * 0x100000001B3ULL;
+    enum { TAIL = 16, TRIES = 4096 };
+    for (int t = 0; t < TRIES; t++) {
+        for (int i = 0; i < TAIL; i++) { /* try 0: zeros; then xorshift64 */
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            b[n + (size_t)i] = t ? (unsigned char)(x >> 24) : 0;
+        }
+        for (size_t len = 0; len <= TAIL; len++)
+            if (runs_once(registered[k].op, b, n + len)) {
+                char name[96];
+                snprintf(name, sizeof name, "op-%s-%s", registered[k].name, f64 ? "f64" : "f32");
+                put_file(name, b, n + len);
+                return;
+            }
+    }
+    fprintf(stderr, "gen_seeds: no valid program found for nb_%s\n", registered[k].name);
+    exit(1);
+}
+
 /* fuzz_ops programs: three inputs, A (2,3) and B (3) requiring grad and a
  * bool C (2,3), then one op (or a few) per seed; see ops_program.h. */
 static void ops_seeds(void) {
+    int argc = 0;
+    char **argv = NULL;
+    LLVMFuzzerInitialize(&argc, &argv); /* registry_seed runs the harness */
+    for (size_t k = 0; k < sizeof registered / sizeof *registered; k++)
+        for (int f64 = 0; f64 < 2; f64++) registry_seed(k, f64);
+
     static const unsigned char inputs[] = {
         32, 2, 3, 131, 139, 115, 127, 147, 119, /* A = [[1,2,-1],[.5,3,-.5]] */
         36, 3, 135, 111, 125,                   /* B = [1.5,-1.5,.25] */
@@ -135,75 +246,96 @@ static void ops_seeds(void) {
         size_t len;
     } seeds[] = {
 #define P(...) {__VA_ARGS__}, sizeof((unsigned char[]){__VA_ARGS__})
-        {"add", P(OP_ADD, A, B, OP_SUM_ALL, R)},
-        {"sub", P(OP_SUB, B, A)},
-        {"mul", P(OP_MUL, A, B)},
-        {"div", P(OP_DIV, A, B)},
-        {"matmul", P(OP_MATMUL, A, B, OP_TRANSPOSE, A, 3, 4, OP_MATMUL, R + 1, A)},
-        {"softmax", P(OP_SOFTMAX, A, 4)},
-        {"log-softmax", P(OP_LOG_SOFTMAX, A, 3)},
-        {"masked-fill", P(OP_MASKED_FILL, A, C, 2, OP_SOFTMAX, R, 4)},
-        {"sum", P(OP_SUM, A, 4, 0)},
-        {"mean", P(OP_MEAN, A, 3, 1)},
-        {"max", P(OP_MAX, A, 4, 1)},
-        {"sum-all", P(OP_SUM_ALL, A)},
-        {"mean-all", P(OP_MEAN_ALL, B)},
-        {"exp", P(OP_EXP, A)},
-        {"tanh", P(OP_TANH, A)},
-        {"relu", P(OP_RELU, A)},
-        {"neg", P(OP_NEG, A)},
-        {"log", P(OP_LOG, A)},
-        {"sqrt", P(OP_SQRT, A)},
-        {"gelu", P(OP_GELU, A)},
-        {"contiguous", P(OP_TRANSPOSE, A, 3, 4, OP_CONTIGUOUS, R)},
-        {"cat", P(OP_CAT, 1, A, A, 3)},
-        {"where", P(OP_WHERE, C, A, B)},
-        {"gt", P(OP_GT, A, B)},
-        {"lt", P(OP_LT, A, B)},
-        {"eq", P(OP_EQ, A, A)},
-        {"not", P(OP_NOT, C)},
-        {"transpose", P(OP_TRANSPOSE, A, 3, 4)},
-        {"permute", P(OP_PERMUTE, A, 0, 0)},
-        {"unsqueeze", P(OP_UNSQUEEZE, A, 5)},
-        {"squeeze", P(OP_UNSQUEEZE, A, 5, OP_SQUEEZE, R, 5)},
-        {"expand", P(OP_EXPAND, B, 1, 2, 1, OP_ADD, R, A)},
-        {"narrow", P(OP_NARROW, A, 4, 5, 3)},
-        {"select", P(OP_SELECT, A, 3, 4, 0)},
-        {"view", P(OP_VIEW, A, 2, 1, 2)},
-        {"reshape", P(OP_TRANSPOSE, A, 3, 4, OP_RESHAPE, R, 1, 2, 0)},
-        {"to", P(OP_TO, A, 2, OP_WHERE, C, R, R, OP_TO, R + 1, 3)},
-        {"bad-add-mixed-dtypes", P(OP_TO, A, 1, OP_TO, A, 0, OP_ADD, R, R + 1)},
-        {"matmul-big", P(OP_CAT, 2, A, A, A, 3, OP_CAT, 2, R, R, R, 3, OP_CAT, 2, R + 1, R + 1,
-                         R + 1, 4, OP_TRANSPOSE, R + 2, 3, 4, OP_MATMUL, R + 2, R + 3,
-                         OP_MATMUL, R + 3, R + 2)},
-        {"pow", P(OP_POW, A, 2, OP_POW, A, 7)},
-        {"add-scalar", P(OP_ADD_SCALAR, A, 9)},
-        {"mul-scalar", P(OP_MUL_SCALAR, A, 4)},
-        {"argmax", P(OP_ARGMAX, A, 4, 0, OP_ARGMAX, C, 3, 1)},
-        {"ne", P(OP_NE, A, B)},
-        {"detach", P(OP_DETACH, A, OP_REQUIRES_GRAD, R, OP_MUL, R, A)},
-        {"bad-requires-grad-bool", P(OP_REQUIRES_GRAD, C)},
-        {"bad-view-transposed", P(OP_TRANSPOSE, A, 3, 4, OP_VIEW, R, 1, 1)},
-        {"bad-add-bool", P(OP_ADD, A, C)},
-        {"bad-matmul-k", P(OP_MATMUL, A, A)},
-        {"bad-softmax-dim", P(OP_SOFTMAX, A, 255)},
+        {"add", P(OP_add, A, B, OP_sum_all, R)},
+        {"sub", P(OP_sub, B, A)},
+        {"mul", P(OP_mul, A, B)},
+        {"div", P(OP_div, A, B)},
+        {"matmul", P(OP_matmul, A, B, OP_transpose, A, 3, 4, OP_matmul, R + 1, A)},
+        {"softmax", P(OP_softmax, A, 4)},
+        {"log-softmax", P(OP_log_softmax, A, 3)},
+        {"masked-fill", P(OP_masked_fill, A, C, 2, OP_softmax, R, 4)},
+        {"sum", P(OP_sum, A, 4, 0)},
+        {"mean", P(OP_mean, A, 3, 1)},
+        {"max", P(OP_max, A, 4, 1)},
+        {"sum-all", P(OP_sum_all, A)},
+        {"mean-all", P(OP_mean_all, B)},
+        {"exp", P(OP_exp, A)},
+        {"tanh", P(OP_tanh, A)},
+        {"relu", P(OP_relu, A)},
+        {"neg", P(OP_neg, A)},
+        {"log", P(OP_log, A)},
+        {"sqrt", P(OP_sqrt, A)},
+        {"gelu", P(OP_gelu, A)},
+        {"contiguous", P(OP_transpose, A, 3, 4, OP_contiguous, R)},
+        {"cat", P(OP_cat, 1, A, A, 3)},
+        {"where", P(OP_where, C, A, B)},
+        {"gt", P(OP_gt, A, B)},
+        {"lt", P(OP_lt, A, B)},
+        {"eq", P(OP_eq, A, A)},
+        {"not", P(OP_logical_not, C)},
+        {"transpose", P(OP_transpose, A, 3, 4)},
+        {"permute", P(OP_permute, A, 0, 0)},
+        {"unsqueeze", P(OP_unsqueeze, A, 5)},
+        {"squeeze", P(OP_unsqueeze, A, 5, OP_squeeze, R, 5)},
+        {"expand", P(OP_expand, B, 1, 2, 1, OP_add, R, A)},
+        {"narrow", P(OP_narrow, A, 4, 5, 3)},
+        {"select", P(OP_select, A, 3, 4, 0)},
+        {"view", P(OP_view, A, 2, 1, 2)},
+        {"reshape", P(OP_transpose, A, 3, 4, OP_reshape, R, 1, 2, 0)},
+        {"to", P(OP_to, A, 2, OP_where, C, R, R, OP_to, R + 1, 3)},
+        {"bad-add-mixed-dtypes", P(OP_to, A, 1, OP_to, A, 0, OP_add, R, R + 1)},
+        {"matmul-big", P(OP_cat, 2, A, A, A, 3, OP_cat, 2, R, R, R, 3, OP_cat, 2, R + 1, R + 1,
+                         R + 1, 4, OP_transpose, R + 2, 3, 4, OP_matmul, R + 2, R + 3,
+                         OP_matmul, R + 3, R + 2)},
+        {"pow", P(OP_pow_scalar, A, 2, OP_pow_scalar, A, 7)},
+        {"add-scalar", P(OP_add_scalar, A, 9)},
+        {"mul-scalar", P(OP_mul_scalar, A, 4)},
+        {"argmax", P(OP_argmax, A, 4, 0, OP_argmax, C, 3, 1)},
+        {"ne", P(OP_ne, A, B)},
+        {"detach", P(OP_detach, A, OP_requires_grad, R, OP_mul, R, A)},
+        /* dropout: operand, p (index into fuzz_ops.c's probs: 0 .25 .5 .9 1
+         * 1e-3 -.5 NaN), mode (3: not training; 4: the global generator), seed */
+        {"dropout", P(OP_dropout, A, 1, 0, 7, OP_dropout, B, 2, 4, 9, OP_dropout, A, 3, 0, 200)},
+        {"dropout-identity-zeros", P(OP_dropout, A, 0, 0, 1, OP_dropout, A, 4, 0, 1,
+                                     OP_dropout, A, 2, 3, 1)},
+        /* gather / index_select: operand, dim byte, index mode (0: from the
+         * pool; 1: in range; 2: some out of range; 3: any shape), index sizes, values */
+        {"gather", P(OP_gather, A, 4, 1, 2, 4, 0, 2, 1, 1, 2, 0, 0, 1)},
+        {"gather-dim0", P(OP_gather, A, 3, 1, 3, 2, 0, 1, 1, 0, 1, 1)},
+        {"gather-argmax-index", P(OP_argmax, A, 4, 1, OP_gather, A, 4, 0, R)},
+        {"index-select", P(OP_index_select, A, 4, 1, 4, 2, 0, 1, 1)},
+        {"index-select-dim0", P(OP_index_select, B, 2, 1, 3, 2, 2, 0)},
+        {"bad-dropout-p",
+         P(OP_dropout, A, 6, 0, 1, OP_dropout, A, 7, 0, 1, OP_dropout, C, 1, 0, 1)},
+        {"bad-gather-range", P(OP_gather, A, 4, 2, 2, 2, 1, 2, 3, 5, OP_gather, A, 4, 2, 1, 1, 0)},
+        {"bad-gather-dtype", P(OP_gather, A, 4, 0, A)},
+        {"bad-index-select-range", P(OP_index_select, A, 3, 2, 2, 4, 0)},
+        {"bad-index-select-2d", P(OP_index_select, A, 3, 3, 2, 1, 1, 0)},
+        {"bad-requires-grad-bool", P(OP_requires_grad, C)},
+        {"bad-view-transposed", P(OP_transpose, A, 3, 4, OP_view, R, 1, 1)},
+        {"bad-add-bool", P(OP_add, A, C)},
+        {"bad-matmul-k", P(OP_matmul, A, A)},
+        {"bad-softmax-dim", P(OP_softmax, A, 255)},
 #undef P
     };
     for (int f64 = 0; f64 < 2; f64++)
         for (size_t i = 0; i < sizeof seeds / sizeof *seeds; i++)
             for (int path = 0; path < 4; path++) { /* matmul seeds on each kernel path */
-            if (path && strncmp(seeds[i].name, "matmul", 6)) continue;
-            unsigned char b[64];
-            size_t n = 0;
-            b[n++] = (unsigned char)(0x04 | f64 | path << 3); /* 3 tensors */
-            memcpy(b + n, inputs, sizeof inputs);
-            n += sizeof inputs;
-            memcpy(b + n, seeds[i].prog, seeds[i].len);
-            n += seeds[i].len;
-            char name[64];
-            snprintf(name, sizeof name, "%s-%s%s", seeds[i].name, f64 ? "f64" : "f32",
-                     path == 1 ? "-portable" : path == 2 ? "-avx2" : path == 3 ? "-avx512" : "");
-            put_file(name, b, n);
+                if (path && strncmp(seeds[i].name, "matmul", 6)) continue;
+                unsigned char b[64];
+                size_t n = 0;
+                b[n++] = head_byte(f64, 3, path);
+                memcpy(b + n, inputs, sizeof inputs);
+                n += sizeof inputs;
+                memcpy(b + n, seeds[i].prog, seeds[i].len);
+                n += seeds[i].len;
+                char name[64];
+                snprintf(name, sizeof name, "%s-%s%s", seeds[i].name, f64 ? "f64" : "f32",
+                         path == 1   ? "-portable"
+                         : path == 2 ? "-avx2"
+                         : path == 3 ? "-avx512"
+                                     : "");
+                put_file(name, b, n);
             }
 }
 

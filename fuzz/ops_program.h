@@ -1,5 +1,11 @@
 /* ops_program.h: the opcodes of fuzz_ops.c's input programs, shared with
- * gen_seeds.c, which writes the seed corpus fuzz/corpus/ops.
+ * gen_seeds.c, which writes the seed corpus fuzz/corpus/ops, and replay.c.
+ *
+ * The opcodes are ops/registry.h's ops in its order (OP_<name> runs
+ * nb_<name>), then the fuzzer's own: nb_detach and nb_set_requires_grad.
+ * Adding an op to the registry renumbers the opcodes after it, so the seed
+ * corpus's programs change meaning: regenerate it (make fuzz-seeds), which
+ * also gives the new op its seed (make test's replay fails without one).
  *
  * Program layout (a byte past the end reads as 0):
  *   head       bit 0: f64 (else f32); 1 + (bits 1-2 % 3) input tensors;
@@ -10,17 +16,36 @@
  *              one byte per element (bool: byte & 1; else fuzz_ops.c val_of)
  *   op ...     up to 24 times: opcode byte (% OP_COUNT), then its operands
  *              (pool indices, byte % pool size) and arguments, as read by the
- *              op_* function in fuzz_ops.c. Results join the pool (10 slots). */
+ *              op_<name> function in fuzz_ops.c. Results join the pool (10
+ *              slots). nb_gather and nb_index_select make their index tensor
+ *              from the program's bytes (or take one from the pool). */
 #ifndef NABLA_FUZZ_OPS_PROGRAM_H
 #define NABLA_FUZZ_OPS_PROGRAM_H
 
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../ops/registry.h"
+
 enum {
-    OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_MATMUL, OP_SOFTMAX, OP_LOG_SOFTMAX, OP_MASKED_FILL,
-    OP_SUM, OP_MEAN, OP_MAX, OP_SUM_ALL, OP_MEAN_ALL, OP_EXP, OP_TANH, OP_RELU, OP_NEG, OP_LOG,
-    OP_SQRT, OP_GELU, OP_CONTIGUOUS, OP_CAT, OP_WHERE, OP_GT, OP_LT, OP_EQ, OP_NOT,
-    OP_TRANSPOSE, OP_PERMUTE, OP_UNSQUEEZE, OP_SQUEEZE, OP_EXPAND, OP_NARROW, OP_SELECT,
-    OP_VIEW, OP_RESHAPE, OP_TO, OP_POW, OP_ADD_SCALAR, OP_MUL_SCALAR, OP_ARGMAX, OP_NE,
-    OP_DETACH, OP_REQUIRES_GRAD, OP_COUNT
+#define X(name, inputs, flags, call) OP_##name,
+    NB_OPS(X)
+#undef X
+    OP_REGISTERED, /* the registry's ops are the opcodes below this */
+    OP_detach = OP_REGISTERED,
+    OP_requires_grad,
+    OP_COUNT
 };
+
+/* fuzz_ops.c's entry points (libFuzzer's) and its per-opcode counters, for
+ * replay.c and gen_seeds.c, which link it without libFuzzer. */
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+/* Calls of opcode op that were valid and whose result passed every check. */
+long fuzz_ops_succeeded(unsigned op);
+/* "nb_<name>" of opcode op (NULL past OP_COUNT). */
+const char *fuzz_ops_name(unsigned op);
+/* How many ops the last input ran (its opcodes read). */
+int fuzz_ops_last_ops(void);
 
 #endif
