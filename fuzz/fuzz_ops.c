@@ -580,7 +580,7 @@ static void unary(pool *p, reader *r, const char *fn, unary_call *call, double (
 }
 
 static double ref_neg(double x) { return -x; }
-static double ref_relu(double x) { return x <= 0 ? 0 : x; } /* NaN stays NaN */
+static double ref_relu(double x) { return x < 0 ? 0 : x; } /* NaN and -0 stay */
 static double ref_gelu(double x) { return 0.5 * x * (1 + erf(x / sqrt(2.0))); }
 static void op_neg(pool *p, reader *r, const char *fn) {
     unary(p, r, fn, nb_neg, ref_neg, EXACT, REL_Y);

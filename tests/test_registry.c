@@ -1,5 +1,6 @@
 /* test_registry.c: what every op of ops/registry.h must have, checked from
  * the registry itself, so a new op cannot skip it:
+ *   - a NULL or freed input at any position is refused, naming op and position;
  *   - its flags tell the truth (an op marked differentiable records a node
  *     on inputs that require grad; an unmarked one does not);
  *   - nb_gradcheck in f64 on contiguous, transposed and broadcast inputs;
@@ -218,6 +219,35 @@ START_TEST(registry_null_inputs_named) {
         x[k] = keep;
     }
     nb_scope_end();
+}
+END_TEST
+
+/* Every input position refuses a freed handle, freed by nb_free or by its
+ * scope's end, with a message naming the op, the position and how. */
+START_TEST(registry_freed_inputs_named) {
+    const reg_op *op = &OPS[_i];
+    spec s = parse_spec(op);
+    for (int how = 0; how < 2; how++)
+        for (int k = 0; k < s.n; k++) {
+            nb_scope_begin();
+            nb_tensor *x[MAX_IN];
+            if (how) nb_scope_begin();
+            make_inputs(op, &s, NB_F64, 1, LAYOUT_CONTIG, 5, x);
+            nb_tensor *dead = x[k];
+            if (how) {
+                nb_scope_end();
+                make_inputs(op, &s, NB_F64, 1, LAYOUT_CONTIG, 5, x);
+                x[k] = dead;
+            } else {
+                nb_free(dead);
+            }
+            char want[96];
+            snprintf(want, sizeof want, "nb_%s: input %d was freed (by %s", op->name, k,
+                     how ? "nb_scope_end" : "nb_free");
+            nb_clear_error();
+            expect_error(op->call(x), want);
+            nb_scope_end();
+        }
 }
 END_TEST
 
@@ -484,6 +514,7 @@ Suite *suite_registry(void) {
     tcase_add_test(tc, registry_table_covers_every_op);
     tcase_add_loop_test(tc, registry_flags_match_behaviour, 0, NOPS);
     tcase_add_loop_test(tc, registry_null_inputs_named, 0, NOPS);
+    tcase_add_loop_test(tc, registry_freed_inputs_named, 0, NOPS);
     tcase_add_loop_test(tc, registry_gradcheck, 0, NOPS);
     tcase_add_loop_test(tc, registry_thread_identity, 0, NOPS);
     tcase_add_loop_test(tc, registry_inputs_freed_before_backward, 0, NOPS);
