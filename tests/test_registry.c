@@ -5,7 +5,8 @@
  *     on inputs that require grad; an unmarked one does not);
  *   - nb_gradcheck in f64 on contiguous, transposed and broadcast inputs;
  *   - bitwise identical outputs and gradients for 1, 2 and 3 threads, with
- *     dim 0 of the inputs grown to reach the parallel paths;
+ *     dim 0 of the inputs grown to reach the parallel paths, on contiguous,
+ *     transposed and broadcast inputs;
  *   - its inputs and its output freed before backward give gradients bitwise
  *     equal to the run that keeps them (a save declaration missing from the
  *     op fails here: the rule's nbi_saved_in names it, or its data is gone);
@@ -330,15 +331,20 @@ typedef struct {
 } snap;
 
 /* The output and every floating input's gradient of sum(y * w). */
-static snap run_grown(const reg_op *op, nb_dtype dt, int64_t grow) {
+static snap run_grown(const reg_op *op, nb_dtype dt, int64_t grow, int mode) {
     spec s = parse_spec(op);
     snap r = {0};
     nb_scope_begin();
-    nb_tensor *x[MAX_IN];
-    make_inputs(op, &s, dt, grow, LAYOUT_CONTIG, 23, x);
+    nb_tensor *x[MAX_IN], *leaf[MAX_IN];
+    make_inputs(op, &s, dt, grow, mode == 1 ? LAYOUT_TRANSPOSED : LAYOUT_CONTIG, 23, x);
     bool diff = op->flags & NB_OP_DIFF;
-    for (int k = 0; diff && k < s.n; k++)
-        if (is_float_kind(s.kind[k])) nb_set_requires_grad(x[k], true);
+    for (int k = 0; k < s.n; k++) {
+        leaf[k] = x[k];
+        if (!is_float_kind(s.kind[k])) continue;
+        if (mode == 2) leaf[k] = nb_contiguous(nb_narrow(x[k], 0, 0, 1)); /* one row */
+        if (diff) nb_set_requires_grad(leaf[k], true);
+        if (mode == 2) x[k] = nb_expand(leaf[k], nb_ndim(x[k]), nb_shape(x[k])); /* stride 0 */
+    }
     nb_tensor *y = op->call(x);
     ck_assert_msg(y != NULL, "%s: %s", op->name, nb_last_error());
     r.b[r.n] = bytes_of(y, &r.len[r.n]);
@@ -349,7 +355,7 @@ static snap run_grown(const reg_op *op, nb_dtype dt, int64_t grow) {
                       op->name, nb_last_error());
         for (int k = 0; k < s.n; k++) {
             if (!is_float_kind(s.kind[k])) continue;
-            r.b[r.n] = bytes_of(nb_grad(x[k]), &r.len[r.n]);
+            r.b[r.n] = bytes_of(nb_grad(leaf[k]), &r.len[r.n]);
             r.n++;
         }
     }
@@ -361,10 +367,12 @@ static void snap_free(snap *s) {
     for (int i = 0; i < s->n; i++) free(s->b[i]);
 }
 
-/* Dim 0 grows 8192 times: 3x4 inputs become 98,304 elements, past the
- * parallel threshold of every kernel (32,768 for the cheapest). */
-/* Under valgrind (which runs one thread at a time anyway) only f64 with 1
- * and 2 threads: the memory checks see the same parallel paths. */
+/* Dim 0 grows 8191 times: 3x4 inputs become 98,292 elements, past the
+ * parallel threshold of every kernel (32,768 for the cheapest), in ranges
+ * that end mid-vector. Inputs contiguous, transposed, and broadcast (one
+ * row expanded: its gradient sums 24,573 rows). Under valgrind (which runs
+ * one thread at a time anyway) only f64, contiguous, 1 and 2 threads: the
+ * memory checks see the same parallel paths. */
 static bool under_valgrind(void) {
     const char *pre = getenv("LD_PRELOAD");
     return pre && strstr(pre, "vgpreload");
@@ -374,25 +382,26 @@ START_TEST(registry_thread_identity) {
     const reg_op *op = &OPS[_i];
     int before = nb_num_threads();
     bool quick = under_valgrind();
-    for (int d = 0; d < (quick ? 1 : 2); d++) {
-        nb_dtype dt = d ? NB_F32 : NB_F64;
-        nb_set_num_threads(1);
-        snap one = run_grown(op, dt, 8192);
-        for (int t = 2; t <= (quick ? 2 : 3); t++) {
-            nb_set_num_threads(t);
-            snap other = run_grown(op, dt, 8192);
-            nb_set_num_threads(before);
-            ck_assert_int_eq(other.n, one.n);
-            for (int i = 0; i < one.n; i++) {
-                ck_assert_msg(other.len[i] == one.len[i] &&
-                                  memcmp(other.b[i], one.b[i], one.len[i]) == 0,
-                              "nb_%s (%s): %s differs between 1 and %d threads", op->name,
-                              nb_dtype_name(dt), i == 0 ? "the output" : "a gradient", t);
+    for (int mode = 0; mode < (quick ? 1 : 3); mode++)
+        for (int d = 0; d < (quick ? 1 : 2); d++) {
+            nb_dtype dt = d ? NB_F32 : NB_F64;
+            nb_set_num_threads(1);
+            snap one = run_grown(op, dt, 8191, mode);
+            for (int t = 2; t <= (quick ? 2 : 3); t++) {
+                nb_set_num_threads(t);
+                snap other = run_grown(op, dt, 8191, mode);
+                nb_set_num_threads(before);
+                ck_assert_int_eq(other.n, one.n);
+                for (int i = 0; i < one.n; i++)
+                    ck_assert_msg(other.len[i] == one.len[i] &&
+                                      memcmp(other.b[i], one.b[i], one.len[i]) == 0,
+                                  "nb_%s (%s, %s inputs): %s differs between 1 and %d threads",
+                                  op->name, nb_dtype_name(dt), LAYOUT_NAMES[mode],
+                                  i == 0 ? "the output" : "a gradient", t);
+                snap_free(&other);
             }
-            snap_free(&other);
+            snap_free(&one);
         }
-        snap_free(&one);
-    }
     nb_set_num_threads(before);
 }
 END_TEST

@@ -2,8 +2,9 @@
  *
  * Every case computes its outputs (and gradients) once with
  * nb_set_num_threads(1), once with 2 and once with 3, on inputs large enough
- * to take the parallel paths (>= 1M elements for elementwise ops and
- * reductions, thousands of rows for softmax, batch x row tiles for matmul),
+ * to take the parallel paths (>= 1M elements for reductions, thousands of
+ * rows for softmax, batch x row tiles for matmul; every registered op on its
+ * own is in tests/test_registry.c),
  * with sizes that are not multiples of 16, 2 or 3 (1000003, (997, 1031),
  * L = 257) so that range cuts fall mid-vector and mid-row. The bytes of each
  * output after nb_contiguous are compared with memcmp (so -0.0 vs +0.0 or a
@@ -486,173 +487,10 @@ START_TEST(creation_is_thread_independent) {
 }
 END_TEST
 
-/* ------------------------------------------------------------ elementwise */
-typedef struct {
-    nb_tensor *a, *row, *col, *pos_row, *at, *flat, *flat2, *scalar, *a64, *row64, *col64;
-} ew_inputs;
-
-static ew_inputs make_ew_inputs(void) {
-    ew_inputs in;
-    in.a = randn_t(NB_F32, 10, NB_SHAPE(R, C));
-    in.row = randn_t(NB_F32, 11, NB_SHAPE(C));
-    in.col = randn_t(NB_F32, 12, NB_SHAPE(R, 1));
-    in.pos_row = rand_t(NB_F32, 13, 0.5, NB_SHAPE(C));
-    in.at = transposed(NB_F32, 14, R, C);
-    in.flat = randn_t(NB_F32, 15, NB_SHAPE(N1));
-    in.flat2 = randn_t(NB_F32, 16, NB_SHAPE(N1));
-    in.scalar = OK(nb_scalar(NB_F32, 1.25));
-    in.a64 = randn_t(NB_F64, 17, NB_SHAPE(R, C));
-    in.row64 = randn_t(NB_F64, 18, NB_SHAPE(C));
-    in.col64 = rand_t(NB_F64, 19, 0.5, NB_SHAPE(R, 1));
-    return in;
-}
-
-static void binary(snapshot *s, void *ctx) {
-    ew_inputs *in = ctx;
-    snap(s, "add(a, row)", OK(nb_add(in->a, in->row)));
-    snap(s, "sub(col, a)", OK(nb_sub(in->col, in->a)));
-    snap(s, "mul(a, col)", OK(nb_mul(in->a, in->col)));
-    snap(s, "div(a, pos_row)", OK(nb_div(in->a, in->pos_row)));
-    snap(s, "add(row, col) -> (R,C)", OK(nb_add(in->row, in->col)));
-    snap(s, "mul(a, transposed)", OK(nb_mul(in->a, in->at)));
-    snap(s, "sub(transposed, row)", OK(nb_sub(in->at, in->row)));
-    snap(s, "div(transposed, a)", OK(nb_div(in->at, in->a)));
-    snap(s, "add(flat, flat2)", OK(nb_add(in->flat, in->flat2)));
-    snap(s, "mul(flat, 0-d)", OK(nb_mul(in->flat, in->scalar)));
-    snap(s, "div(0-d, flat)", OK(nb_div(in->scalar, in->flat)));
-    snap(s, "sub(flat, flat2)", OK(nb_sub(in->flat, in->flat2)));
-    snap(s, "f64 add(a, row)", OK(nb_add(in->a64, in->row64)));
-    snap(s, "f64 div(a, col)", OK(nb_div(in->a64, in->col64)));
-    snap(s, "f64 mul(transpose(a), row)",
-         OK(nb_mul(OK(nb_transpose(in->a64, 0, 1)), OK(nb_view(in->col64, NB_SHAPE(R))))));
-    snap(s, "mul_scalar(a, 1.7)", OK(nb_mul_scalar(in->a, 1.7)));
-    snap(s, "add_scalar(flat, -0.3)", OK(nb_add_scalar(in->flat, -0.3)));
-    snap(s, "add_scalar(transposed, 2.5)", OK(nb_add_scalar(in->at, 2.5)));
-    snap(s, "f64 mul_scalar(a, -3.1)", OK(nb_mul_scalar(in->a64, -3.1)));
-    snap(s, "pow_scalar(a, 3)", OK(nb_pow_scalar(in->a, 3.0)));
-}
-
-/* backward of broadcasting binary ops: the gradients of row and col are
- * sums over the broadcast dim */
-static void binary_backward(snapshot *s, void *ctx) {
-    ew_inputs *in = ctx;
-    nb_tensor *a = leaf(in->a), *row = leaf(in->row), *col = leaf(in->col);
-    nb_tensor *pr = leaf(in->pos_row);
-    nb_tensor *y = OK(nb_div(OK(nb_mul(OK(nb_sub(OK(nb_add(a, row)), col)), col)), pr));
-    nb_tensor *g = randn_t(NB_F32, 20, NB_SHAPE(R, C));
-    OK_RC(nb_backward_with_grad(y, g));
-    snap(s, "y", y);
-    snap_grad(s, "grad a", a);
-    snap_grad(s, "grad row (summed over rows)", row);
-    snap_grad(s, "grad col (summed over cols)", col);
-    snap_grad(s, "grad pos_row", pr);
-    nb_tensor *a64 = leaf(in->a64), *r64 = leaf(in->row64);
-    nb_tensor *y64 = OK(nb_mul(OK(nb_add(a64, r64)), a64));
-    OK_RC(nb_backward_with_grad(y64, OK(nb_to(g, NB_F64))));
-    snap_grad(s, "f64 grad a", a64);
-    snap_grad(s, "f64 grad row", r64);
-}
-
-START_TEST(binary_ops) {
-    nb_scope_begin();
-    ew_inputs in = make_ew_inputs();
-    expect_same_for_1_2_3_threads("add sub mul div (broadcast, strided), scalar ops", binary, &in);
-    expect_same_for_1_2_3_threads("backward of broadcast add sub mul div", binary_backward, &in);
-    nb_scope_end();
-}
-END_TEST
-
-typedef struct {
-    nb_tensor *u, *pos, *u64, *pos64, *ut;
-} unary_inputs;
-
-static void unary(snapshot *s, void *ctx) {
-    unary_inputs *in = ctx;
-    nb_tensor *us[3] = {in->u, in->u64, in->ut}, *ps[2] = {in->pos, in->pos64};
-    const char *tag[3] = {"f32", "f64", "f32 transposed"};
-    char name[80];
-#define UN(op, x, t)                                        \
-    do {                                                    \
-        snprintf(name, sizeof name, "%s %s", #op, t);       \
-        snap(s, name, OK(op(x)));                           \
-    } while (0)
-    for (int i = 0; i < 3; i++) {
-        UN(nb_exp, us[i], tag[i]);
-        UN(nb_tanh, us[i], tag[i]);
-        UN(nb_relu, us[i], tag[i]);
-        UN(nb_gelu, us[i], tag[i]);
-        UN(nb_neg, us[i], tag[i]);
-    }
-    for (int i = 0; i < 2; i++) {
-        UN(nb_log, ps[i], tag[i]);
-        UN(nb_sqrt, ps[i], tag[i]);
-    }
-#undef UN
-}
-
-static void unary_backward(snapshot *s, void *ctx) {
-    unary_inputs *in = ctx;
-    nb_dtype dts[2] = {NB_F32, NB_F64};
-    nb_tensor *us[2] = {in->u, in->u64}, *ps[2] = {in->pos, in->pos64};
-    for (int i = 0; i < 2; i++) {
-        nb_tensor *x = leaf(us[i]), *p = leaf(ps[i]);
-        nb_tensor *y = OK(nb_add(OK(nb_add(OK(nb_gelu(x)), OK(nb_tanh(x)))),
-                                 OK(nb_mul(OK(nb_relu(x)), OK(nb_exp(OK(nb_mul_scalar(x, 0.5))))))));
-        nb_tensor *z = OK(nb_add(OK(nb_log(p)), OK(nb_sqrt(p))));
-        nb_tensor *g = randn_t(dts[i], 30, NB_SHAPE(N1));
-        OK_RC(nb_backward_with_grad(y, g));
-        OK_RC(nb_backward_with_grad(z, g));
-        snap(s, i ? "f64 gelu+tanh+relu*exp" : "f32 gelu+tanh+relu*exp", y);
-        snap_grad(s, i ? "f64 grad through gelu tanh relu exp" : "f32 grad through gelu tanh relu exp", x);
-        snap_grad(s, i ? "f64 grad through log sqrt" : "f32 grad through log sqrt", p);
-    }
-}
-
-START_TEST(unary_ops) {
-    nb_scope_begin();
-    unary_inputs in = {randn_t(NB_F32, 40, NB_SHAPE(N1)), rand_t(NB_F32, 41, 0.01, NB_SHAPE(N1)),
-                       randn_t(NB_F64, 42, NB_SHAPE(N1)), rand_t(NB_F64, 43, 0.01, NB_SHAPE(N1)),
-                       transposed(NB_F32, 44, R, C)};
-    expect_same_for_1_2_3_threads("exp log tanh relu gelu sqrt neg (f32, f64, strided)", unary,
-                                  &in);
-    expect_same_for_1_2_3_threads("backward of exp log tanh relu gelu sqrt", unary_backward, &in);
-    nb_scope_end();
-}
-END_TEST
-
-static void compare_where(snapshot *s, void *ctx) {
-    ew_inputs *in = ctx;
-    nb_tensor *lt = OK(nb_lt(in->a, in->row));
-    snap(s, "lt(a, row)", lt);
-    snap(s, "gt(a, col)", OK(nb_gt(in->a, in->col)));
-    snap(s, "gt(transposed, a)", OK(nb_gt(in->at, in->a)));
-    nb_tensor *ra = OK(nb_relu(in->a)), *zero = OK(nb_scalar(NB_F32, 0.0));
-    snap(s, "eq(relu(a), 0)", OK(nb_eq(ra, zero)));
-    snap(s, "ne(flat, flat2)", OK(nb_ne(in->flat, OK(nb_relu(in->flat)))));
-    snap(s, "logical_not(lt)", OK(nb_logical_not(lt)));
-    snap(s, "lt f64 (a, row)", OK(nb_lt(in->a64, in->row64)));
-    snap(s, "where(lt, a, col)", OK(nb_where(lt, in->a, in->col)));
-    snap(s, "where(gt(col, 0), transposed, row)",
-         OK(nb_where(OK(nb_gt(in->col, zero)), in->at, in->row)));
-    snap(s, "f64 where(lt, a, row)", OK(nb_where(OK(nb_lt(in->a64, in->row64)), in->a64,
-                                                  in->row64)));
-    /* backward: gradients split by the condition, summed over broadcast dims */
-    nb_tensor *a = leaf(in->a), *col = leaf(in->col);
-    nb_tensor *y = OK(nb_where(lt, a, col));
-    OK_RC(nb_backward_with_grad(y, randn_t(NB_F32, 50, NB_SHAPE(R, C))));
-    snap_grad(s, "where: grad a", a);
-    snap_grad(s, "where: grad col (summed)", col);
-}
-
-START_TEST(comparisons_and_where) {
-    nb_scope_begin();
-    ew_inputs in = make_ew_inputs();
-    expect_same_for_1_2_3_threads("lt gt eq ne logical_not where (+ backward)", compare_where,
-                                  &in);
-    nb_scope_end();
-}
-END_TEST
-
+/* The registry's ops one by one (contiguous, transposed and broadcast
+ * inputs, outputs and gradients): tests/test_registry.c. The cases below
+ * are the kernels' own parallel structures (row tiles, reductions over
+ * several dims, long softmax rows, GEMM tiles) and whole modules. */
 /* ------------------------------------------------------------- reductions */
 typedef struct {
     nb_tensor *x, *x64, *wide, *xt, *flat, *flat64, *pow2;
@@ -1269,9 +1107,6 @@ Suite *suite_threads(void) {
     tc = tcase_create("identical");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, creation_is_thread_independent);
-    tcase_add_test(tc, binary_ops);
-    tcase_add_test(tc, unary_ops);
-    tcase_add_test(tc, comparisons_and_where);
     tcase_add_test(tc, reductions_sum_mean_max);
     tcase_add_test(tc, softmax_and_masked_fill);
     tcase_add_test(tc, dropout_forward_backward);
