@@ -317,7 +317,7 @@ static void run_case(report *r, const char *base, const char *layout) {
         } else {
             for (int k = 0; k < n; k++) {
                 if (!is_float(fin[k])) continue;
-                char what[16];
+                char what[32];
                 snprintf(what, sizeof what, "grad x%d", k);
                 nb_tensor *g = nb_grad(x[k]);
                 if (none[k]) {
