@@ -167,12 +167,15 @@ valgrind: all check-deps
 	@$(VALGRIND) $(BUILD)/examples/copy_task $(RESUME_SHORT) > /dev/null && echo "valgrind clean: copy_task --load"
 
 # make asan builds with $(CC) into build-asan; make asan CC=clang into
-# build-asan-clang (CI runs both).
+# build-asan-clang (CI runs both). The suites run without LeakSanitizer:
+# Check forks a child per test, and LSan's exit scan in each child of the
+# sanitized runner took 60% of the pass (320 s instead of 130 s); make
+# valgrind checks the same suites for leaks, and the examples here keep LSan.
 ASAN_BUILD = build-asan$(if $(findstring clang,$(CC)),-clang)
 asan: check-deps
 	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=$(ASAN_BUILD) OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	  LDLIBS="-fsanitize=address,undefined -lm -lpthread" $(ASAN_BUILD)/tests/run_tests all
-	$(ASAN_BUILD)/tests/run_tests
+	ASAN_OPTIONS=$${ASAN_OPTIONS:+$$ASAN_OPTIONS:}detect_leaks=0 $(ASAN_BUILD)/tests/run_tests
 	@for e in $(EXAMPLES:$(BUILD)/%=$(ASAN_BUILD)/%); do $$e $(SHORT_ARGS) > /dev/null || exit 1; echo "asan ($(CC)) clean: $$e"; done
 	@$(ASAN_BUILD)/examples/copy_task $(RESUME_SHORT) > /dev/null && echo "asan ($(CC)) clean: copy_task --load"
 

@@ -185,8 +185,7 @@ END_TEST
 
 /* An op flagged differentiable records a node (its output requires grad
  * when a floating input does); an unflagged one records none. */
-START_TEST(registry_flags_match_behaviour) {
-    const reg_op *op = &OPS[_i];
+static void registry_flags_match_behaviour(const reg_op *op) {
     spec s = parse_spec(op);
     nb_scope_begin();
     nb_tensor *x[MAX_IN];
@@ -201,11 +200,9 @@ START_TEST(registry_flags_match_behaviour) {
                   nb_requires_grad(y) ? "requires grad" : "does not require grad");
     nb_scope_end();
 }
-END_TEST
 
 /* Every input position refuses NULL with a message naming the op and it. */
-START_TEST(registry_null_inputs_named) {
-    const reg_op *op = &OPS[_i];
+static void registry_null_inputs_named(const reg_op *op) {
     spec s = parse_spec(op);
     nb_scope_begin();
     nb_tensor *x[MAX_IN];
@@ -221,12 +218,10 @@ START_TEST(registry_null_inputs_named) {
     }
     nb_scope_end();
 }
-END_TEST
 
 /* Every input position refuses a freed handle, freed by nb_free or by its
  * scope's end, with a message naming the op, the position and how. */
-START_TEST(registry_freed_inputs_named) {
-    const reg_op *op = &OPS[_i];
+static void registry_freed_inputs_named(const reg_op *op) {
     spec s = parse_spec(op);
     for (int how = 0; how < 2; how++)
         for (int k = 0; k < s.n; k++) {
@@ -250,7 +245,6 @@ START_TEST(registry_freed_inputs_named) {
             nb_scope_end();
         }
 }
-END_TEST
 
 /* ---------------------------------------------------------------- gradcheck */
 typedef struct {
@@ -298,8 +292,7 @@ static void gradcheck_layout(const reg_op *op, int mode) {
     expect_gradcheck(label, gc_fn, &c, c.nfloat, leaves);
 }
 
-START_TEST(registry_gradcheck) {
-    const reg_op *op = &OPS[_i];
+static void registry_gradcheck(const reg_op *op) {
     if (!(op->flags & NB_OP_DIFF)) return;
     for (int mode = 0; mode < 3; mode++) {
         nb_scope_begin();
@@ -307,7 +300,6 @@ START_TEST(registry_gradcheck) {
         nb_scope_end();
     }
 }
-END_TEST
 
 /* ------------------------------------------------------------ thread counts */
 /* The bytes of a tensor, row-major. */
@@ -378,8 +370,7 @@ static bool under_valgrind(void) {
     return pre && strstr(pre, "vgpreload");
 }
 
-START_TEST(registry_thread_identity) {
-    const reg_op *op = &OPS[_i];
+static void registry_thread_identity(const reg_op *op) {
     int before = nb_num_threads();
     bool quick = under_valgrind();
     for (int mode = 0; mode < (quick ? 1 : 3); mode++)
@@ -404,7 +395,6 @@ START_TEST(registry_thread_identity) {
         }
     nb_set_num_threads(before);
 }
-END_TEST
 
 /* ---------------------------------------------------- freed before backward */
 /* Leaves' gradients of sum(op(x)), where x are intermediates (leaf + 0). With
@@ -441,8 +431,7 @@ static snap run_freed(const reg_op *op, bool free_all) {
     return r;
 }
 
-START_TEST(registry_inputs_freed_before_backward) {
-    const reg_op *op = &OPS[_i];
+static void registry_inputs_freed_before_backward(const reg_op *op) {
     if (!(op->flags & NB_OP_DIFF)) return;
     snap keep = run_freed(op, false), freed = run_freed(op, true);
     ck_assert_int_eq(keep.n, freed.n);
@@ -452,6 +441,20 @@ START_TEST(registry_inputs_freed_before_backward) {
                       "freed before backward", op->name, i);
     snap_free(&keep);
     snap_free(&freed);
+}
+
+/* One test per op (a crash names the op by its loop index; every failure
+ * message names op and property): one fork per op rather than per property
+ * keeps make asan's run short (each forked test costs more as Check's parent
+ * grows). */
+START_TEST(registry_op) {
+    const reg_op *op = &OPS[_i];
+    registry_flags_match_behaviour(op);
+    registry_null_inputs_named(op);
+    registry_freed_inputs_named(op);
+    registry_gradcheck(op);
+    registry_thread_identity(op);
+    registry_inputs_freed_before_backward(op);
 }
 END_TEST
 
@@ -521,12 +524,7 @@ Suite *suite_registry(void) {
     TCase *tc = tcase_create("registry");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, registry_table_covers_every_op);
-    tcase_add_loop_test(tc, registry_flags_match_behaviour, 0, NOPS);
-    tcase_add_loop_test(tc, registry_null_inputs_named, 0, NOPS);
-    tcase_add_loop_test(tc, registry_freed_inputs_named, 0, NOPS);
-    tcase_add_loop_test(tc, registry_gradcheck, 0, NOPS);
-    tcase_add_loop_test(tc, registry_thread_identity, 0, NOPS);
-    tcase_add_loop_test(tc, registry_inputs_freed_before_backward, 0, NOPS);
+    tcase_add_loop_test(tc, registry_op, 0, NOPS);
     tcase_add_test(tc, registry_tables_in_docs);
     suite_add_tcase(s, tc);
     return s;
