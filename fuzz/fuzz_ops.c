@@ -1249,8 +1249,14 @@ static void scalar_op(pool *p, reader *r, const char *fn, scalar_call *call,
     RUN(p, r, e, ops, 1, in, call(ops[0], sc));
 }
 
+/* PyTorch's special exponents (ops/elementwise.c pow_path): sqrt, 1/sqrt,
+ * 1/x, x*x, x*x*x, 1/(x*x), which differ from pow at -0 and -inf. */
+static double ref_pow(double x, double s) {
+    return s == 0.5 ? sqrt(x) : s == -0.5 ? 1 / sqrt(x) : s == -1 ? 1 / x : s == 2 ? x * x
+         : s == 3 ? x * x * x : s == -2 ? 1 / (x * x) : pow(x, s);
+}
 static void op_pow_scalar(pool *p, reader *r, const char *fn) {
-    scalar_op(p, r, fn, nb_pow_scalar, pow, TOL);
+    scalar_op(p, r, fn, nb_pow_scalar, ref_pow, TOL);
 }
 static void op_add_scalar(pool *p, reader *r, const char *fn) {
     scalar_op(p, r, fn, nb_add_scalar, ref_add, EXACT);
