@@ -205,6 +205,33 @@ NB_API nb_tensor *nb_mean(nb_tensor *t, int dim, bool keepdim);
  * to the first maximal element. An empty dim is an error, as for nb_argmax. */
 NB_API nb_tensor *nb_max(nb_tensor *t, int dim, bool keepdim);
 NB_API nb_tensor *nb_argmax(nb_tensor *t, int dim, bool keepdim); /* any dtype; NB_I64, first max */
+/* Min values over dim, as torch.min(t, dim, keepdim).values: floating; a NaN
+ * counts as the min; the gradient goes to the first minimal element; an empty
+ * dim is an error. */
+NB_API nb_tensor *nb_min(nb_tensor *t, int dim, bool keepdim);
+/* Sum / mean over several dims, as torch.sum / torch.mean(t, dim=(d0, ...),
+ * keepdim): dims may be negative; a dim given twice is an error naming it;
+ * ndims 0 (dims may be NULL) reduces every dim (torch's dim=None), and keepdim
+ * then keeps them all as size 1. The mean of an empty reduction is NaN.
+ * Floating; accumulated in double. */
+NB_API nb_tensor *nb_sum_dims(nb_tensor *t, int ndims, const int *dims, bool keepdim);
+NB_API nb_tensor *nb_mean_dims(nb_tensor *t, int ndims, const int *dims, bool keepdim);
+/* Variance / standard deviation over dims (as nb_sum_dims; ndims 0 = all), as
+ * torch.var / torch.std(t, dim, correction=c, keepdim): sum((x - mean)^2) /
+ * max(0, N - correction), so 1 is Bessel's correction and 0 the population
+ * variance; N - correction <= 0 gives inf (NaN when every deviation is 0, as
+ * for N = 1 with correction 1, or N = 0), as torch. Two passes (mean, then
+ * squared deviations), in double. The gradient is 2 (x - mean) / (N -
+ * correction) g (unclamped, as torch), for std divided by 2 std (zero where
+ * std is 0, as torch). A correction that is not finite is an error. */
+NB_API nb_tensor *nb_var(nb_tensor *t, int ndims, const int *dims, double correction,
+                         bool keepdim);
+NB_API nb_tensor *nb_std(nb_tensor *t, int ndims, const int *dims, double correction,
+                         bool keepdim);
+/* Running sums along dim, as torch.cumsum (same shape; a 0-d t takes dim 0 or
+ * -1): floating; accumulated sequentially in double and rounded per element,
+ * as torch's CPU kernel does for f32. The gradient is the reverse cumsum. */
+NB_API nb_tensor *nb_cumsum(nb_tensor *t, int dim);
 /* Sum / mean of every element of a floating t -> 0-d (the mean of none is NaN). */
 NB_API nb_tensor *nb_sum_all(nb_tensor *t);
 NB_API nb_tensor *nb_mean_all(nb_tensor *t);

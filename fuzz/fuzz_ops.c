@@ -719,8 +719,8 @@ static void op_log_softmax(pool *p, reader *r, const char *fn) {
     softmax_dim(p, r, fn, nb_log_softmax, true);
 }
 
-/* sum / mean / max over a dim */
-enum { R_SUM, R_MEAN, R_MAX };
+/* sum / mean / max / min over a dim */
+enum { R_SUM, R_MEAN, R_MAX, R_MIN };
 typedef nb_tensor *reduce_call(nb_tensor *, int, bool);
 static void reduce_dim(pool *p, reader *r, const char *fn, reduce_call *call, int which) {
     nb_tensor *ops[1] = {pick(p, r)};
@@ -734,7 +734,8 @@ static void reduce_dim(pool *p, reader *r, const char *fn, reduce_call *call, in
     const shp *s = &in[0].sh;
     int d = norm_dim(dim, s->nd);
     bool ok = float_ok(in[0].dt) && d >= 0;
-    if (ok && which == R_MAX && s->nd > 0 && s->s[d] == 0) ok = false; /* max of nothing */
+    bool ext = which == R_MAX || which == R_MIN;
+    if (ok && ext && s->nd > 0 && s->s[d] == 0) ok = false; /* max of nothing */
     if (ok && s->nd == 0) { /* a 0-d tensor: the same value */
         e.sh = *s;
         expect_alloc(&e, false);
@@ -744,8 +745,8 @@ static void reduce_dim(pool *p, reader *r, const char *fn, reduce_call *call, in
         for (int i = 0; i < s->nd; i++)
             if (i != d) e.sh.s[e.sh.nd++] = s->s[i];
             else if (keep) e.sh.s[e.sh.nd++] = 1;
-        expect_alloc(&e, which != R_MAX);
-        if (which != R_MAX) {
+        expect_alloc(&e, !ext);
+        if (!ext) {
             e.rule = TOL;
             e.rtol = e.dt == NB_F32 ? 1e-6 : 1e-12; /* accumulated in double */
         }
@@ -760,9 +761,10 @@ static void reduce_dim(pool *p, reader *r, const char *fn, reduce_call *call, in
                 for (int64_t k = 0; k < len; k++) {
                     acc += x[k * inner];
                     mag += fabs(x[k * inner]);
-                    /* NaN counts as the max; the first max wins */
-                    if (k && !isnan(best) && (x[k * inner] > best || isnan(x[k * inner])))
-                        best = x[k * inner];
+                    /* NaN counts as the max (min); the first one wins */
+                    double v = x[k * inner];
+                    bool better = which == R_MIN ? v < best : v > best;
+                    if (k && !isnan(best) && (better || isnan(v))) best = v;
                 }
                 int64_t at = o * inner + j;
                 e.v[at] = which == R_SUM ? acc : which == R_MEAN ? acc / (double)len : best;
@@ -775,6 +777,129 @@ static void reduce_dim(pool *p, reader *r, const char *fn, reduce_call *call, in
 static void op_sum(pool *p, reader *r, const char *fn) { reduce_dim(p, r, fn, nb_sum, R_SUM); }
 static void op_mean(pool *p, reader *r, const char *fn) { reduce_dim(p, r, fn, nb_mean, R_MEAN); }
 static void op_max(pool *p, reader *r, const char *fn) { reduce_dim(p, r, fn, nb_max, R_MAX); }
+static void op_min(pool *p, reader *r, const char *fn) { reduce_dim(p, r, fn, nb_min, R_MIN); }
+
+/* sum / mean / var / std over a list of dims (none: all), two passes in
+ * double for var and std, row-major within each output as the library */
+enum { RD_SUM, RD_MEAN, RD_VAR, RD_STD };
+static void reduce_dims(pool *p, reader *r, const char *fn, int which) {
+    nb_tensor *ops[1] = {pick(p, r)};
+    int nd0 = nb_ndim(ops[0]), ndims = u8(r) % 4, dims[4];
+    for (int i = 0; i < ndims; i++) dims[i] = dim_arg(r, nd0);
+    unsigned b = u8(r);
+    bool keep = b & 1;
+    static const double corrs[] = {0, 1, 2, 0.5, 7};
+    double corr = corrs[(b >> 1) % 5];
+    vals in[1];
+    begin_call(fn, ops, 1, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " ndims %d keepdim %d corr %g", ndims,
+             keep, corr);
+    expect e;
+    expect_init(&e, fn, in[0].dt);
+    const shp *s = &in[0].sh;
+    bool ok = float_ok(in[0].dt), red[NB_MAX_DIMS] = {false};
+    for (int i = 0; ok && i < ndims; i++) {
+        int d = norm_dim(dims[i], s->nd);
+        if (d < 0 || red[d]) ok = false; /* out of range, or given twice */
+        else red[d] = true;
+    }
+    if (ok && ndims == 0)
+        for (int i = 0; i < s->nd; i++) red[i] = true;
+    if (ok) {
+        e.sh.nd = 0;
+        int64_t cnt = 1;
+        for (int i = 0; i < s->nd; i++)
+            if (!red[i]) e.sh.s[e.sh.nd++] = s->s[i];
+            else {
+                cnt *= s->s[i];
+                if (keep) e.sh.s[e.sh.nd++] = 1;
+            }
+        expect_alloc(&e, true);
+        e.rule = TOL;
+        e.rtol = e.dt == NB_F32 ? 1e-6 : 1e-12;
+        int64_t no = numel(&e.sh);
+        double *acc = calloc((size_t)(no ? no : 1), sizeof *acc);
+        int64_t *dst = calloc((size_t)(in[0].n ? in[0].n : 1), sizeof *dst);
+        if (!acc || !dst) abort();
+        /* the output element of each input element, row-major */
+        for (int64_t i = 0; !e.skip && i < in[0].n; i++) {
+            int64_t k = i, o = 0, mul = 1;
+            for (int q = s->nd - 1; q >= 0; q--) {
+                int64_t ix = k % s->s[q];
+                k /= s->s[q];
+                if (!red[q]) o += ix * mul, mul *= s->s[q];
+            }
+            dst[i] = o;
+        }
+        for (int64_t i = 0; !e.skip && i < in[0].n; i++) {
+            acc[dst[i]] += in[0].v[i];
+            e.mag[dst[i]] += fabs(in[0].v[i]);
+        }
+        double den = (double)cnt - corr;
+        if (den < 0) den = 0;
+        for (int64_t o = 0; !e.skip && o < no; o++) {
+            if (which == RD_SUM) e.v[o] = acc[o];
+            else if (which == RD_MEAN) e.v[o] = acc[o] / (double)cnt, e.mag[o] /= (double)cnt;
+            else acc[o] /= (double)cnt, e.v[o] = 0, e.mag[o] = 0; /* acc: the means */
+        }
+        if (which == RD_VAR || which == RD_STD) {
+            for (int64_t i = 0; !e.skip && i < in[0].n; i++) {
+                double dv = in[0].v[i] - acc[dst[i]];
+                e.v[dst[i]] += dv * dv;
+                e.mag[dst[i]] += (fabs(in[0].v[i]) + fabs(acc[dst[i]])) *
+                                 (fabs(in[0].v[i]) + fabs(acc[dst[i]]));
+            }
+            for (int64_t o = 0; !e.skip && o < no; o++) {
+                e.v[o] = cnt ? e.v[o] / den : NAN;
+                e.mag[o] /= den;
+                if (which == RD_STD) e.v[o] = sqrt(e.v[o]), e.mag[o] = sqrt(e.mag[o]);
+            }
+        }
+        free(acc);
+        free(dst);
+    }
+    const int *dp = ndims ? dims : (b & 2) ? NULL : dims;
+    switch (which) {
+    case RD_SUM: RUN(p, r, e, ops, 1, in, nb_sum_dims(ops[0], ndims, dp, keep)); break;
+    case RD_MEAN: RUN(p, r, e, ops, 1, in, nb_mean_dims(ops[0], ndims, dp, keep)); break;
+    case RD_VAR: RUN(p, r, e, ops, 1, in, nb_var(ops[0], ndims, dp, corr, keep)); break;
+    default: RUN(p, r, e, ops, 1, in, nb_std(ops[0], ndims, dp, corr, keep)); break;
+    }
+}
+static void op_sum_dims(pool *p, reader *r, const char *fn) { reduce_dims(p, r, fn, RD_SUM); }
+static void op_mean_dims(pool *p, reader *r, const char *fn) { reduce_dims(p, r, fn, RD_MEAN); }
+static void op_var(pool *p, reader *r, const char *fn) { reduce_dims(p, r, fn, RD_VAR); }
+static void op_std(pool *p, reader *r, const char *fn) { reduce_dims(p, r, fn, RD_STD); }
+
+/* running sums along a dim, sequential in double, rounded per element */
+static void op_cumsum(pool *p, reader *r, const char *fn) {
+    nb_tensor *ops[1] = {pick(p, r)};
+    int dim = dim_arg(r, nb_ndim(ops[0]));
+    vals in[1];
+    begin_call(fn, ops, 1, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " dim %d", dim);
+    expect e;
+    expect_init(&e, fn, in[0].dt);
+    const shp *s = &in[0].sh;
+    int d = norm_dim(dim, s->nd);
+    if (float_ok(in[0].dt) && d >= 0) {
+        e.sh = *s;
+        expect_alloc(&e, false);
+        int64_t len = s->nd ? s->s[d] : 1, inner = 1, outer = 1;
+        for (int i = d + 1; i < s->nd; i++) inner *= s->s[i];
+        for (int i = 0; i < d && i < s->nd; i++) outer *= s->s[i];
+        for (int64_t o = 0; !e.skip && o < outer; o++)
+            for (int64_t j = 0; j < inner; j++) {
+                double a = 0;
+                for (int64_t k = 0; k < len; k++) {
+                    int64_t at = o * len * inner + j + k * inner;
+                    a += in[0].v[at];
+                    e.v[at] = a;
+                }
+            }
+    }
+    RUN(p, r, e, ops, 1, in, nb_cumsum(ops[0], dim));
+}
 
 static void reduce_all(pool *p, reader *r, const char *fn, unary_call *call, bool mean) {
     nb_tensor *ops[1] = {pick(p, r)};

@@ -173,8 +173,9 @@ nb_tensor *nb_sum_all(nb_tensor *t) { return sum_all_op("nb_sum_all", t, false);
 nb_tensor *nb_mean_all(nb_tensor *t) { return sum_all_op("nb_mean_all", t, true); }
 
 /* ------------------------------------------------------------- max, argmax */
-/* x (..., n, ...) -> values and first index of the max (NaN counts as max) */
-#define MAX_ROWS(T)                                                                \
+/* x (..., n, ...) -> values and first index of the max (min when BETTER is <);
+ * a NaN counts as the extreme either way, as in torch. */
+#define MAX_ROWS(T, BETTER)                                                        \
     NBI_FOR_ROWS(&r.it, c) {                                                       \
         for (int64_t j = 0; j < r.it.n; j++) {                                     \
             const T *x = (const T *)px + c.off[1] + j * NBI_INNER(&r.it, 1);       \
@@ -182,7 +183,7 @@ nb_tensor *nb_mean_all(nb_tensor *t) { return sum_all_op("nb_mean_all", t, true)
             T bv = x[0];                                                           \
             for (int64_t k = 1; k < r.len && bv == bv; k++) {                      \
                 T v = x[k * r.rstride];                                            \
-                if (v > bv || v != v) { bv = v; best = k; }                        \
+                if (v BETTER bv || v != v) { bv = v; best = k; }                        \
             }                                                                      \
             int64_t o = c.off[0] + j * NBI_INNER(&r.it, 0);                        \
             if (pv) ((T *)pv)[o] = bv;                                             \
@@ -191,15 +192,25 @@ nb_tensor *nb_mean_all(nb_tensor *t) { return sum_all_op("nb_mean_all", t, true)
     }
 
 /* Fills idx (and vals, when not NULL), both in the reduction's output layout. */
-static void max_kernel(const nb_tensor *t, reduction r, nb_tensor *vals, nb_tensor *idx) {
+static void max_kernel(const nb_tensor *t, reduction r, nb_tensor *vals, nb_tensor *idx,
+                       bool min) {
     const void *px = nbi_ptr(t);
     void *pv = vals ? nbi_ptr(vals) : NULL;
     int64_t *pi = nbi_ptr(idx);
+    if (min) {
+        switch (t->dtype) {
+        case NB_F32: MAX_ROWS(float, <) break;
+        case NB_F64: MAX_ROWS(double, <) break;
+        case NB_I64: MAX_ROWS(int64_t, <) break;
+        case NB_BOOL: MAX_ROWS(bool, <) break;
+        }
+        return;
+    }
     switch (t->dtype) {
-    case NB_F32: MAX_ROWS(float) break;
-    case NB_F64: MAX_ROWS(double) break;
-    case NB_I64: MAX_ROWS(int64_t) break;
-    case NB_BOOL: MAX_ROWS(bool) break;
+    case NB_F32: MAX_ROWS(float, >) break;
+    case NB_F64: MAX_ROWS(double, >) break;
+    case NB_I64: MAX_ROWS(int64_t, >) break;
+    case NB_BOOL: MAX_ROWS(bool, >) break;
     }
 }
 
@@ -242,8 +253,7 @@ static int max_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     return 0;
 }
 
-nb_tensor *nb_max(nb_tensor *t, int dim, bool keepdim) {
-    const char *fn = "nb_max";
+static nb_tensor *minmax_op(const char *fn, nb_tensor *t, int dim, bool keepdim, bool min) {
     if (!nbi_arg(fn, t, 0)) return NULL;
     if (!nbi_check_float(fn, t)) return NULL;
     if (t->ndim == 0) return nbi_dim(fn, dim, 0) < 0 ? NULL : nbi_alias(fn, t);
@@ -253,7 +263,7 @@ nb_tensor *nb_max(nb_tensor *t, int dim, bool keepdim) {
     nb_tensor *y = reduction_begin(fn, t, d, keepdim, t->dtype, &r);
     nb_tensor *idx = y ? nbi_new(fn, NB_I64, y->ndim, y->shape, false) : NULL;
     if (!idx) return nbi_discard(y);
-    max_kernel(t, r, y, idx);
+    max_kernel(t, r, y, idx, min);
     if (!nbi_needs_grad(1, &t)) {
         nb_free(idx);
         return y;
@@ -271,6 +281,13 @@ nb_tensor *nb_max(nb_tensor *t, int dim, bool keepdim) {
     return y;
 }
 
+nb_tensor *nb_max(nb_tensor *t, int dim, bool keepdim) {
+    return minmax_op("nb_max", t, dim, keepdim, false);
+}
+nb_tensor *nb_min(nb_tensor *t, int dim, bool keepdim) {
+    return minmax_op("nb_min", t, dim, keepdim, true);
+}
+
 nb_tensor *nb_argmax(nb_tensor *t, int dim, bool keepdim) {
     const char *fn = "nb_argmax";
     if (!nbi_arg(fn, t, 0)) return NULL;
@@ -279,8 +296,285 @@ nb_tensor *nb_argmax(nb_tensor *t, int dim, bool keepdim) {
     if (d < 0) return NULL;
     reduction r;
     nb_tensor *idx = reduction_begin(fn, t, d, keepdim, NB_I64, &r);
-    if (idx) max_kernel(t, r, NULL, idx);
+    if (idx) max_kernel(t, r, NULL, idx, false);
     return idx;
+}
+
+/* ------------------------------------------ sum, mean, var, std over dims */
+/* A reduction over a set of dims (a bit mask): each output element (y
+ * contiguous, kept dims in order) reads the sub-tensor of t at `base` spanned
+ * by the reduced dims, in row-major order. */
+typedef struct {
+    int nk, nr;
+    int64_t ksh[NB_MAX_DIMS], kst[NB_MAX_DIMS]; /* kept dims of t */
+    int64_t rsh[NB_MAX_DIMS], rst[NB_MAX_DIMS]; /* reduced dims of t */
+    int64_t n;                                  /* elements per output */
+    nb_dtype dt;
+    const char *px;
+    char *po;
+    int mode;          /* MR_SUM: sum * scale; MR_VAR, MR_STD */
+    double scale, corr;
+} mred;
+enum { MR_SUM, MR_VAR, MR_STD };
+
+/* Validates dims (negative ones allowed; ndims 0 = every dim) into a mask. */
+static int mred_mask(const char *fn, const nb_tensor *t, int ndims, const int *dims,
+                     uint32_t *mask) {
+    *mask = 0;
+    if (ndims < 0 || ndims > NB_MAX_DIMS || (ndims > 0 && !dims))
+        return (nbi_error("%s: ndims %d must be in [0, %d] with dims not NULL", fn, ndims,
+                          NB_MAX_DIMS), -1);
+    if (ndims == 0) {
+        *mask = t->ndim ? (uint32_t)((1u << t->ndim) - 1) : 0;
+        return 0;
+    }
+    for (int i = 0; i < ndims; i++) {
+        int d = nbi_dim(fn, dims[i], t->ndim ? t->ndim : 1); /* a 0-d t takes 0 / -1 */
+        if (d < 0) return -1;
+        if (*mask & (1u << d))
+            return (nbi_error("%s: dim %d appears more than once in dims", fn, dims[i]), -1);
+        *mask |= 1u << d;
+    }
+    if (t->ndim == 0) *mask = 0;
+    return 0;
+}
+
+static nb_tensor *mred_begin(const char *fn, nb_tensor *t, uint32_t mask, bool keepdim,
+                             mred *m) {
+    int64_t osh[NB_MAX_DIMS];
+    int on = 0;
+    m->nk = m->nr = 0;
+    m->n = 1;
+    for (int i = 0; i < t->ndim; i++) {
+        if (mask & (1u << i)) {
+            m->rsh[m->nr] = t->shape[i];
+            m->rst[m->nr++] = t->strides[i];
+            m->n *= t->shape[i];
+            if (keepdim) osh[on++] = 1;
+        } else {
+            m->ksh[m->nk] = t->shape[i];
+            m->kst[m->nk++] = t->strides[i];
+            osh[on++] = t->shape[i];
+        }
+    }
+    m->dt = t->dtype;
+    m->px = nbi_ptr(t);
+    nb_tensor *y = nbi_new(fn, t->dtype, on, osh, false);
+    if (y) m->po = nbi_ptr(y);
+    return y;
+}
+
+/* Sum over the reduced sub-tensor at base of (x - sub)^(sq ? 2 : 1), in
+ * double, row-major order whatever the thread count. */
+#define MRED_WALK(T)                                                               \
+    {                                                                              \
+        const T *x = (const T *)m->px;                                             \
+        int64_t idx[NB_MAX_DIMS] = {0}, off = base;                                \
+        int64_t in = m->nr ? m->rsh[m->nr - 1] : 1, is = m->nr ? m->rst[m->nr - 1] : 0; \
+        for (;;) {                                                                 \
+            if (sq)                                                                \
+                for (int64_t k = 0; k < in; k++) {                                 \
+                    double v = (double)x[off + k * is] - sub;                      \
+                    a += v * v;                                                    \
+                }                                                                  \
+            else                                                                   \
+                for (int64_t k = 0; k < in; k++) a += x[off + k * is];             \
+            int q = m->nr - 2;                                                     \
+            for (; q >= 0; q--) {                                                  \
+                off += m->rst[q];                                                  \
+                if (++idx[q] < m->rsh[q]) break;                                   \
+                off -= idx[q] * m->rst[q];                                         \
+                idx[q] = 0;                                                        \
+            }                                                                      \
+            if (q < 0) break;                                                      \
+        }                                                                          \
+    }
+
+static double mred_walk(const mred *m, int64_t base, double sub, bool sq) {
+    double a = 0;
+    if (m->n == 0) return 0;
+    if (m->dt == NB_F32) MRED_WALK(float)
+    else MRED_WALK(double)
+    return a;
+}
+
+static void mred_span(void *ctx, int64_t lo, int64_t hi) {
+    const mred *m = ctx;
+    for (int64_t o = lo; o < hi; o++) {
+        int64_t base = 0, r = o;
+        for (int q = m->nk - 1; q >= 0; q--) {
+            base += (r % m->ksh[q]) * m->kst[q];
+            r /= m->ksh[q];
+        }
+        double v;
+        if (m->mode == MR_SUM) {
+            v = mred_walk(m, base, 0, false) * m->scale;
+        } else { /* two passes: the mean, then squared deviations from it */
+            double mean = mred_walk(m, base, 0, false) / (double)m->n;
+            double den = (double)m->n - m->corr;
+            v = mred_walk(m, base, mean, true) / (den > 0 ? den : 0.0);
+            if (m->mode == MR_STD) v = sqrt(v);
+        }
+        if (m->dt == NB_F32) ((float *)m->po)[o] = (float)v;
+        else ((double *)m->po)[o] = v;
+    }
+}
+
+static nb_tensor *mred_run(const char *fn, nb_tensor *t, uint32_t mask, bool keepdim, mred *m) {
+    nb_tensor *y = mred_begin(fn, t, mask, keepdim, m);
+    if (!y) return NULL;
+    int64_t cost = m->mode == MR_SUM ? m->n : 2 * m->n;
+    nbi_parallel_for(y->numel, NBI_GRAIN / (cost + 1) + 1, mred_span, m);
+    return y;
+}
+
+/* g (reduced shape) -> g with the reduced dims back as size 1 */
+static nb_tensor *unreduce_keep(nb_tensor *g, uint32_t mask, bool keepdim, int ndim) {
+    if (keepdim) return g;
+    for (int i = 0; i < ndim && g; i++)
+        if (mask & (1u << i)) g = nb_unsqueeze(g, i);
+    return g;
+}
+
+/* d[0] = scale; i[0] = mask, i[1] = keepdim */
+static int sum_dims_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    nb_tensor *in = n->in[0];
+    if (n->d[0] != 1.0) g = nb_mul_scalar(g, n->d[0]);
+    g = unreduce_keep(g, (uint32_t)n->i[0], n->i[1], in->ndim);
+    gin[0] = g ? nb_expand(g, in->ndim, in->shape) : NULL;
+    return gin[0] ? 0 : -1;
+}
+
+/* var' = 2 (x - mean) / (N - correction) g, std' = var' / (2 std) (zero where
+ * std is 0), as torch's var_backward / std_backward; d[1] = correction,
+ * d[2] = N, i[2] = std */
+static int var_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    nb_tensor *in = n->in[0];
+    uint32_t mask = (uint32_t)n->i[0];
+    bool keepdim = n->i[1];
+    if (n->i[2]) {
+        nb_tensor *sd = nbi_saved_out(n), *zero = nb_zeros(g->dtype, 0, NULL);
+        if (!sd || !zero) return -1;
+        g = nb_masked_fill(nb_div(g, nb_mul_scalar(sd, 2)), nb_eq(sd, zero), 0);
+    }
+    nb_tensor *x = nbi_saved_in(n, 0);
+    if (!x) return -1;
+    mred m = {.mode = MR_SUM, .scale = 1.0 / n->d[2]};
+    nb_tensor *mean = mred_run("nb_backward", x, mask, true, &m);
+    g = unreduce_keep(g, mask, keepdim, in->ndim);
+    gin[0] = nb_mul(nb_mul_scalar(nb_sub(x, mean), 2.0 / (n->d[2] - n->d[1])), g);
+    return gin[0] ? 0 : -1;
+}
+
+static nb_tensor *mred_op(const char *fn, nb_tensor *t, int ndims, const int *dims, bool keepdim,
+                          int mode, bool mean, double corr) {
+    if (!nbi_arg(fn, t, 0)) return NULL;
+    if (!nbi_check_float(fn, t)) return NULL;
+    uint32_t mask;
+    if (mred_mask(fn, t, ndims, dims, &mask) < 0) return NULL;
+    if (mode != MR_SUM && !isfinite(corr))
+        return nbi_error("%s: correction %g must be finite", fn, corr), NULL;
+    int64_t cnt = 1;
+    for (int i = 0; i < t->ndim; i++)
+        if (mask & (1u << i)) cnt *= t->shape[i];
+    /* inf for an empty reduction, so that the mean is 0 * inf = NaN */
+    mred m = {.mode = mode, .scale = mean ? 1.0 / (double)cnt : 1.0, .corr = corr};
+    nb_tensor *y = mred_run(fn, t, mask, keepdim, &m);
+    if (!y || !nbi_needs_grad(1, &t)) return y;
+    nbi_node *n = nbi_record(y, fn, mode == MR_SUM ? sum_dims_backward : var_backward, 1, &t);
+    if (!n) return nbi_discard(y);
+    n->d[0] = m.scale;
+    n->d[1] = corr;
+    n->d[2] = (double)m.n;
+    n->i[0] = mask;
+    n->i[1] = keepdim;
+    n->i[2] = mode == MR_STD;
+    if (mode != MR_SUM) nbi_save(n, NBI_SAVE_IN(0) | (mode == MR_STD ? NBI_SAVE_OUT : 0));
+    return y;
+}
+
+nb_tensor *nb_sum_dims(nb_tensor *t, int ndims, const int *dims, bool keepdim) {
+    return mred_op("nb_sum_dims", t, ndims, dims, keepdim, MR_SUM, false, 0);
+}
+nb_tensor *nb_mean_dims(nb_tensor *t, int ndims, const int *dims, bool keepdim) {
+    return mred_op("nb_mean_dims", t, ndims, dims, keepdim, MR_SUM, true, 0);
+}
+nb_tensor *nb_var(nb_tensor *t, int ndims, const int *dims, double correction, bool keepdim) {
+    return mred_op("nb_var", t, ndims, dims, keepdim, MR_VAR, false, correction);
+}
+nb_tensor *nb_std(nb_tensor *t, int ndims, const int *dims, double correction, bool keepdim) {
+    return mred_op("nb_std", t, ndims, dims, keepdim, MR_STD, false, correction);
+}
+
+/* ------------------------------------------------------------------ cumsum */
+/* x (..., n, ...) -> y (..., n, ...): running sums along dim, accumulated in
+ * double and rounded per element, as torch's CPU kernel (acc_type of float
+ * is double there); reverse runs from the end (the backward rule). */
+typedef struct {
+    nbi_iter it;
+    int64_t len, xs, ys;
+    nb_dtype dt;
+    bool reverse;
+    const char *px;
+    char *py;
+} cum_job;
+
+#define CUM_ROWS(T)                                                                \
+    NBI_FOR_SPAN(&j->it, lo, hi, c, jb, je) {                                      \
+        for (int64_t q = jb; q < je; q++) {                                        \
+            const T *x = (const T *)j->px + c.off[1] + q * NBI_INNER(&j->it, 1);   \
+            T *y = (T *)j->py + c.off[0] + q * NBI_INNER(&j->it, 0);               \
+            double a = 0;                                                          \
+            for (int64_t k0 = 0; k0 < j->len; k0++) {                              \
+                int64_t k = j->reverse ? j->len - 1 - k0 : k0;                     \
+                a += x[k * j->xs];                                                 \
+                y[k * j->ys] = (T)a;                                               \
+            }                                                                      \
+        }                                                                          \
+    }
+
+static void cum_span(void *ctx, int64_t lo, int64_t hi) {
+    const cum_job *j = ctx;
+    if (j->dt == NB_F32) CUM_ROWS(float)
+    else CUM_ROWS(double)
+}
+
+static nb_tensor *cum_kernel(const char *fn, nb_tensor *t, int d, bool reverse) {
+    nb_tensor *y = nbi_new_like(fn, t, false);
+    if (!y || t->ndim == 0) {
+        if (y) nbi_set_flat(y, 0, nbi_get_flat(t, 0));
+        return y;
+    }
+    cum_job j = {.len = t->shape[d], .xs = t->strides[d], .ys = y->strides[d], .dt = t->dtype,
+                 .reverse = reverse, .px = nbi_ptr(t), .py = nbi_ptr(y)};
+    int64_t keep[NB_MAX_DIMS];
+    memcpy(keep, t->shape, sizeof keep);
+    keep[d] = 1;
+    const int64_t *st[2] = {y->strides, t->strides};
+    nbi_iter_init(&j.it, t->ndim, keep, 2, st);
+    int64_t lines = j.len ? t->numel / j.len : 0;
+    nbi_parallel_for(lines, NBI_GRAIN / (j.len + 1) + 1, cum_span, &j);
+    return y;
+}
+
+/* i[0] = dim: the reverse cumsum of g */
+static int cumsum_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    gin[0] = cum_kernel("nb_backward", g, (int)n->i[0], true);
+    return gin[0] ? 0 : -1;
+}
+
+nb_tensor *nb_cumsum(nb_tensor *t, int dim) {
+    const char *fn = "nb_cumsum";
+    if (!nbi_arg(fn, t, 0)) return NULL;
+    if (!nbi_check_float(fn, t)) return NULL;
+    int d = nbi_dim(fn, dim, t->ndim ? t->ndim : 1);
+    if (d < 0) return NULL;
+    nb_tensor *y = cum_kernel(fn, t, d, false);
+    if (!y || !nbi_needs_grad(1, &t)) return y;
+    nbi_node *n = nbi_record(y, fn, cumsum_backward, 1, &t);
+    if (!n) return nbi_discard(y);
+    n->i[0] = d;
+    return y;
 }
 
 /* --------------------------------------------------------------- sum_to */

@@ -73,7 +73,13 @@
     X(max, "f", NB_OP_DIFF | NB_OP_EXACT, nb_max(x[0], 1, false))                    \
     X(argmax, "f", NB_OP_EXACT, nb_argmax(x[0], 0, false))                           \
     X(sum_all, "f", NB_OP_DIFF, nb_sum_all(x[0]))                                    \
-    X(mean_all, "f", NB_OP_DIFF, nb_mean_all(x[0]))
+    X(mean_all, "f", NB_OP_DIFF, nb_mean_all(x[0]))                                  \
+    X(min, "f", NB_OP_DIFF | NB_OP_EXACT, nb_min(x[0], 1, false))                    \
+    X(sum_dims, "f:2x3x4", NB_OP_DIFF, nb_sum_dims(x[0], 2, (const int[]){1, 2}, true)) \
+    X(mean_dims, "f:2x3x4", NB_OP_DIFF, nb_mean_dims(x[0], 2, (const int[]){-1, 1}, false)) \
+    X(var, "f:2x3x4", NB_OP_DIFF, nb_var(x[0], 2, (const int[]){1, 2}, 1.0, false))  \
+    X(std, "f:2x3x4", NB_OP_DIFF, nb_std(x[0], 1, (const int[]){-1}, 0.0, true))     \
+    X(cumsum, "f", NB_OP_DIFF | NB_OP_EXACT, nb_cumsum(x[0], 1))
 
 /* ops/matmul.c */
 #define NB_OPS_MATMUL(X) X(matmul, "f:2x3x4 f:2x4x5", NB_OP_DIFF, nb_matmul(x[0], x[1]))

@@ -3,7 +3,9 @@
  * f32 over every dim of a (2,3,4) tensor with keepdim true and false and
  * negative dims, result shapes and dtypes, non-contiguous inputs read in
  * place, ties and NaN for argmax; nb_gradcheck on contiguous, transposed and
- * broadcast inputs; backward values against torch autograd; bad input. */
+ * broadcast inputs; backward values against torch autograd; bad input.
+ * Then nb_min's ties and NaN, nb_sum_dims / nb_mean_dims shapes and errors,
+ * nb_var's correction at N - correction <= 0, nb_cumsum's f32 accumulation. */
 #include "test_util.h"
 
 static const char *FX = "reduce.txt";
@@ -602,6 +604,112 @@ START_TEST(test_error_null) {
 }
 END_TEST
 
+/* ------------------------------------ min, over several dims, var, cumsum */
+/* element i (row-major) of a small tensor */
+static double at(const nb_tensor *t, int64_t i) {
+    double v[64];
+    ck_assert_msg(t && nb_numel(t) <= 64 && nb_copy_to_f64(t, v) == 0, "%s",
+                  nb_last_error() ? nb_last_error() : "?");
+    return v[i];
+}
+START_TEST(test_min_ties_nan) {
+    nb_scope_begin();
+    nb_tensor *x = nb_from_data(NB_F64, NB_SHAPE(2, 4), (double[]){1, 0, 3, 0, 2, NAN, -1, NAN});
+    nb_set_requires_grad(x, true);
+    nb_tensor *m = nb_min(x, 1, false);
+    CHECK_NOT_NULL(m);
+    ck_assert(at(m, 0) == 0);
+    ck_assert(isnan(at(m, 1))); /* NaN counts as the min */
+    ck_assert_int_eq(nb_backward(nb_sum_all(m)), 0);
+    const double want[8] = {0, 1, 0, 0, 0, 1, 0, 0}; /* the first minimal element */
+    for (int i = 0; i < 8; i++)
+        ck_assert(at(nb_grad(x), i) == want[i]);
+    expect_error(nb_min(nb_zeros(NB_F64, NB_SHAPE(2, 0)), 1, true), "nb_min",
+                 "cannot reduce over dim 1 of size 0");
+    expect_error(nb_min(NULL, 0, false), "nb_min: input 0 is NULL");
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_reduce_dims_shapes_errors) {
+    nb_scope_begin();
+    nb_tensor *x = nb_ones(NB_F32, NB_SHAPE(2, 3, 4));
+    expect_shape(nb_sum_dims(x, 2, (const int[]){-1, 0}, false), 1, (int64_t[]){3});
+    expect_shape(nb_sum_dims(x, 2, (const int[]){2, 0}, true), 3, (int64_t[]){1, 3, 1});
+    expect_shape(nb_mean_dims(x, 0, NULL, true), 3, (int64_t[]){1, 1, 1});
+    nb_tensor *all = nb_sum_dims(x, 0, NULL, false);
+    expect_shape(all, 0, NULL);
+    ck_assert(nb_item(all) == 24);
+    /* the mean of an empty reduction is NaN, its sum 0 (torch) */
+    nb_tensor *e = nb_zeros(NB_F64, NB_SHAPE(0, 3));
+    ck_assert(isnan(at(nb_mean_dims(e, 1, (const int[]){0}, false), 1)));
+    ck_assert(at(nb_sum_dims(e, 1, (const int[]){0}, false), 1) == 0);
+    expect_error(nb_sum_dims(x, 2, (const int[]){1, -2}, false), "nb_sum_dims",
+                 "dim -2 appears more than once");
+    expect_error(nb_mean_dims(x, 1, (const int[]){3}, false), "nb_mean_dims", "3");
+    expect_error(nb_var(x, 2, NULL, 1, false), "nb_var", "ndims 2", "NULL");
+    expect_error(nb_std(x, -1, NULL, 1, false), "nb_std", "ndims -1");
+    expect_error(nb_var(x, 0, NULL, NAN, false), "nb_var", "correction", "finite");
+    expect_error(nb_cumsum(x, 3), "nb_cumsum", "3");
+    expect_error(nb_cumsum(nb_zeros(NB_I64, NB_SHAPE(2)), 0), "nb_cumsum", "floating");
+    nb_scope_end();
+}
+END_TEST
+
+/* x = (1, 2, 4): squared deviations sum to 14/3; torch.var gives 7/3 with
+ * correction 1, 14/9 with 0 */
+START_TEST(test_var_correction) {
+    nb_scope_begin();
+    nb_tensor *x = nb_from_data(NB_F64, NB_SHAPE(3), (double[]){1, 2, 4});
+    const int d0[] = {0};
+    ck_assert(fabs(nb_item(nb_var(x, 1, d0, 1, false)) - 7.0 / 3) < 1e-15);
+    ck_assert(fabs(nb_item(nb_var(x, 1, d0, 0, false)) - 14.0 / 9) < 1e-15);
+    ck_assert(fabs(nb_item(nb_std(x, 0, NULL, 1, false)) - sqrt(7.0 / 3)) < 1e-15);
+    /* N - correction <= 0: inf, or NaN when every deviation is 0 (torch) */
+    ck_assert(isinf(nb_item(nb_var(x, 1, d0, 3, false))));
+    ck_assert(isinf(nb_item(nb_var(x, 1, d0, 4, false))));
+    ck_assert(isnan(nb_item(nb_var(nb_narrow(x, 0, 0, 1), 1, d0, 1, false))));
+    ck_assert(isnan(nb_item(nb_var(nb_narrow(x, 0, 0, 0), 1, d0, 0, false))));
+    /* backward divides by N - correction unclamped, as torch: correction 4
+     * gives (2.6667, 0.6667, -3.3333) */
+    nb_set_requires_grad(x, true);
+    ck_assert_int_eq(nb_backward(nb_var(x, 1, d0, 4, false)), 0);
+    const double want[3] = {8.0 / 3, 2.0 / 3, -10.0 / 3};
+    for (int i = 0; i < 3; i++)
+        ck_assert(fabs(at(nb_grad(x), i) - want[i]) < 1e-14);
+    /* std of constant values: zero gradient, as torch */
+    nb_tensor *c = nb_full(NB_F64, NB_SHAPE(3), 2.0);
+    nb_set_requires_grad(c, true);
+    ck_assert_int_eq(nb_backward(nb_std(c, 0, NULL, 1, false)), 0);
+    for (int i = 0; i < 3; i++) ck_assert(at(nb_grad(c), i) == 0);
+    nb_free(c);
+    nb_scope_end();
+}
+END_TEST
+
+/* f32 running sums accumulate in double as torch's CPU kernel:
+ * torch.cumsum([2^24, 1, 1]) is (16777216, 16777216, 16777218) */
+START_TEST(test_cumsum_f32_accumulation) {
+    nb_scope_begin();
+    nb_tensor *x = nb_from_data(NB_F32, NB_SHAPE(3), (float[]){16777216.0f, 1, 1});
+    nb_tensor *y = nb_cumsum(x, -1);
+    CHECK_NOT_NULL(y);
+    ck_assert(at(y, 1) == 16777216.0);
+    ck_assert(at(y, 2) == 16777218.0);
+    /* backward: the reverse cumsum of g */
+    nb_tensor *v = nb_from_data(NB_F64, NB_SHAPE(2, 3), (double[]){1, 2, 3, 4, 5, 6});
+    nb_set_requires_grad(v, true);
+    nb_tensor *w = nb_from_data(NB_F64, NB_SHAPE(2, 3), (double[]){1, 10, 100, 2, 20, 200});
+    ck_assert_int_eq(nb_backward(nb_sum_all(nb_mul(nb_cumsum(v, 1), w))), 0);
+    const double want[6] = {111, 110, 100, 222, 220, 200};
+    for (int i = 0; i < 6; i++)
+        ck_assert(at(nb_grad(v), i) == want[i]);
+    nb_free(v);
+    nb_free(w);
+    nb_scope_end();
+}
+END_TEST
+
 Suite *suite_reduce(void) {
     Suite *s = suite_create("reduce");
     TCase *tc = tcase_create("forward");
@@ -632,6 +740,13 @@ Suite *suite_reduce(void) {
     tcase_add_test(tc, test_error_dtype);
     tcase_add_test(tc, test_error_empty_max);
     tcase_add_test(tc, test_error_null);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("more");
+    tcase_add_test(tc, test_min_ties_nan);
+    tcase_add_test(tc, test_reduce_dims_shapes_errors);
+    tcase_add_test(tc, test_var_correction);
+    tcase_add_test(tc, test_cumsum_f32_accumulation);
     suite_add_tcase(s, tc);
     return s;
 }
