@@ -198,8 +198,8 @@ NB_API nb_tensor *nb_silu(nb_tensor *t);
  * sgn(t) * g, 0 at t = 0 and at NaN (as torch). */
 NB_API nb_tensor *nb_abs(nb_tensor *t);
 /* min(max(t, lo), hi) (torch.clamp(t, min=lo, max=hi)): floating, t's shape;
- * -INFINITY / INFINITY for no bound, NaN in t stays, lo > hi gives hi
- * everywhere; the bounds are rounded to t's dtype. The gradient is g where
+ * -INFINITY / INFINITY for no bound, NaN in t stays (also when lo > hi,
+ * which gives hi elsewhere); the bounds are rounded to t's dtype. The gradient is g where
  * lo <= t <= hi, else 0. Error: a NaN bound. */
 NB_API nb_tensor *nb_clamp(nb_tensor *t, double lo, double hi);
 /* GELU's tanh approximation (torch's gelu(approximate="tanh"), GPT-2's):

@@ -74,11 +74,12 @@ typedef struct {
     case U_sigmoid: ROWS1(T, 1 / (1 + EXP(-x))); break; /* torch's formula */         \
     case U_silu: ROWS1(T, x / (1 + EXP(-x))); break;                                 \
     case U_abs: ROWS1(T, x < 0 ? -x : x == 0 ? 0 : x); break; /* |-0| = +0, NaN stays */ \
-    case U_clamp: /* min(max(x, lo), hi): NaN stays, lo > hi gives hi, -0 stays (torch) */ \
+    case U_clamp: /* min(max(x, lo), hi) as torch: NaN and -0 stay, lo > hi gives hi */ \
         ROWS1(T, CLAMP_LO(x, (T)s) > (T)s1 ? (T)s1 : CLAMP_LO(x, (T)s));                \
         break;                                                                        \
-    case U_gelu_tanh:                                                                 \
-        ROWS1(T, (T)0.5 * x * (1 + TANH((T)GELU_TANH_BETA * (x + (T)GELU_TANH_KAPPA * (x * x * x))))); \
+    case U_gelu_tanh: /* aten's order: beta (x + kappa x^3) */                       \
+        ROWS1(T, (T)0.5 * x *                                                         \
+                     (1 + TANH((T)GELU_TANH_BETA * (x + (T)GELU_TANH_KAPPA * (x * x * x))))); \
         break;                                                                        \
     }
 
@@ -175,7 +176,8 @@ static int clamp_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     return (gin[0] = nb_masked_fill(g, nb_ne(x, nbi_saved_out(n)), 0)) ? 0 : -1;
 }
 static int gelu_tanh_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    return (gin[0] = nbi_binary("nb_gelu_tanh", NBI_GELU_TANH_GRAD, g, nbi_saved_in(n, 0))) ? 0 : -1;
+    gin[0] = nbi_binary("nb_gelu_tanh", NBI_GELU_TANH_GRAD, g, nbi_saved_in(n, 0));
+    return gin[0] ? 0 : -1;
 }
 static int add_scalar_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     (void)n;
