@@ -171,6 +171,12 @@ NB_API nb_tensor *nb_add(nb_tensor *a, nb_tensor *b);
 NB_API nb_tensor *nb_sub(nb_tensor *a, nb_tensor *b);
 NB_API nb_tensor *nb_mul(nb_tensor *a, nb_tensor *b);
 NB_API nb_tensor *nb_div(nb_tensor *a, nb_tensor *b);
+/* Elementwise min(a, b), max(a, b) (torch.minimum, torch.maximum): floating,
+ * one dtype, broadcast shape; NaN on either side gives NaN, and at a tie
+ * (-0 against +0) a's value. The gradient goes to the chosen input, half to
+ * each where a == b, and whole to both where either is NaN (PyTorch 1.13). */
+NB_API nb_tensor *nb_minimum(nb_tensor *a, nb_tensor *b);
+NB_API nb_tensor *nb_maximum(nb_tensor *a, nb_tensor *b);
 /* -t, e^t, ln t, sqrt t, tanh t, max(t, 0) (NaN and -0 stay): floating, t's shape;
  * IEEE results outside the domain (log of a negative is NaN). */
 NB_API nb_tensor *nb_neg(nb_tensor *t);
@@ -184,6 +190,21 @@ NB_API nb_tensor *nb_gelu(nb_tensor *t);          /* exact (erf) form, as torch'
 NB_API nb_tensor *nb_pow_scalar(nb_tensor *t, double exponent);
 NB_API nb_tensor *nb_add_scalar(nb_tensor *t, double value);
 NB_API nb_tensor *nb_mul_scalar(nb_tensor *t, double value);
+/* 1 / (1 + e^-t) (torch.sigmoid), t * sigmoid(t) (torch.nn.functional.silu):
+ * floating, t's shape. */
+NB_API nb_tensor *nb_sigmoid(nb_tensor *t);
+NB_API nb_tensor *nb_silu(nb_tensor *t);
+/* |t| (torch.abs): floating, t's shape; |-0| = +0, NaN stays. Its gradient is
+ * sgn(t) * g, 0 at t = 0 and at NaN (as torch). */
+NB_API nb_tensor *nb_abs(nb_tensor *t);
+/* min(max(t, lo), hi) (torch.clamp(t, min=lo, max=hi)): floating, t's shape;
+ * -INFINITY / INFINITY for no bound, NaN in t stays (also when lo > hi,
+ * which gives hi elsewhere); the bounds are rounded to t's dtype. The gradient is g where
+ * lo <= t <= hi, else 0. Error: a NaN bound. */
+NB_API nb_tensor *nb_clamp(nb_tensor *t, double lo, double hi);
+/* GELU's tanh approximation (torch's gelu(approximate="tanh"), GPT-2's):
+ * 0.5 t (1 + tanh(sqrt(2/pi) (t + 0.044715 t^3))): floating, t's shape. */
+NB_API nb_tensor *nb_gelu_tanh(nb_tensor *t);
 /* Comparisons (any dtype, same for both; broadcast shape) and logic (mask must
  * be NB_BOOL): NB_BOOL results, not differentiable. */
 NB_API nb_tensor *nb_eq(nb_tensor *a, nb_tensor *b);

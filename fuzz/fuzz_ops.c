@@ -506,6 +506,19 @@ static void op_add(pool *p, reader *r, const char *fn) { binary(p, r, fn, nb_add
 static void op_sub(pool *p, reader *r, const char *fn) { binary(p, r, fn, nb_sub, ref_sub); }
 static void op_mul(pool *p, reader *r, const char *fn) { binary(p, r, fn, nb_mul, ref_mul); }
 static void op_div(pool *p, reader *r, const char *fn) { binary(p, r, fn, nb_div, ref_div); }
+/* NaN on either side wins; at a tie (-0 against +0) a */
+static double ref_minimum(double x, double y) {
+    return isnan(x) ? x : isnan(y) ? y : y < x ? y : x;
+}
+static double ref_maximum(double x, double y) {
+    return isnan(x) ? x : isnan(y) ? y : x < y ? y : x;
+}
+static void op_minimum(pool *p, reader *r, const char *fn) {
+    binary(p, r, fn, nb_minimum, ref_minimum);
+}
+static void op_maximum(pool *p, reader *r, const char *fn) {
+    binary(p, r, fn, nb_maximum, ref_maximum);
+}
 
 /* comparisons: any dtype (one for both), bool result */
 static void compare(pool *p, reader *r, const char *fn, binary_call *call,
@@ -602,6 +615,24 @@ static void op_relu(pool *p, reader *r, const char *fn) {
 }
 static void op_gelu(pool *p, reader *r, const char *fn) {
     unary(p, r, fn, nb_gelu, ref_gelu, TOL, REL_X);
+}
+static double ref_sigmoid(double x) { return 1 / (1 + exp(-x)); }
+static double ref_silu(double x) { return x / (1 + exp(-x)); }
+static double ref_abs(double x) { return fabs(x); }
+static double ref_gelu_tanh(double x) {
+    return 0.5 * x * (1 + tanh(sqrt(2 / 3.14159265358979323846) * (x + 0.044715 * x * x * x)));
+}
+static void op_sigmoid(pool *p, reader *r, const char *fn) {
+    unary(p, r, fn, nb_sigmoid, ref_sigmoid, TOL, REL_Y);
+}
+static void op_silu(pool *p, reader *r, const char *fn) {
+    unary(p, r, fn, nb_silu, ref_silu, TOL, REL_X);
+}
+static void op_abs(pool *p, reader *r, const char *fn) {
+    unary(p, r, fn, nb_abs, ref_abs, EXACT, REL_Y);
+}
+static void op_gelu_tanh(pool *p, reader *r, const char *fn) {
+    unary(p, r, fn, nb_gelu_tanh, ref_gelu_tanh, TOL, REL_X);
 }
 
 /* torch.matmul */
@@ -1388,6 +1419,32 @@ static void op_add_scalar(pool *p, reader *r, const char *fn) {
 }
 static void op_mul_scalar(pool *p, reader *r, const char *fn) {
     scalar_op(p, r, fn, nb_mul_scalar, ref_mul, EXACT);
+}
+
+/* torch.clamp(t, lo, hi) = min(max(t, lo), hi) with the bounds rounded to the
+ * dtype: NaN stays, -0 stays against a +0 bound, lo > hi gives hi; a NaN
+ * bound is an error */
+static void op_clamp(pool *p, reader *r, const char *fn) {
+    static const double bounds[] = {-INFINITY, -1, -0.5, -0.0, 0, 0.25, 0.8, 2, 1e39, INFINITY,
+                                    NAN, 1e-3};
+    nb_tensor *ops[1] = {pick(p, r)};
+    double lo = bounds[u8(r) % 12], hi = bounds[u8(r) % 12];
+    vals in[1];
+    begin_call(fn, ops, 1, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " lo %g hi %g", lo, hi);
+    expect e;
+    expect_init(&e, fn, in[0].dt);
+    if (float_ok(in[0].dt) && !isnan(lo) && !isnan(hi)) {
+        e.sh = in[0].sh;
+        expect_alloc(&e, false);
+        double l = round_to(lo, e.dt), h = round_to(hi, e.dt);
+        for (int64_t i = 0; !e.skip && i < in[0].n; i++) {
+            double x = in[0].v[i];
+            double v = x < l ? l : x; /* NaN compares false: stays */
+            e.v[i] = v > h ? h : v;
+        }
+    }
+    RUN(p, r, e, ops, 1, in, nb_clamp(ops[0], lo, hi));
 }
 
 /* index of the first max over dim (NaN counts as the max), any dtype */

@@ -1,5 +1,5 @@
-/* binary.c: nb_add, nb_sub, nb_mul, nb_div with broadcasting, their
- * backward rules, and the gradient kernels other ops' rules share. */
+/* binary.c: nb_add, nb_sub, nb_mul, nb_div, nb_minimum, nb_maximum with
+ * broadcasting, their backward rules, and the gradient kernels other ops' rules share. */
 #include "ops_internal.h"
 #include "elementwise_internal.h"
 
@@ -34,8 +34,33 @@ typedef struct {
         }                                                                                \
     }
 
-#define BINARY_CASES(T, ERF)                                                  \
+/* aten's GeluKernel.cpp, tanh form: beta = sqrt(2/pi) */
+#define GELU_TANH_BETA 0.79788456080286535588
+#define GELU_TANH_KAPPA 0.044715
+
+/* x's share of the gradient of maximum/minimum (PyTorch 1.13's formulas):
+ * half at a tie; NaN on either side gives both inputs the whole gradient. */
+#define MAX_SHARE(T, x, y) ((x) == (y) ? (T)0.5 : (x) < (y) ? (T)0 : (T)1)
+#define MIN_SHARE(T, x, y) ((x) == (y) ? (T)0.5 : (x) > (y) ? (T)0 : (T)1)
+
+#define BINARY_CASES(T, ERF, EXP, TANH)                                       \
     switch (j->op) {                                                          \
+    /* NaN propagates. At a tie (-0 against +0) a, as torch's scalar loop  \
+     * (std::min/max); its vector loop gives b, so which zero torch returns \
+     * depends on where the element falls in its loop: no NB_OP_EXACT. */  \
+    case NBI_minimum: ROWS2(T, x != x ? x : y != y ? y : y < x ? y : x); break; \
+    case NBI_maximum: ROWS2(T, x != x ? x : y != y ? y : x < y ? y : x); break; \
+    case NBI_SIGMOID_GRAD: ROWS2(T, x * (1 - y) * y); break;                  \
+    case NBI_SILU_GRAD: {                                                     \
+        /* torch's silu_backward: g * s * (1 + x (1 - s)), s = sigmoid(x) */  \
+        ROWS2(T, x * (1 / (1 + EXP(-y))) * (1 + y * (1 - 1 / (1 + EXP(-y))))); \
+        break;                                                                \
+    }                                                                         \
+    case NBI_ABS_GRAD: ROWS2(T, x * (T)(y > 0 ? 1 : y < 0 ? -1 : 0)); break; /* g * sgn */ \
+    case NBI_GELU_TANH_GRAD: ROWS2(T, x * gelu_tanh_grad_##T(y)); break;      \
+    case NBI_MAX_SHARE: ROWS2(T, MAX_SHARE(T, x, y)); break;                  \
+    case NBI_MIN_SHARE: ROWS2(T, MIN_SHARE(T, x, y)); break;                  \
+    case NBI_SHARE_GRAD: ROWS2(T, y == 0 ? 0 : y == 1 ? x : x * y); break;    \
     case NBI_add: ROWS2(T, x + y); break;                                     \
     case NBI_sub: ROWS2(T, x - y); break;                                     \
     case NBI_mul: ROWS2(T, x * y); break;                                     \
@@ -50,13 +75,31 @@ typedef struct {
 
 #define BINOP_CHEAP(name, inputs, flags, call) [NBI_##name] = ((flags) & NB_OP_CHEAP) != 0,
 static const bool binop_cheap[] = {NB_OPS_BINARY(BINOP_CHEAP)[NBI_RELU_GRAD] = true,
-                                   [NBI_TANH_GRAD] = false, [NBI_GELU_GRAD] = false};
+                                   [NBI_TANH_GRAD] = false, [NBI_GELU_GRAD] = false,
+                                   [NBI_SIGMOID_GRAD] = true, [NBI_SILU_GRAD] = false,
+                                   [NBI_ABS_GRAD] = true, [NBI_GELU_TANH_GRAD] = false,
+                                   [NBI_MAX_SHARE] = true, [NBI_MIN_SHARE] = true,
+                                   [NBI_SHARE_GRAD] = true};
+
+/* d/dx of 0.5 x (1 + tanh(u)), u = beta (x + kappa x^3), in aten's order:
+ * 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) beta (1 + 3 kappa x^2) */
+#define GELU_TANH_GRAD_FN(T, TANH)                                                    \
+    static inline T gelu_tanh_grad_##T(T x) {                                         \
+        T x_sq = x * x, x_cube = x_sq * x;                                            \
+        T th = TANH((T)GELU_TANH_BETA * (x + (T)GELU_TANH_KAPPA * x_cube));           \
+        T left = (T)0.5 * x, right = 1 + th;                                          \
+        T right_d = left * (1 - th * th) * (T)GELU_TANH_BETA *                        \
+                    (1 + 3 * (T)GELU_TANH_KAPPA * x_sq);                              \
+        return (T)0.5 * right + right_d;                                              \
+    }
+GELU_TANH_GRAD_FN(float, tanhf)
+GELU_TANH_GRAD_FN(double, tanh)
 
 static void binary_span(void *ctx, int64_t lo, int64_t hi) {
     const binary_job *j = ctx;
     int64_t so = NBI_INNER(&j->it, 0), sa = NBI_INNER(&j->it, 1), sb = NBI_INNER(&j->it, 2);
-    if (j->dt == NB_F32) BINARY_CASES(float, erff)
-    else BINARY_CASES(double, erf)
+    if (j->dt == NB_F32) BINARY_CASES(float, erff, expf, tanhf)
+    else BINARY_CASES(double, erf, exp, tanh)
 }
 
 /* out = a op b over out's shape; a and b are read broadcast, out may alias a
@@ -120,6 +163,24 @@ static int div_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     return 0;
 }
 
+/* Each input gets g times its share (MAX_SHARE, MIN_SHARE), summed back. */
+static int extremum_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin, nbi_binop share) {
+    const char *fn = share == NBI_MAX_SHARE ? "nb_maximum" : "nb_minimum";
+    nb_tensor *a = nbi_saved_in(n, 0), *b = nbi_saved_in(n, 1);
+    for (int i = 0; i < 2; i++) {
+        if (!nbi_wants(n, i)) continue;
+        nb_tensor *w = i == 0 ? nbi_binary(fn, share, a, b) : nbi_binary(fn, share, b, a);
+        if (!(gin[i] = to_input(n, i, nbi_binary(fn, NBI_SHARE_GRAD, g, w)))) return -1;
+    }
+    return 0;
+}
+static int minimum_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    return extremum_backward(n, g, gin, NBI_MIN_SHARE);
+}
+static int maximum_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    return extremum_backward(n, g, gin, NBI_MAX_SHARE);
+}
+
 static nb_tensor *binary_op(const char *fn, nbi_binop op, nbi_backward_fn bw, uint32_t saved,
                             nb_tensor *a, nb_tensor *b) {
     nb_tensor *y = nbi_binary(fn, op, a, b);
@@ -142,4 +203,12 @@ nb_tensor *nb_mul(nb_tensor *a, nb_tensor *b) {
 }
 nb_tensor *nb_div(nb_tensor *a, nb_tensor *b) {
     return binary_op("nb_div", NBI_div, div_backward, NBI_SAVE_IN(1) | NBI_SAVE_OUT, a, b);
+}
+nb_tensor *nb_minimum(nb_tensor *a, nb_tensor *b) {
+    return binary_op("nb_minimum", NBI_minimum, minimum_backward, NBI_SAVE_IN(0) | NBI_SAVE_IN(1),
+                     a, b);
+}
+nb_tensor *nb_maximum(nb_tensor *a, nb_tensor *b) {
+    return binary_op("nb_maximum", NBI_maximum, maximum_backward, NBI_SAVE_IN(0) | NBI_SAVE_IN(1),
+                     a, b);
 }

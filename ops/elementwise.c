@@ -1,5 +1,6 @@
-/* elementwise.c: one-input ops (neg exp log sqrt tanh relu gelu, and the
- * ones with a scalar: pow, add, mul), forward kernels and backward rules. */
+/* elementwise.c: one-input ops (neg exp log sqrt tanh relu gelu sigmoid silu
+ * abs gelu_tanh, and the ones with scalars: pow, add, mul, clamp), forward
+ * kernels and backward rules. */
 #include "ops_internal.h"
 #include "elementwise_internal.h"
 #include "registry.h"
@@ -12,12 +13,13 @@ typedef enum { NB_OPS_ELEMENTWISE(UNOP_ENUM) } unop;
 #define UNOP_FLAGS(name, inputs, flags, call) [U_##name] = (flags),
 static const unsigned unop_flags[] = {NB_OPS_ELEMENTWISE(UNOP_FLAGS)};
 
-/* x (...) any strides -> y (...) contiguous; s is the scalar argument.
- * Element ranges run on the thread pool. */
+/* x (...) any strides -> y (...) contiguous; s, s1 are the scalar arguments
+ * (clamp's lo and hi, the others' one scalar in s). Element ranges run on the
+ * thread pool. */
 typedef struct {
     unop op;
     nb_dtype dt;
-    double s;
+    double s, s1;
     nbi_iter it;
     char *po;
     const char *px;
@@ -41,6 +43,12 @@ typedef struct {
         }                                                          \
     }
 
+/* GELU's tanh form (aten's GeluKernel.cpp): beta = sqrt(2/pi) */
+#define GELU_TANH_BETA 0.79788456080286535588
+#define GELU_TANH_KAPPA 0.044715
+/* max(x, lo) as std::max: x when equal (keeps -0 against a +0 bound) and NaN */
+#define CLAMP_LO(x, lo) ((x) < (lo) ? (lo) : (x))
+
 #define UNARY_CASES(T, EXP, LOG, SQRT, TANH, ERF, POW)                        \
     switch (j->op) {                                                          \
     case U_neg: ROWS1(T, -x); break;                                          \
@@ -63,6 +71,16 @@ typedef struct {
         break;                                                                        \
     case U_add_scalar: ROWS1(T, x + (T)s); break;                                    \
     case U_mul_scalar: ROWS1(T, x * (T)s); break;                                    \
+    case U_sigmoid: ROWS1(T, 1 / (1 + EXP(-x))); break; /* torch's formula */         \
+    case U_silu: ROWS1(T, x / (1 + EXP(-x))); break;                                 \
+    case U_abs: ROWS1(T, x < 0 ? -x : x == 0 ? 0 : x); break; /* |-0| = +0, NaN stays */ \
+    case U_clamp: /* min(max(x, lo), hi) as torch: NaN and -0 stay, lo > hi gives hi */ \
+        ROWS1(T, CLAMP_LO(x, (T)s) > (T)s1 ? (T)s1 : CLAMP_LO(x, (T)s));                \
+        break;                                                                        \
+    case U_gelu_tanh: /* aten's order: beta (x + kappa x^3) */                       \
+        ROWS1(T, (T)0.5 * x *                                                         \
+                     (1 + TANH((T)GELU_TANH_BETA * (x + (T)GELU_TANH_KAPPA * (x * x * x))))); \
+        break;                                                                        \
     }
 
 /* PyTorch computes x^p for these p without pow (aten's PowKernel.cpp): the
@@ -78,33 +96,34 @@ static pow_kind pow_path(double p) {
 static void unary_span(void *ctx, int64_t lo, int64_t hi) {
     const unary_job *j = ctx;
     int64_t sx = NBI_INNER(&j->it, 1);
-    double s = j->s;
+    double s = j->s, s1 = j->s1;
     if (j->dt == NB_F32) UNARY_CASES(float, expf, logf, sqrtf, tanhf, erff, powf)
     else UNARY_CASES(double, exp, log, sqrt, tanh, erf, pow)
 }
 
-static nb_tensor *unary(const char *fn, unop op, double s, nb_tensor *t) {
+static nb_tensor *unary(const char *fn, unop op, double s, double s1, nb_tensor *t) {
     if (!nbi_arg(fn, t, 0)) return NULL;
     if (!nbi_check_float(fn, t)) return NULL;
     nb_tensor *y = nbi_new_like(fn, t, false);
     if (!y) return NULL;
     const int64_t *st[2] = {y->strides, t->strides};
-    unary_job j = {.op = op, .dt = t->dtype, .s = s, .po = nbi_ptr(y), .px = nbi_ptr(t)};
+    unary_job j = {.op = op, .dt = t->dtype, .s = s, .s1 = s1, .po = nbi_ptr(y), .px = nbi_ptr(t)};
     nbi_iter_init(&j.it, t->ndim, t->shape, 2, st);
     bool cheap = unop_flags[op] & NB_OP_CHEAP;
     nbi_parallel_for(t->numel, cheap ? NBI_GRAIN : NBI_GRAIN_HEAVY, unary_span, &j);
     return y;
 }
 
-/* Records node for y = op(t) with rule bw; d0 is the scalar argument. */
-static nb_tensor *unary_op(const char *fn, unop op, double s, nbi_backward_fn bw,
+/* Records node for y = op(t) with rule bw; d[0], d[1] are the scalars s, s1. */
+static nb_tensor *unary_op(const char *fn, unop op, double s, double s1, nbi_backward_fn bw,
                            uint32_t saved, nb_tensor *t) {
-    nb_tensor *y = unary(fn, op, s, t);
+    nb_tensor *y = unary(fn, op, s, s1, t);
     if (!y || !nbi_needs_grad(1, &t)) return y;
     nbi_node *n = nbi_record(y, fn, bw, 1, &t);
     if (!n) return nbi_discard(y);
     nbi_save(n, saved);
     n->d[0] = s;
+    n->d[1] = s1;
     return y;
 }
 
@@ -138,6 +157,28 @@ static int pow_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     nb_tensor *d = nb_mul_scalar(nb_pow_scalar(nbi_saved_in(n, 0), p - 1), p);
     return (gin[0] = nb_mul(g, d)) ? 0 : -1;
 }
+static int sigmoid_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    return (gin[0] = nbi_binary("nb_sigmoid", NBI_SIGMOID_GRAD, g, nbi_saved_out(n))) ? 0 : -1;
+}
+static int silu_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    return (gin[0] = nbi_binary("nb_silu", NBI_SILU_GRAD, g, nbi_saved_in(n, 0))) ? 0 : -1;
+}
+static int abs_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    return (gin[0] = nbi_binary("nb_abs", NBI_ABS_GRAD, g, nbi_saved_in(n, 0))) ? 0 : -1;
+}
+/* PyTorch's mask: g where lo <= x <= hi, else 0 (NaN included). With lo <= hi
+ * (as rounded to x's dtype, as the forward used them) that is where y == x;
+ * with lo > hi no x is inside. */
+static int clamp_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    nb_tensor *x = nbi_saved_in(n, 0);
+    bool empty = x->dtype == NB_F32 ? (float)n->d[0] > (float)n->d[1] : n->d[0] > n->d[1];
+    if (empty) return (gin[0] = nb_zeros(g->dtype, g->ndim, g->shape)) ? 0 : -1;
+    return (gin[0] = nb_masked_fill(g, nb_ne(x, nbi_saved_out(n)), 0)) ? 0 : -1;
+}
+static int gelu_tanh_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    gin[0] = nbi_binary("nb_gelu_tanh", NBI_GELU_TANH_GRAD, g, nbi_saved_in(n, 0));
+    return gin[0] ? 0 : -1;
+}
 static int add_scalar_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     (void)n;
     gin[0] = g;
@@ -147,31 +188,49 @@ static int mul_scalar_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     return (gin[0] = nb_mul_scalar(g, n->d[0])) ? 0 : -1;
 }
 
-nb_tensor *nb_neg(nb_tensor *t) { return unary_op("nb_neg", U_neg, 0, neg_backward, 0, t); }
+nb_tensor *nb_neg(nb_tensor *t) { return unary_op("nb_neg", U_neg, 0, 0, neg_backward, 0, t); }
 nb_tensor *nb_exp(nb_tensor *t) {
-    return unary_op("nb_exp", U_exp, 0, exp_backward, NBI_SAVE_OUT, t);
+    return unary_op("nb_exp", U_exp, 0, 0, exp_backward, NBI_SAVE_OUT, t);
 }
 nb_tensor *nb_log(nb_tensor *t) {
-    return unary_op("nb_log", U_log, 0, log_backward, NBI_SAVE_IN(0), t);
+    return unary_op("nb_log", U_log, 0, 0, log_backward, NBI_SAVE_IN(0), t);
 }
 nb_tensor *nb_sqrt(nb_tensor *t) {
-    return unary_op("nb_sqrt", U_sqrt, 0, sqrt_backward, NBI_SAVE_OUT, t);
+    return unary_op("nb_sqrt", U_sqrt, 0, 0, sqrt_backward, NBI_SAVE_OUT, t);
 }
 nb_tensor *nb_tanh(nb_tensor *t) {
-    return unary_op("nb_tanh", U_tanh, 0, tanh_backward, NBI_SAVE_OUT, t);
+    return unary_op("nb_tanh", U_tanh, 0, 0, tanh_backward, NBI_SAVE_OUT, t);
 }
 nb_tensor *nb_relu(nb_tensor *t) {
-    return unary_op("nb_relu", U_relu, 0, relu_backward, NBI_SAVE_IN(0), t);
+    return unary_op("nb_relu", U_relu, 0, 0, relu_backward, NBI_SAVE_IN(0), t);
 }
 nb_tensor *nb_gelu(nb_tensor *t) {
-    return unary_op("nb_gelu", U_gelu, 0, gelu_backward, NBI_SAVE_IN(0), t);
+    return unary_op("nb_gelu", U_gelu, 0, 0, gelu_backward, NBI_SAVE_IN(0), t);
 }
 nb_tensor *nb_pow_scalar(nb_tensor *t, double exponent) {
-    return unary_op("nb_pow_scalar", U_pow_scalar, exponent, pow_backward, NBI_SAVE_IN(0), t);
+    return unary_op("nb_pow_scalar", U_pow_scalar, exponent, 0, pow_backward, NBI_SAVE_IN(0), t);
 }
 nb_tensor *nb_add_scalar(nb_tensor *t, double value) {
-    return unary_op("nb_add_scalar", U_add_scalar, value, add_scalar_backward, 0, t);
+    return unary_op("nb_add_scalar", U_add_scalar, value, 0, add_scalar_backward, 0, t);
 }
 nb_tensor *nb_mul_scalar(nb_tensor *t, double value) {
-    return unary_op("nb_mul_scalar", U_mul_scalar, value, mul_scalar_backward, 0, t);
+    return unary_op("nb_mul_scalar", U_mul_scalar, value, 0, mul_scalar_backward, 0, t);
+}
+nb_tensor *nb_sigmoid(nb_tensor *t) {
+    return unary_op("nb_sigmoid", U_sigmoid, 0, 0, sigmoid_backward, NBI_SAVE_OUT, t);
+}
+nb_tensor *nb_silu(nb_tensor *t) {
+    return unary_op("nb_silu", U_silu, 0, 0, silu_backward, NBI_SAVE_IN(0), t);
+}
+nb_tensor *nb_abs(nb_tensor *t) {
+    return unary_op("nb_abs", U_abs, 0, 0, abs_backward, NBI_SAVE_IN(0), t);
+}
+nb_tensor *nb_clamp(nb_tensor *t, double lo, double hi) {
+    if (!nbi_arg("nb_clamp", t, 0)) return NULL;
+    if (isnan(lo) || isnan(hi)) return nbi_error("nb_clamp: bound is NaN (lo %g, hi %g)", lo, hi);
+    return unary_op("nb_clamp", U_clamp, lo, hi, clamp_backward,
+                    NBI_SAVE_IN(0) | NBI_SAVE_OUT, t);
+}
+nb_tensor *nb_gelu_tanh(nb_tensor *t) {
+    return unary_op("nb_gelu_tanh", U_gelu_tanh, 0, 0, gelu_tanh_backward, NBI_SAVE_IN(0), t);
 }

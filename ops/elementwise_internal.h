@@ -14,6 +14,13 @@ typedef enum {
     NBI_RELU_GRAD, /* (g, x) -> x > 0 ? g : 0 */
     NBI_TANH_GRAD, /* (g, y) -> g * (1 - y^2), y = tanh(x) */
     NBI_GELU_GRAD, /* (g, x) -> g * gelu'(x) */
+    NBI_SIGMOID_GRAD,   /* (g, y) -> g * (1 - y) * y, y = sigmoid(x) */
+    NBI_SILU_GRAD,      /* (g, x) -> g * silu'(x) */
+    NBI_ABS_GRAD,       /* (g, x) -> g * sgn(x), 0 at 0 and NaN */
+    NBI_GELU_TANH_GRAD, /* (g, x) -> g * gelu_tanh'(x) */
+    NBI_MAX_SHARE,      /* (a, b) -> a's share of maximum(a, b)'s gradient */
+    NBI_MIN_SHARE,      /* (a, b) -> a's share of minimum(a, b)'s gradient */
+    NBI_SHARE_GRAD,     /* (g, w) -> g * w, 0 where w = 0 (even for an infinite g) */
 } nbi_binop;
 
 /* Records nothing: checks (floating, same dtype, broadcastable), allocates. */

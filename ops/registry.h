@@ -37,7 +37,7 @@
 #define NB_OP_EXACT 2u
 #define NB_OP_CHEAP 4u
 
-/* ops/elementwise.c: one input and maybe a scalar; kernel enum U_<name> */
+/* ops/elementwise.c: one input and up to two scalars; kernel enum U_<name> */
 #define NB_OPS_ELEMENTWISE(X)                                                        \
     X(neg, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_neg(x[0]))                \
     X(exp, "f", NB_OP_DIFF, nb_exp(x[0]))                                            \
@@ -48,14 +48,21 @@
     X(gelu, "f", NB_OP_DIFF, nb_gelu(x[0]))                                          \
     X(pow_scalar, "p", NB_OP_DIFF, nb_pow_scalar(x[0], 1.5))                         \
     X(add_scalar, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_add_scalar(x[0], 1.5))           \
-    X(mul_scalar, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_mul_scalar(x[0], -2.5))
+    X(mul_scalar, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_mul_scalar(x[0], -2.5)) \
+    X(sigmoid, "f", NB_OP_DIFF, nb_sigmoid(x[0]))                                    \
+    X(silu, "f", NB_OP_DIFF, nb_silu(x[0]))                                          \
+    X(abs, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_abs(x[0]))                \
+    X(clamp, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_clamp(x[0], -0.5, 0.8)) \
+    X(gelu_tanh, "f", NB_OP_DIFF, nb_gelu_tanh(x[0]))
 
 /* ops/binary.c: two broadcast inputs; kernel enum NBI_<name> */
 #define NB_OPS_BINARY(X)                                                             \
     X(add, "f f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_add(x[0], x[1]))                      \
     X(sub, "f f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_sub(x[0], x[1]))                      \
     X(mul, "f f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_mul(x[0], x[1]))                      \
-    X(div, "f a", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_div(x[0], x[1]))
+    X(div, "f a", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_div(x[0], x[1]))                      \
+    X(minimum, "f f", NB_OP_DIFF | NB_OP_CHEAP, nb_minimum(x[0], x[1]))              \
+    X(maximum, "f f", NB_OP_DIFF | NB_OP_CHEAP, nb_maximum(x[0], x[1]))
 
 /* ops/compare.c: boolean results, and where */
 #define NB_OPS_COMPARE(X)                                                            \

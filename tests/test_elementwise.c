@@ -1,12 +1,14 @@
 /* test_elementwise.c: the elementwise ops against PyTorch
  * (tests/fixtures/gen_elementwise.py): add sub mul div with broadcasting,
  * the one-input ops (neg exp log sqrt tanh relu gelu pow_scalar add_scalar
- * mul_scalar), comparisons, logical_not and where. Forward values in f64 and
+ * mul_scalar), comparisons, logical_not and where; clamp's bounds and errors,
+ * abs at 0 and NaN, minimum/maximum at ties and NaN. Forward values in f64 and
  * f32, special values (nan, +-0, +-inf), result shapes and dtypes,
  * non-contiguous operands (transposed, narrowed, expanded, selected views)
  * against contiguous copies, nb_gradcheck of every differentiable op on
  * contiguous, transposed and broadcast inputs, backward values against torch
- * autograd, and the error messages of bad input. */
+ * autograd, and the error messages of bad input; clamp's bounds and errors,
+ * abs at 0 and NaN, minimum/maximum at ties and NaN. */
 #include "test_util.h"
 
 #include <stdarg.h>
@@ -986,6 +988,93 @@ static void teardown(void) {
     nb_clear_error();
 }
 
+/* ------------------------------------- sigmoid silu abs clamp gelu_tanh minimum maximum */
+static nb_tensor *row(int n, const double *v, bool rg) {
+    nb_tensor *t = nb_from_data(NB_F64, 1, (int64_t[]){n}, v);
+    CHECK_NOT_NULL(t);
+    if (rg) CHECK_NOT_NULL(nb_set_requires_grad(t, true));
+    return t;
+}
+static void expect_row(nb_tensor *t, int n, const double *want, const char *what) {
+    CHECK_NOT_NULL(t);
+    double got[16];
+    ck_assert_int_eq(nb_copy_to_f64(t, got), 0);
+    for (int k = 0; k < n; k++) {
+        bool same = (isnan(got[k]) && isnan(want[k])) ||
+                    (got[k] == want[k] && signbit(got[k]) == signbit(want[k]));
+        ck_assert_msg(same, "%s[%d] = %g, expected %g", what, k, got[k], want[k]);
+    }
+}
+
+/* torch.clamp with lo > hi is hi everywhere but at NaN, and its gradient
+ * mask (lo <= x <= hi) is empty: 0 everywhere, also where x == hi. */
+START_TEST(test_clamp_crossed_bounds) {
+    nb_scope_begin();
+    nb_tensor *x = row(4, (double[]){-3, 0.5, 1, NAN}, true);
+    nb_tensor *y = nb_clamp(x, 2, 0.5);
+    expect_row(y, 4, (double[]){0.5, 0.5, 0.5, NAN}, "clamp(x, 2, 0.5)");
+    ck_assert_int_eq(nb_backward(nb_sum_all(y)), 0);
+    expect_row(nb_grad(x), 4, (double[]){0, 0, 0, 0}, "grad");
+    nb_scope_end();
+}
+END_TEST
+
+/* Infinite bounds are no bound; the gradient passes on the bounds themselves
+ * and is 0 for NaN (torch's mask (x >= lo) & (x <= hi)). */
+START_TEST(test_clamp_bounds_and_errors) {
+    nb_scope_begin();
+    nb_tensor *x = row(5, (double[]){-INFINITY, -1, 0.25, 1e300, NAN}, true);
+    expect_row(nb_clamp(x, -INFINITY, INFINITY), 5, (double[]){-INFINITY, -1, 0.25, 1e300, NAN},
+               "clamp(x, -inf, inf)");
+    nb_tensor *y = nb_clamp(x, -1, 0.25);
+    expect_row(y, 5, (double[]){-1, -1, 0.25, 0.25, NAN}, "clamp(x, -1, 0.25)");
+    ck_assert_int_eq(nb_backward(nb_sum_all(y)), 0);
+    expect_row(nb_grad(x), 5, (double[]){0, 1, 1, 0, 0}, "grad");
+    expect_error(nb_clamp(x, NAN, 1), "nb_clamp: bound is NaN (lo nan, hi 1)");
+    expect_error(nb_clamp(x, 0, NAN), "nb_clamp: bound is NaN (lo 0, hi nan)");
+    expect_error(nb_clamp(NULL, 0, 1), "nb_clamp", "NULL");
+    nb_scope_end();
+}
+END_TEST
+
+/* |x|' is sgn(x) * g: 0 at +-0 and at NaN (torch's sgn(NaN) is 0). */
+START_TEST(test_abs_gradient_at_zero_and_nan) {
+    nb_scope_begin();
+    nb_tensor *x = row(5, (double[]){-0.0, 0.0, NAN, -2, 3}, true);
+    nb_tensor *y = nb_abs(x);
+    expect_row(y, 5, (double[]){0.0, 0.0, NAN, 2, 3}, "abs");
+    ck_assert_int_eq(nb_backward(nb_sum_all(y)), 0);
+    expect_row(nb_grad(x), 5, (double[]){0, 0, 0, -1, 1}, "grad");
+    nb_scope_end();
+}
+END_TEST
+
+/* PyTorch 1.13: a tie splits the gradient in halves, a NaN on either side
+ * sends the whole gradient to both; broadcast dims sum back. */
+START_TEST(test_minimum_maximum_ties_and_nan) {
+    for (int mx = 0; mx < 2; mx++) {
+        nb_scope_begin();
+        nb_tensor *a = row(4, (double[]){1, NAN, 2, -1}, true);
+        nb_tensor *b = row(4, (double[]){1, 0, NAN, 5}, true);
+        nb_tensor *y = mx ? nb_maximum(a, b) : nb_minimum(a, b);
+        expect_row(y, 4, (double[]){1, NAN, NAN, mx ? 5 : -1}, mx ? "maximum" : "minimum");
+        ck_assert_int_eq(nb_backward(nb_sum_all(y)), 0);
+        expect_row(nb_grad(a), 4, (double[]){0.5, 1, 1, mx ? 0 : 1}, "grad a");
+        expect_row(nb_grad(b), 4, (double[]){0.5, 1, 1, mx ? 1 : 0}, "grad b");
+        /* a (3,1) against b (4): a's gradient sums over the 4 columns */
+        nb_tensor *c = nb_from_data(NB_F64, 2, (int64_t[]){3, 1}, (double[]){0, 2, 9});
+        CHECK_NOT_NULL(nb_set_requires_grad(c, true));
+        nb_tensor *d = row(4, (double[]){0, 1, 2, 3}, true);
+        ck_assert_int_eq(nb_backward(nb_sum_all(mx ? nb_maximum(c, d) : nb_minimum(c, d))), 0);
+        expect_row(nb_grad(c), 3, mx ? (double[]){0.5, 2.5, 4} : (double[]){3.5, 1.5, 0},
+                   "grad c");
+        expect_row(nb_grad(d), 4, mx ? (double[]){0.5, 1, 1.5, 2} : (double[]){2.5, 2, 1.5, 1},
+                   "grad d");
+        nb_scope_end();
+    }
+}
+END_TEST
+
 Suite *suite_elementwise(void) {
     Suite *s = suite_create("elementwise");
 
@@ -1028,6 +1117,15 @@ Suite *suite_elementwise(void) {
     tcase_add_loop_test(tc, test_backward_unary_vs_torch, 0, NGRAD1);
     tcase_add_test(tc, test_pow_scalar_zero_exponent_backward);
     tcase_add_test(tc, test_backward_accumulates_and_no_grad);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("clamp_abs_extrema");
+    tcase_set_timeout(tc, 60);
+    tcase_add_checked_fixture(tc, NULL, teardown);
+    tcase_add_test(tc, test_clamp_crossed_bounds);
+    tcase_add_test(tc, test_clamp_bounds_and_errors);
+    tcase_add_test(tc, test_abs_gradient_at_zero_and_nan);
+    tcase_add_test(tc, test_minimum_maximum_ties_and_nan);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("errors");
