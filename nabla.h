@@ -161,6 +161,9 @@ NB_API nb_tensor *nb_contiguous(nb_tensor *t);
 /* Copies the n >= 1 tensors of list (one dtype, at least 1-d, the same shape
  * except in dim) one after another along dim. */
 NB_API nb_tensor *nb_cat(nb_tensor *const *list, int n, int dim);
+/* torch.stack: the n >= 1 tensors of list (one shape, one dtype) joined along
+ * a new dim, dim in [-(ndim+1), ndim] of the inputs' ndim; differentiable. */
+NB_API nb_tensor *nb_stack(nb_tensor *const *list, int n, int dim);
 /* A copy converted to dtype (to NB_I64 truncates, to NB_BOOL tests != 0), or a
  * view of t when dtype is t's; differentiable between floating dtypes. */
 NB_API nb_tensor *nb_to(nb_tensor *t, nb_dtype dtype);
@@ -205,6 +208,22 @@ NB_API nb_tensor *nb_mean(nb_tensor *t, int dim, bool keepdim);
  * to the first maximal element. An empty dim is an error, as for nb_argmax. */
 NB_API nb_tensor *nb_max(nb_tensor *t, int dim, bool keepdim);
 NB_API nb_tensor *nb_argmax(nb_tensor *t, int dim, bool keepdim); /* any dtype; NB_I64, first max */
+/* torch.sort(t, dim, descending, stable=True): floating t sorted along dim;
+ * the indices (NB_I64, t's shape, in the current scope, the caller's to free)
+ * go to *indices unless indices is NULL. Stable: equal values keep their
+ * index order, in both directions. NaN sorts as the largest value (first
+ * when descending), -0.0 and +0.0 are equal (so keep their order). A 0-d t
+ * (dim 0 or -1) gives its value and index 0. Differentiable: the gradient
+ * goes back to each value's original position. */
+NB_API nb_tensor *nb_sort(nb_tensor *t, int dim, bool descending, nb_tensor **indices);
+/* torch.topk: the k largest (smallest when !largest) values of floating t
+ * along dim, k in [0, size of dim] (else an error naming k and the size);
+ * t's shape with k at dim; indices as for nb_sort. The order is nb_sort's
+ * (always sorted, whatever `sorted` says), so among equal values the lower
+ * index comes first and is the one kept at the cut; PyTorch promises no
+ * order of ties. A 0-d t takes k 0 or 1 and gives its value (as torch). */
+NB_API nb_tensor *nb_topk(nb_tensor *t, int64_t k, int dim, bool largest, bool sorted,
+                          nb_tensor **indices);
 /* Sum / mean of every element of a floating t -> 0-d (the mean of none is NaN). */
 NB_API nb_tensor *nb_sum_all(nb_tensor *t);
 NB_API nb_tensor *nb_mean_all(nb_tensor *t);
