@@ -245,6 +245,17 @@ NB_API nb_tensor *nb_masked_fill(nb_tensor *t, nb_tensor *mask, double value);
  * by 1/(1-p), drawing from rng (NULL = global); identity (a new handle on t)
  * when !training or p == 0; p in [0, 1], else an error. */
 NB_API nb_tensor *nb_dropout(nb_tensor *t, double p, bool training, struct nb_rng *rng);
+/* torch.multinomial: num_samples >= 1 category indices (NB_I64; shape
+ * (num_samples) or (B, num_samples)) drawn per row of probs ((n) or (B, n),
+ * floating weights, finite and >= 0, each row with a positive sum; else an
+ * error naming the row and the value), with or without replacement (then
+ * num_samples may not exceed the row's nonzero categories: an error, where
+ * PyTorch 1.13 quietly draws zero-weight ones). Draws come from rng (NULL =
+ * the global generator), one counter per (row, sample), so results do not
+ * depend on the thread count; they are not PyTorch's draws. Not
+ * differentiable. */
+NB_API nb_tensor *nb_multinomial(nb_tensor *probs, int64_t num_samples, bool replacement,
+                                 struct nb_rng *rng);
 
 /* ---------------------------------------------------------------- indexing */
 /* Gathers along dim: out[i][j] = t[index[i][j]][j] (dim 0), as torch.gather;

@@ -1513,6 +1513,78 @@ static void op_dropout(pool *p, reader *r, const char *fn) {
     end_call(in, 1, &e);
 }
 
+/* ---------------------------------------------------------- multinomial */
+/* nb_multinomial on its own generator seeded from the program: validity as
+ * torch.multinomial (1-d or 2-d floating weights, finite, >= 0, each row
+ * summing above 0, num_samples >= 1 and, without replacement, no more than
+ * the nonzero weights of any row); the draws are checked for support:
+ * indices in range, of positive weight, unrepeated in a row without
+ * replacement, and the same seed repeats them. */
+static void op_multinomial(pool *p, reader *r, const char *fn) {
+    nb_tensor *ops[1] = {pick(p, r)};
+    unsigned b = u8(r), seed = u8(r);
+    int64_t k = (int64_t)(b % 7); /* 0 is refused */
+    bool repl = b & 8;
+    vals in[1];
+    begin_call(fn, ops, 1, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " num_samples %lld replacement %d",
+             (long long)k, repl);
+    expect e;
+    expect_init(&e, fn, NB_I64);
+    const shp *s = &in[0].sh;
+    bool ok = float_ok(in[0].dt) && (s->nd == 1 || s->nd == 2) && k >= 1;
+    int64_t rows = ok && s->nd == 2 ? s->s[0] : 1, n = ok ? s->s[s->nd - 1] : 0;
+    if (ok && !repl && k > n) ok = false;
+    for (int64_t row = 0; ok && row < rows; row++) {
+        double total = 0;
+        int64_t nonzero = 0;
+        for (int64_t i = 0; ok && i < n; i++) {
+            double v = in[0].v[row * n + i];
+            ok = isfinite(v) && v >= 0;
+            total += v;
+            nonzero += v > 0;
+        }
+        ok = ok && total > 0 && (repl || k <= nonzero);
+    }
+    if (ok) {
+        e.sh.nd = s->nd;
+        e.sh.s[0] = s->nd == 2 ? rows : k;
+        e.sh.s[1] = k;
+        expect_alloc(&e, false);
+        e.rule = NOVALS;
+    }
+    if (!e.skip) {
+        nb_rng own;
+        nb_rng_seed(&own, seed);
+        nb_clear_error();
+        nb_tensor *res = nb_multinomial(ops[0], k, repl, &own);
+        if (res && e.ok) {
+            vals got = read_tensor(res);
+            for (int64_t i = 0; i < got.n; i++) {
+                int64_t row = i / k, c = (int64_t)got.v[i];
+                if (c < 0 || c >= n || !(in[0].v[row * n + c] > 0))
+                    fail("draw %lld is category %lld", (long long)i, (long long)c);
+                for (int64_t j = row * k; !repl && j < i; j++)
+                    if (got.v[j] == got.v[i]) fail("draw %lld repeats category %lld", (long long)i,
+                                                   (long long)c);
+            }
+            if (own.offset != (uint64_t)got.n) fail("the generator advanced to %llu",
+                                                     (unsigned long long)own.offset);
+            nb_rng again;
+            nb_rng_seed(&again, seed);
+            nb_tensor *res2 = nb_multinomial(ops[0], k, repl, &again);
+            if (!res2) fail("the same call with the same seed failed");
+            vals got2 = read_tensor(res2);
+            if (memcmp(got.v, got2.v, (size_t)got.n * sizeof *got.v))
+                fail("the same seed gave other draws");
+            vals_free(&got);
+            vals_free(&got2);
+        }
+        check_call(p, r, &e, res, ops, 1, in);
+    }
+    end_call(in, 1, &e);
+}
+
 /* ------------------------------------------------------ gather, index_select */
 /* The index operand, by a mode byte: 0 takes one from the pool (any dtype
  * and shape: mostly refused); else a new I64 tensor from the program's

@@ -120,11 +120,14 @@
     X(sort, "f", NB_OP_DIFF | NB_OP_EXACT, nb_sort(x[0], 1, true, NULL))             \
     X(topk, "f", NB_OP_DIFF | NB_OP_EXACT, nb_topk(x[0], 2, 1, true, true, NULL))
 
+/* ops/sample.c: random draws by weight */
+#define NB_OPS_SAMPLE(X) X(multinomial, "p", 0, nb_multinomial(x[0], 3, true, op_rng()))
+
 /* Every op, in this order (the fuzzer's opcodes follow it). */
 #define NB_OPS(X)                                                                    \
     NB_OPS_ELEMENTWISE(X) NB_OPS_BINARY(X) NB_OPS_COMPARE(X) NB_OPS_REDUCE(X)        \
     NB_OPS_MATMUL(X) NB_OPS_SOFTMAX(X) NB_OPS_MASKED_FILL(X) NB_OPS_DROPOUT(X)       \
-    NB_OPS_VIEW(X) NB_OPS_SHAPE(X) NB_OPS_INDEX(X) NB_OPS_SORT(X)
+    NB_OPS_VIEW(X) NB_OPS_SHAPE(X) NB_OPS_INDEX(X) NB_OPS_SORT(X) NB_OPS_SAMPLE(X)
 
 /* Every family list with its file under ops/, for tables that name it. */
 #define NB_OP_FAMILIES(F)                                                            \
@@ -132,6 +135,6 @@
     F(NB_OPS_COMPARE, "compare") F(NB_OPS_REDUCE, "reduce") F(NB_OPS_MATMUL, "matmul") \
     F(NB_OPS_SOFTMAX, "softmax") F(NB_OPS_MASKED_FILL, "masked_fill")                \
     F(NB_OPS_DROPOUT, "dropout") F(NB_OPS_VIEW, "view") F(NB_OPS_SHAPE, "shape")     \
-    F(NB_OPS_INDEX, "index") F(NB_OPS_SORT, "sort")
+    F(NB_OPS_INDEX, "index") F(NB_OPS_SORT, "sort") F(NB_OPS_SAMPLE, "sample")
 
 #endif

@@ -3,7 +3,8 @@
  * f32 over every dim of a (2,3,4) tensor with keepdim true and false and
  * negative dims, result shapes and dtypes, non-contiguous inputs read in
  * place, ties and NaN for argmax; nb_sort and nb_topk: stable order, NaN,
- * ±0, ties of topk, gradient, errors; nb_gradcheck on contiguous, transposed and
+ * ±0, ties of topk, gradient, errors; nb_multinomial: frequencies of 20000
+ * draws, support, errors; nb_gradcheck on contiguous, transposed and
  * broadcast inputs; backward values against torch autograd; bad input. */
 #include "test_util.h"
 
@@ -699,6 +700,74 @@ START_TEST(test_sort_no_leak) {
 }
 END_TEST
 
+/* ------------------------------------------------------------ multinomial */
+/* 20000 draws of a fixed distribution (a zero weight among them): every
+ * frequency within 4 sigma of its probability, the zero never drawn. */
+START_TEST(test_multinomial_frequencies) {
+    nb_scope_begin();
+    const double w[5] = {1, 0, 2, 3, 4}; /* total 10 */
+    nb_tensor *p = nb_from_data(NB_F32, NB_SHAPE(2, 5),
+                                (const float[]){1, 0, 2, 3, 4, 1, 0, 2, 3, 4});
+    nb_rng rng;
+    nb_rng_seed(&rng, 7);
+    const int64_t N = 10000;
+    nb_tensor *d = nb_multinomial(p, N, true, &rng);
+    CHECK_NOT_NULL(d);
+    ck_assert_int_eq(nb_dtype_of(d), NB_I64);
+    expect_shape(d, NB_SHAPE(2, N));
+    ck_assert_uint_eq(rng.offset, 2 * N);
+    const int64_t *v = nb_data(d);
+    int64_t count[5] = {0};
+    for (int64_t i = 0; i < 2 * N; i++) {
+        ck_assert(v[i] >= 0 && v[i] < 5);
+        count[v[i]]++;
+    }
+    for (int c = 0; c < 5; c++) {
+        double q = w[c] / 10, sigma = sqrt(2.0 * N * q * (1 - q));
+        ck_assert_msg(fabs((double)count[c] - 2.0 * N * q) <= 4 * sigma + 1e-9,
+                      "category %d drawn %lld times, expected %g (sigma %g)", c,
+                      (long long)count[c], 2.0 * N * q, sigma);
+    }
+    /* without replacement: every nonzero category once, in some order */
+    nb_tensor *all = nb_multinomial(p, 4, false, NULL);
+    CHECK_NOT_NULL(all);
+    const int64_t *a = nb_data(all);
+    for (int row = 0; row < 2; row++) {
+        int seen[5] = {0};
+        for (int i = 0; i < 4; i++) seen[a[row * 4 + i]]++;
+        ck_assert(seen[0] == 1 && seen[1] == 0 && seen[2] == 1 && seen[3] == 1 && seen[4] == 1);
+    }
+    /* the same seed, the same draws; 1-d probs give a 1-d result */
+    nb_rng_seed(&rng, 7);
+    nb_tensor *again = nb_multinomial(p, N, true, &rng);
+    ck_assert(!memcmp(nb_data(again), v, (size_t)(2 * N) * sizeof *v));
+    expect_shape(nb_multinomial(nb_select(p, 0, 1), 3, true, NULL), NB_SHAPE(3));
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_multinomial_errors) {
+    nb_scope_begin();
+    nb_tensor *p = nb_from_data(NB_F64, NB_SHAPE(2, 3), (const double[]){1, 2, 3, 0, 1, 0});
+    expect_error(nb_multinomial(p, 2, false, NULL),
+                 "nb_multinomial: cannot draw 2 samples without replacement from row 1, which "
+                 "has 1 nonzero categories");
+    expect_error(nb_multinomial(p, 4, false, NULL), "nb_multinomial", "4 samples", "3 categories");
+    expect_error(nb_multinomial(p, 0, true, NULL), "nb_multinomial", "num_samples", "got 0");
+    nb_tensor *neg = nb_from_data(NB_F64, NB_SHAPE(2, 2), (const double[]){1, 2, 3, -1});
+    expect_error(nb_multinomial(neg, 1, true, NULL), "nb_multinomial: row 1 has probability -1 at 1");
+    nb_tensor *nan = nb_from_data(NB_F64, NB_SHAPE(2), (const double[]){NAN, 1});
+    expect_error(nb_multinomial(nan, 1, true, NULL), "nb_multinomial: row 0 has probability nan");
+    nb_tensor *zero = nb_zeros(NB_F32, NB_SHAPE(3, 2));
+    expect_error(nb_multinomial(zero, 1, true, NULL), "nb_multinomial: row 0 sums to 0");
+    expect_error(nb_multinomial(nb_zeros(NB_F32, NB_SHAPE(1, 1, 2)), 1, true, NULL),
+                 "nb_multinomial", "1-d or 2-d");
+    expect_error(nb_multinomial(nb_zeros(NB_I64, NB_SHAPE(2)), 1, true, NULL), "nb_multinomial",
+                 "floating");
+    nb_scope_end();
+}
+END_TEST
+
 Suite *suite_reduce(void) {
     Suite *s = suite_create("reduce");
     TCase *tc = tcase_create("forward");
@@ -736,6 +805,11 @@ Suite *suite_reduce(void) {
     tcase_add_test(tc, test_sort_grad);
     tcase_add_test(tc, test_sort_errors);
     tcase_add_test(tc, test_sort_no_leak);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("multinomial");
+    tcase_add_test(tc, test_multinomial_frequencies);
+    tcase_add_test(tc, test_multinomial_errors);
     suite_add_tcase(s, tc);
     return s;
 }
