@@ -161,6 +161,9 @@ NB_API nb_tensor *nb_contiguous(nb_tensor *t);
 /* Copies the n >= 1 tensors of list (one dtype, at least 1-d, the same shape
  * except in dim) one after another along dim. */
 NB_API nb_tensor *nb_cat(nb_tensor *const *list, int n, int dim);
+/* torch.stack: the n >= 1 tensors of list (one shape, one dtype) joined along
+ * a new dim, dim in [-(ndim+1), ndim] of the inputs' ndim; differentiable. */
+NB_API nb_tensor *nb_stack(nb_tensor *const *list, int n, int dim);
 /* A copy converted to dtype (to NB_I64 truncates, to NB_BOOL tests != 0), or a
  * view of t when dtype is t's; differentiable between floating dtypes. */
 NB_API nb_tensor *nb_to(nb_tensor *t, nb_dtype dtype);
@@ -253,6 +256,22 @@ NB_API nb_tensor *nb_std(nb_tensor *t, int ndims, const int *dims, double correc
  * -1): floating; accumulated sequentially in double and rounded per element,
  * as torch's CPU kernel does for f32. The gradient is the reverse cumsum. */
 NB_API nb_tensor *nb_cumsum(nb_tensor *t, int dim);
+/* torch.sort(t, dim, descending, stable=True): floating t sorted along dim;
+ * the indices (NB_I64, t's shape, in the current scope, the caller's to free)
+ * go to *indices unless indices is NULL. Stable: equal values keep their
+ * index order, in both directions. NaN sorts as the largest value (first
+ * when descending), -0.0 and +0.0 are equal (so keep their order). A 0-d t
+ * (dim 0 or -1) gives its value and index 0. Differentiable: the gradient
+ * goes back to each value's original position. */
+NB_API nb_tensor *nb_sort(nb_tensor *t, int dim, bool descending, nb_tensor **indices);
+/* torch.topk: the k largest (smallest when !largest) values of floating t
+ * along dim, k in [0, size of dim] (else an error naming k and the size);
+ * t's shape with k at dim; indices as for nb_sort. The order is nb_sort's
+ * (always sorted, whatever `sorted` says), so among equal values the lower
+ * index comes first and is the one kept at the cut; PyTorch promises no
+ * order of ties. A 0-d t takes k 0 or 1 and gives its value (as torch). */
+NB_API nb_tensor *nb_topk(nb_tensor *t, int64_t k, int dim, bool largest, bool sorted,
+                          nb_tensor **indices);
 /* Sum / mean of every element of a floating t -> 0-d (the mean of none is NaN). */
 NB_API nb_tensor *nb_sum_all(nb_tensor *t);
 NB_API nb_tensor *nb_mean_all(nb_tensor *t);
@@ -274,6 +293,17 @@ NB_API nb_tensor *nb_masked_fill(nb_tensor *t, nb_tensor *mask, double value);
  * by 1/(1-p), drawing from rng (NULL = global); identity (a new handle on t)
  * when !training or p == 0; p in [0, 1], else an error. */
 NB_API nb_tensor *nb_dropout(nb_tensor *t, double p, bool training, struct nb_rng *rng);
+/* torch.multinomial: num_samples >= 1 category indices (NB_I64; shape
+ * (num_samples) or (B, num_samples)) drawn per row of probs ((n) or (B, n),
+ * floating weights, finite and >= 0, each row with a positive sum; else an
+ * error naming the row and the value), with or without replacement (then
+ * num_samples may not exceed the row's nonzero categories: an error, where
+ * PyTorch 1.13 quietly draws zero-weight ones). Draws come from rng (NULL =
+ * the global generator), one counter per (row, sample), so results do not
+ * depend on the thread count; they are not PyTorch's draws. Not
+ * differentiable. */
+NB_API nb_tensor *nb_multinomial(nb_tensor *probs, int64_t num_samples, bool replacement,
+                                 struct nb_rng *rng);
 
 /* ---------------------------------------------------------------- indexing */
 /* Gathers along dim: out[i][j] = t[index[i][j]][j] (dim 0), as torch.gather;

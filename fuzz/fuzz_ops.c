@@ -1043,6 +1043,37 @@ static void op_cat(pool *p, reader *r, const char *fn) {
     RUN(p, r, e, ops, n, in, nb_cat(ops, n, dim));
 }
 
+/* 1-3 tensors of one shape joined along a new dim */
+static void op_stack(pool *p, reader *r, const char *fn) {
+    int n = 1 + (int)(u8(r) % 3);
+    nb_tensor *ops[3];
+    for (int k = 0; k < n; k++) ops[k] = pick(p, r);
+    int dim = dim_arg(r, nb_ndim(ops[0]) + 1);
+    vals in[3];
+    begin_call(fn, ops, n, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " dim %d", dim);
+    expect e;
+    expect_init(&e, fn, in[0].dt);
+    int nd = in[0].sh.nd, d = norm_dim(dim, nd + 1);
+    bool ok = d >= 0 && nd < NB_MAX_DIMS;
+    for (int k = 0; ok && k < n; k++) ok = in[k].dt == in[0].dt && same_shape(&in[k].sh, &in[0].sh);
+    if (ok) {
+        e.sh.nd = nd + 1;
+        for (int i = 0, j = 0; i <= nd; i++) e.sh.s[i] = i == d ? n : in[0].sh.s[j++];
+        expect_alloc(&e, false);
+        if (!e.skip && numel(&e.sh)) {
+            int64_t idx[NB_MAX_DIMS] = {0}, i = 0;
+            do {
+                int64_t f = 0;
+                for (int j = 0; j <= nd; j++)
+                    if (j != d) f = f * e.sh.s[j] + idx[j];
+                e.v[i++] = in[idx[d]].v[f];
+            } while (next_index(idx, &e.sh));
+        }
+    }
+    RUN(p, r, e, ops, n, in, nb_stack(ops, n, dim));
+}
+
 static void op_contiguous(pool *p, reader *r, const char *fn) {
     nb_tensor *ops[1] = {pick(p, r)};
     vals in[1];
@@ -1484,6 +1515,58 @@ static void op_argmax(pool *p, reader *r, const char *fn) {
     RUN(p, r, e, ops, 1, in, nb_argmax(ops[0], dim, keep));
 }
 
+/* ---------------------------------------------------------- sort, topk */
+/* a strictly before b in ascending order: NaN is the largest, -0 == +0 */
+static bool ref_less(double a, double b) { return !isnan(a) && (isnan(b) || a < b); }
+
+/* sorted along dim (stable, by insertion), the first k kept (k < 0: all) */
+static void sort_like(pool *p, reader *r, const char *fn, bool topk) {
+    nb_tensor *ops[1] = {pick(p, r)};
+    int dim = dim_arg(r, nb_ndim(ops[0]));
+    unsigned b = u8(r);
+    bool desc = b & 1;
+    int64_t k = topk ? (int64_t)(b >> 1) % 9 - 1 : 0; /* -1..7: sometimes out of range */
+    vals in[1];
+    begin_call(fn, ops, 1, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " dim %d desc %d k %lld", dim, desc,
+             (long long)k);
+    expect e;
+    expect_init(&e, fn, in[0].dt);
+    const shp *s = &in[0].sh;
+    int d = norm_dim(dim, s->nd);
+    int64_t len = s->nd ? (d >= 0 ? s->s[d] : 0) : 1;
+    if (!topk) k = len;
+    if (float_ok(in[0].dt) && d >= 0 && k >= 0 && k <= len) {
+        e.sh = *s;
+        if (s->nd) e.sh.s[d] = k;
+        expect_alloc(&e, false);
+        int64_t inner = 1, outer = 1;
+        for (int i = d + 1; i < s->nd; i++) inner *= s->s[i];
+        for (int i = 0; i < d && i < s->nd; i++) outer *= s->s[i];
+        double *row = malloc((size_t)(len + 1) * sizeof *row);
+        if (!row) abort();
+        for (int64_t o = 0; !e.skip && o < outer; o++)
+            for (int64_t j = 0; j < inner; j++) {
+                int64_t m = 0;
+                for (int64_t q = 0; q < len; q++) {
+                    double v = in[0].v[o * len * inner + q * inner + j];
+                    int64_t at = m++;
+                    while (at > 0 && (desc ? ref_less(row[at - 1], v) : ref_less(v, row[at - 1])))
+                        row[at] = row[at - 1], at--;
+                    row[at] = v;
+                }
+                for (int64_t q = 0; q < (s->nd ? k : 1); q++)
+                    e.v[o * k * inner + q * inner + j] = row[q];
+            }
+        free(row);
+    }
+    if (topk) RUN(p, r, e, ops, 1, in, nb_topk(ops[0], k, dim, desc, true, NULL));
+    else RUN(p, r, e, ops, 1, in, nb_sort(ops[0], dim, desc, NULL));
+}
+
+static void op_sort(pool *p, reader *r, const char *fn) { sort_like(p, r, fn, false); }
+static void op_topk(pool *p, reader *r, const char *fn) { sort_like(p, r, fn, true); }
+
 /* a view with no history that does not require grad */
 static void op_detach(pool *p, reader *r, const char *fn) {
     nb_tensor *ops[1] = {pick(p, r)};
@@ -1612,6 +1695,78 @@ static void op_dropout(pool *p, reader *r, const char *fn) {
                 vals_free(&got);
             }
             check_same_seed(ops[0], res, prob, training, seed, global, offset);
+        }
+        check_call(p, r, &e, res, ops, 1, in);
+    }
+    end_call(in, 1, &e);
+}
+
+/* ---------------------------------------------------------- multinomial */
+/* nb_multinomial on its own generator seeded from the program: validity as
+ * torch.multinomial (1-d or 2-d floating weights, finite, >= 0, each row
+ * summing above 0, num_samples >= 1 and, without replacement, no more than
+ * the nonzero weights of any row); the draws are checked for support:
+ * indices in range, of positive weight, unrepeated in a row without
+ * replacement, and the same seed repeats them. */
+static void op_multinomial(pool *p, reader *r, const char *fn) {
+    nb_tensor *ops[1] = {pick(p, r)};
+    unsigned b = u8(r), seed = u8(r);
+    int64_t k = (int64_t)(b % 7); /* 0 is refused */
+    bool repl = b & 8;
+    vals in[1];
+    begin_call(fn, ops, 1, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " num_samples %lld replacement %d",
+             (long long)k, repl);
+    expect e;
+    expect_init(&e, fn, NB_I64);
+    const shp *s = &in[0].sh;
+    bool ok = float_ok(in[0].dt) && (s->nd == 1 || s->nd == 2) && k >= 1;
+    int64_t rows = ok && s->nd == 2 ? s->s[0] : 1, n = ok ? s->s[s->nd - 1] : 0;
+    if (ok && !repl && k > n) ok = false;
+    for (int64_t row = 0; ok && row < rows; row++) {
+        double total = 0;
+        int64_t nonzero = 0;
+        for (int64_t i = 0; ok && i < n; i++) {
+            double v = in[0].v[row * n + i];
+            ok = isfinite(v) && v >= 0;
+            total += v;
+            nonzero += v > 0;
+        }
+        ok = ok && total > 0 && (repl || k <= nonzero);
+    }
+    if (ok) {
+        e.sh.nd = s->nd;
+        e.sh.s[0] = s->nd == 2 ? rows : k;
+        e.sh.s[1] = k;
+        expect_alloc(&e, false);
+        e.rule = NOVALS;
+    }
+    if (!e.skip) {
+        nb_rng own;
+        nb_rng_seed(&own, seed);
+        nb_clear_error();
+        nb_tensor *res = nb_multinomial(ops[0], k, repl, &own);
+        if (res && e.ok) {
+            vals got = read_tensor(res);
+            for (int64_t i = 0; i < got.n; i++) {
+                int64_t row = i / k, c = (int64_t)got.v[i];
+                if (c < 0 || c >= n || !(in[0].v[row * n + c] > 0))
+                    fail("draw %lld is category %lld", (long long)i, (long long)c);
+                for (int64_t j = row * k; !repl && j < i; j++)
+                    if (got.v[j] == got.v[i]) fail("draw %lld repeats category %lld", (long long)i,
+                                                   (long long)c);
+            }
+            if (own.offset != (uint64_t)got.n) fail("the generator advanced to %llu",
+                                                     (unsigned long long)own.offset);
+            nb_rng again;
+            nb_rng_seed(&again, seed);
+            nb_tensor *res2 = nb_multinomial(ops[0], k, repl, &again);
+            if (!res2) fail("the same call with the same seed failed");
+            vals got2 = read_tensor(res2);
+            if (memcmp(got.v, got2.v, (size_t)got.n * sizeof *got.v))
+                fail("the same seed gave other draws");
+            vals_free(&got);
+            vals_free(&got2);
         }
         check_call(p, r, &e, res, ops, 1, in);
     }

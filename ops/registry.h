@@ -120,6 +120,7 @@
 /* ops/shape.c: copies that move elements */
 #define NB_OPS_SHAPE(X)                                                              \
     X(cat, "f f:2x4", NB_OP_DIFF | NB_OP_EXACT, nb_cat(x, 2, 0))                     \
+    X(stack, "f f", NB_OP_DIFF | NB_OP_EXACT, nb_stack(x, 2, 1))                     \
     X(to, "f", NB_OP_DIFF | NB_OP_EXACT, nb_to(x[0], NB_F64))
 
 /* ops/index.c */
@@ -127,11 +128,19 @@
     X(gather, "f i:3x2", NB_OP_DIFF | NB_OP_EXACT, nb_gather(x[0], 1, x[1]))         \
     X(index_select, "f i:5", NB_OP_DIFF | NB_OP_EXACT, nb_index_select(x[0], 0, x[1]))
 
+/* ops/sort.c: along dim 1 (dim 0 grows in the thread tests) */
+#define NB_OPS_SORT(X)                                                               \
+    X(sort, "f", NB_OP_DIFF | NB_OP_EXACT, nb_sort(x[0], 1, true, NULL))             \
+    X(topk, "f", NB_OP_DIFF | NB_OP_EXACT, nb_topk(x[0], 2, 1, true, true, NULL))
+
+/* ops/sample.c: random draws by weight */
+#define NB_OPS_SAMPLE(X) X(multinomial, "p", 0, nb_multinomial(x[0], 3, true, op_rng()))
+
 /* Every op, in this order (the fuzzer's opcodes follow it). */
 #define NB_OPS(X)                                                                    \
     NB_OPS_ELEMENTWISE(X) NB_OPS_BINARY(X) NB_OPS_COMPARE(X) NB_OPS_REDUCE(X)        \
     NB_OPS_MATMUL(X) NB_OPS_SOFTMAX(X) NB_OPS_MASKED_FILL(X) NB_OPS_DROPOUT(X)       \
-    NB_OPS_VIEW(X) NB_OPS_SHAPE(X) NB_OPS_INDEX(X)
+    NB_OPS_VIEW(X) NB_OPS_SHAPE(X) NB_OPS_INDEX(X) NB_OPS_SORT(X) NB_OPS_SAMPLE(X)
 
 /* Every family list with its file under ops/, for tables that name it. */
 #define NB_OP_FAMILIES(F)                                                            \
@@ -139,6 +148,6 @@
     F(NB_OPS_COMPARE, "compare") F(NB_OPS_REDUCE, "reduce") F(NB_OPS_MATMUL, "matmul") \
     F(NB_OPS_SOFTMAX, "softmax") F(NB_OPS_MASKED_FILL, "masked_fill")                \
     F(NB_OPS_DROPOUT, "dropout") F(NB_OPS_VIEW, "view") F(NB_OPS_SHAPE, "shape")     \
-    F(NB_OPS_INDEX, "index")
+    F(NB_OPS_INDEX, "index") F(NB_OPS_SORT, "sort") F(NB_OPS_SAMPLE, "sample")
 
 #endif

@@ -1,4 +1,5 @@
-/* shape.c: ops that build a new tensor out of others: nb_cat and nb_to. */
+/* shape.c: ops that build a new tensor out of others: nb_cat, nb_stack and
+ * nb_to. */
 #include "ops_internal.h"
 
 #include <stdlib.h>
@@ -57,6 +58,54 @@ nb_tensor *nb_cat(nb_tensor *const *list, int n, int dim) {
     }
     if (nbi_needs_grad(n, list)) {
         nbi_node *node = nbi_record(y, fn, cat_backward, n, list);
+        if (!node) return nbi_discard(y);
+        node->i[0] = d;
+    }
+    return y;
+}
+
+/* ----------------------------------------------------------------- stack */
+/* g (..., n, ...) -> slice k along the new dim i[0] for input k */
+static int stack_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    int dim = (int)n->i[0];
+    for (int k = 0; k < n->nin; k++)
+        if (nbi_wants(n, k) && !(gin[k] = nb_select(g, dim, k))) return -1;
+    return 0;
+}
+
+/* n tensors (S) -> (S with n inserted at dim) */
+nb_tensor *nb_stack(nb_tensor *const *list, int n, int dim) {
+    const char *fn = "nb_stack";
+    if (!list || n <= 0) return nbi_error("%s: needs at least one tensor (n = %d)", fn, n);
+    for (int k = 0; k < n; k++)
+        if (!nbi_arg(fn, list[k], k)) return NULL;
+    const nb_tensor *a = list[0];
+    if (a->ndim >= NB_MAX_DIMS)
+        return nbi_error("%s: result would have more than %d dims", fn, NB_MAX_DIMS);
+    int d = nbi_dim(fn, dim, a->ndim + 1);
+    if (d < 0) return NULL;
+    for (int k = 1; k < n; k++) {
+        const nb_tensor *t = list[k];
+        if (!nbi_check_same_dtype(fn, a, t)) return NULL;
+        if (!nbi_same_shape(a, t))
+            return nbi_error("%s: tensor %d has shape %s, expected %s", fn, k, NBI_SHAPE(t),
+                             NBI_SHAPE(a));
+    }
+    int64_t sh[NB_MAX_DIMS];
+    for (int i = 0, j = 0; i <= a->ndim; i++) sh[i] = i == d ? n : a->shape[j++];
+    nb_tensor *y = nbi_new(fn, a->dtype, a->ndim + 1, sh, false);
+    if (!y) return NULL;
+    int64_t part_st[NB_MAX_DIMS];
+    for (int i = 0, j = 0; i <= a->ndim; i++)
+        if (i != d) part_st[j++] = y->strides[i];
+    for (int k = 0; k < n; k++) {
+        nb_tensor *part = nbi_make_view(y, a->ndim, a->shape, part_st, k * y->strides[d]);
+        if (!part) return nbi_discard(y);
+        nbi_copy_strided(part, list[k]->strides, list[k]);
+        nb_free(part);
+    }
+    if (nbi_needs_grad(n, list)) {
+        nbi_node *node = nbi_record(y, fn, stack_backward, n, list);
         if (!node) return nbi_discard(y);
         node->i[0] = d;
     }

@@ -8,7 +8,8 @@
  * places (infs of the same sign). Where torch raised, nabla must fail too,
  * with a message naming the op. The differences README.md's "Numerics
  * conventions" documents are written into the expected values here (see
- * apply_conventions), not skipped. */
+ * apply_conventions), not skipped. nb_multinomial's draws are not torch's:
+ * where torch drew, its support is checked (check_draws). */
 #include "test_util.h"
 
 #include <float.h>
@@ -54,6 +55,9 @@ POW_FN(p0, 0.0)
 POW_FN(m1, -1.0)
 POW_FN(m2, -2.0)
 static nb_tensor *call_linear(nb_tensor **x) { return nb_linear(x[0], x[1], x[2]); }
+static nb_tensor *call_multinomial_norep(nb_tensor **x) {
+    return nb_multinomial(x[0], 3, false, op_rng());
+}
 
 #define OP_ENTRY(name, inputs, flags, call) {#name, "nb_" #name, flags, call_##name},
 #define POW_ENTRY(tag) {"pow_scalar@" #tag, "nb_pow_scalar", NB_OP_DIFF, call_pow_##tag},
@@ -62,6 +66,7 @@ static const op_entry OPS[] = {
     POW_ENTRY(p0_5) POW_ENTRY(m0_5) POW_ENTRY(m1_5) POW_ENTRY(p2) POW_ENTRY(p3)
     POW_ENTRY(p0) POW_ENTRY(m1) POW_ENTRY(m2)
     {"linear", "nb_linear", NB_OP_DIFF, call_linear},
+    {"multinomial@norep", "nb_multinomial", 0, call_multinomial_norep},
 };
 #define NOPS ((int)(sizeof OPS / sizeof OPS[0]))
 
@@ -243,6 +248,34 @@ static double *dropout_expect(nb_tensor *mask, nb_tensor *kept, nb_tensor *dropp
     return k;
 }
 
+/* A multinomial's draws cannot be torch's: the support is checked instead.
+ * out has torch's shape (samples'), every index is in range, drawn only
+ * where the row's weight is positive, and (norep) not repeated in its row. */
+static void check_draws(report *r, nb_tensor *out, nb_tensor *samples, nb_tensor *probs,
+                        bool norep) {
+    int nd = nb_ndim(samples);
+    if (nb_dtype_of(out) != NB_I64 || nb_ndim(out) != nd ||
+        memcmp(nb_shape(out), nb_shape(samples), (size_t)nd * sizeof(int64_t))) {
+        mismatch(r, "draws: dtype or shape differ from torch's");
+        return;
+    }
+    double *o = values(out), *p = values(probs);
+    int64_t n = nb_shape(probs)[nb_ndim(probs) - 1], k = nb_shape(out)[nd - 1];
+    for (int64_t i = 0; i < nb_numel(out); i++) {
+        int64_t row = i / k, c = (int64_t)o[i];
+        if (c < 0 || c >= n) mismatch(r, "draw %lld: category %lld of %lld", (long long)i,
+                                      (long long)c, (long long)n);
+        else if (!(p[row * n + c] > 0)) mismatch(r, "draw %lld: category %lld has weight %g",
+                                                (long long)i, (long long)c, p[row * n + c]);
+        for (int64_t j = row * k; norep && j < i; j++)
+            if (o[j] == o[i]) mismatch(r, "draw %lld: category %lld repeated", (long long)i,
+                                       (long long)c);
+        r->values++;
+    }
+    free(o);
+    free(p);
+}
+
 /* base = "edge.<op>.<case>.<dt>", layout "c" or "t" */
 static void run_case(report *r, const char *base, const char *layout) {
     const op_entry *op = r->op;
@@ -288,6 +321,12 @@ static void run_case(report *r, const char *base, const char *layout) {
     if (!out) {
         mismatch(r, "nabla failed where torch did not: %s", nb_last_error());
         nb_clear_error();
+        nb_scope_end();
+        return;
+    }
+    nb_tensor *samples = field(lb, "samples");
+    if (samples) { /* multinomial */
+        check_draws(r, out, samples, fin[0], strstr(op->name, "norep") != NULL);
         nb_scope_end();
         return;
     }

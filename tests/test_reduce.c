@@ -2,7 +2,9 @@
  * against PyTorch (tests/fixtures/gen_reduce.py): forward values in f64 and
  * f32 over every dim of a (2,3,4) tensor with keepdim true and false and
  * negative dims, result shapes and dtypes, non-contiguous inputs read in
- * place, ties and NaN for argmax; nb_gradcheck on contiguous, transposed and
+ * place, ties and NaN for argmax; nb_sort and nb_topk: stable order, NaN,
+ * ±0, ties of topk, gradient, errors; nb_multinomial: frequencies of 20000
+ * draws, support, errors; nb_gradcheck on contiguous, transposed and
  * broadcast inputs; backward values against torch autograd; bad input.
  * Then nb_min's ties and NaN, nb_sum_dims / nb_mean_dims shapes and errors,
  * nb_var's correction at N - correction <= 0, nb_cumsum's f32 accumulation. */
@@ -710,6 +712,171 @@ START_TEST(test_cumsum_f32_accumulation) {
 }
 END_TEST
 
+/* ------------------------------------------------------------- sort, topk */
+static void expect_values(nb_tensor *t, int n, const double *want) {
+    CHECK_NOT_NULL(t);
+    ck_assert_int_eq(nb_numel(t), n);
+    double got[16];
+    ck_assert_int_eq(nb_copy_to_f64(t, got), 0);
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(got[i] == want[i] || (isnan(got[i]) && isnan(want[i])),
+                      "element %d: %g, expected %g", i, got[i], want[i]);
+}
+
+/* Stable in both directions; NaN the largest; -0 and +0 equal (kept in order). */
+START_TEST(test_sort_ties) {
+    nb_scope_begin();
+    nb_tensor *x = nb_from_data(NB_F64, NB_SHAPE(8),
+                                (const double[]){1, NAN, -0.0, 1, 0.0, -INFINITY, NAN, 1});
+    nb_tensor *idx = NULL;
+    nb_tensor *a = nb_sort(x, 0, false, &idx);
+    expect_values(a, 8, (const double[]){-INFINITY, -0.0, 0.0, 1, 1, 1, NAN, NAN});
+    ck_assert_int_eq(nb_dtype_of(idx), NB_I64);
+    expect_values(idx, 8, (const double[]){5, 2, 4, 0, 3, 7, 1, 6});
+    ck_assert(signbit(nb_item(nb_select(a, 0, 1))) && !signbit(nb_item(nb_select(a, 0, 2))));
+    nb_tensor *dsc = nb_sort(x, -1, true, &idx);
+    expect_values(dsc, 8, (const double[]){NAN, NAN, 1, 1, 1, -0.0, 0.0, -INFINITY});
+    expect_values(idx, 8, (const double[]){1, 6, 0, 3, 7, 2, 4, 5});
+    /* topk: ties go to the lower index, whichever direction */
+    nb_tensor *tk = nb_topk(x, 4, 0, true, true, &idx);
+    expect_values(tk, 4, (const double[]){NAN, NAN, 1, 1});
+    expect_values(idx, 4, (const double[]){1, 6, 0, 3});
+    tk = nb_topk(x, 2, 0, false, false, &idx);
+    expect_values(idx, 2, (const double[]){5, 2});
+    nb_scope_end();
+}
+END_TEST
+
+/* The gradient lands on the picked positions; indices along a strided dim. */
+START_TEST(test_sort_grad) {
+    nb_scope_begin();
+    nb_tensor *x = nb_from_data(NB_F64, NB_SHAPE(2, 3), (const double[]){3, 1, 2, 5, 5, 4});
+    nb_set_requires_grad(x, true);
+    nb_tensor *idx = NULL;
+    nb_tensor *w = nb_from_data(NB_F64, NB_SHAPE(1, 3), (const double[]){10, 20, 30});
+    nb_tensor *tk = nb_topk(nb_transpose(x, 0, 1), 1, 1, true, true, &idx); /* max of each col */
+    expect_values(tk, 3, (const double[]){5, 5, 4});
+    expect_values(idx, 3, (const double[]){1, 1, 1});
+    ck_assert_int_eq(nb_backward(nb_sum_all(nb_mul(tk, nb_transpose(w, 0, 1)))), 0);
+    double g[6];
+    ck_assert_int_eq(nb_copy_to_f64(nb_grad(x), g), 0);
+    const double want[6] = {0, 0, 0, 10, 20, 30};
+    for (int i = 0; i < 6; i++) ck_assert_double_eq(g[i], want[i]);
+    /* the indices are the caller's: freeing them leaves backward intact */
+    nb_zero_grad(x);
+    nb_tensor *s = nb_sort(x, 1, false, &idx);
+    nb_free(idx);
+    ck_assert_int_eq(nb_backward(nb_sum_all(nb_mul(s, w))), 0);
+    ck_assert_int_eq(nb_copy_to_f64(nb_grad(x), g), 0);
+    const double want2[6] = {30, 10, 20, 20, 30, 10};
+    for (int i = 0; i < 6; i++) ck_assert_double_eq(g[i], want2[i]);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_sort_errors) {
+    nb_scope_begin();
+    nb_tensor *x = nb_zeros(NB_F32, NB_SHAPE(3, 4)), *idx = (nb_tensor *)1;
+    expect_error(nb_topk(x, 5, 1, true, true, &idx), "nb_topk: k = 5 out of range for dim 1 of size 4");
+    ck_assert_ptr_null(idx);
+    expect_error(nb_topk(x, -1, 0, true, true, NULL), "nb_topk", "k = -1", "size 3");
+    expect_error(nb_sort(x, 2, false, NULL), "nb_sort", "dim 2 out of range");
+    expect_error(nb_sort(nb_zeros(NB_I64, NB_SHAPE(3)), 0, false, NULL), "nb_sort",
+                 "expected a floating tensor");
+    expect_error(nb_topk(nb_scalar(NB_F64, 1), 2, 0, true, true, NULL), "nb_topk", "k = 2");
+    /* 0-d: the value and index 0, for k = 0 too (as torch) */
+    nb_tensor *z = nb_topk(nb_scalar(NB_F64, 2.5), 0, -1, true, true, &idx);
+    expect_values(z, 1, (const double[]){2.5});
+    expect_values(idx, 1, (const double[]){0});
+    /* empty dim: empty results */
+    z = nb_sort(nb_zeros(NB_F64, NB_SHAPE(3, 0)), 1, true, &idx);
+    ck_assert_int_eq(nb_numel(z), 0);
+    ck_assert_int_eq(nb_numel(idx), 0);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_sort_no_leak) {
+    int64_t live = nb_live_tensors();
+    nb_scope_begin();
+    nb_tensor *x = rand_leaf(3, NB_SHAPE(3, 4));
+    nb_tensor *idx;
+    ck_assert_int_eq(nb_backward(nb_sum_all(nb_topk(x, 2, 1, false, true, &idx))), 0);
+    ck_assert_int_eq(nb_backward(nb_sum_all(nb_sort(x, 0, true, NULL))), 0);
+    nb_scope_end();
+    ck_assert_int_eq(nb_live_tensors(), live);
+}
+END_TEST
+
+/* ------------------------------------------------------------ multinomial */
+/* 20000 draws of a fixed distribution (a zero weight among them): every
+ * frequency within 4 sigma of its probability, the zero never drawn. */
+START_TEST(test_multinomial_frequencies) {
+    nb_scope_begin();
+    const double w[5] = {1, 0, 2, 3, 4}; /* total 10 */
+    nb_tensor *p = nb_from_data(NB_F32, NB_SHAPE(2, 5),
+                                (const float[]){1, 0, 2, 3, 4, 1, 0, 2, 3, 4});
+    nb_rng rng;
+    nb_rng_seed(&rng, 7);
+    const int64_t N = 10000;
+    nb_tensor *d = nb_multinomial(p, N, true, &rng);
+    CHECK_NOT_NULL(d);
+    ck_assert_int_eq(nb_dtype_of(d), NB_I64);
+    expect_shape(d, NB_SHAPE(2, N));
+    ck_assert_uint_eq(rng.offset, 2 * N);
+    const int64_t *v = nb_data(d);
+    int64_t count[5] = {0};
+    for (int64_t i = 0; i < 2 * N; i++) {
+        ck_assert(v[i] >= 0 && v[i] < 5);
+        count[v[i]]++;
+    }
+    for (int c = 0; c < 5; c++) {
+        double q = w[c] / 10, sigma = sqrt(2.0 * N * q * (1 - q));
+        ck_assert_msg(fabs((double)count[c] - 2.0 * N * q) <= 4 * sigma + 1e-9,
+                      "category %d drawn %lld times, expected %g (sigma %g)", c,
+                      (long long)count[c], 2.0 * N * q, sigma);
+    }
+    /* without replacement: every nonzero category once, in some order */
+    nb_tensor *all = nb_multinomial(p, 4, false, NULL);
+    CHECK_NOT_NULL(all);
+    const int64_t *a = nb_data(all);
+    for (int row = 0; row < 2; row++) {
+        int seen[5] = {0};
+        for (int i = 0; i < 4; i++) seen[a[row * 4 + i]]++;
+        ck_assert(seen[0] == 1 && seen[1] == 0 && seen[2] == 1 && seen[3] == 1 && seen[4] == 1);
+    }
+    /* the same seed, the same draws; 1-d probs give a 1-d result */
+    nb_rng_seed(&rng, 7);
+    nb_tensor *again = nb_multinomial(p, N, true, &rng);
+    ck_assert(!memcmp(nb_data(again), v, (size_t)(2 * N) * sizeof *v));
+    expect_shape(nb_multinomial(nb_select(p, 0, 1), 3, true, NULL), NB_SHAPE(3));
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_multinomial_errors) {
+    nb_scope_begin();
+    nb_tensor *p = nb_from_data(NB_F64, NB_SHAPE(2, 3), (const double[]){1, 2, 3, 0, 1, 0});
+    expect_error(nb_multinomial(p, 2, false, NULL),
+                 "nb_multinomial: cannot draw 2 samples without replacement from row 1, which "
+                 "has 1 nonzero categories");
+    expect_error(nb_multinomial(p, 4, false, NULL), "nb_multinomial", "4 samples", "3 categories");
+    expect_error(nb_multinomial(p, 0, true, NULL), "nb_multinomial", "num_samples", "got 0");
+    nb_tensor *neg = nb_from_data(NB_F64, NB_SHAPE(2, 2), (const double[]){1, 2, 3, -1});
+    expect_error(nb_multinomial(neg, 1, true, NULL), "nb_multinomial: row 1 has probability -1 at 1");
+    nb_tensor *nan = nb_from_data(NB_F64, NB_SHAPE(2), (const double[]){NAN, 1});
+    expect_error(nb_multinomial(nan, 1, true, NULL), "nb_multinomial: row 0 has probability nan");
+    nb_tensor *zero = nb_zeros(NB_F32, NB_SHAPE(3, 2));
+    expect_error(nb_multinomial(zero, 1, true, NULL), "nb_multinomial: row 0 sums to 0");
+    expect_error(nb_multinomial(nb_zeros(NB_F32, NB_SHAPE(1, 1, 2)), 1, true, NULL),
+                 "nb_multinomial", "1-d or 2-d");
+    expect_error(nb_multinomial(nb_zeros(NB_I64, NB_SHAPE(2)), 1, true, NULL), "nb_multinomial",
+                 "floating");
+    nb_scope_end();
+}
+END_TEST
+
+
 Suite *suite_reduce(void) {
     Suite *s = suite_create("reduce");
     TCase *tc = tcase_create("forward");
@@ -747,6 +914,18 @@ Suite *suite_reduce(void) {
     tcase_add_test(tc, test_reduce_dims_shapes_errors);
     tcase_add_test(tc, test_var_correction);
     tcase_add_test(tc, test_cumsum_f32_accumulation);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("sort");
+    tcase_add_test(tc, test_sort_ties);
+    tcase_add_test(tc, test_sort_grad);
+    tcase_add_test(tc, test_sort_errors);
+    tcase_add_test(tc, test_sort_no_leak);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("multinomial");
+    tcase_add_test(tc, test_multinomial_frequencies);
+    tcase_add_test(tc, test_multinomial_errors);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -72,6 +72,12 @@ static const reg_op OPS[] = {
 #define REG_FAMILY "index"
     NB_OPS_INDEX(REG_ROW)
 #undef REG_FAMILY
+#define REG_FAMILY "sort"
+    NB_OPS_SORT(REG_ROW)
+#undef REG_FAMILY
+#define REG_FAMILY "sample"
+    NB_OPS_SAMPLE(REG_ROW)
+#undef REG_FAMILY
 };
 #define NOPS (int)(sizeof OPS / sizeof OPS[0])
 

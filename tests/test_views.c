@@ -850,6 +850,39 @@ START_TEST(test_error_to_and_null) {
 }
 END_TEST
 
+/* nb_stack: the new dim's range is one wider than the inputs'; shapes and
+ * dtypes must agree; values land at [k] of the new dim, gradients come back. */
+START_TEST(test_stack) {
+    nb_scope_begin();
+    nb_tensor *a = nb_from_data(NB_F64, NB_SHAPE(2, 2), (const double[]){1, 2, 3, 4});
+    nb_tensor *b = nb_from_data(NB_F64, NB_SHAPE(2, 2), (const double[]){5, 6, 7, 8});
+    nb_set_requires_grad(a, true);
+    nb_tensor *l[2] = {a, nb_transpose(b, 0, 1)};
+    nb_tensor *y = nb_stack(l, 2, -1); /* (2, 2, 2): y[i][j][k] = l[k][i][j] */
+    ck_assert_ptr_nonnull(y);
+    ck_assert_int_eq(nb_ndim(y), 3);
+    double v[8];
+    ck_assert_int_eq(nb_copy_to_f64(y, v), 0);
+    const double want[8] = {1, 5, 2, 7, 3, 6, 4, 8};
+    for (int i = 0; i < 8; i++) ck_assert_double_eq(v[i], want[i]);
+    ck_assert_int_eq(nb_backward(nb_sum_all(nb_select(y, 2, 0))), 0);
+    ck_assert_int_eq(nb_copy_to_f64(nb_grad(a), v), 0);
+    for (int i = 0; i < 4; i++) ck_assert_double_eq(v[i], 1);
+    expect_error(nb_stack(l, 2, 3), "nb_stack", "dim 3 out of range for a 3-d tensor");
+    expect_error(nb_stack(l, 2, -4), "nb_stack", "dim -4 out of range");
+    expect_error(nb_stack(l, 0, 0), "nb_stack: needs at least one tensor (n = 0)");
+    nb_tensor *bad[2] = {a, nb_zeros(NB_F64, NB_SHAPE(2, 3))};
+    expect_error(nb_stack(bad, 2, 0), "nb_stack: tensor 1 has shape (2,3), expected (2,2)");
+    bad[1] = nb_zeros(NB_F32, NB_SHAPE(2, 2));
+    expect_error(nb_stack(bad, 2, 0), "nb_stack", "f32");
+    nb_tensor *s[2] = {nb_scalar(NB_F64, 1), nb_scalar(NB_F64, 2)};
+    y = nb_stack(s, 2, 0);
+    ck_assert_int_eq(nb_ndim(y), 1);
+    ck_assert_int_eq(nb_numel(y), 2);
+    nb_scope_end();
+}
+END_TEST
+
 Suite *suite_views(void) {
     Suite *s = suite_create("views");
     TCase *tc = tcase_create("forward");
@@ -879,6 +912,7 @@ Suite *suite_views(void) {
     tcase_add_test(tc, test_error_expand);
     tcase_add_test(tc, test_error_expand_negative_size);
     tcase_add_test(tc, test_error_cat);
+    tcase_add_test(tc, test_stack);
     tcase_add_test(tc, test_error_to_and_null);
     suite_add_tcase(s, tc);
     return s;
