@@ -19,16 +19,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#if defined(__SANITIZE_THREAD__)
-#define UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define UNDER_TSAN 1
-#endif
-#endif
-#ifndef UNDER_TSAN
-#define UNDER_TSAN 0
-#endif
 
 typedef struct {
     int64_t live, bytes;

@@ -66,6 +66,17 @@ double *values(const nb_tensor *t);
 #ifndef UNDER_ASAN
 #define UNDER_ASAN 0
 #endif
+/* 1 when built with ThreadSanitizer. */
+#if defined(__SANITIZE_THREAD__)
+#define UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define UNDER_TSAN 1
+#endif
+#endif
+#ifndef UNDER_TSAN
+#define UNDER_TSAN 0
+#endif
 
 /* Each suite file defines one of these; run_tests.c runs them all. */
 Suite *suite_tensor(void);
