@@ -583,6 +583,7 @@ NB_API void nb_parallel_for(int64_t n, int64_t grain,
 
 /* -------------------------------------------------- nn: parameter registry */
 typedef struct nb_params nb_params; /* opaque, ordered by registration */
+typedef struct nb_optim nb_optim;   /* opaque: an optimizer (see nn: optimizers) */
 NB_API nb_params *nb_params_new(void); /* empty; the caller's, freed by nb_params_free */
 NB_API void nb_params_free(nb_params *ps); /* frees its tensors too; NULL is ok */
 /* Registers t's values under name: the registry keeps its own persistent
@@ -723,14 +724,27 @@ NB_API nb_tensor *nb_mha_forward(nb_MHA *m, nb_tensor *q, nb_tensor *k, nb_tenso
                                  nb_tensor *keep_mask, bool training, nb_rng *rng,
                                  nb_tensor **weights_out);
 
-/* Position-wise feed-forward: w_2(dropout(relu(w_1(x)))). */
+/* The activations a feed-forward layer can use: nb_relu, nb_gelu (erf),
+ * nb_gelu_tanh (GPT-2's), nb_silu. */
+typedef enum {
+    NB_ACT_RELU = 0,
+    NB_ACT_GELU = 1,
+    NB_ACT_GELU_TANH = 2,
+    NB_ACT_SILU = 3
+} nb_activation;
+/* x passed through the activation act; an unknown act is an error. */
+NB_API nb_tensor *nb_activate(nb_tensor *x, nb_activation act);
+
+/* Position-wise feed-forward: w_2(dropout(activation(w_1(x)))). */
 typedef struct nb_FeedForward {
     nb_Linear w_1, w_2; /* (d_ff, d_model), (d_model, d_ff) */
     double dropout;
+    nb_activation activation; /* NB_ACT_RELU after init; set it to choose another */
 } nb_FeedForward;
 /* Registers "<name>.w_1.weight", "<name>.w_1.bias", "<name>.w_2..."; dropout in
- * [0, 1]. Forward: x (..., d_model) -> (..., d_model), dropout only when
- * training, drawing from rng (NULL = global). */
+ * [0, 1]; the activation is ReLU (The Annotated Transformer's) until the
+ * caller sets m->activation. Forward: x (..., d_model) -> (..., d_model),
+ * dropout only when training, drawing from rng (NULL = global). */
 NB_API int nb_feedforward_init(nb_FeedForward *m, nb_params *ps, const char *name,
                                int64_t d_model, int64_t d_ff, double dropout, nb_rng *rng);
 NB_API nb_tensor *nb_feedforward_forward(const nb_FeedForward *m, nb_tensor *x, bool training,
@@ -804,13 +818,137 @@ NB_API nb_tensor *nb_transformer_decode(nb_Transformer *m, nb_tensor *memory,
 /* (B, L, d_model) -> logits (B, L, tgt_vocab) */
 NB_API nb_tensor *nb_transformer_logits(nb_Transformer *m, nb_tensor *x);
 
+/* ------------------------------------------ nn: GPT, a decoder-only model */
+/* GPT-2 as nanoGPT writes it: token and learned position embeddings, n_layer
+ * pre-LN blocks x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)) with causal
+ * multi-head self-attention (q, k, v from one (3C, C) projection, split with
+ * nb_narrow + nb_view + nb_transpose, then nb_attention) and an MLP
+ * c_proj(gelu_tanh(c_fc(x))) of width 4C, a final layer norm (eps 1e-5) and
+ * lm_head, which shares wte's weight when tied (its gradient is the sum of
+ * both uses). Parameter names are nanoGPT's state_dict keys, (out, in)
+ * weights: transformer.wte.weight, transformer.wpe.weight,
+ * transformer.h.{i}.ln_1.weight, .ln_1.bias, .attn.c_attn.weight,
+ * .attn.c_attn.bias, .attn.c_proj.weight, .attn.c_proj.bias, .ln_2.weight,
+ * .ln_2.bias, .mlp.c_fc.weight, .mlp.c_fc.bias, .mlp.c_proj.weight,
+ * .mlp.c_proj.bias, transformer.ln_f.weight, transformer.ln_f.bias, and
+ * lm_head.weight only when untied. */
+typedef struct nb_GPTConfig {
+    int64_t vocab_size; /* tokens: GPT-2 50257 */
+    int64_t block_size; /* longest context (rows of wpe): GPT-2 1024 */
+    int64_t n_layer, n_head, n_embd; /* GPT-2 124M: 12, 12, 768 */
+    double dropout;     /* on embeddings, attention weights and residual branches */
+    bool bias;          /* biases in the linear layers (GPT-2: true) */
+    bool tie_weights;   /* lm_head.weight is transformer.wte.weight (GPT-2: true) */
+} nb_GPTConfig;
+/* The exact GPT-2 124M. */
+#define NB_GPT2_CONFIG                                                                \
+    {.vocab_size = 50257, .block_size = 1024, .n_layer = 12, .n_head = 12, .n_embd = 768, \
+     .dropout = 0.0, .bias = true, .tie_weights = true}
+typedef struct nb_GPTBlock {
+    nb_LayerNorm ln_1, ln_2;
+    nb_Linear c_attn;    /* attn.c_attn: (3C, C), rows q, k, v */
+    nb_Linear attn_proj; /* attn.c_proj: (C, C) */
+    nb_Linear c_fc;      /* mlp.c_fc: (4C, C) */
+    nb_Linear mlp_proj;  /* mlp.c_proj: (C, 4C) */
+} nb_GPTBlock;
+typedef struct nb_GPT {
+    nb_GPTConfig cfg;
+    nb_params *ps;        /* the registry the parameters were made in (borrowed) */
+    nb_Embedding wte, wpe;
+    nb_GPTBlock *h;       /* cfg.n_layer blocks */
+    nb_LayerNorm ln_f;
+    nb_Linear lm_head;    /* (vocab_size, C), no bias; weight == wte.weight when tied */
+    struct nb_gpt_cache *cache; /* generation's key/value cache (internal), or NULL */
+} nb_GPT;
+/* Makes every parameter in ps with GPT-2's initialisation: linear weights
+ * and embeddings N(0, 0.02), the residual projections (attn.c_proj,
+ * mlp.c_proj) N(0, 0.02 / sqrt(2 n_layer)), biases 0, layer norms 1 and 0.
+ * 0, or -1 for a NULL argument or a bad cfg (a size <= 0, n_head not
+ * dividing n_embd, dropout outside [0, 1]); on error m is freed and what was
+ * registered stays in ps. Free with nb_gpt_free (the parameters are ps's). */
+NB_API int nb_gpt_init(nb_GPT *m, nb_params *ps, const nb_GPTConfig *cfg, nb_rng *rng);
+NB_API void nb_gpt_free(nb_GPT *m); /* the blocks and the cache, not the parameters; NULL ok */
+/* idx NB_I64 (B, T), T <= block_size, tokens in [0, vocab_size) -> logits
+ * (B, T, vocab_size). Dropout only when training, from rng (NULL = global). */
+NB_API nb_tensor *nb_gpt_forward(nb_GPT *m, nb_tensor *idx, bool training, nb_rng *rng);
+/* The mean cross-entropy of predicting targets (NB_I64 (B, T), each in
+ * [0, vocab_size) or -1 to ignore) from idx: 0-d, as
+ * nb_cross_entropy(nb_gpt_forward(...) viewed (B*T, V), targets viewed (B*T), -1, 0). */
+NB_API nb_tensor *nb_gpt_loss(nb_GPT *m, nb_tensor *idx, nb_tensor *targets, bool training,
+                              nb_rng *rng);
+/* Weight decay for nanoGPT/minGPT-style training: wd on the four linear
+ * weights of every block (and lm_head.weight when untied), 0 on biases,
+ * layer norms and embeddings (wte, so also a tied lm_head, and wpe). opt
+ * must have been made from m's registry. 0 or -1. */
+NB_API int nb_gpt_set_weight_decay(const nb_GPT *m, nb_optim *opt, double weight_decay);
+/* Sampling options of nb_gpt_generate. */
+typedef struct nb_gpt_sample_opts {
+    double temperature; /* > 0; logits are divided by it (1 = as the model says) */
+    int64_t top_k;      /* keep the k most likely tokens; 0 = all */
+    bool greedy;        /* take the most likely token (temperature and top_k unused) */
+} nb_gpt_sample_opts;
+/* Continues prompt[0..n_prompt) (n_prompt >= 1 tokens) by n_new tokens
+ * written to out[0..n_new), one sequence, with grad mode off. Keys and values
+ * of past positions are kept in a cache (per layer, (1, H, block_size, D)),
+ * so each new token costs one position's forward and attention over the
+ * tokens so far: O(T), not O(T^2). When the context would pass block_size,
+ * the window slides (the last block_size - 1 tokens are re-encoded, as
+ * nanoGPT crops). Draws from rng (NULL = global) through nb_multinomial.
+ * opts NULL = temperature 1, top_k 0. on_token (may be NULL) is called after
+ * each token with it and user, and may stop generation by returning false.
+ * Returns the number of tokens written, or -1 with a message. */
+NB_API int64_t nb_gpt_generate(nb_GPT *m, const int64_t *prompt, int64_t n_prompt, int64_t n_new,
+                               const nb_gpt_sample_opts *opts, nb_rng *rng, int64_t *out,
+                               bool (*on_token)(int64_t token, void *user), void *user);
+
+/* ------------------------------- nn: GPT checkpoints of llm.c and Hugging Face */
+/* Each load reads and checks the whole file before it writes any parameter:
+ * a file that is not of the format, of another version, truncated or
+ * longer, or whose sizes do not fit m's config is refused with a message
+ * naming the path and the first problem, and m is left untouched. 0 or -1.
+ *
+ * llm.c's checkpoint (karpathy/llm.c train_gpt2.c, e.g. gpt2_124M.bin): a
+ * header of 256 little-endian int32 (magic 20240326, version 3, max_seq_len,
+ * vocab_size, num_layers, num_heads, channels, padded_vocab_size), then f32
+ * tensors in this order: wte (Vp, C), wpe (maxT, C), ln1w (L, C), ln1b (L, C),
+ * qkvw (L, 3C, C), qkvb (L, 3C), attprojw (L, C, C), attprojb (L, C),
+ * ln2w (L, C), ln2b (L, C), fcw (L, 4C, C), fcb (L, 4C), fcprojw (L, C, 4C),
+ * fcprojb (L, C), lnfw (C), lnfb (C); weights (out, in). Rows V..Vp-1 of wte
+ * are padding: ignored on load, written as zeros (Vp = V rounded up to a
+ * multiple of 128) on save. The format is tied and has biases: loading into
+ * an untied model copies wte into lm_head; a model without biases is refused;
+ * saving an untied model is refused. */
+NB_API int nb_gpt_load_llmc(nb_GPT *m, const char *path);
+NB_API int nb_gpt_save_llmc(const nb_GPT *m, const char *path);
+/* Hugging Face's GPT-2 model.safetensors (GPT2Model / GPT2LMHeadModel):
+ * wte.weight, wpe.weight, h.{i}.ln_1.weight, h.{i}.ln_1.bias,
+ * h.{i}.attn.c_attn.weight (C, 3C), h.{i}.attn.c_attn.bias,
+ * h.{i}.attn.c_proj.weight (C, C), ..., h.{i}.mlp.c_fc.weight (C, 4C),
+ * h.{i}.mlp.c_proj.weight (4C, C), ln_f.weight, ln_f.bias: Conv1D weights
+ * are (in, out), transposed on the way in and out. Names may carry the prefix
+ * "transformer."; the attention-mask buffers h.{i}.attn.bias and
+ * h.{i}.attn.masked_bias are ignored; lm_head.weight is read when m is untied
+ * (else ignored: it is wte's). Tensors F32 (or F64, converted). */
+NB_API int nb_gpt_load_hf(nb_GPT *m, const char *path);
+NB_API int nb_gpt_save_hf(const nb_GPT *m, const char *path);
+/* The config stored in a file of either format (told apart by llm.c's magic):
+ * llm.c: its header; Hugging Face: from the tensors' shapes, with n_head =
+ * n_embd / 64 (every GPT-2 size has heads of 64) and tie_weights unless the
+ * file has lm_head.weight. dropout 0, bias true. 0 or -1. */
+NB_API int nb_gpt_config_of_file(const char *path, nb_GPTConfig *cfg);
+/* A token file as a 1-D NB_I64 tensor (persistent: nb_free it): llm.c's
+ * (a header of 256 int32, magic 20240520, version 1, the token count, then
+ * that many uint16 tokens, nothing after), or else any file's bytes, one
+ * token per byte (0..255). With vocab_size > 0, a token >= vocab_size is an
+ * error naming its position. An empty file is an error. */
+NB_API nb_tensor *nb_load_tokens(const char *path, int64_t vocab_size);
+
 /* -------------------------------------------- nn: optimizers and schedules */
 /* Optimizers: state is allocated at creation; step reads each parameter's
  * .grad (parameters without one are skipped) and updates it in place.
  * An optimizer uses the parameters ps has when it is made (at least one, all
  * floating and contiguous); it is the caller's, freed by nb_optim_free. NULL
  * on error, e.g. lr, momentum, eps or weight_decay < 0 or a beta not in [0, 1). */
-typedef struct nb_optim nb_optim; /* opaque */
 /* torch.optim.SGD (dampening 0, no nesterov) */
 NB_API nb_optim *nb_sgd(nb_params *ps, double lr, double momentum, double weight_decay);
 /* torch.optim.Adam (L2 weight decay added to the gradient) */
@@ -825,6 +963,13 @@ NB_API nb_optim *nb_adamw(nb_params *ps, double lr, double beta1, double beta2, 
 NB_API void nb_optim_step(nb_optim *opt);
 NB_API void nb_optim_zero_grad(nb_optim *opt);          /* nb_zero_grad on each parameter */
 NB_API void nb_optim_set_lr(nb_optim *opt, double lr);  /* lr >= 0, else an error, unchanged */
+/* Per-parameter weight decay, as PyTorch's parameter groups: the parameter
+ * registered as name in the optimizer's registry (NULL = every parameter)
+ * gets weight_decay (>= 0) instead of the optimizer's. 0, or -1 (unknown
+ * name, bad value; nothing changed). */
+NB_API int nb_optim_set_weight_decay(nb_optim *opt, const char *name, double weight_decay);
+/* That parameter's weight decay (NULL = the optimizer's default); NaN on error. */
+NB_API double nb_optim_weight_decay(const nb_optim *opt, const char *name);
 NB_API double nb_optim_lr(const nb_optim *opt);         /* NaN on NULL */
 NB_API void nb_optim_free(nb_optim *opt);               /* with its state; NULL is ok */
 /* The optimizer's state as a registry of buffers owned by opt (valid until

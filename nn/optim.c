@@ -28,6 +28,9 @@ struct nb_optim {
     nb_tensor **v;      /* Adam: exp_avg_sq */
     int64_t **steps;    /* per parameter: steps that found a gradient (0-d i64 data; at
                          * most NN_MAX_STEP from nb_load, so ++ cannot overflow) */
+    double *wd_of;      /* per parameter: its weight decay (nb_optim_set_weight_decay) */
+    const char **names; /* per parameter: its registry name (borrowed, as params) */
+    nn_index index;     /* name -> parameter */
     nb_params *state;
 };
 
@@ -42,6 +45,9 @@ void nb_optim_free(nb_optim *o) {
     free(o->m);
     free(o->v);
     free(o->steps);
+    free(o->wd_of);
+    free(o->names);
+    nn_index_free(&o->index);
     free(o);
 }
 
@@ -113,16 +119,22 @@ static nb_optim *make(opt_kind kind, nb_params *ps, double lr, double momentum, 
     bool need_m = kind != OPT_SGD || momentum != 0, need_v = kind != OPT_SGD;
     o->params = calloc((size_t)n, sizeof *o->params);
     o->steps = calloc((size_t)n, sizeof *o->steps);
+    o->wd_of = calloc((size_t)n, sizeof *o->wd_of);
+    o->names = calloc((size_t)n, sizeof *o->names);
     if (need_m) o->m = calloc((size_t)n, sizeof *o->m);
     if (need_v) o->v = calloc((size_t)n, sizeof *o->v);
     o->state = nb_params_new();
-    if (!o->params || !o->steps || (need_m && !o->m) || (need_v && !o->v) || !o->state) {
+    if (!o->params || !o->steps || !o->wd_of || !o->names || (need_m && !o->m) ||
+        (need_v && !o->v) || !o->state || nn_index_reserve(&o->index, (size_t)n)) {
         nb_optim_free(o);
         return nn_error("%s: out of memory", fn);
     }
     for (int i = 0; i < n; i++) {
         const char *name = "";
         o->params[i] = nb_params_at(ps, i, &name);
+        o->names[i] = name;
+        o->wd_of[i] = wd;
+        nn_index_put(&o->index, name, i);
         if (make_state(o, i, name) != 0) {
             nb_optim_free(o);
             return NULL;
@@ -151,8 +163,9 @@ nb_optim *nb_adamw(nb_params *ps, double lr, double beta1, double beta2, double 
  * a + value*b*c, addcdiv(a, b, c, value) = a + value*b/c. */
 #define DEFINE_KERNELS(T)                                                                       \
     /* torch.optim.SGD: d = g + wd p; buf = d (first step) or momentum buf + d; p -= lr buf */  \
-    static void sgd_##T(const nb_optim *o, T *p, const T *g, T *buf, bool first, int64_t n) {  \
-        double lr = o->lr, wd = o->wd, mom = o->momentum;                                      \
+    static void sgd_##T(const nb_optim *o, double wd, T *p, const T *g, T *buf, bool first,   \
+                        int64_t n) {                                                           \
+        double lr = o->lr, mom = o->momentum;                                                  \
         for (int64_t i = 0; i < n; i++) {                                                      \
             double pi = p[i], d = g[i];                                                        \
             if (wd != 0) d = d + wd * pi;                                                      \
@@ -166,9 +179,9 @@ nb_optim *nb_adamw(nb_params *ps, double lr, double beta1, double beta2, double 
     /* torch.optim.Adam (wd: g += wd p) and AdamW (wd: p *= 1 - lr wd):                        \
      * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; step_size = lr / (1 - b1^t);                \
      * p += -step_size * m / (sqrt(v) / sqrt(1 - b2^t) + eps) */                               \
-    static void adam_##T(const nb_optim *o, T *p, const T *g, T *m, T *v, int64_t t,           \
-                         int64_t n) {                                                          \
-        double lr = o->lr, wd = o->wd, b1 = o->beta1, b2 = o->beta2, eps = o->eps;             \
+    static void adam_##T(const nb_optim *o, double wd, T *p, const T *g, T *m, T *v,           \
+                         int64_t t, int64_t n) {                                               \
+        double lr = o->lr, b1 = o->beta1, b2 = o->beta2, eps = o->eps;                         \
         double step_size = lr / (1 - pow(b1, (double)t));                                      \
         double bc2_sqrt = sqrt(1 - pow(b2, (double)t));                                        \
         bool adamw = o->kind == OPT_ADAMW;                                                     \
@@ -192,6 +205,7 @@ DEFINE_KERNELS(double)
 /* One parameter's update, elements [lo, hi) of it. */
 typedef struct {
     const nb_optim *o;
+    double wd;
     int64_t t;
     bool f64;
     void *p, *g, *m, *v;
@@ -202,15 +216,15 @@ static void update_span(void *ctx, int64_t lo, int64_t hi) {
     const update_job *j = ctx;
     int64_t n = hi - lo;
     if (j->o->kind == OPT_SGD) {
-        if (j->f64) sgd_double(j->o, AT(double, j->p, lo), AT(double, j->g, lo),
+        if (j->f64) sgd_double(j->o, j->wd, AT(double, j->p, lo), AT(double, j->g, lo),
                                AT(double, j->m, lo), j->t == 1, n);
-        else sgd_float(j->o, AT(float, j->p, lo), AT(float, j->g, lo), AT(float, j->m, lo),
-                       j->t == 1, n);
+        else sgd_float(j->o, j->wd, AT(float, j->p, lo), AT(float, j->g, lo),
+                       AT(float, j->m, lo), j->t == 1, n);
     } else {
-        if (j->f64) adam_double(j->o, AT(double, j->p, lo), AT(double, j->g, lo),
+        if (j->f64) adam_double(j->o, j->wd, AT(double, j->p, lo), AT(double, j->g, lo),
                                 AT(double, j->m, lo), AT(double, j->v, lo), j->t, n);
-        else adam_float(j->o, AT(float, j->p, lo), AT(float, j->g, lo), AT(float, j->m, lo),
-                        AT(float, j->v, lo), j->t, n);
+        else adam_float(j->o, j->wd, AT(float, j->p, lo), AT(float, j->g, lo),
+                        AT(float, j->m, lo), AT(float, j->v, lo), j->t, n);
     }
 }
 
@@ -231,7 +245,7 @@ void nb_optim_step(nb_optim *o) {
                      nb_is_contiguous(g) ? "" : ", not contiguous");
             continue;
         }
-        update_job j = {.o = o, .t = ++*o->steps[i], .f64 = nb_dtype_of(p) == NB_F64,
+        update_job j = {.o = o, .wd = o->wd_of[i], .t = ++*o->steps[i], .f64 = nb_dtype_of(p) == NB_F64,
                         .p = nb_data(p), .g = nb_data(g),
                         .m = o->m ? nb_data(o->m[i]) : NULL, .v = o->v ? nb_data(o->v[i]) : NULL};
         /* elementwise, so the same result for any split across threads */
@@ -259,6 +273,32 @@ void nb_optim_set_lr(nb_optim *o, double lr) {
         return;
     }
     o->lr = lr;
+}
+
+int nb_optim_set_weight_decay(nb_optim *o, const char *name, double weight_decay) {
+    const char *fn = "nb_optim_set_weight_decay";
+    if (!o) return (nn_null(fn), -1);
+    if (!(weight_decay >= 0) || isinf(weight_decay))
+        return (nn_error("%s: invalid weight_decay %g (must be >= 0 and finite)", fn,
+                         weight_decay), -1);
+    if (!name) {
+        for (int i = 0; i < o->n; i++) o->wd_of[i] = weight_decay;
+        return 0;
+    }
+    int i = nn_index_get(&o->index, name);
+    if (i < 0)
+        return (nn_error("%s: the optimizer has no parameter \"%.200s\"", fn, name), -1);
+    o->wd_of[i] = weight_decay;
+    return 0;
+}
+
+double nb_optim_weight_decay(const nb_optim *o, const char *name) {
+    const char *fn = "nb_optim_weight_decay";
+    if (!o) return (nn_null(fn), NAN);
+    if (!name) return o->wd;
+    int i = nn_index_get(&o->index, name);
+    if (i < 0) return (nn_error("%s: the optimizer has no parameter \"%.200s\"", fn, name), NAN);
+    return o->wd_of[i];
 }
 
 double nb_optim_lr(const nb_optim *o) {

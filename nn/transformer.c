@@ -18,6 +18,7 @@ static int feedforward_init_body(nb_FeedForward *m, nb_params *ps, const char *n
         return (nn_error("nb_feedforward_init: dropout must be in [0, 1], got %g", dropout), -1);
     char buf[512];
     m->dropout = dropout;
+    m->activation = NB_ACT_RELU;
     const char *fn = "nb_feedforward_init";
     if (nb_linear_init(&m->w_1, ps, nn_join(fn, buf, sizeof buf, name, "w_1"), d_model, d_ff,
                        true, rng) != 0)
@@ -32,12 +33,29 @@ int nb_feedforward_init(nb_FeedForward *m, nb_params *ps, const char *name, int6
     return nn_leave_rc("nb_feedforward_init", feedforward_init_body(m, ps, name, d_model, d_ff, dropout, rng));
 }
 
+static nb_tensor *activate_body(nb_tensor *x, nb_activation act) {
+    if (!nn_input("nb_activate", x, 0)) return NULL;
+    switch (act) {
+    case NB_ACT_RELU: return nb_relu(x);
+    case NB_ACT_GELU: return nb_gelu(x);
+    case NB_ACT_GELU_TANH: return nb_gelu_tanh(x);
+    case NB_ACT_SILU: return nb_silu(x);
+    }
+    return nn_error("nb_activate: unknown activation %d (NB_ACT_RELU, NB_ACT_GELU, "
+                    "NB_ACT_GELU_TANH or NB_ACT_SILU)", (int)act);
+}
+
+nb_tensor *nb_activate(nb_tensor *x, nb_activation act) {
+    nn_enter();
+    return nn_leave("nb_activate", activate_body(x, act));
+}
+
 /* x (B, L, d_model) -> (B, L, d_model) */
 static nb_tensor *feedforward_forward_body(const nb_FeedForward *m, nb_tensor *x, bool training,
                                   nb_rng *rng) {
     if (!m) return nn_error("nb_feedforward_forward: module is NULL");
     if (!nn_input("nb_feedforward_forward", x, 0)) return NULL;
-    nb_tensor *h = nb_relu(nb_linear_forward(&m->w_1, x));
+    nb_tensor *h = nb_activate(nb_linear_forward(&m->w_1, x), m->activation);
     return nb_linear_forward(&m->w_2, nb_dropout(h, m->dropout, training, rng));
 }
 

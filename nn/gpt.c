@@ -1,0 +1,435 @@
+/* gpt.c: GPT-2 as nanoGPT writes it, built from the public modules and ops:
+ *
+ *   idx (B,T)            wte[idx] + wpe[0..T)                       (B,T,C)
+ *   n_layer blocks       x = x + c_proj(attention(split(c_attn(ln_1(x)))))
+ *                        x = x + mlp_proj(gelu_tanh(c_fc(ln_2(x))))
+ *   head                 lm_head(ln_f(x))                           (B,T,V)
+ *
+ * Attention: qkv = c_attn(h) (B,T,3C); q, k, v are nb_narrow views of it,
+ * each viewed (B,T,H,D) and transposed to (B,H,T,D) (views, no copy), then
+ * nb_attention with the causal keep-mask (T,T); the heads merge with a
+ * transpose and nb_reshape (a copy) into (B,T,C).
+ *
+ * Generation keeps each layer's keys and values in a cache (1,H,block,D):
+ * a new token runs one position through the blocks, writes its k and v at
+ * its position (nb_copy_into a narrowed view of the cache) and attends over
+ * the positions so far. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn_internal.h"
+
+#define GPT_LN_EPS 1e-5
+#define GPT_INIT_STD 0.02
+
+struct nb_gpt_cache {
+    nb_tensor **k, **v; /* per layer (1, H, block_size, D), persistent */
+    int64_t pos;        /* positions filled */
+};
+
+/* ------------------------------------------------------------------ init */
+/* N(0, std) in the default dtype, registered as name */
+static nb_tensor *normal_param(nb_params *ps, const char *name, int ndim, const int64_t *shape,
+                               double std, nb_rng *rng) {
+    nb_scope_begin();
+    nb_tensor *p = nb_params_add(ps, name, nb_mul_scalar(nb_randn(nb_default_dtype(), ndim,
+                                                                  shape, rng), std));
+    nb_scope_end();
+    return p;
+}
+
+static nb_tensor *const_param(nb_params *ps, const char *name, int64_t n, double value) {
+    nb_scope_begin();
+    nb_tensor *p = nb_params_add(ps, name, nb_full(nb_default_dtype(), 1, &n, value));
+    nb_scope_end();
+    return p;
+}
+
+/* "<prefix>.<what>" of layer i, e.g. transformer.h.3.attn.c_attn.weight */
+static const char *block_name(char *buf, size_t cap, int64_t i, const char *what) {
+    int n = snprintf(buf, cap, "transformer.h.%lld.%s", (long long)i, what);
+    return n > 0 && (size_t)n < cap ? buf : NULL;
+}
+
+/* A linear layer (out, in) of N(0, std) weights and zero biases. */
+static int linear(nb_Linear *l, nb_params *ps, int64_t i, const char *what, int64_t in,
+                  int64_t out, double std, bool bias, nb_rng *rng) {
+    char name[256], full[300];
+    *l = (nb_Linear){.in_features = in, .out_features = out};
+    snprintf(name, sizeof name, "%s.weight", what);
+    if (!(l->weight = normal_param(ps, block_name(full, sizeof full, i, name), 2,
+                                   (const int64_t[]){out, in}, std, rng)))
+        return -1;
+    snprintf(name, sizeof name, "%s.bias", what);
+    if (bias && !(l->bias = const_param(ps, block_name(full, sizeof full, i, name), out, 0.0)))
+        return -1;
+    return 0;
+}
+
+static int layer_norm(nb_LayerNorm *ln, nb_params *ps, const char *prefix, int64_t i,
+                      const char *what, int64_t dim) {
+    char name[256], full[300];
+    *ln = (nb_LayerNorm){.dim = dim, .eps = GPT_LN_EPS};
+    for (int k = 0; k < 2; k++) {
+        snprintf(name, sizeof name, "%s.%s", what, k ? "bias" : "weight");
+        const char *n = i < 0 ? (snprintf(full, sizeof full, "%s.%s", prefix, name), full)
+                              : block_name(full, sizeof full, i, name);
+        nb_tensor *p = const_param(ps, n, dim, k ? 0.0 : 1.0);
+        if (!p) return -1;
+        *(k ? &ln->bias : &ln->weight) = p;
+    }
+    return 0;
+}
+
+static int check_config(const nb_GPTConfig *c) {
+    const char *fn = "nb_gpt_init";
+    if (c->vocab_size <= 0 || c->block_size <= 0 || c->n_layer <= 0 || c->n_head <= 0 ||
+        c->n_embd <= 0)
+        return (nn_error("%s: sizes must be positive, got vocab_size %lld, block_size %lld, "
+                         "n_layer %lld, n_head %lld, n_embd %lld", fn, (long long)c->vocab_size,
+                         (long long)c->block_size, (long long)c->n_layer, (long long)c->n_head,
+                         (long long)c->n_embd), -1);
+    if (c->n_embd % c->n_head != 0)
+        return (nn_error("%s: n_embd %lld is not divisible by n_head %lld", fn,
+                         (long long)c->n_embd, (long long)c->n_head), -1);
+    if (!(c->dropout >= 0 && c->dropout <= 1))
+        return (nn_error("%s: dropout must be in [0, 1], got %g", fn, c->dropout), -1);
+    if (c->n_layer > 100000)
+        return (nn_error("%s: n_layer %lld is too large", fn, (long long)c->n_layer), -1);
+    return 0;
+}
+
+static int gpt_init_body(nb_GPT *m, nb_params *ps, const nb_GPTConfig *cfg, nb_rng *rng) {
+    if (!m || !ps || !cfg) return (nn_error("nb_gpt_init: model, registry or config is NULL"), -1);
+    *m = (nb_GPT){0};
+    if (check_config(cfg)) return -1;
+    m->cfg = *cfg;
+    m->ps = ps;
+    int64_t C = cfg->n_embd, V = cfg->vocab_size, L = cfg->n_layer;
+    double std = GPT_INIT_STD, proj_std = GPT_INIT_STD / sqrt(2.0 * (double)L);
+    m->wte = (nb_Embedding){.num_embeddings = V, .embedding_dim = C};
+    m->wpe = (nb_Embedding){.num_embeddings = cfg->block_size, .embedding_dim = C};
+    if (!(m->wte.weight = normal_param(ps, "transformer.wte.weight", NB_SHAPE(V, C), std, rng)) ||
+        !(m->wpe.weight = normal_param(ps, "transformer.wpe.weight",
+                                       NB_SHAPE(cfg->block_size, C), std, rng)))
+        return -1;
+    if (!(m->h = calloc((size_t)L, sizeof *m->h))) return (nn_error("nb_gpt_init: out of memory"), -1);
+    for (int64_t i = 0; i < L; i++) {
+        nb_GPTBlock *b = &m->h[i];
+        if (layer_norm(&b->ln_1, ps, NULL, i, "ln_1", C) ||
+            linear(&b->c_attn, ps, i, "attn.c_attn", C, 3 * C, std, cfg->bias, rng) ||
+            linear(&b->attn_proj, ps, i, "attn.c_proj", C, C, proj_std, cfg->bias, rng) ||
+            layer_norm(&b->ln_2, ps, NULL, i, "ln_2", C) ||
+            linear(&b->c_fc, ps, i, "mlp.c_fc", C, 4 * C, std, cfg->bias, rng) ||
+            linear(&b->mlp_proj, ps, i, "mlp.c_proj", 4 * C, C, proj_std, cfg->bias, rng))
+            return -1;
+    }
+    if (layer_norm(&m->ln_f, ps, "transformer", -1, "ln_f", C)) return -1;
+    m->lm_head = (nb_Linear){.in_features = C, .out_features = V};
+    if (cfg->tie_weights) m->lm_head.weight = m->wte.weight;
+    else if (!(m->lm_head.weight = normal_param(ps, "lm_head.weight", NB_SHAPE(V, C), std, rng)))
+        return -1;
+    return 0;
+}
+
+int nb_gpt_init(nb_GPT *m, nb_params *ps, const nb_GPTConfig *cfg, nb_rng *rng) {
+    nn_enter();
+    int rc = gpt_init_body(m, ps, cfg, rng);
+    if (rc != 0 && m) nb_gpt_free(m);
+    return nn_leave_rc("nb_gpt_init", rc);
+}
+
+static void cache_free(nb_GPT *m) {
+    struct nb_gpt_cache *c = m->cache;
+    if (!c) return;
+    for (int64_t i = 0; i < m->cfg.n_layer; i++) {
+        if (c->k) nb_free(c->k[i]);
+        if (c->v) nb_free(c->v[i]);
+    }
+    free(c->k);
+    free(c->v);
+    free(c);
+    m->cache = NULL;
+}
+
+void nb_gpt_free(nb_GPT *m) {
+    if (!m) return;
+    cache_free(m);
+    free(m->h);
+    m->h = NULL;
+}
+
+/* --------------------------------------------------------------- forward */
+static bool check_model(const char *fn, const nb_GPT *m) {
+    if (!m) return nn_error("%s: model is NULL", fn), false;
+    if (!m->h || !m->wte.weight || !m->lm_head.weight)
+        return nn_error("%s: model is not initialized (use nb_gpt_init)", fn), false;
+    return true;
+}
+
+/* x (B,T,C) -> causal self-attention (B,T,C). keep: (T,Lk) or NULL; with a
+ * cache (generation), k and v of these T positions are written at pos and
+ * the attention reads positions [0, pos + T). */
+static nb_tensor *attention(const nb_GPT *m, const nb_GPTBlock *b, nb_tensor *x, nb_tensor *keep,
+                            bool training, nb_rng *rng, nb_tensor *kc, nb_tensor *vc, int64_t pos) {
+    int64_t B = nb_shape(x)[0], T = nb_shape(x)[1], C = m->cfg.n_embd, H = m->cfg.n_head;
+    nb_tensor *qkv = nb_linear_forward(&b->c_attn, x); /* (B,T,3C) */
+    nb_tensor *hd[3];
+    for (int i = 0; i < 3; i++) /* (B,T,C) -> (B,T,H,D) -> (B,H,T,D), views */
+        hd[i] = nb_transpose(nb_view(nb_narrow(qkv, 2, i * C, C), NB_SHAPE(B, T, H, C / H)), 1, 2);
+    if (kc) { /* generation: append to the cache, attend over all of it */
+        if (nb_copy_into(nb_narrow(kc, 2, pos, T), hd[1]) || nb_copy_into(nb_narrow(vc, 2, pos, T), hd[2]))
+            return NULL;
+        hd[1] = nb_narrow(kc, 2, 0, pos + T);
+        hd[2] = nb_narrow(vc, 2, 0, pos + T);
+    }
+    nb_tensor *y = nb_attention(hd[0], hd[1], hd[2], keep, m->cfg.dropout, training, rng, NULL);
+    y = nb_reshape(nb_transpose(y, 1, 2), NB_SHAPE(B, T, C)); /* merge heads (a copy) */
+    return nb_dropout(nb_linear_forward(&b->attn_proj, y), m->cfg.dropout, training, rng);
+}
+
+static nb_tensor *mlp(const nb_GPT *m, const nb_GPTBlock *b, nb_tensor *x, bool training,
+                      nb_rng *rng) {
+    nb_tensor *h = nb_gelu_tanh(nb_linear_forward(&b->c_fc, x));
+    return nb_dropout(nb_linear_forward(&b->mlp_proj, h), m->cfg.dropout, training, rng);
+}
+
+/* Every token of idx (any shape, NB_I64) in [0, V): true, or false with a message. */
+static bool check_tokens(const char *fn, const char *what, nb_tensor *t, int64_t V, bool ignore) {
+    nb_scope_begin();
+    nb_tensor *c = nb_contiguous(t);
+    const int64_t *p = nb_data(c);
+    bool ok = c != NULL;
+    for (int64_t i = 0; ok && i < nb_numel(c); i++)
+        if ((p[i] < 0 || p[i] >= V) && !(ignore && p[i] == -1)) {
+            nn_error("%s: %s %lld at position %lld is out of range for vocab_size %lld (valid: "
+                     "0..%lld%s)", fn, what, (long long)p[i], (long long)i, (long long)V,
+                     (long long)V - 1, ignore ? ", or -1 to ignore" : "");
+            ok = false;
+        }
+    nb_scope_end();
+    return ok;
+}
+
+static bool check_idx(const char *fn, const nb_GPT *m, nb_tensor *idx, const char *what,
+                      bool ignore) {
+    char s[128];
+    if (nb_dtype_of(idx) != NB_I64 || nb_ndim(idx) != 2)
+        return nn_error("%s: %s must be i64 (B, T), got %s %s", fn, what,
+                        nb_dtype_name(nb_dtype_of(idx)), NN_SHAPE(s, idx)), false;
+    int64_t T = nb_shape(idx)[1];
+    if (T < 1 || T > m->cfg.block_size)
+        return nn_error("%s: %s has T = %lld; it must be in 1..block_size %lld", fn, what,
+                        (long long)T, (long long)m->cfg.block_size), false;
+    return check_tokens(fn, what, idx, m->cfg.vocab_size, ignore);
+}
+
+/* idx (B,T) at positions [pos, pos+T) -> final hidden states ln_f(x) (B,T,C) */
+static nb_tensor *trunk(nb_GPT *m, nb_tensor *idx, bool training, nb_rng *rng,
+                        struct nb_gpt_cache *c, nb_tensor *keep) {
+    int64_t T = nb_shape(idx)[1], pos = c ? c->pos : 0;
+    nb_tensor *positions = nb_arange(NB_I64, T);
+    if (pos > 0) positions = nb_narrow(nb_arange(NB_I64, pos + T), 0, pos, T);
+    nb_tensor *tok = nb_embedding(m->wte.weight, idx);
+    nb_tensor *x = nb_add(tok, nb_embedding(m->wpe.weight, positions));
+    x = nb_dropout(x, m->cfg.dropout, training, rng);
+    for (int64_t i = 0; i < m->cfg.n_layer; i++) {
+        const nb_GPTBlock *b = &m->h[i];
+        x = nb_add(x, attention(m, b, nb_layernorm_forward(&b->ln_1, x), keep, training, rng,
+                                c ? c->k[i] : NULL, c ? c->v[i] : NULL, pos));
+        x = nb_add(x, mlp(m, b, nb_layernorm_forward(&b->ln_2, x), training, rng));
+    }
+    return nb_layernorm_forward(&m->ln_f, x);
+}
+
+static nb_tensor *gpt_forward_body(nb_GPT *m, nb_tensor *idx, bool training, nb_rng *rng) {
+    const char *fn = "nb_gpt_forward";
+    if (!check_model(fn, m) || !nn_input(fn, idx, 0) || !check_idx(fn, m, idx, "idx", false))
+        return NULL;
+    int64_t T = nb_shape(idx)[1];
+    nb_tensor *x = trunk(m, idx, training, rng, NULL, nb_tril_mask(T, T));
+    return nb_linear(x, m->lm_head.weight, NULL);
+}
+
+nb_tensor *nb_gpt_forward(nb_GPT *m, nb_tensor *idx, bool training, nb_rng *rng) {
+    nn_enter();
+    return nn_leave("nb_gpt_forward", gpt_forward_body(m, idx, training, rng));
+}
+
+static nb_tensor *gpt_loss_body(nb_GPT *m, nb_tensor *idx, nb_tensor *targets, bool training,
+                                nb_rng *rng) {
+    const char *fn = "nb_gpt_loss";
+    char s1[128], s2[128];
+    if (!check_model(fn, m) || !nn_input(fn, idx, 0) || !nn_input(fn, targets, 1) ||
+        !check_idx(fn, m, idx, "idx", false))
+        return NULL;
+    if (nb_dtype_of(targets) != NB_I64 || nb_ndim(targets) != 2 ||
+        nb_shape(targets)[0] != nb_shape(idx)[0] || nb_shape(targets)[1] != nb_shape(idx)[1])
+        return nn_error("%s: targets %s %s must be i64 of idx's shape %s", fn,
+                        nb_dtype_name(nb_dtype_of(targets)), NN_SHAPE(s1, targets),
+                        NN_SHAPE(s2, idx));
+    if (!check_tokens(fn, "target", targets, m->cfg.vocab_size, true)) return NULL;
+    int64_t N = nb_numel(idx), V = m->cfg.vocab_size;
+    nb_tensor *logits = gpt_forward_body(m, idx, training, rng);
+    return nb_cross_entropy(nb_view(logits, NB_SHAPE(N, V)), nb_reshape(targets, NB_SHAPE(N)),
+                            -1, 0.0);
+}
+
+nb_tensor *nb_gpt_loss(nb_GPT *m, nb_tensor *idx, nb_tensor *targets, bool training, nb_rng *rng) {
+    nn_enter();
+    return nn_leave("nb_gpt_loss", gpt_loss_body(m, idx, targets, training, rng));
+}
+
+/* ---------------------------------------------------------- weight decay */
+static int gpt_set_weight_decay_body(const nb_GPT *m, nb_optim *opt, double wd) {
+    const char *fn = "nb_gpt_set_weight_decay";
+    if (!check_model(fn, m)) return -1;
+    if (!opt) return (nn_null(fn), -1);
+    if (nb_optim_set_weight_decay(opt, NULL, 0.0)) return -1;
+    static const char *const decayed[] = {"attn.c_attn.weight", "attn.c_proj.weight",
+                                          "mlp.c_fc.weight", "mlp.c_proj.weight"};
+    char name[300];
+    for (int64_t i = 0; i < m->cfg.n_layer; i++)
+        for (int k = 0; k < 4; k++)
+            if (nb_optim_set_weight_decay(opt, block_name(name, sizeof name, i, decayed[k]), wd))
+                return -1;
+    if (!m->cfg.tie_weights && nb_optim_set_weight_decay(opt, "lm_head.weight", wd)) return -1;
+    return 0;
+}
+
+int nb_gpt_set_weight_decay(const nb_GPT *m, nb_optim *opt, double weight_decay) {
+    nn_enter();
+    return nn_leave_rc("nb_gpt_set_weight_decay", gpt_set_weight_decay_body(m, opt, weight_decay));
+}
+
+/* ------------------------------------------------------------ generation */
+static int cache_make(nb_GPT *m) {
+    if (m->cache) return 0;
+    int64_t L = m->cfg.n_layer, H = m->cfg.n_head, D = m->cfg.n_embd / H;
+    struct nb_gpt_cache *c = calloc(1, sizeof *c);
+    if (!c) return (nn_error("nb_gpt_generate: out of memory"), -1);
+    m->cache = c;
+    c->k = calloc((size_t)L, sizeof *c->k);
+    c->v = calloc((size_t)L, sizeof *c->v);
+    if (!c->k || !c->v) return (cache_free(m), nn_error("nb_gpt_generate: out of memory"), -1);
+    nb_dtype dt = nb_dtype_of(m->wte.weight);
+    nb_scope_begin();
+    for (int64_t i = 0; i < L; i++) {
+        nb_tensor *k = nb_zeros(dt, NB_SHAPE(1, H, m->cfg.block_size, D));
+        nb_tensor *v = nb_zeros(dt, NB_SHAPE(1, H, m->cfg.block_size, D));
+        c->k[i] = k ? nb_persistent(k) : NULL;
+        c->v[i] = v ? nb_persistent(v) : NULL;
+    }
+    nb_scope_end();
+    for (int64_t i = 0; i < L; i++)
+        if (!c->k[i] || !c->v[i]) return (cache_free(m), -1);
+    return 0;
+}
+
+/* Runs tokens[0..n) at the cache's next positions; the logits (V) of the
+ * last one, in the current scope. Keep-mask (n, pos+n): position pos+i sees
+ * positions up to pos+i. */
+static nb_tensor *feed(nb_GPT *m, const int64_t *tokens, int64_t n) {
+    struct nb_gpt_cache *c = m->cache;
+    int64_t pos = c->pos, Lk = pos + n;
+    nb_tensor *keep = NULL;
+    if (n > 1) {
+        bool *k = malloc((size_t)(n * Lk));
+        if (!k) return nn_error("nb_gpt_generate: out of memory");
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < Lk; j++) k[i * Lk + j] = j <= pos + i;
+        keep = nb_from_data(NB_BOOL, NB_SHAPE(n, Lk), k);
+        free(k);
+        if (!keep) return NULL;
+    }
+    nb_tensor *idx = nb_from_data(NB_I64, NB_SHAPE(1, n), tokens);
+    nb_tensor *x = trunk(m, idx, false, NULL, c, keep);
+    nb_tensor *last = nb_select(nb_select(x, 0, 0), 0, n - 1); /* (C) */
+    nb_tensor *logits = nb_matmul(m->lm_head.weight, last);   /* (V) */
+    if (logits) c->pos = Lk;
+    return logits;
+}
+
+/* One token from logits (V) */
+static int64_t sample(nb_tensor *logits, const nb_gpt_sample_opts *o, nb_rng *rng) {
+    nb_tensor *t;
+    if (o->greedy) {
+        t = nb_argmax(logits, 0, false);
+        return t ? (int64_t)nb_item(t) : -1;
+    }
+    nb_tensor *z = nb_mul_scalar(logits, 1.0 / o->temperature);
+    int64_t V = nb_numel(logits);
+    if (o->top_k > 0 && o->top_k < V) { /* below the k-th largest: -inf */
+        nb_tensor *kth = nb_narrow(nb_topk(z, o->top_k, 0, true, true, NULL), 0, o->top_k - 1, 1);
+        z = nb_masked_fill(z, nb_lt(z, kth), -INFINITY);
+    }
+    t = nb_multinomial(nb_softmax(z, 0), 1, false, rng);
+    return t ? (int64_t)nb_item(t) : -1;
+}
+
+static int64_t gpt_generate_body(nb_GPT *m, const int64_t *prompt, int64_t n_prompt,
+                                 int64_t n_new, const nb_gpt_sample_opts *opts, nb_rng *rng,
+                                 int64_t *out, bool (*on_token)(int64_t, void *), void *user) {
+    const char *fn = "nb_gpt_generate";
+    if (!check_model(fn, m)) return -1;
+    nb_gpt_sample_opts o = opts ? *opts : (nb_gpt_sample_opts){.temperature = 1.0};
+    if (!prompt || n_prompt < 1)
+        return (nn_error("%s: the prompt must have at least 1 token, got %lld", fn,
+                         (long long)n_prompt), -1);
+    if (n_new < 0 || (n_new > 0 && !out))
+        return (nn_error("%s: n_new must be >= 0 with room in out, got %lld%s", fn,
+                         (long long)n_new, out ? "" : " and out NULL"), -1);
+    if (!o.greedy && !(o.temperature > 0 && isfinite(o.temperature)))
+        return (nn_error("%s: temperature must be > 0 and finite, got %g", fn, o.temperature), -1);
+    if (o.top_k < 0)
+        return (nn_error("%s: top_k must be >= 0 (0 = all tokens), got %lld", fn,
+                         (long long)o.top_k), -1);
+    int64_t V = m->cfg.vocab_size, block = m->cfg.block_size;
+    for (int64_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= V)
+            return (nn_error("%s: prompt token %lld at position %lld is out of range for "
+                             "vocab_size %lld", fn, (long long)prompt[i], (long long)i,
+                             (long long)V), -1);
+    if (cache_make(m)) return -1;
+    /* the history: the prompt's last block tokens, then what is generated */
+    int64_t keep0 = n_prompt < block ? n_prompt : block;
+    int64_t *hist = malloc((size_t)(keep0 + n_new) * sizeof *hist);
+    if (!hist) return (nn_error("%s: out of memory", fn), -1);
+    memcpy(hist, prompt + n_prompt - keep0, (size_t)keep0 * sizeof *hist);
+    int64_t len = keep0, done = 0, feed_from = 0; /* hist[feed_from..len) is not cached yet */
+    bool was = nb_grad_enabled(), failed = false, stop = false;
+    nb_set_grad_enabled(false);
+    m->cache->pos = 0;
+    while (done < n_new && !stop) {
+        nb_scope_begin();
+        if (m->cache->pos + (len - feed_from) > block) { /* full: keep the last half block */
+            int64_t keep = block / 2 > 0 ? block / 2 : 1;
+            m->cache->pos = 0;
+            feed_from = len - (keep < len ? keep : len);
+        }
+        nb_tensor *logits = feed(m, hist + feed_from, len - feed_from);
+        int64_t tok = logits ? sample(logits, &o, rng) : -1;
+        nb_scope_end();
+        if (tok < 0) {
+            failed = true;
+            break;
+        }
+        feed_from = len;
+        hist[len++] = tok;
+        out[done++] = tok;
+        if (on_token && !on_token(tok, user)) stop = true;
+    }
+    nb_set_grad_enabled(was);
+    free(hist);
+    return failed ? -1 : done;
+}
+
+int64_t nb_gpt_generate(nb_GPT *m, const int64_t *prompt, int64_t n_prompt, int64_t n_new,
+                        const nb_gpt_sample_opts *opts, nb_rng *rng, int64_t *out,
+                        bool (*on_token)(int64_t, void *), void *user) {
+    nn_enter();
+    int64_t n = gpt_generate_body(m, prompt, n_prompt, n_new, opts, rng, out, on_token, user);
+    nn_leave_rc("nb_gpt_generate", n < 0 ? -1 : 0);
+    return n;
+}
