@@ -90,6 +90,8 @@ static struct {
     nb_MHA mha;
     nb_FeedForward ff;
     nb_Transformer tr;
+    nb_GPT gpt;
+    nb_params *gps;
 } mods;
 static const nb_TransformerConfig tiny = {.src_vocab = 5, .tgt_vocab = 5, .d_model = 4,
                                           .d_ff = 6, .heads = 2, .layers = 1, .max_len = 8,
@@ -106,11 +108,17 @@ static void mods_init(void) {
     ck_assert_int_eq(nb_mha_init(&mods.mha, mods.ps, "mha", 4, 2, 0.0, true, &r), 0);
     ck_assert_int_eq(nb_feedforward_init(&mods.ff, mods.ps, "ff", 4, 6, 0.0, &r), 0);
     ck_assert_int_eq(nb_transformer_init(&mods.tr, mods.ps, &tiny, &r), 0);
+    mods.gps = nb_params_new();
+    const nb_GPTConfig g = {.vocab_size = 5, .block_size = 8, .n_layer = 1, .n_head = 2,
+                            .n_embd = 4, .bias = true, .tie_weights = true};
+    ck_assert_int_eq(nb_gpt_init(&mods.gpt, mods.gps, &g, &r), 0);
 }
 
 static void mods_free(void) {
     if (!mods.ps) return;
     nb_transformer_free(&mods.tr);
+    nb_gpt_free(&mods.gpt);
+    nb_params_free(mods.gps);
     nb_params_free(mods.ps);
     mods.ps = NULL;
 }
@@ -156,6 +164,8 @@ static void mk_mha(nb_tensor **in) {
     in[3] = made(nb_tril_mask(3, 3));
 }
 static void mk_x4(nb_tensor **in) { in[0] = fdef(NB_SHAPE(1, 3, 4)); }
+static void mk_gpt_ids(nb_tensor **in) { in[0] = i64(NB_SHAPE(1, 3)); }
+static void mk_gpt_loss(nb_tensor **in) { in[0] = i64(NB_SHAPE(1, 3)), in[1] = i64(NB_SHAPE(1, 3)); }
 static void mk_xavier(nb_tensor **in) { in[0] = fdef(NB_SHAPE(3, 4)); }
 static void mk_encode(nb_tensor **in) {
     in[0] = i64(NB_SHAPE(1, 3)), in[1] = keep_all(NB_SHAPE(1, 1, 1, 3));
@@ -304,7 +314,10 @@ static bool mha_failed(nb_tensor **in) {
       nb_transformer_encode(&mods.tr, in[0], in[1], false, NULL) == NULL)                        \
     X(nb_transformer_decode, 4, decode,                                                          \
       nb_transformer_decode(&mods.tr, in[0], in[1], in[2], in[3], false, NULL) == NULL)          \
-    X(nb_transformer_logits, 1, logits, nb_transformer_logits(&mods.tr, in[0]) == NULL)
+    X(nb_transformer_logits, 1, logits, nb_transformer_logits(&mods.tr, in[0]) == NULL)       \
+    X(nb_activate, 1, x4, nb_activate(in[0], NB_ACT_GELU_TANH) == NULL)                         \
+    X(nb_gpt_forward, 1, gpt_ids, nb_gpt_forward(&mods.gpt, in[0], false, NULL) == NULL)       \
+    X(nb_gpt_loss, 2, gpt_loss, nb_gpt_loss(&mods.gpt, in[0], in[1], false, NULL) == NULL)
 
 typedef struct handle_case {
     const char *name;

@@ -102,5 +102,8 @@ Suite *suite_registry(void);
 /* test_registry.c: prints the op table of docs/ops.md ("full") or README.md */
 void print_op_table(const char *which);
 Suite *suite_edges(void);
+Suite *suite_gpt(void);    /* test_gpt.c: the model, generation, weight decay groups */
+Suite *suite_gpt_io(void); /* test_gpt_io.c: llm.c / Hugging Face files, token files */
+Suite *suite_gpt_torch(void); /* test_gpt_torch.c: agreement with PyTorch on generated files */
 
 #endif
