@@ -50,6 +50,8 @@ $(BUILD)/%.o: %.c $(HDRS)
 # The GEMM kernel relies on multiply-adds contracting to FMA (-std=c11 turns
 # contraction off in GCC); its AVX2/AVX-512 code comes from target attributes.
 $(BUILD)/ops/gemm.o: CFLAGS += -ffp-contract=fast
+# sqrtf inline (no errno), so that the optimizer loops vectorize
+$(BUILD)/nn/optim.o: CFLAGS += -fno-math-errno
 
 $(BUILD)/libnabla.a: $(LIB_OBJ)
 	@rm -f $@

@@ -336,6 +336,14 @@ static int accumulate(nb_tensor **acc_p, nb_tensor *g) {
     return 0;
 }
 
+/* A gradient whose storage is its own alone and exactly its elements in
+ * row-major order: a leaf's first .grad can take that buffer over instead of
+ * copying it (a GPT-2 step hands 0.5 GB of weight gradients to their leaves). */
+static bool adoptable(const nb_tensor *g) {
+    return g->storage->refs == 1 && g->offset == 0 && nb_is_contiguous(g) &&
+           g->storage->nbytes == (size_t)g->numel * nbi_dtype_size(g->dtype);
+}
+
 /* Leaves' .grad: under grad_mu, so that walks on several threads sharing a
  * leaf add up (PyTorch's rule), and nb_zero_grad does not tear a sum. No
  * allocation happens under the lock, so it never nests in the allocator's. */
@@ -348,9 +356,16 @@ static int accumulate_leaf(nb_tensor *leaf, nb_tensor *g) {
     }
     pthread_mutex_unlock(&grad_mu);
     if (has) return 0;
-    nb_tensor *copy = nbi_new("nb_backward", leaf->dtype, leaf->ndim, leaf->shape, false);
-    if (!copy) return -1;
-    nbi_copy_strided(copy, g->strides, g);
+    nb_tensor *copy;
+    if (adoptable(g)) { /* the new .grad takes g's buffer, which nobody else holds */
+        int64_t st[NB_MAX_DIMS];
+        nbi_contiguous_strides(g->ndim, g->shape, st);
+        if (!(copy = nbi_make_view(g, g->ndim, g->shape, st, 0))) return -1;
+    } else {
+        if (!(copy = nbi_new("nb_backward", leaf->dtype, leaf->ndim, leaf->shape, false)))
+            return -1;
+        nbi_copy_strided(copy, g->strides, g);
+    }
     nbi_unscoped(copy);
     pthread_mutex_lock(&grad_mu);
     if (!leaf->grad) { /* another walk may have made it meanwhile */

@@ -158,49 +158,57 @@ nb_optim *nb_adamw(nb_params *ps, double lr, double beta1, double beta2, double 
 }
 
 /* ------------------------------------------------------------ update kernels
- * One copy per element type T. The order of operations follows torch's
- * kernels: add(a, b, alpha) = a + alpha*b, addcmul(a, b, c, value) =
- * a + value*b*c, addcdiv(a, b, c, value) = a + value*b/c. */
-#define DEFINE_KERNELS(T)                                                                       \
+ * One copy per element type T, computing in C (double for f64; float for
+ * f32, as torch's f32 tensor ops do: every step rounds to float, and the
+ * loop vectorizes). The order of operations follows torch's kernels:
+ * add(a, b, alpha) = a + alpha*b, addcmul(a, b, c, value) = a + value*b*c,
+ * addcdiv(a, b, c, value) = a + value*b/c; scalars are rounded to C first. */
+#define DEFINE_KERNELS(T, C, SQRT)                                                                  \
     /* torch.optim.SGD: d = g + wd p; buf = d (first step) or momentum buf + d; p -= lr buf */  \
-    static void sgd_##T(const nb_optim *o, double wd, T *p, const T *g, T *buf, bool first,   \
-                        int64_t n) {                                                           \
-        double lr = o->lr, mom = o->momentum;                                                  \
+    static void sgd_##T(const nb_optim *o, double wd_, T *restrict p, const T *restrict g,     \
+                        T *restrict buf, bool first, int64_t n) {                              \
+        const C lr = (C)-o->lr, wd = (C)wd_, mom = (C)o->momentum;                              \
         for (int64_t i = 0; i < n; i++) {                                                      \
-            double pi = p[i], d = g[i];                                                        \
+            C pi = p[i], d = g[i];                                                             \
             if (wd != 0) d = d + wd * pi;                                                      \
             if (buf) {                                                                         \
-                if (!first) d = (double)buf[i] * mom + d;                                      \
+                if (!first) d = (C)buf[i] * mom + d;                                           \
                 buf[i] = (T)d;                                                                 \
             }                                                                                  \
-            p[i] = (T)(pi + -lr * d);                                                          \
+            p[i] = (T)(pi + lr * d);                                                           \
         }                                                                                      \
     }                                                                                          \
     /* torch.optim.Adam (wd: g += wd p) and AdamW (wd: p *= 1 - lr wd):                        \
      * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; step_size = lr / (1 - b1^t);                \
      * p += -step_size * m / (sqrt(v) / sqrt(1 - b2^t) + eps) */                               \
-    static void adam_##T(const nb_optim *o, double wd, T *p, const T *g, T *m, T *v,           \
-                         int64_t t, int64_t n) {                                               \
-        double lr = o->lr, b1 = o->beta1, b2 = o->beta2, eps = o->eps;                         \
-        double step_size = lr / (1 - pow(b1, (double)t));                                      \
-        double bc2_sqrt = sqrt(1 - pow(b2, (double)t));                                        \
-        bool adamw = o->kind == OPT_ADAMW;                                                     \
-        double decay = 1 - lr * wd;                                                            \
+    static void adam_##T(const nb_optim *o, double wd_, T *restrict p, const T *restrict g,    \
+                         T *restrict m, T *restrict v, int64_t t, int64_t n) {                 \
+        const C b1 = (C)o->beta1, b2 = (C)o->beta2, c1 = (C)(1 - o->beta1),                    \
+                c2 = (C)(1 - o->beta2), eps = (C)o->eps, wd = (C)wd_;                          \
+        const C step = (C)(-(o->lr / (1 - pow(o->beta1, (double)t))));                         \
+        const C bc2_sqrt = (C)sqrt(1 - pow(o->beta2, (double)t));                              \
+        const C decay = (C)(1 - o->lr * wd_);                                                  \
+        if (o->kind == OPT_ADAMW) {                                                            \
+            for (int64_t i = 0; i < n; i++) {                                                  \
+                C gi = g[i], mi = m[i] * b1 + c1 * gi, vi = v[i] * b2 + c2 * gi * gi;          \
+                m[i] = (T)mi;                                                                  \
+                v[i] = (T)vi;                                                                  \
+                p[i] = (T)((C)p[i] * decay + step * mi / (SQRT(vi) / bc2_sqrt + eps));         \
+            }                                                                                  \
+            return;                                                                            \
+        }                                                                                      \
         for (int64_t i = 0; i < n; i++) {                                                      \
-            double pi = p[i], gi = g[i];                                                       \
-            if (adamw) pi = pi * decay;                                                        \
-            else if (wd != 0) gi = gi + wd * pi;                                               \
-            double mi = (double)m[i] * b1 + (1 - b1) * gi;                                     \
-            double vi = (double)v[i] * b2 + (1 - b2) * gi * gi;                                \
+            C pi = p[i], gi = g[i];                                                            \
+            if (wd != 0) gi = gi + wd * pi;                                                    \
+            C mi = m[i] * b1 + c1 * gi, vi = v[i] * b2 + c2 * gi * gi;                         \
             m[i] = (T)mi;                                                                      \
             v[i] = (T)vi;                                                                      \
-            double denom = sqrt(vi) / bc2_sqrt + eps;                                          \
-            p[i] = (T)(pi + -step_size * mi / denom);                                          \
+            p[i] = (T)(pi + step * mi / (SQRT(vi) / bc2_sqrt + eps));                          \
         }                                                                                      \
     }
 
-DEFINE_KERNELS(float)
-DEFINE_KERNELS(double)
+DEFINE_KERNELS(float, float, sqrtf)
+DEFINE_KERNELS(double, double, sqrt)
 
 /* One parameter's update, elements [lo, hi) of it. */
 typedef struct {

@@ -145,6 +145,20 @@ static int matmul_batched(const mm_geom *g, const nb_tensor *a, const nb_tensor 
 }
 
 /* ----------------------------------------------------------------- backward */
+/* x y, laid out like `like` (an operand whose gradient this is): when like's
+ * last two dims are column-major (a transposed view, as w^T in nb_linear),
+ * the product is made as (y^T x^T)^T, whose buffer is then row-major in
+ * like's base order, so the gradient reaches the base (the weight) without
+ * a strided copy. The same products are summed in the same order: the bits
+ * are those of x y. */
+static nb_tensor *product_like(nb_tensor *x, nb_tensor *y, const nb_tensor *like) {
+    int n = like->ndim;
+    bool colmajor = n >= 2 && like->strides[n - 2] == 1 && like->strides[n - 1] != 1 &&
+                    like->shape[n - 1] > 1;
+    if (!colmajor) return nb_matmul(x, y);
+    return nb_transpose(nb_matmul(nb_transpose(y, -1, -2), nb_transpose(x, -1, -2)), -1, -2);
+}
+
 /* out = a b  =>  dA = g bᵀ, dB = aᵀ g, each summed over the batch dims its
  * input was broadcast along. A 1-D operand is seen as a matrix (a: (1,K),
  * b: (K,1)) and g gets the matching size-1 dims back. */
@@ -159,12 +173,12 @@ static int matmul_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     if (g2 && b1) g2 = nb_unsqueeze(g2, g2->ndim);
     if (!a2 || !b2 || !g2) return -1;
     if (nbi_wants(n, 0)) {
-        nb_tensor *da = nb_matmul(g2, nb_transpose(b2, -1, -2)); /* (B...,M,K) */
+        nb_tensor *da = product_like(g2, nb_transpose(b2, -1, -2), a2); /* (B...,M,K) */
         /* a 1-D a: (B...,1,K) sums to (K) like a broadcast */
         if (!da || !(gin[0] = nbi_sum_to(da, a->ndim, a->shape))) return -1;
     }
     if (nbi_wants(n, 1)) {
-        nb_tensor *db = nb_matmul(nb_transpose(a2, -1, -2), g2); /* (B...,K,N) */
+        nb_tensor *db = product_like(nb_transpose(a2, -1, -2), g2, b2); /* (B...,K,N) */
         if (db && b1) db = nb_squeeze(db, -1);                    /* (B...,K) */
         if (!db || !(gin[1] = nbi_sum_to(db, b->ndim, b->shape))) return -1;
     }

@@ -8,12 +8,14 @@
  * most NABLA_CACHE_MB MiB (default 1024) and nb_empty_cache() returns it to
  * the system. Counters give the bytes in use and their peak, as
  * torch.cuda.memory_allocated and max_memory_allocated do. */
+#define _DEFAULT_SOURCE /* madvise, MADV_HUGEPAGE */
 #include "tensor_internal.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define SMALL ((size_t)4096) /* up to half this, per-thread lists of powers of two */
 #define NCLASS 256
@@ -77,6 +79,22 @@ static void count(int64_t delta) {
 static void *list_pop(int kind);
 static bool list_push(int kind, void *p);
 
+/* A new buffer of cap bytes from the system. Buffers of HUGE_MIN and more
+ * are 2 MiB-aligned and asked to be backed by transparent huge pages: here a
+ * fresh 4 KiB page costs ~7 us to fault in, a 2 MiB one ~0.7 ms (a third of
+ * the time per byte), and a GPT-2 training step touches ~1 GB of new pages
+ * in its first step. Where THP is off (or not Linux), madvise is a no-op. */
+#define HUGE_MIN ((size_t)2 << 20)
+static void *sys_alloc(size_t cap) {
+    if (cap < HUGE_MIN) return aligned_alloc(64, cap);
+    size_t len = (cap + HUGE_MIN - 1) & ~(HUGE_MIN - 1);
+    void *p = aligned_alloc(HUGE_MIN, len);
+#if defined(MADV_HUGEPAGE)
+    if (p) madvise(p, len, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
 /* Small buffers: powers of two from 64 bytes, kept in per-thread lists. */
 static int small_kind(size_t cap) { return NBI_OBJ_KINDS + __builtin_ctzll(cap) - 6; }
 
@@ -102,10 +120,10 @@ void *nbi_buf_alloc(size_t nbytes, size_t *cap) {
         cached_bytes -= *cap;
     }
     pthread_mutex_unlock(&mu);
-    if (!b) b = aligned_alloc(64, *cap);
+    if (!b) b = sys_alloc(*cap);
     if (!b) { /* out of memory: give the cache back to the system and try once more */
         nb_empty_cache();
-        b = aligned_alloc(64, *cap);
+        b = sys_alloc(*cap);
     }
     if (b) count((int64_t)*cap);
     return b;
