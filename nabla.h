@@ -347,6 +347,11 @@ typedef struct nb_backward_opts {
  * with options (NULL = defaults, as theirs). */
 NB_API int nb_backward_with_opts(nb_tensor *out, nb_tensor *grad, const nb_backward_opts *opts);
 NB_API void nb_zero_grad(nb_tensor *t);            /* sets .grad to zeros, if any */
+/* Drops t's .grad (nb_grad is NULL after), as PyTorch's zero_grad(set_to_none=True):
+ * the next backward then gives t its gradient's own buffer instead of adding
+ * it to zeros, and no memory holds gradients between steps. A handle taken
+ * from nb_grad before is freed (using it is an error naming nb_clear_grad). */
+NB_API void nb_clear_grad(nb_tensor *t);
 /* A view sharing t's storage, with no history and not requiring grad. */
 NB_API nb_tensor *nb_detach(nb_tensor *t);
 /* Grad mode is per thread; disabled, ops record nothing. */
@@ -891,9 +896,12 @@ typedef struct nb_gpt_sample_opts {
  * written to out[0..n_new), one sequence, with grad mode off. Keys and values
  * of past positions are kept in a cache (per layer, (1, H, block_size, D)),
  * so each new token costs one position's forward and attention over the
- * tokens so far: O(T), not O(T^2). When the context would pass block_size,
- * the window slides (the last block_size - 1 tokens are re-encoded, as
- * nanoGPT crops). Draws from rng (NULL = global) through nb_multinomial.
+ * tokens so far: O(T), not O(T^2). A prompt longer than block_size keeps
+ * its last block_size tokens. When the context is full, the last
+ * block_size/2 tokens (at least 1) are re-encoded from position 0 and
+ * generation goes on, so the context holds between block_size/2 and
+ * block_size tokens (nanoGPT crops to the last block_size tokens for every
+ * new token instead, a whole-block forward per token). Draws from rng (NULL = global) through nb_multinomial.
  * opts NULL = temperature 1, top_k 0. on_token (may be NULL) is called after
  * each token with it and user, and may stop generation by returning false.
  * Returns the number of tokens written, or -1 with a message. */
@@ -962,13 +970,18 @@ NB_API nb_optim *nb_adamw(nb_params *ps, double lr, double beta1, double beta2, 
  * no longer backpropagate (as after nb_mark_modified). */
 NB_API void nb_optim_step(nb_optim *opt);
 NB_API void nb_optim_zero_grad(nb_optim *opt);          /* nb_zero_grad on each parameter */
+/* nb_clear_grad on each parameter: PyTorch's zero_grad(set_to_none=True), the
+ * faster way to end a training step (no pass over the gradients, which then
+ * take no memory during the next forward). */
+NB_API void nb_optim_clear_grad(nb_optim *opt);
 NB_API void nb_optim_set_lr(nb_optim *opt, double lr);  /* lr >= 0, else an error, unchanged */
 /* Per-parameter weight decay, as PyTorch's parameter groups: the parameter
  * registered as name in the optimizer's registry (NULL = every parameter)
  * gets weight_decay (>= 0) instead of the optimizer's. 0, or -1 (unknown
  * name, bad value; nothing changed). */
 NB_API int nb_optim_set_weight_decay(nb_optim *opt, const char *name, double weight_decay);
-/* That parameter's weight decay (NULL = the optimizer's default); NaN on error. */
+/* That parameter's weight decay; NULL: the optimizer's own (the value given
+ * at creation, or the last one set for every parameter); NaN on error. */
 NB_API double nb_optim_weight_decay(const nb_optim *opt, const char *name);
 NB_API double nb_optim_lr(const nb_optim *opt);         /* NaN on NULL */
 NB_API void nb_optim_free(nb_optim *opt);               /* with its state; NULL is ok */

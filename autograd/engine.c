@@ -146,6 +146,17 @@ void nb_zero_grad(nb_tensor *t) {
     pthread_mutex_unlock(&grad_mu);
 }
 
+void nb_clear_grad(nb_tensor *t) {
+    if (!t || !nbi_arg("nb_clear_grad", t, 0)) return;
+    pthread_mutex_lock(&grad_mu);
+    nb_tensor *g = t->grad;
+    t->grad = NULL;
+    pthread_mutex_unlock(&grad_mu);
+    if (!g) return;
+    g->freed = NBI_FREED_CLEARED;
+    nbi_unref(g);
+}
+
 nb_tensor *nb_detach(nb_tensor *t) {
     if (!nbi_arg("nb_detach", t, 0)) return NULL;
     return nbi_make_view(t, t->ndim, t->shape, t->strides, t->offset);

@@ -29,12 +29,18 @@ struct nb_gpt_cache {
 };
 
 /* ------------------------------------------------------------------ init */
-/* N(0, std) in the default dtype, registered as name */
+/* N(0, std) in the default dtype, registered as name; scaled in place, so
+ * that making GPT-2's 124M weights needs no second copy of them. */
 static nb_tensor *normal_param(nb_params *ps, const char *name, int ndim, const int64_t *shape,
                                double std, nb_rng *rng) {
     nb_scope_begin();
-    nb_tensor *p = nb_params_add(ps, name, nb_mul_scalar(nb_randn(nb_default_dtype(), ndim,
-                                                                  shape, rng), std));
+    nb_tensor *r = nb_randn(nb_default_dtype(), ndim, shape, rng);
+    int64_t n = nb_numel(r);
+    if (r && nb_dtype_of(r) == NB_F32)
+        for (float *d = nb_data(r); n-- > 0; d++) *d = (float)(*d * std);
+    else if (r)
+        for (double *d = nb_data(r); n-- > 0; d++) *d *= std;
+    nb_tensor *p = nb_params_add(ps, name, r);
     nb_scope_end();
     return p;
 }
@@ -168,6 +174,13 @@ static bool check_model(const char *fn, const nb_GPT *m) {
     return true;
 }
 
+/* Frees a tensor of this scope and returns next: a step of a chain whose
+ * intermediates need not outlive it (the graph keeps what backward reads). */
+static nb_tensor *then(nb_tensor *done, nb_tensor *next) {
+    nb_free(done);
+    return next;
+}
+
 /* x (B,T,C) -> causal self-attention (B,T,C). keep: (T,Lk) or NULL; with a
  * cache (generation), k and v of these T positions are written at pos and
  * the attention reads positions [0, pos + T). */
@@ -178,6 +191,7 @@ static nb_tensor *attention(const nb_GPT *m, const nb_GPTBlock *b, nb_tensor *x,
     nb_tensor *hd[3];
     for (int i = 0; i < 3; i++) /* (B,T,C) -> (B,T,H,D) -> (B,H,T,D), views */
         hd[i] = nb_transpose(nb_view(nb_narrow(qkv, 2, i * C, C), NB_SHAPE(B, T, H, C / H)), 1, 2);
+    nb_free(qkv); /* the views hold its storage */
     if (kc) { /* generation: append to the cache, attend over all of it */
         if (nb_copy_into(nb_narrow(kc, 2, pos, T), hd[1]) || nb_copy_into(nb_narrow(vc, 2, pos, T), hd[2]))
             return NULL;
@@ -185,14 +199,28 @@ static nb_tensor *attention(const nb_GPT *m, const nb_GPTBlock *b, nb_tensor *x,
         hd[2] = nb_narrow(vc, 2, 0, pos + T);
     }
     nb_tensor *y = nb_attention(hd[0], hd[1], hd[2], keep, m->cfg.dropout, training, rng, NULL);
-    y = nb_reshape(nb_transpose(y, 1, 2), NB_SHAPE(B, T, C)); /* merge heads (a copy) */
-    return nb_dropout(nb_linear_forward(&b->attn_proj, y), m->cfg.dropout, training, rng);
+    for (int i = 0; i < 3; i++) nb_free(hd[i]);
+    y = then(y, nb_transpose(y, 1, 2));
+    y = then(y, nb_reshape(y, NB_SHAPE(B, T, C))); /* merge heads (a copy) */
+    y = then(y, nb_linear_forward(&b->attn_proj, y));
+    return m->cfg.dropout > 0 && training ? then(y, nb_dropout(y, m->cfg.dropout, true, rng)) : y;
 }
 
 static nb_tensor *mlp(const nb_GPT *m, const nb_GPTBlock *b, nb_tensor *x, bool training,
                       nb_rng *rng) {
-    nb_tensor *h = nb_gelu_tanh(nb_linear_forward(&b->c_fc, x));
-    return nb_dropout(nb_linear_forward(&b->mlp_proj, h), m->cfg.dropout, training, rng);
+    nb_tensor *h = nb_linear_forward(&b->c_fc, x);
+    h = then(h, nb_gelu_tanh(h));
+    h = then(h, nb_linear_forward(&b->mlp_proj, h));
+    return m->cfg.dropout > 0 && training ? then(h, nb_dropout(h, m->cfg.dropout, true, rng)) : h;
+}
+
+/* x + f(x) for a block's branch, freeing x, the branch's input and output */
+static nb_tensor *residual(nb_tensor *x, nb_tensor *branch_in, nb_tensor *branch_out) {
+    nb_tensor *y = nb_add(x, branch_out);
+    nb_free(x);
+    nb_free(branch_in);
+    nb_free(branch_out);
+    return y;
 }
 
 /* Every token of idx (any shape, NB_I64) in [0, V): true, or false with a message. */
@@ -231,16 +259,21 @@ static nb_tensor *trunk(nb_GPT *m, nb_tensor *idx, bool training, nb_rng *rng,
     int64_t T = nb_shape(idx)[1], pos = c ? c->pos : 0;
     nb_tensor *positions = nb_arange(NB_I64, T);
     if (pos > 0) positions = nb_narrow(nb_arange(NB_I64, pos + T), 0, pos, T);
-    nb_tensor *tok = nb_embedding(m->wte.weight, idx);
-    nb_tensor *x = nb_add(tok, nb_embedding(m->wpe.weight, positions));
-    x = nb_dropout(x, m->cfg.dropout, training, rng);
+    nb_tensor *tok = nb_embedding(m->wte.weight, idx), *pe = nb_embedding(m->wpe.weight, positions);
+    nb_tensor *x = nb_add(tok, pe);
+    nb_free(tok);
+    nb_free(pe);
+    nb_free(positions);
+    if (m->cfg.dropout > 0 && training) x = then(x, nb_dropout(x, m->cfg.dropout, true, rng));
     for (int64_t i = 0; i < m->cfg.n_layer; i++) {
         const nb_GPTBlock *b = &m->h[i];
-        x = nb_add(x, attention(m, b, nb_layernorm_forward(&b->ln_1, x), keep, training, rng,
-                                c ? c->k[i] : NULL, c ? c->v[i] : NULL, pos));
-        x = nb_add(x, mlp(m, b, nb_layernorm_forward(&b->ln_2, x), training, rng));
+        nb_tensor *h = nb_layernorm_forward(&b->ln_1, x);
+        x = residual(x, h, attention(m, b, h, keep, training, rng, c ? c->k[i] : NULL,
+                                     c ? c->v[i] : NULL, pos));
+        h = nb_layernorm_forward(&b->ln_2, x);
+        x = residual(x, h, mlp(m, b, h, training, rng));
     }
-    return nb_layernorm_forward(&m->ln_f, x);
+    return then(x, nb_layernorm_forward(&m->ln_f, x));
 }
 
 static nb_tensor *gpt_forward_body(nb_GPT *m, nb_tensor *idx, bool training, nb_rng *rng) {
@@ -248,8 +281,10 @@ static nb_tensor *gpt_forward_body(nb_GPT *m, nb_tensor *idx, bool training, nb_
     if (!check_model(fn, m) || !nn_input(fn, idx, 0) || !check_idx(fn, m, idx, "idx", false))
         return NULL;
     int64_t T = nb_shape(idx)[1];
-    nb_tensor *x = trunk(m, idx, training, rng, NULL, nb_tril_mask(T, T));
-    return nb_linear(x, m->lm_head.weight, NULL);
+    nb_tensor *keep = nb_tril_mask(T, T);
+    nb_tensor *x = trunk(m, idx, training, rng, NULL, keep);
+    nb_free(keep);
+    return then(x, nb_linear(x, m->lm_head.weight, NULL));
 }
 
 nb_tensor *nb_gpt_forward(nb_GPT *m, nb_tensor *idx, bool training, nb_rng *rng) {
@@ -272,8 +307,12 @@ static nb_tensor *gpt_loss_body(nb_GPT *m, nb_tensor *idx, nb_tensor *targets, b
     if (!check_tokens(fn, "target", targets, m->cfg.vocab_size, true)) return NULL;
     int64_t N = nb_numel(idx), V = m->cfg.vocab_size;
     nb_tensor *logits = gpt_forward_body(m, idx, training, rng);
-    return nb_cross_entropy(nb_view(logits, NB_SHAPE(N, V)), nb_reshape(targets, NB_SHAPE(N)),
-                            -1, 0.0);
+    nb_tensor *flat = then(logits, nb_view(logits, NB_SHAPE(N, V)));
+    nb_tensor *t = nb_reshape(targets, NB_SHAPE(N));
+    nb_tensor *loss = nb_cross_entropy(flat, t, -1, 0.0);
+    nb_free(flat);
+    nb_free(t);
+    return loss;
 }
 
 nb_tensor *nb_gpt_loss(nb_GPT *m, nb_tensor *idx, nb_tensor *targets, bool training, nb_rng *rng) {
@@ -286,10 +325,21 @@ static int gpt_set_weight_decay_body(const nb_GPT *m, nb_optim *opt, double wd) 
     const char *fn = "nb_gpt_set_weight_decay";
     if (!check_model(fn, m)) return -1;
     if (!opt) return (nn_null(fn), -1);
-    if (nb_optim_set_weight_decay(opt, NULL, 0.0)) return -1;
     static const char *const decayed[] = {"attn.c_attn.weight", "attn.c_proj.weight",
                                           "mlp.c_fc.weight", "mlp.c_proj.weight"};
     char name[300];
+    /* check the value and every name first: an error changes nothing */
+    if (!(wd >= 0) || isinf(wd))
+        return (nn_error("%s: invalid weight_decay %g (must be >= 0 and finite)", fn, wd), -1);
+    for (int64_t i = 0; i < m->cfg.n_layer; i++)
+        for (int k = 0; k < 4; k++)
+            if (isnan(nb_optim_weight_decay(opt, block_name(name, sizeof name, i, decayed[k]))))
+                return (nn_error("%s: the optimizer has no parameter \"%s\" (make it from the "
+                                 "model's registry)", fn, name), -1);
+    if (!m->cfg.tie_weights && isnan(nb_optim_weight_decay(opt, "lm_head.weight")))
+        return (nn_error("%s: the optimizer has no parameter \"lm_head.weight\" (make it from "
+                         "the model's registry)", fn), -1);
+    if (nb_optim_set_weight_decay(opt, NULL, 0.0)) return -1;
     for (int64_t i = 0; i < m->cfg.n_layer; i++)
         for (int k = 0; k < 4; k++)
             if (nb_optim_set_weight_decay(opt, block_name(name, sizeof name, i, decayed[k]), wd))
@@ -403,7 +453,10 @@ static int64_t gpt_generate_body(nb_GPT *m, const int64_t *prompt, int64_t n_pro
     m->cache->pos = 0;
     while (done < n_new && !stop) {
         nb_scope_begin();
-        if (m->cache->pos + (len - feed_from) > block) { /* full: keep the last half block */
+        if (m->cache->pos + (len - feed_from) > block) {
+            /* full: the last half block is re-encoded from position 0, so
+             * a refill costs block/2 positions once per block/2 tokens
+             * (nanoGPT's crop would re-encode a whole block per token) */
             int64_t keep = block / 2 > 0 ? block / 2 : 1;
             m->cache->pos = 0;
             feed_from = len - (keep < len ? keep : len);

@@ -1,6 +1,10 @@
-/* layernorm.c: layer normalization over the last dim, as torch.nn.LayerNorm,
- * composed from public ops (mean, sub, mul, sqrt, div) so that its gradient
- * is autograd's: y = (x - mean) / sqrt(var + eps) * w + b, var biased. */
+/* layernorm.c: layer normalization over the last dim, as torch.nn.LayerNorm:
+ * y = (x - mean) / sqrt(var + eps) * w + b, var biased. A custom function
+ * (nb_function) with hand-written kernels: composed from public ops it took
+ * nine ops and kept five (..., D) tensors per call for backward. */
+#include <math.h>
+#include <stdlib.h>
+
 #include "nn_internal.h"
 
 
@@ -17,7 +21,168 @@ static bool check_affine(const char *fn, const char *what, nb_tensor *p, nb_tens
     return true;
 }
 
-/* x (..., D), w (D) or NULL, b (D) or NULL -> (..., D) */
+/* ----------------------------------------------------------- the kernels
+ * Rows of x (R, D), contiguous. Statistics per row in double: mean, then the
+ * biased variance from the deviations (two passes), rstd = 1/sqrt(var + eps).
+ * Each row is computed alone, so the split across threads changes nothing. */
+typedef struct {
+    double eps;
+    bool has_w, has_b;
+} ln_args;
+
+typedef struct {
+    const void *x, *w, *b, *dy;
+    void *y, *dx;
+    double *stats; /* (R, 2): mean, rstd */
+    double *dw, *db; /* (D) sums over rows, in row order (backward) */
+    int64_t D;
+    double eps;
+    bool f64;
+} ln_job;
+
+#define LN_AT(T, p, i) ((const T *)(p))[i]
+
+#define LN_FORWARD(T)                                                                  \
+    for (int64_t r = lo; r < hi; r++) {                                                \
+        const T *x = (const T *)j->x + r * D;                                          \
+        T *y = (T *)j->y + r * D;                                                      \
+        double mean = 0, var = 0;                                                      \
+        for (int64_t i = 0; i < D; i++) mean += x[i];                                  \
+        mean /= (double)D;                                                             \
+        for (int64_t i = 0; i < D; i++) var += ((double)x[i] - mean) * ((double)x[i] - mean); \
+        double rstd = 1.0 / sqrt(var / (double)D + j->eps);                            \
+        j->stats[2 * r] = mean;                                                        \
+        j->stats[2 * r + 1] = rstd;                                                    \
+        for (int64_t i = 0; i < D; i++) {                                              \
+            double v = ((double)x[i] - mean) * rstd;                                   \
+            if (j->w) v *= LN_AT(T, j->w, i);                                          \
+            if (j->b) v += LN_AT(T, j->b, i);                                          \
+            y[i] = (T)v;                                                               \
+        }                                                                              \
+    }
+
+static void ln_forward_rows(void *ctx, int64_t lo, int64_t hi) {
+    const ln_job *j = ctx;
+    int64_t D = j->D;
+    if (j->f64) LN_FORWARD(double)
+    else LN_FORWARD(float)
+}
+
+/* dx = rstd (dxh - mean(dxh) - xh mean(dxh xh)), dxh = dy w, xh = (x - mean) rstd */
+#define LN_BACKWARD_DX(T)                                                              \
+    for (int64_t r = lo; r < hi; r++) {                                                \
+        const T *x = (const T *)j->x + r * D, *dy = (const T *)j->dy + r * D;          \
+        T *dx = (T *)j->dx + r * D;                                                    \
+        double mean = j->stats[2 * r], rstd = j->stats[2 * r + 1], s1 = 0, s2 = 0;     \
+        for (int64_t i = 0; i < D; i++) {                                              \
+            double dxh = j->w ? (double)dy[i] * LN_AT(T, j->w, i) : (double)dy[i];     \
+            s1 += dxh;                                                                 \
+            s2 += dxh * (((double)x[i] - mean) * rstd);                                \
+        }                                                                              \
+        s1 /= (double)D;                                                               \
+        s2 /= (double)D;                                                               \
+        for (int64_t i = 0; i < D; i++) {                                              \
+            double dxh = j->w ? (double)dy[i] * LN_AT(T, j->w, i) : (double)dy[i];     \
+            double xh = ((double)x[i] - mean) * rstd;                                  \
+            dx[i] = (T)(rstd * (dxh - s1 - xh * s2));                                  \
+        }                                                                              \
+    }
+
+static void ln_backward_rows(void *ctx, int64_t lo, int64_t hi) {
+    const ln_job *j = ctx;
+    int64_t D = j->D;
+    if (j->f64) LN_BACKWARD_DX(double)
+    else LN_BACKWARD_DX(float)
+}
+
+/* dw[c] = sum over rows of dy xh, db[c] = sum of dy, for columns [lo, hi):
+ * each column summed over the rows in order, whoever computes it. */
+#define LN_BACKWARD_DWB(T)                                                             \
+    for (int64_t r = 0; r < R; r++) {                                                  \
+        const T *x = (const T *)j->x + r * D, *dy = (const T *)j->dy + r * D;          \
+        double mean = j->stats[2 * r], rstd = j->stats[2 * r + 1];                     \
+        for (int64_t c = lo; c < hi; c++) {                                            \
+            if (j->dw) j->dw[c] += (double)dy[c] * (((double)x[c] - mean) * rstd);     \
+            if (j->db) j->db[c] += (double)dy[c];                                      \
+        }                                                                              \
+    }
+
+typedef struct {
+    const ln_job *j;
+    int64_t R;
+} ln_cols;
+
+static void ln_backward_cols(void *ctx, int64_t lo, int64_t hi) {
+    const ln_cols *c = ctx;
+    const ln_job *j = c->j;
+    int64_t R = c->R, D = j->D;
+    if (j->f64) LN_BACKWARD_DWB(double)
+    else LN_BACKWARD_DWB(float)
+}
+
+/* Rows per task: about 16K elements. */
+static int64_t ln_grain(int64_t D) { return D > 0 && D < 16384 ? 16384 / D : 1; }
+
+/* ------------------------------------------------------- the custom function
+ * inputs: x, then w and b when present; saves x (contiguous), w, and the
+ * statistics (R, 2) f64. */
+static nb_tensor *ln_fwd(nb_function_ctx *ctx, nb_tensor **in, int n, void *user) {
+    (void)n;
+    const ln_args *a = user;
+    nb_tensor *x = nb_contiguous(in[0]);
+    nb_tensor *w = a->has_w ? in[1] : NULL, *b = a->has_b ? in[a->has_w ? 2 : 1] : NULL;
+    int64_t D = nb_shape(x)[nb_ndim(x) - 1], R = D ? nb_numel(x) / D : 0;
+    nb_tensor *y = nb_empty(nb_dtype_of(x), nb_ndim(x), nb_shape(x));
+    nb_tensor *stats = nb_empty(NB_F64, NB_SHAPE(R, 2));
+    nb_tensor *wc = w ? nb_contiguous(w) : NULL, *bc = b ? nb_contiguous(b) : NULL;
+    if (!x || !y || !stats || (w && !wc) || (b && !bc)) return NULL;
+    ln_job j = {.x = nb_data(x), .w = wc ? nb_data(wc) : NULL, .b = bc ? nb_data(bc) : NULL,
+                .y = nb_data(y), .stats = nb_data(stats), .D = D, .eps = a->eps,
+                .f64 = nb_dtype_of(x) == NB_F64};
+    nb_parallel_for(R, ln_grain(D), ln_forward_rows, &j);
+    if (nb_function_save(ctx, x) || nb_function_save(ctx, stats) ||
+        (wc && nb_function_save(ctx, wc)))
+        return NULL;
+    return y;
+}
+
+static int ln_bwd(nb_function_ctx *ctx, nb_tensor *gy, nb_tensor **gin, void *user) {
+    const ln_args *a = user;
+    nb_tensor *x = nb_function_saved(ctx, 0), *stats = nb_function_saved(ctx, 1);
+    nb_tensor *w = a->has_w ? nb_function_saved(ctx, 2) : NULL;
+    nb_tensor *dy = nb_contiguous(gy);
+    if (!x || !stats || (a->has_w && !w) || !dy) return -1;
+    int64_t D = nb_shape(x)[nb_ndim(x) - 1], R = D ? nb_numel(x) / D : 0;
+    nb_dtype dt = nb_dtype_of(x);
+    ln_job j = {.x = nb_data(x), .w = w ? nb_data(w) : NULL, .dy = nb_data(dy),
+                .stats = nb_data(stats), .D = D, .f64 = dt == NB_F64};
+    if (nb_function_needs_input_grad(ctx, 0)) {
+        if (!(gin[0] = nb_empty(dt, nb_ndim(x), nb_shape(x)))) return -1;
+        j.dx = nb_data(gin[0]);
+        nb_parallel_for(R, ln_grain(D), ln_backward_rows, &j);
+    }
+    int iw = 1, ib = a->has_w ? 2 : 1;
+    bool want_w = a->has_w && nb_function_needs_input_grad(ctx, iw);
+    bool want_b = a->has_b && nb_function_needs_input_grad(ctx, ib);
+    if (!want_w && !want_b) return 0;
+    nb_tensor *sums = nb_zeros(NB_F64, NB_SHAPE(2, D));
+    if (!sums) return -1;
+    j.dw = want_w ? nb_data(sums) : NULL;
+    j.db = want_b ? (double *)nb_data(sums) + D : NULL;
+    ln_cols c = {.j = &j, .R = R};
+    nb_parallel_for(D, R ? (ln_grain(R) > 16 ? ln_grain(R) : 16) : D, ln_backward_cols, &c);
+    if (want_w && !(gin[iw] = nb_to(nb_select(sums, 0, 0), dt))) return -1;
+    if (want_b && !(gin[ib] = nb_to(nb_select(sums, 0, 1), dt))) return -1;
+    return 0;
+}
+
+static const nb_function layer_norm_fn = {.name = "nb_layer_norm", .forward = ln_fwd,
+                                          .backward = ln_bwd, .destroy = free};
+
+/* x (..., D), w (D) or NULL, b (D) or NULL -> (..., D): one op with its own
+ * backward (a custom function: nn/ sees only nabla.h), so a call costs two
+ * passes over x forward and three backward, and the graph keeps x and the
+ * row statistics only. */
 static nb_tensor *layer_norm_body(nb_tensor *x, nb_tensor *w, nb_tensor *b, double eps) {
     const char *fn = "nb_layer_norm";
     if (!nn_input(fn, x, 0) || !nn_opt_input(fn, w, 1) || !nn_opt_input(fn, b, 2)) return NULL;
@@ -29,12 +194,11 @@ static nb_tensor *layer_norm_body(nb_tensor *x, nb_tensor *w, nb_tensor *b, doub
     if (w && !check_affine(fn, "weight", w, x, d)) return NULL;
     if (b && !check_affine(fn, "bias", b, x, d)) return NULL;
     if (!(eps >= 0)) return nn_error("%s: eps must be >= 0, got %g", fn, eps);
-    nb_tensor *xc = nb_sub(x, nb_mean(x, -1, true));
-    nb_tensor *var = nb_mean(nb_mul(xc, xc), -1, true);
-    nb_tensor *y = nb_div(xc, nb_sqrt(nb_add_scalar(var, eps)));
-    if (w) y = nb_mul(y, w);
-    if (b) y = nb_add(y, b);
-    return y;
+    ln_args *a = malloc(sizeof *a);
+    if (!a) return nn_error("%s: out of memory", fn);
+    *a = (ln_args){.eps = eps, .has_w = w != NULL, .has_b = b != NULL};
+    nb_tensor *in[3] = {x, w ? w : b, w ? b : NULL};
+    return nb_function_apply(&layer_norm_fn, in, 1 + (w != NULL) + (b != NULL), a);
 }
 
 nb_tensor *nb_layer_norm(nb_tensor *x, nb_tensor *w, nb_tensor *b, double eps) {

@@ -27,14 +27,25 @@ static nb_tensor *linear_body(nb_tensor *x, nb_tensor *w, nb_tensor *b) {
     /* rows counted, not -1: with in == 0 a -1 would be ambiguous (0 elements) */
     int64_t rows = 1;
     for (int i = 0; i < nd - 1; i++) rows *= nb_shape(x)[i];
+    /* Intermediates are freed as soon as the next one exists: the graph
+     * keeps what backward reads (x and w for the product), nothing more. */
     nb_tensor *x2 = nd == 2 ? x : nb_reshape(x, NB_SHAPE(rows, in));
-    nb_tensor *y = nb_matmul(x2, nb_transpose(w, 0, 1));
-    if (b) y = nb_add(y, b);
+    nb_tensor *wt = nb_transpose(w, 0, 1);
+    nb_tensor *y = nb_matmul(x2, wt);
+    nb_free(wt);
+    if (x2 != x) nb_free(x2);
+    if (b && y) {
+        nb_tensor *yb = nb_add(y, b);
+        nb_free(y);
+        y = yb;
+    }
     if (nd == 2 || !y) return y;
     int64_t shape[NB_MAX_DIMS];
     for (int i = 0; i < nd - 1; i++) shape[i] = nb_shape(x)[i];
     shape[nd - 1] = out;
-    return nb_view(y, nd, shape);
+    nb_tensor *v = nb_view(y, nd, shape);
+    nb_free(y);
+    return v;
 }
 
 nb_tensor *nb_linear(nb_tensor *x, nb_tensor *w, nb_tensor *b) {

@@ -1,11 +1,15 @@
 /* loss.c: cross entropy, as torch.nn.CrossEntropyLoss with mean reduction,
- * ignore_index and label_smoothing, composed from public ops:
+ * ignore_index and label_smoothing:
  *   logp   = log_softmax(logits)                      (N, C)
  *   loss_i = (1 - e) * -logp[i, t_i] + e * -mean_c logp[i, c]
  *   loss   = sum of loss_i over rows with t_i != ignore_index / their count
  * (0 / 0 = nan when every row is ignored, as torch); a row of logits that
- * are all -inf costs +inf. */
+ * are all -inf costs +inf. One custom function (nb_function) over
+ * nb_log_softmax: GPT-2's 50,257 classes made the composed form (gather,
+ * where, a dense one-hot gradient) a tenth of a training step. */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "nn_internal.h"
 
@@ -21,6 +25,129 @@ static bool first_bad_target(nb_tensor *t, int64_t c, int64_t ignore, int64_t *b
     }
     return false;
 }
+
+/* ------------------------------------------------------- the custom function
+ * Forward: logp = log_softmax(logits) (N, C), then per row
+ *   loss_i = (1 - e) * -logp[i, t_i] + e * -mean_c logp[i, c]
+ * (+inf when the row's logits are all -inf), summed over the rows that are
+ * not ignored in row order, in double, divided by their count. It saves
+ * logp, the targets and the dead rows. Backward, with s = g / count:
+ *   dlogits[i, c] = s * (softmax[i, c] - e / C - (1 - e) [c == t_i])
+ * from exp(logp) in one pass, 0 on ignored and dead rows. */
+typedef struct {
+    int64_t ignore;
+    double smoothing;
+} ce_args;
+
+typedef struct {
+    const void *logp, *logits;
+    const int64_t *tgt;
+    int64_t tst, C, ignore;
+    double e;
+    double *loss; /* per row */
+    bool *dead;
+    void *grad;   /* backward: exp(logp), turned into dlogits in place */
+    double scale;
+    bool f64;
+} ce_job;
+
+#define CE_ROWS(T)                                                                     \
+    for (int64_t r = lo; r < hi; r++) {                                                \
+        int64_t t = j->tgt[r * j->tst];                                                \
+        j->dead[r] = false;                                                            \
+        if (t == j->ignore) { j->loss[r] = 0; continue; }                              \
+        const T *lp = (const T *)j->logp + r * C, *x = (const T *)j->logits + r * C;   \
+        double nll = -(double)lp[t], smooth = 0;                                       \
+        if (j->e > 0) {                                                                \
+            for (int64_t c = 0; c < C; c++) smooth -= lp[c];                           \
+            smooth /= (double)C;                                                       \
+        }                                                                              \
+        double l = j->e > 0 ? (1 - j->e) * nll + j->e * smooth : nll;                  \
+        if (x[t] == -INFINITY) { /* no class can be the target if all are -inf */     \
+            bool all = true;                                                           \
+            for (int64_t c = 0; c < C && all; c++) all = x[c] == -INFINITY;            \
+            if (all) l = INFINITY, j->dead[r] = true;                                  \
+        }                                                                              \
+        j->loss[r] = l;                                                                \
+    }
+
+static void ce_forward_rows(void *ctx, int64_t lo, int64_t hi) {
+    const ce_job *j = ctx;
+    int64_t C = j->C;
+    if (j->f64) CE_ROWS(double)
+    else CE_ROWS(float)
+}
+
+#define CE_GRAD_ROWS(T)                                                                \
+    for (int64_t r = lo; r < hi; r++) {                                                \
+        T *g = (T *)j->grad + r * C;                                                   \
+        int64_t t = j->tgt[r * j->tst];                                                \
+        if (t == j->ignore || j->dead[r]) {                                            \
+            memset(g, 0, (size_t)C * sizeof(T));                                       \
+            continue;                                                                  \
+        }                                                                              \
+        const T s = (T)j->scale, off = (T)(j->e / (double)C);                          \
+        for (int64_t c = 0; c < C; c++) g[c] = (g[c] - off) * s;                       \
+        g[t] -= (T)((1 - j->e) * j->scale);                                            \
+    }
+
+static void ce_backward_rows(void *ctx, int64_t lo, int64_t hi) {
+    const ce_job *j = ctx;
+    int64_t C = j->C;
+    if (j->f64) CE_GRAD_ROWS(double)
+    else CE_GRAD_ROWS(float)
+}
+
+static int64_t ce_grain(int64_t C) { return C > 0 && C < 16384 ? 16384 / C : 1; }
+
+static nb_tensor *ce_fwd(nb_function_ctx *ctx, nb_tensor **in, int n, void *user) {
+    (void)n;
+    const ce_args *a = user;
+    nb_tensor *x = nb_contiguous(in[0]), *tgt = in[1];
+    int64_t N = nb_shape(x)[0], C = nb_shape(x)[1];
+    nb_tensor *logp = nb_log_softmax(x, 1);
+    nb_tensor *dead = nb_empty(NB_BOOL, NB_SHAPE(N));
+    double *loss = malloc((size_t)(N ? N : 1) * sizeof *loss);
+    if (!logp || !dead || !loss) {
+        free(loss);
+        return logp && dead ? nn_error("nb_cross_entropy: out of memory") : NULL;
+    }
+    ce_job j = {.logp = nb_data(logp), .logits = nb_data(x), .tgt = nb_data(tgt),
+                .tst = nb_strides(tgt)[0], .C = C, .ignore = a->ignore, .e = a->smoothing,
+                .loss = loss, .dead = nb_data(dead), .f64 = nb_dtype_of(x) == NB_F64};
+    nb_parallel_for(N, ce_grain(C), ce_forward_rows, &j);
+    double sum = 0;
+    int64_t count = 0;
+    for (int64_t r = 0; r < N; r++) /* in row order: the same sum for any thread count */
+        if (j.tgt[r * j.tst] != a->ignore) sum += loss[r], count++;
+    free(loss);
+    /* 0 / 0 = NaN when every row is ignored, as torch */
+    nb_tensor *out = nb_scalar(nb_dtype_of(x), sum / (double)count);
+    if (!out || nb_function_save(ctx, logp) || nb_function_save(ctx, tgt) ||
+        nb_function_save(ctx, dead) || nb_function_save(ctx, nb_scalar(NB_F64, (double)count)))
+        return NULL;
+    return out;
+}
+
+static int ce_bwd(nb_function_ctx *ctx, nb_tensor *gout, nb_tensor **gin, void *user) {
+    const ce_args *a = user;
+    if (!nb_function_needs_input_grad(ctx, 0)) return 0;
+    nb_tensor *logp = nb_function_saved(ctx, 0), *tgt = nb_function_saved(ctx, 1);
+    nb_tensor *dead = nb_function_saved(ctx, 2), *count = nb_function_saved(ctx, 3);
+    if (!logp || !tgt || !dead || !count) return -1;
+    nb_tensor *g = nb_exp(logp); /* the softmax, a new buffer this rule owns */
+    if (!g) return -1;
+    int64_t N = nb_shape(logp)[0], C = nb_shape(logp)[1];
+    ce_job j = {.tgt = nb_data(tgt), .tst = nb_strides(tgt)[0], .C = C, .ignore = a->ignore,
+                .e = a->smoothing, .dead = nb_data(dead), .grad = nb_data(g),
+                .scale = nb_item(gout) / nb_item(count), .f64 = nb_dtype_of(g) == NB_F64};
+    nb_parallel_for(N, ce_grain(C), ce_backward_rows, &j);
+    gin[0] = g;
+    return 0;
+}
+
+static const nb_function cross_entropy_fn = {.name = "nb_cross_entropy", .forward = ce_fwd,
+                                             .backward = ce_bwd, .destroy = free};
 
 /* logits (N, C), targets NB_I64 (N) -> () */
 static nb_tensor *cross_entropy_body(nb_tensor *logits, nb_tensor *targets, int64_t ignore_index,
@@ -51,26 +178,11 @@ static nb_tensor *cross_entropy_body(nb_tensor *logits, nb_tensor *targets, int6
                         "ignore_index %lld)", fn, (long long)bad, (long long)c,
                         (long long)c - 1, (long long)ignore_index);
 
-    nb_tensor *logp = nb_log_softmax(logits, 1);
-    nb_tensor *valid = nb_ne(targets, nb_from_data(NB_I64, 0, NULL, &ignore_index));
-    /* ignored rows gather class 0 (always valid), then count for nothing */
-    nb_tensor *safe = nb_where(valid, targets, nb_zeros(NB_I64, 0, NULL));
-    nb_tensor *nll = nb_neg(nb_squeeze(nb_gather(logp, 1, nb_unsqueeze(safe, 1)), 1));
-    nb_tensor *row = nll;
-    if (label_smoothing > 0) {
-        nb_tensor *smooth = nb_neg(nb_mean(logp, 1, false));
-        row = nb_add(nb_mul_scalar(nll, 1 - label_smoothing),
-                     nb_mul_scalar(smooth, label_smoothing));
-    }
-    /* A row whose logits are all -inf gives every class, the target too,
-     * probability 0: its loss is +inf (log_softmax's zeros there would read
-     * as a perfect prediction; PyTorch gives NaN). */
-    nb_tensor *dead = nb_eq(nb_max(nb_detach(logits), 1, false), nb_scalar(dt, -INFINITY));
-    row = nb_where(dead, nb_scalar(dt, INFINITY), row);
-    /* where, not a product with the mask: an ignored row may be inf */
-    row = nb_where(valid, row, nb_scalar(dt, 0));
-    nb_tensor *count = nb_sum_all(nb_to(valid, dt));
-    return nb_div(nb_sum_all(row), count);
+    ce_args *a = malloc(sizeof *a);
+    if (!a) return nn_error("%s: out of memory", fn);
+    *a = (ce_args){.ignore = ignore_index, .smoothing = label_smoothing};
+    nb_tensor *in[2] = {logits, targets};
+    return nb_function_apply(&cross_entropy_fn, in, 2, a);
 }
 
 nb_tensor *nb_cross_entropy(nb_tensor *logits, nb_tensor *targets, int64_t ignore_index,

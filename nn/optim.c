@@ -270,6 +270,14 @@ void nb_optim_zero_grad(nb_optim *o) {
     for (int i = 0; i < o->n; i++) nb_zero_grad(o->params[i]);
 }
 
+void nb_optim_clear_grad(nb_optim *o) {
+    if (!o) {
+        nn_null("nb_optim_clear_grad");
+        return;
+    }
+    for (int i = 0; i < o->n; i++) nb_clear_grad(o->params[i]);
+}
+
 void nb_optim_set_lr(nb_optim *o, double lr) {
     if (!o) {
         nn_null("nb_optim_set_lr");
@@ -290,6 +298,7 @@ int nb_optim_set_weight_decay(nb_optim *o, const char *name, double weight_decay
         return (nn_error("%s: invalid weight_decay %g (must be >= 0 and finite)", fn,
                          weight_decay), -1);
     if (!name) {
+        o->wd = weight_decay;
         for (int i = 0; i < o->n; i++) o->wd_of[i] = weight_decay;
         return 0;
     }

@@ -78,6 +78,11 @@ bool nbi_bad_arg(const char *fn, const nb_tensor *t, int i) {
         nbi_error("%s: input %d was freed (by nb_scope_end, as its scope ended; nb_keep hands a "
                   "tensor to the enclosing scope) and cannot be used", fn, i);
         break;
+    case NBI_FREED_CLEARED:
+        nbi_error("%s: input %d was freed (a leaf's .grad, dropped by nb_clear_grad or "
+                  "nb_optim_clear_grad; take nb_grad again after the next backward) and cannot "
+                  "be used", fn, i);
+        break;
     default:
         nbi_error("%s: input %d was freed (with its owner: the leaf whose gradient it was, or "
                   "the registry or optimizer that held it) and cannot be used", fn, i);

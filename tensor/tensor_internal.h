@@ -55,7 +55,7 @@ struct nb_tensor {
     uint8_t freed;
     uint64_t freed_at; /* quarantine: the allocation count when destroyed */
 };
-enum { NBI_LIVE = 0, NBI_FREED_BY_FREE, NBI_FREED_BY_SCOPE, NBI_FREED_WITH_OWNER };
+enum { NBI_LIVE = 0, NBI_FREED_BY_FREE, NBI_FREED_BY_SCOPE, NBI_FREED_WITH_OWNER, NBI_FREED_CLEARED };
 
 
 /* -------------------------------------------------------------- errors */
