@@ -63,6 +63,13 @@ void nbi_save(nbi_node *n, uint32_t bits);
  * directly: only values go. */
 nb_tensor *nbi_saved_in(const nbi_node *n, int i);
 nb_tensor *nbi_saved_out(const nbi_node *n);
+/* For a rule whose gradient for input i is sparse (an embedding's): the
+ * gradient already summed for that input in this backward, when it is a
+ * contiguous buffer nobody else holds, so the rule may add into it in place
+ * (and then leave gin[i] NULL); NULL otherwise. The rule must add exactly
+ * what it would return (the same sums, then one addition per element), so
+ * the bits match the path that returns a gradient. */
+nb_tensor *nbi_grad_sink(const nbi_node *n, int i);
 /* Whether backward should compute the gradient of input i. */
 static inline bool nbi_wants(const nbi_node *n, int i) {
     return n->in[i]->requires_grad;

@@ -430,6 +430,19 @@ static void release_node(nbi_node *n) {
     if (n->fn_release) n->fn_release(n, false);
 }
 
+/* The walk whose rule is running on this thread (for nbi_grad_sink). */
+static _Thread_local walk *running;
+
+nb_tensor *nbi_grad_sink(const nbi_node *n, int i) {
+    nb_tensor *in = n->in[i];
+    if (!running || !in->requires_grad) return NULL;
+    nb_tensor *acc = *incoming(running, in);
+    if (!acc || acc->refs != 1 || acc->storage->refs != 1 || acc->offset != 0 ||
+        !nb_is_contiguous(acc))
+        return NULL;
+    return acc;
+}
+
 /* One node: its rule runs in a scope of its own so temporaries die with it;
  * the gradients it passes on survive through the engine's references. */
 static int run_node(walk *w, nb_tensor *t, nb_tensor *g) {
@@ -441,7 +454,9 @@ static int run_node(walk *w, nb_tensor *t, nb_tensor *g) {
         return (nbi_error("nb_backward: out of memory"), -1);
     int rc = 0;
     nb_scope_begin();
+    running = w;
     if (n->backward(n, g, gin) != 0 || !nbi_anomaly_backward(n, g, gin)) rc = -1;
+    running = NULL;
     for (int i = 0; rc == 0 && i < n->nin; i++) {
         nb_tensor *in = n->in[i];
         if (!gin[i] || !in->requires_grad) continue;

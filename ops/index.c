@@ -4,6 +4,7 @@
  * gradient adds g back into those positions, in a fixed order. */
 #include "ops_internal.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* The shared walk: over the output's shape, `ist` are the index strides and
@@ -75,12 +76,63 @@ static void gather_into(nb_tensor *out, const int64_t *ist, const nb_tensor *idx
     }
 }
 
+/* index_select's gradient along dim 0 added straight into acc, the
+ * gradient t has so far (nbi_grad_sink): per row of t, the rows of g that
+ * picked it summed in their order, then added once, as the dense path's
+ * scatter and the engine's sum would. Skips a zero tensor of t's size: a
+ * GPT's tied embedding would otherwise allocate and add its whole (vocab, C). */
+typedef struct {
+    int64_t row, pos;
+} pick_pos;
+
+static int by_row(const void *a, const void *b) {
+    const pick_pos *x = a, *y = b;
+    return x->row != y->row ? (x->row > y->row) - (x->row < y->row) : (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+#define ADD_ROWS_INTO(T)                                                                \
+    for (int64_t k = 0; k < n;) {                                                      \
+        T *sum = (T *)tmp;                                                             \
+        const T *gi = (const T *)pg + pp[k].pos * D;                                   \
+        for (int64_t e = 0; e < D; e++) sum[e] = gi[e];                                \
+        int64_t r = pp[k].row;                                                         \
+        for (k++; k < n && pp[k].row == r; k++) {                                      \
+            gi = (const T *)pg + pp[k].pos * D;                                        \
+            for (int64_t e = 0; e < D; e++) sum[e] += gi[e];                           \
+        }                                                                              \
+        T *a = (T *)pa + r * D;                                                        \
+        for (int64_t e = 0; e < D; e++) a[e] = a[e] + sum[e];                          \
+    }
+
+static bool select_into(nb_tensor *acc, const nb_tensor *g, const nb_tensor *idx) {
+    int64_t n = idx->shape[0], D = acc->shape[0] ? acc->numel / acc->shape[0] : 0;
+    pick_pos *pp = malloc((size_t)(n ? n : 1) * sizeof *pp);
+    void *tmp = malloc((size_t)(D ? D : 1) * nbi_dtype_size(g->dtype));
+    if (!pp || !tmp) {
+        free(pp);
+        free(tmp);
+        return false; /* the dense path then */
+    }
+    const int64_t *pi = nbi_ptr(idx);
+    for (int64_t k = 0; k < n; k++) pp[k] = (pick_pos){pi[k * idx->strides[0]], k};
+    qsort(pp, (size_t)n, sizeof *pp, by_row);
+    const void *pg = nbi_ptr(g);
+    void *pa = nbi_ptr(acc);
+    if (g->dtype == NB_F32) ADD_ROWS_INTO(float)
+    else ADD_ROWS_INTO(double)
+    free(pp);
+    free(tmp);
+    return true;
+}
+
 /* node: in[0] = t, in[1] = index (version-checked: backward re-reads it);
  * i[0] = dim, i[1] = 1 for index_select */
 static int pick_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     const nb_tensor *t = n->in[0]; /* its shape only */
     nb_tensor *idx = nbi_saved_in(n, 1);
     int dim = (int)n->i[0];
+    nb_tensor *acc = idx && n->i[1] && dim == 0 && nb_is_contiguous(g) ? nbi_grad_sink(n, 0) : NULL;
+    if (acc && select_into(acc, g, idx)) return 0;
     nb_tensor *z = idx ? nb_zeros(g->dtype, t->ndim, t->shape) : NULL;
     if (!z) return -1;
     int64_t ist[NB_MAX_DIMS] = {0};

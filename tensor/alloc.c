@@ -87,10 +87,11 @@ static bool list_push(int kind, void *p);
 #define HUGE_MIN ((size_t)2 << 20)
 static void *sys_alloc(size_t cap) {
     if (cap < HUGE_MIN) return aligned_alloc(64, cap);
-    size_t len = (cap + HUGE_MIN - 1) & ~(HUGE_MIN - 1);
-    void *p = aligned_alloc(HUGE_MIN, len);
+    void *p = aligned_alloc(HUGE_MIN, cap);
 #if defined(MADV_HUGEPAGE)
-    if (p) madvise(p, len, MADV_HUGEPAGE);
+    /* whole huge pages only: the tail (and the size class's slack past the
+     * tensor's bytes) stays in 4 KiB pages, faulted in only where touched */
+    if (p) madvise(p, cap & ~(HUGE_MIN - 1), MADV_HUGEPAGE);
 #endif
     return p;
 }

@@ -443,6 +443,48 @@ START_TEST(anomaly_mode_is_quiet_on_a_transformer_step) {
 }
 END_TEST
 
+/* A tied embedding: w is picked by index_select (rows 2, 0, 2, 2 repeat) and
+ * used whole by a product, so index_select's backward finds w's gradient
+ * already summed and adds into it in place (nbi_grad_sink). Its bits must be
+ * the dense path's: per row, the picked rows of g summed in order, then one
+ * addition. Checked against that sum done here in float, and the first
+ * .grad (which takes over the buffer) and a second backward (which adds). */
+START_TEST(sparse_gradient_added_in_place_keeps_the_bits) {
+    nb_rng r = {11, 0};
+    nb_tensor *w = nb_set_requires_grad(nb_randn(NB_F32, NB_SHAPE(4, 3), &r), true);
+    nb_tensor *c = nb_randn(NB_F32, NB_SHAPE(4, 3), &r), *p = nb_randn(NB_F32, NB_SHAPE(4, 3), &r);
+    const int64_t rows[4] = {2, 0, 2, 2};
+    float want[12];
+    const float *cv = nb_data(c), *pv = nb_data(p);
+    for (int i = 0; i < 4; i++)
+        for (int e = 0; e < 3; e++) {
+            float sum = 0;
+            bool any = false;
+            for (int k = 0; k < 4; k++)
+                if (rows[k] == i) sum = any ? sum + pv[k * 3 + e] : pv[k * 3 + e], any = true;
+            want[i * 3 + e] = any ? cv[i * 3 + e] + sum : cv[i * 3 + e];
+        }
+    for (int pass = 0; pass < 2; pass++) {
+        nb_scope_begin();
+        nb_tensor *idx = nb_from_data(NB_I64, NB_SHAPE(4), rows);
+        /* in this order the product's gradient reaches w first */
+        nb_tensor *loss = nb_add(nb_sum_all(nb_mul(nb_index_select(w, 0, idx), p)),
+                                 nb_sum_all(nb_mul(w, c)));
+        ck_assert_int_eq(nb_backward(loss), 0);
+        nb_scope_end();
+        const float *g = nb_data(nb_grad(w));
+        for (int i = 0; i < 12; i++) {
+            float exp = pass ? want[i] + want[i] : want[i];
+            ck_assert_msg(memcmp(&g[i], &exp, sizeof exp) == 0, "pass %d, element %d: %.9g, expected %.9g",
+                          pass, i, g[i], exp);
+        }
+    }
+    nb_free(w);
+    nb_free(c);
+    nb_free(p);
+}
+END_TEST
+
 Suite *suite_autograd(void) {
     Suite *s = suite_create("autograd");
     TCase *tc = tcase_create("engine");
@@ -461,6 +503,7 @@ Suite *suite_autograd(void) {
     tcase_add_test(tc, graph_keeps_freed_intermediates_alive);
     tcase_add_test(tc, deep_chain_does_not_overflow_the_stack);
     tcase_add_test(tc, f32_gradients_are_f32);
+    tcase_add_test(tc, sparse_gradient_added_in_place_keeps_the_bits);
     tcase_add_test(tc, anomaly_names_the_forward_op);
     tcase_add_test(tc, anomaly_names_the_backward_op);
     tcase_add_test(tc, anomaly_mode_is_quiet_on_a_transformer_step);
