@@ -38,7 +38,7 @@ CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm)
 
 .PHONY: all test run bench clean check-deps layers-check readme-check valgrind asan tsan error-table-check op-table install uninstall install-check resume-check \
-  fuzz fuzz-build fuzz-load fuzz-ops fuzz-regress fuzz-seeds fuzz-clean
+  fuzz fuzz-build fuzz-load fuzz-ops fuzz-gpt fuzz-regress fuzz-seeds fuzz-clean
 all: $(BUILD)/libnabla.a $(BUILD)/libnabla.so $(EXAMPLES)
 	@ln -sf $(BUILD)/libnabla.a libnabla.a
 	@ln -sf $(BUILD)/libnabla.so libnabla.so
@@ -111,6 +111,12 @@ $(BUILD)/fuzz/replay: fuzz/replay.c fuzz/fuzz_ops.c fuzz/ops_program.h ops/regis
 run: all
 	@if [ -x $(BUILD)/examples/copy_task ]; then $(BUILD)/examples/copy_task; else \
 	  echo "make run: examples/copy_task.c is not built yet (see README, 'What is not built yet')"; exit 1; fi
+
+# make gpt: examples/gpt.c's character-level GPT (0.8M parameters) trained on
+# examples/data/kjv.txt for 1000 steps (under a minute on 2 cores), then a sample.
+.PHONY: gpt
+gpt: $(BUILD)/examples/gpt
+	$(BUILD)/examples/gpt --steps 1000 --shuffle --sample 500
 
 # Relinked every time, so that BLAS=1 and the default build never mix.
 bench: all
@@ -209,8 +215,8 @@ error-table-check:
 # libFuzzer (results: README, "Fuzzing"): the harnesses in fuzz/ with the library compiled
 # in, ASan + UBSan, under build-fuzz/. make fuzz runs each target for
 # FUZZ_TIME seconds (NABLA_NUM_THREADS=1) on a copy of its seed corpus and
-# prints a summary line; make fuzz-load / fuzz-ops run one (make -j2 fuzz-load
-# fuzz-ops runs both at once); FUZZ_ARGS adds libFuzzer options; make
+# prints a summary line; make fuzz-load / fuzz-ops / fuzz-gpt run one (make -j2 fuzz-load
+# fuzz-ops runs two at once); FUZZ_ARGS adds libFuzzer options; make
 # fuzz-regress replays fuzz/regressions/; make fuzz-seeds rewrites
 # fuzz/corpus/ from fuzz/gen_seeds.c (which runs fuzz_ops.c to find each
 # registered op's seed); make fuzz-clean removes build-fuzz/.
@@ -219,11 +225,13 @@ FUZZ_TIME ?= 60
 FUZZ_SAN  := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_OPTS_load := -dict=fuzz/load.dict -max_len=4096
 FUZZ_OPTS_ops  := -max_len=512
+FUZZ_OPTS_gpt  := -dict=fuzz/load.dict -max_len=8192
 fuzz: fuzz-build
 	@rc=0; sh fuzz/run.sh load $(FUZZ_TIME) $(FUZZ_OPTS_load) $(FUZZ_ARGS) || rc=1; \
-	  sh fuzz/run.sh ops $(FUZZ_TIME) $(FUZZ_OPTS_ops) $(FUZZ_ARGS) || rc=1; exit $$rc
+	  sh fuzz/run.sh ops $(FUZZ_TIME) $(FUZZ_OPTS_ops) $(FUZZ_ARGS) || rc=1; \
+	  sh fuzz/run.sh gpt $(FUZZ_TIME) $(FUZZ_OPTS_gpt) $(FUZZ_ARGS) || rc=1; exit $$rc
 
-fuzz-load fuzz-ops: fuzz-%: fuzz-build
+fuzz-load fuzz-ops fuzz-gpt: fuzz-%: fuzz-build
 	@sh fuzz/run.sh $* $(FUZZ_TIME) $(FUZZ_OPTS_$*) $(FUZZ_ARGS)
 
 fuzz-build:
@@ -237,14 +245,14 @@ fuzz-build:
 	rm -f /tmp/nabla-fuzz-probe-$$$$*
 	@$(MAKE) --no-print-directory BUILD=build-fuzz CC=$(FUZZ_CC) \
 	  OPT="-O1 -g -fsanitize=fuzzer-no-link $(FUZZ_SAN)" build-fuzz/libnabla.a
-	@$(MAKE) --no-print-directory build-fuzz/fuzz_load build-fuzz/fuzz_ops
+	@$(MAKE) --no-print-directory build-fuzz/fuzz_load build-fuzz/fuzz_ops build-fuzz/fuzz_gpt
 
 build-fuzz/fuzz_%: fuzz/fuzz_%.c $(wildcard fuzz/*.h) ops/registry.h build-fuzz/libnabla.a nabla.h
 	$(FUZZ_CC) -O1 -g -fsanitize=fuzzer $(FUZZ_SAN) -std=c11 -Wall -Wextra -D_POSIX_C_SOURCE=200809L \
 	  -I. $< build-fuzz/libnabla.a -lm -lpthread -o $@
 
 fuzz-regress: fuzz-build
-	@for t in load ops; do set -- fuzz/regressions/$$t/*; [ -e "$$1" ] || continue; \
+	@for t in load ops gpt; do set -- fuzz/regressions/$$t/*; [ -e "$$1" ] || continue; \
 	  NABLA_NUM_THREADS=1 build-fuzz/fuzz_$$t "$$@" > build-fuzz/regress_$$t.log 2>&1 || \
 	  { tail -20 build-fuzz/regress_$$t.log; exit 1; }; echo "fuzz-regress: fuzz_$$t ran $$# inputs, clean"; done
 
@@ -299,6 +307,38 @@ resume-check: $(BUILD)/examples/copy_task
 	$(BUILD)/examples/copy_task $(RESUME_ARGS) --epochs 4 --load $$d/half --save $$d/resumed >/dev/null && \
 	cmp $$d/straight $$d/resumed && \
 	echo "resume-check: 2 epochs + --load + 2 epochs = 4 epochs, checkpoints identical ($$(wc -c < $$d/resumed) bytes)"
+
+# make gpt-check: nabla's GPT-2 124M against PyTorch (tests/fixtures/gpt_torch.txt,
+# from tests/fixtures/gen_gpt.py) on files that tests/gpt_files.h writes from a
+# seed into $(BUILD)/gpt-check (llm.c checkpoint, Hugging Face safetensors,
+# llm.c tokens; about 1 GB, no download): examples/gpt --eval on either file,
+# and one AdamW step (tests/tools/gpt_check.c), within 1e-4 relative. About
+# 2.5 GB of RAM. make gpt-fixture rewrites the fixture (Debian's python3-torch).
+.PHONY: gpt-check gpt-fixture
+GPT_FX := tests/fixtures/gpt_torch.txt
+$(TEST_BIN): tests/gpt_files.h
+$(BUILD)/tests/gen_gpt_files: tests/tools/gen_gpt_files.c tests/gpt_files.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@
+$(BUILD)/tests/gpt_check: tests/tools/gpt_check.c tests/gpt_files.h $(BUILD)/libnabla.a nabla.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I. $< $(BUILD)/libnabla.a $(LDLIBS) -o $@
+gpt-check: $(BUILD)/tests/gen_gpt_files $(BUILD)/tests/gpt_check $(BUILD)/examples/gpt
+	@d=$(BUILD)/gpt-check; t0=$$(date +%s); mkdir -p $$d && $(BUILD)/tests/gen_gpt_files gpt2 $$d > /dev/null && \
+	want=$$(awk '$$1 == "config" {c = $$2} c == "gpt2" && $$1 == "loss_before" {print $$2}' $(GPT_FX)) && \
+	rc=0 && for f in llmc.bin hf.safetensors; do \
+	  got=$$($(BUILD)/examples/gpt --config gpt2 --init $$d/gpt2_$$f --data $$d/gpt2_tokens.bin \
+	    --batch 4 --seq 64 --eval | awk '$$1 == "loss" {print $$2}'); \
+	  awk -v g="$$got" -v w="$$want" -v f="$$f" 'BEGIN {r = (g - w) / w; if (r < 0) r = -r; \
+	    ok = g != "" && r <= 1e-4; printf "gpt-check: gpt2 examples/gpt --eval on gpt2_%s, batch 4x64: " \
+	    "loss %s, torch %s (rel %.1e): %s\n", f, g == "" ? "(none)" : g, w, r, ok ? "ok" : "FAIL"; exit !ok}' || rc=1; \
+	done; $(BUILD)/tests/gpt_check --config gpt2 --fixture $(GPT_FX) --llmc $$d/gpt2_llmc.bin \
+	  --tokens $$d/gpt2_tokens.bin || rc=1; \
+	echo "gpt-check: $$([ $$rc = 0 ] && echo all checks passed || echo FAILED) in $$(($$(date +%s) - t0)) s"; exit $$rc
+gpt-fixture: $(BUILD)/tests/gen_gpt_files
+	@mkdir -p $(BUILD)/gpt-check
+	$(BUILD)/tests/gen_gpt_files small $(BUILD)/gpt-check && $(BUILD)/tests/gen_gpt_files gpt2 $(BUILD)/gpt-check
+	/usr/bin/python3 tests/fixtures/gen_gpt.py --files $(BUILD)/gpt-check
 
 clean:
 	rm -rf $(BUILD) build-asan build-asan-clang build-clang build-fuzz build-tsan libnabla.a libnabla.so

@@ -23,6 +23,24 @@ static const struct {
     size_t size;
 } dtypes[] = {{"F32", NB_F32, 4}, {"F64", NB_F64, 8}, {"I64", NB_I64, 8}, {"BOOL", NB_BOOL, 1}};
 
+/* The format's other dtypes: read (and skipped) only by nn_st_header_parse_any. */
+static const struct {
+    const char *name;
+    size_t size;
+} foreign_dtypes[] = {{"F16", 2}, {"BF16", 2}, {"I8", 1}, {"U8", 1}, {"I16", 2}, {"U16", 2},
+                      {"I32", 4}, {"U32", 4}, {"U64", 8}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+
+static size_t foreign_size(const char *tag) {
+    for (size_t i = 0; i < sizeof foreign_dtypes / sizeof *foreign_dtypes; i++)
+        if (!strcmp(foreign_dtypes[i].name, tag)) return foreign_dtypes[i].size;
+    return 0;
+}
+
+/* Bytes per element of an item (foreign dtypes included). */
+static size_t elem_size(const nn_st_item *it) {
+    return it->foreign ? foreign_size(it->foreign) : nn_st_dtype_size(it->dtype);
+}
+
 size_t nn_st_dtype_size(nb_dtype d) {
     for (size_t i = 0; i < sizeof dtypes / sizeof *dtypes; i++)
         if (dtypes[i].dtype == d) return dtypes[i].size;
@@ -54,7 +72,7 @@ void nn_st_copy_le(void *dst, const void *src, size_t n, size_t size) {
 }
 
 static uint64_t item_bytes(const nn_st_item *it) {
-    uint64_t n = nn_st_dtype_size(it->dtype);
+    uint64_t n = elem_size(it);
     for (int d = 0; d < it->ndim; d++) n *= (uint64_t)it->shape[d];
     return n;
 }
@@ -143,6 +161,7 @@ typedef struct {
     const char *start, *p, *end;
     char msg[320];
     bool metadata; /* __metadata__ seen */
+    bool any_dtype; /* foreign dtypes accepted (nn_st_header_parse_any) */
 } json;
 
 static int fail(json *j, const char *what) {
@@ -337,8 +356,18 @@ static int tensor_field(json *j, const char *key, void *ctx) {
     if (!strcmp(key, "dtype")) {
         char *s = NULL;
         if (parse_string(j, &s)) return -1;
-        size_t k = 0, nd = sizeof dtypes / sizeof *dtypes;
+        size_t k = 0, nd = sizeof dtypes / sizeof *dtypes, nf = sizeof foreign_dtypes /
+                                                                sizeof *foreign_dtypes;
         while (k < nd && strcmp(dtypes[k].name, s)) k++;
+        size_t f = 0;
+        while (k == nd && j->any_dtype && f < nf && strcmp(foreign_dtypes[f].name, s)) f++;
+        if (k == nd && j->any_dtype && f < nf) {
+            free(s);
+            t->it.dtype = NN_ST_FOREIGN;
+            t->it.foreign = foreign_dtypes[f].name;
+            t->seen |= 1;
+            return 0;
+        }
         if (k == nd) {
             snprintf(m, sizeof m, "unsupported dtype \"%.40s\" (nabla reads F32, F64, I64, BOOL)",
                      s);
@@ -424,7 +453,7 @@ static int top_field(json *j, const char *key, void *ctx) {
 /* Sizes that fit int64 and data_offsets that match them. */
 static int check_sizes(json *j, const nn_st_item *it, uint64_t data_len) {
     char m[320];
-    uint64_t bytes = nn_st_dtype_size(it->dtype);
+    uint64_t bytes = elem_size(it);
     bool zero = false;
     for (int d = 0; d < it->ndim; d++) zero |= it->shape[d] == 0;
     for (int d = 0; d < it->ndim && !zero; d++) {
@@ -499,10 +528,20 @@ char *nn_st_header_build(const nn_st_item *v, int n, size_t *len) {
     return b.p;
 }
 
-int nn_st_header_parse(const char *text, size_t len, uint64_t data_len, nn_st_header *h,
-                       char *msg, size_t cap) {
-    json j = {.start = text, .p = text, .end = text + len, .msg = ""};
+static int header_parse(const char *text, size_t len, uint64_t data_len, nn_st_header *h,
+                        char *msg, size_t cap, bool any_dtype) {
+    json j = {.start = text, .p = text, .end = text + len, .msg = "", .any_dtype = any_dtype};
     if (parse_header(&j, h, data_len) == 0) return 0;
     snprintf(msg, cap, "%s", j.msg);
     return -1;
+}
+
+int nn_st_header_parse(const char *text, size_t len, uint64_t data_len, nn_st_header *h,
+                       char *msg, size_t cap) {
+    return header_parse(text, len, data_len, h, msg, cap, false);
+}
+
+int nn_st_header_parse_any(const char *text, size_t len, uint64_t data_len, nn_st_header *h,
+                           char *msg, size_t cap) {
+    return header_parse(text, len, data_len, h, msg, cap, true);
 }

@@ -21,7 +21,13 @@ typedef struct {
     int ndim;
     int64_t shape[NB_MAX_DIMS];
     uint64_t begin, end; /* file side: data_offsets */
+    /* file side, parsed by nn_st_header_parse_any only: a dtype nabla has no
+     * nb_dtype for (F16, BF16, U8, ...): its tag, and dtype NN_ST_FOREIGN */
+    const char *foreign;
 } nn_st_item;
+
+/* The dtype of an item whose dtype is foreign (never a tensor's). */
+#define NN_ST_FOREIGN ((nb_dtype)0x7f)
 
 /* A parsed header: its tensors in file order (names owned), and an index of
  * the names (values: positions in v). */
@@ -45,6 +51,13 @@ char *nn_st_header_build(const nn_st_item *v, int n, size_t *len);
  * data_len bytes; 0, or -1 with the reason in msg. Free h either way. */
 int nn_st_header_parse(const char *text, size_t len, uint64_t data_len, nn_st_header *h,
                        char *msg, size_t cap);
+/* The same, but tensors of the safetensors dtypes nabla has no nb_dtype for
+ * (F16, BF16, I8, U8, I16, U16, I32, U32, U64, F8_E4M3, F8_E5M2) are
+ * accepted too, as items with dtype NN_ST_FOREIGN and their tag in foreign
+ * (for readers that skip some tensors, e.g. Hugging Face's attention-mask
+ * buffers). nb_load does not use it. */
+int nn_st_header_parse_any(const char *text, size_t len, uint64_t data_len, nn_st_header *h,
+                           char *msg, size_t cap);
 void nn_st_header_free(nn_st_header *h);
 /* The position in h->v of the tensor called name, or -1. */
 int nn_st_header_find(const nn_st_header *h, const char *name);
