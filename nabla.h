@@ -936,14 +936,24 @@ NB_API int nb_gpt_save_llmc(const nb_GPT *m, const char *path);
  * are (in, out), transposed on the way in and out. Names may carry the prefix
  * "transformer."; the attention-mask buffers h.{i}.attn.bias and
  * h.{i}.attn.masked_bias are ignored; lm_head.weight is read when m is untied
- * (else ignored: it is wte's). Tensors F32 (or F64, converted). */
+ * (a file without it is tied: an untied m gets a copy of wte, as from llm.c)
+ * and ignored when m is tied. Tensors F32 (or F64, converted). Saving
+ * writes what GPT2LMHeadModel.save_pretrained does: "transformer." names,
+ * lm_head.weight only when untied, no mask buffers, the model's dtype. */
 NB_API int nb_gpt_load_hf(nb_GPT *m, const char *path);
 NB_API int nb_gpt_save_hf(const nb_GPT *m, const char *path);
 /* The config stored in a file of either format (told apart by llm.c's magic):
  * llm.c: its header; Hugging Face: from the tensors' shapes, with n_head =
- * n_embd / 64 (every GPT-2 size has heads of 64) and tie_weights unless the
- * file has lm_head.weight. dropout 0, bias true. 0 or -1. */
+ * n_embd / 64 (every GPT-2 size has heads of 64; 1 when 64 does not divide
+ * n_embd: the file does not say, set cfg->n_head yourself then),
+ * tie_weights unless the file has lm_head.weight, bias unless the file has
+ * no linear biases. dropout 0. 0 or -1. */
 NB_API int nb_gpt_config_of_file(const char *path, nb_GPTConfig *cfg);
+/* The model a file of either format holds, made in ps and loaded: as
+ * nb_gpt_config_of_file, nb_gpt_init and nb_gpt_load_llmc / _hf, without
+ * drawing initial weights the load overwrites (GPT-2 124M: seconds saved).
+ * 0, or -1 (m freed; parameters registered before the failure stay in ps). */
+NB_API int nb_gpt_from_file(nb_GPT *m, nb_params *ps, const char *path);
 /* A token file as a 1-D NB_I64 tensor (persistent: nb_free it): llm.c's
  * (a header of 256 int32, magic 20240520, version 1, the token count, then
  * that many uint16 tokens, nothing after), or else any file's bytes, one

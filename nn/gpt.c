@@ -32,9 +32,10 @@ struct nb_gpt_cache {
 /* N(0, std) in the default dtype, registered as name; scaled in place, so
  * that making GPT-2's 124M weights needs no second copy of them. */
 static nb_tensor *normal_param(nb_params *ps, const char *name, int ndim, const int64_t *shape,
-                               double std, nb_rng *rng) {
+                               double std, nb_rng *rng, bool draw) {
     nb_scope_begin();
-    nb_tensor *r = nb_randn(nb_default_dtype(), ndim, shape, rng);
+    nb_tensor *r = draw ? nb_randn(nb_default_dtype(), ndim, shape, rng)
+                        : nb_zeros(nb_default_dtype(), ndim, shape);
     int64_t n = nb_numel(r);
     if (r && nb_dtype_of(r) == NB_F32)
         for (float *d = nb_data(r); n-- > 0; d++) *d = (float)(*d * std);
@@ -60,12 +61,12 @@ static const char *block_name(char *buf, size_t cap, int64_t i, const char *what
 
 /* A linear layer (out, in) of N(0, std) weights and zero biases. */
 static int linear(nb_Linear *l, nb_params *ps, int64_t i, const char *what, int64_t in,
-                  int64_t out, double std, bool bias, nb_rng *rng) {
+                  int64_t out, double std, bool bias, nb_rng *rng, bool draw) {
     char name[256], full[300];
     *l = (nb_Linear){.in_features = in, .out_features = out};
     snprintf(name, sizeof name, "%s.weight", what);
     if (!(l->weight = normal_param(ps, block_name(full, sizeof full, i, name), 2,
-                                   (const int64_t[]){out, in}, std, rng)))
+                                   (const int64_t[]){out, in}, std, rng, draw)))
         return -1;
     snprintf(name, sizeof name, "%s.bias", what);
     if (bias && !(l->bias = const_param(ps, block_name(full, sizeof full, i, name), out, 0.0)))
@@ -106,7 +107,8 @@ static int check_config(const nb_GPTConfig *c) {
     return 0;
 }
 
-static int gpt_init_body(nb_GPT *m, nb_params *ps, const nb_GPTConfig *cfg, nb_rng *rng) {
+static int gpt_init_body(nb_GPT *m, nb_params *ps, const nb_GPTConfig *cfg, nb_rng *rng,
+                         bool draw) {
     if (!m || !ps || !cfg) return (nn_error("nb_gpt_init: model, registry or config is NULL"), -1);
     *m = (nb_GPT){0};
     if (check_config(cfg)) return -1;
@@ -116,34 +118,38 @@ static int gpt_init_body(nb_GPT *m, nb_params *ps, const nb_GPTConfig *cfg, nb_r
     double std = GPT_INIT_STD, proj_std = GPT_INIT_STD / sqrt(2.0 * (double)L);
     m->wte = (nb_Embedding){.num_embeddings = V, .embedding_dim = C};
     m->wpe = (nb_Embedding){.num_embeddings = cfg->block_size, .embedding_dim = C};
-    if (!(m->wte.weight = normal_param(ps, "transformer.wte.weight", NB_SHAPE(V, C), std, rng)) ||
+    if (!(m->wte.weight = normal_param(ps, "transformer.wte.weight", NB_SHAPE(V, C), std, rng, draw)) ||
         !(m->wpe.weight = normal_param(ps, "transformer.wpe.weight",
-                                       NB_SHAPE(cfg->block_size, C), std, rng)))
+                                       NB_SHAPE(cfg->block_size, C), std, rng, draw)))
         return -1;
     if (!(m->h = calloc((size_t)L, sizeof *m->h))) return (nn_error("nb_gpt_init: out of memory"), -1);
     for (int64_t i = 0; i < L; i++) {
         nb_GPTBlock *b = &m->h[i];
         if (layer_norm(&b->ln_1, ps, NULL, i, "ln_1", C) ||
-            linear(&b->c_attn, ps, i, "attn.c_attn", C, 3 * C, std, cfg->bias, rng) ||
-            linear(&b->attn_proj, ps, i, "attn.c_proj", C, C, proj_std, cfg->bias, rng) ||
+            linear(&b->c_attn, ps, i, "attn.c_attn", C, 3 * C, std, cfg->bias, rng, draw) ||
+            linear(&b->attn_proj, ps, i, "attn.c_proj", C, C, proj_std, cfg->bias, rng, draw) ||
             layer_norm(&b->ln_2, ps, NULL, i, "ln_2", C) ||
-            linear(&b->c_fc, ps, i, "mlp.c_fc", C, 4 * C, std, cfg->bias, rng) ||
-            linear(&b->mlp_proj, ps, i, "mlp.c_proj", 4 * C, C, proj_std, cfg->bias, rng))
+            linear(&b->c_fc, ps, i, "mlp.c_fc", C, 4 * C, std, cfg->bias, rng, draw) ||
+            linear(&b->mlp_proj, ps, i, "mlp.c_proj", 4 * C, C, proj_std, cfg->bias, rng, draw))
             return -1;
     }
     if (layer_norm(&m->ln_f, ps, "transformer", -1, "ln_f", C)) return -1;
     m->lm_head = (nb_Linear){.in_features = C, .out_features = V};
     if (cfg->tie_weights) m->lm_head.weight = m->wte.weight;
-    else if (!(m->lm_head.weight = normal_param(ps, "lm_head.weight", NB_SHAPE(V, C), std, rng)))
+    else if (!(m->lm_head.weight = normal_param(ps, "lm_head.weight", NB_SHAPE(V, C), std, rng, draw)))
         return -1;
     return 0;
 }
 
+int nn_gpt_make(nb_GPT *m, nb_params *ps, const nb_GPTConfig *cfg, nb_rng *rng, bool draw) {
+    int rc = gpt_init_body(m, ps, cfg, rng, draw);
+    if (rc != 0 && m) nb_gpt_free(m);
+    return rc;
+}
+
 int nb_gpt_init(nb_GPT *m, nb_params *ps, const nb_GPTConfig *cfg, nb_rng *rng) {
     nn_enter();
-    int rc = gpt_init_body(m, ps, cfg, rng);
-    if (rc != 0 && m) nb_gpt_free(m);
-    return nn_leave_rc("nb_gpt_init", rc);
+    return nn_leave_rc("nb_gpt_init", nn_gpt_make(m, ps, cfg, rng, true));
 }
 
 static void cache_free(nb_GPT *m) {

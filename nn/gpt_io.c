@@ -679,10 +679,9 @@ static int hf_match(const nn_st_header *h, const nb_GPTConfig *c, int *file_of, 
                             nn_shape_str(b, sizeof b, nd, shape)), -1;
         file_of[s] = i;
     }
-    for (int64_t s = 0; s < n; s++)
-        if (slot_present(c, s) && file_of[s] < 0)
-            return snprintf(msg, cap, "missing %s%s", slot_name(s, false, name, sizeof name),
-                            s == S_LM_HEAD ? " (the model is untied)" : ""), -1;
+    for (int64_t s = 0; s < n; s++) /* a tied file's lm_head is its wte: copied on load */
+        if (slot_present(c, s) && file_of[s] < 0 && s != S_LM_HEAD)
+            return snprintf(msg, cap, "missing %s", slot_name(s, false, name, sizeof name)), -1;
     return 0;
 }
 
@@ -744,6 +743,10 @@ static int load_hf_body(nb_GPT *m, const char *path) {
                          slot_conv(s) ? it->shape[1] : 0, st.buf + st.off[s], nb_dtype_of(t),
                          chunk, msg, sizeof msg);
     }
+    if (rc == 0 && !m->cfg.tie_weights && file_of[S_LM_HEAD] < 0) /* a tied file: wte */
+        convert(st.buf + st.off[S_LM_HEAD], nb_dtype_of(m->lm_head.weight),
+                st.buf + st.off[S_WTE], nb_dtype_of(m->wte.weight),
+                (size_t)nb_numel(m->wte.weight));
     if (rc == 0) commit(m, &st);
     else nn_error("%s: %s: %s", fn, path, msg);
     free(chunk);
@@ -905,4 +908,27 @@ static int config_of_file_body(const char *path, nb_GPTConfig *cfg) {
 int nb_gpt_config_of_file(const char *path, nb_GPTConfig *cfg) {
     nn_enter();
     return nn_leave_rc("nb_gpt_config_of_file", config_of_file_body(path, cfg));
+}
+
+static int from_file_body(nb_GPT *m, nb_params *ps, const char *path) {
+    const char *fn = "nb_gpt_from_file";
+    if (!m || !ps) return nn_error("%s: model or registry is NULL", fn), -1;
+    *m = (nb_GPT){0};
+    nb_GPTConfig cfg;
+    if (nb_gpt_config_of_file(path, &cfg) != 0 || nn_gpt_make(m, ps, &cfg, NULL, false) != 0)
+        return -1;
+    FILE *f = fopen(path, "rb");
+    unsigned char magic[4] = {0};
+    bool llmc = f && fread(magic, 1, 4, f) == 4 && le32(magic) == LLMC_MAGIC;
+    if (f) fclose(f);
+    if ((llmc ? nb_gpt_load_llmc : nb_gpt_load_hf)(m, path) != 0) {
+        nb_gpt_free(m);
+        return -1;
+    }
+    return 0;
+}
+
+int nb_gpt_from_file(nb_GPT *m, nb_params *ps, const char *path) {
+    nn_enter();
+    return nn_leave_rc("nb_gpt_from_file", from_file_body(m, ps, path));
 }

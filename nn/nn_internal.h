@@ -102,4 +102,8 @@ nn_values nn_params_values(const nb_params *ps, int i);
 nb_tensor *nn_uniform_param(nb_params *ps, const char *name, int ndim, const int64_t *shape,
                             double bound, nb_rng *rng);
 
+/* nb_gpt_init's body; draw false makes every weight 0 instead of drawing
+ * it (for a load that overwrites them all). On error m is freed. */
+int nn_gpt_make(nb_GPT *m, nb_params *ps, const nb_GPTConfig *cfg, nb_rng *rng, bool draw);
+
 #endif

@@ -648,6 +648,15 @@ START_TEST(hf_layout_by_hand) {
     /* a tied model ignores lm_head.weight: wte is the file's wte */
     CK_OK(nb_gpt_load_hf(&m.m, path));
     expect_hf_values(&m, false);
+    /* an untied model given a tied file (no lm_head.weight) copies wte, as from llm.c */
+    CK_OK(nb_gpt_save_hf(&m.m, path));
+    CK_OK(nb_gpt_load_hf(&x.m, path));
+    nb_tensor *wte = nb_params_get(x.ps, "transformer.wte.weight");
+    nb_tensor *head = nb_params_get(x.ps, "lm_head.weight");
+    ck_assert_ptr_nonnull(wte);
+    ck_assert_ptr_nonnull(head);
+    ck_assert_ptr_ne(wte, head);
+    ck_assert(memcmp(nb_data(wte), nb_data(head), (size_t)nb_numel(wte) * sizeof(float)) == 0);
     model_free(&x);
     model_free(&m);
     remove_dir();
@@ -982,19 +991,13 @@ START_TEST(hf_errors) {
                    "is not a regular file");
     EXPECT_REFUSED(&m, nb_gpt_load_hf(&m.m, tmp_path("none")), "nb_gpt_load_hf: cannot open",
                    "No such file");
-    /* tied file into an untied model; biases into a model without */
-    nb_GPTConfig u = c;
-    u.tie_weights = false;
-    model x;
-    model_make(&x, u, NB_F32, 22);
+    /* biases into a model without */
     hf_full(&f, &c, "", "F32", false);
     hf_write(&f, path);
     hf_free(&f);
-    EXPECT_REFUSED(&x, nb_gpt_load_hf(&x.m, path), "nb_gpt_load_hf: ", path,
-                   ": missing lm_head.weight (the model is untied)");
-    model_free(&x);
     nb_GPTConfig nb = c;
     nb.bias = false;
+    model x;
     model_make(&x, nb, NB_F64, 23);
     EXPECT_REFUSED(&x, nb_gpt_load_hf(&x.m, path), "nb_gpt_load_hf: ", path,
                    ": unexpected tensor h.0.attn.c_attn.bias (the model has no biases");
@@ -1011,6 +1014,42 @@ START_TEST(hf_errors) {
 END_TEST
 
 /* A refused save keeps the file that was there; a save replaces it whole. */
+/* nb_gpt_from_file: the model a file holds, made and loaded (no draws),
+ * from either format; a bad file leaves m freed and the error named. */
+START_TEST(from_file) {
+    make_dir();
+    model a;
+    nb_GPTConfig c = tiny();
+    c.n_embd = 64; /* a head count the HF file implies (n_embd / 64) */
+    c.n_head = 1;
+    model_make(&a, c, NB_F32, 31);
+    for (int hf = 0; hf < 2; hf++) {
+        const char *path = tmp_path(hf ? "ff.safetensors" : "ff.bin");
+        CK_OK((hf ? nb_gpt_save_hf : nb_gpt_save_llmc)(&a.m, path));
+        model b = {.ps = nb_params_new()};
+        nb_rng before = *nb_global_rng();
+        CK_OK(nb_gpt_from_file(&b.m, b.ps, path));
+        ck_assert(nb_global_rng()->offset == before.offset); /* nothing drawn */
+        ck_assert_int_eq(b.m.cfg.n_layer, c.n_layer);
+        ck_assert(b.m.cfg.tie_weights);
+        expect_same_params(&a, &b, false);
+        model_free(&b);
+    }
+    nb_params *ps = nb_params_new();
+    nb_GPT m;
+    const char *bad = tmp_path("bad.bin");
+    FILE *f = fopen(bad, "wb");
+    fputs("not a model", f);
+    fclose(f);
+    expect_error_rc(nb_gpt_from_file(&m, ps, bad), "nb_gpt_config_of_file: ", bad);
+    ck_assert_ptr_null(m.h);
+    expect_error_rc(nb_gpt_from_file(NULL, ps, bad), "nb_gpt_from_file: model or registry is NULL");
+    nb_params_free(ps);
+    model_free(&a);
+    remove_dir();
+}
+END_TEST
+
 START_TEST(saves_are_atomic) {
     make_dir();
     const char *path = tmp_path("keep.bin");
@@ -1050,6 +1089,7 @@ Suite *suite_gpt_io(void) {
     tcase_add_test(tc, config_of_file);
     tcase_add_test(tc, llmc_errors);
     tcase_add_test(tc, hf_errors);
+    tcase_add_test(tc, from_file);
     tcase_add_test(tc, saves_are_atomic);
     suite_add_tcase(s, tc);
     return s;
