@@ -15,7 +15,10 @@
  *   7. nb_save / nb_load of the d_model 512 model with Adam's state, nb_load
  *      of 120,000 and 1,000,000 empty tensors (the cost of names alone), and
  *      the cost of anomaly mode on the d_model 64 step
- *   8. the process's peak RSS
+ *   8. GPT-2 124M training step (B=4, T=64): ms/step, GFLOP/s, % of peak,
+ *      the first step, peak RSS, on 1 thread and all CPUs (each a fresh
+ *      process), and whether both give the same bits
+ *   9. the process's peak RSS
  *
  * Each figure is the median of several timed runs (CLOCK_MONOTONIC) after
  * warm-up runs; "1t" runs with nb_set_num_threads(1), "Nt" with one thread
@@ -929,6 +932,134 @@ static void bench_checkpoint(void) {
     }
 }
 
+/* --------------------------------------------------- 8. GPT-2 124M training step */
+/* One training step of GPT-2 124M (NB_GPT2_CONFIG: tied, GELU tanh) on a
+ * batch of B=4 rows of T=64 tokens, llm.c's defaults: nb_gpt_loss, backward,
+ * AdamW (lr 1e-4, no weight decay), nb_optim_clear_grad. Each thread count
+ * runs in a process of its own (this program run again with --gpt2-child),
+ * so that its peak RSS is the model's alone. FLOPs per step: 6 x 124M
+ * parameters x 256 tokens (the usual estimate, as llm.c and the issue count
+ * them), so GFLOP/s and % of the FMA peak of section 1. */
+#define GPT_B 4
+#define GPT_T 64
+#define GPT_STEPS 6
+
+typedef struct {
+    double first_ms, median_ms, rss_mib, alloc_peak_mib;
+    uint64_t hash; /* of every loss and every parameter after the last step */
+} gpt_result;
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211u;
+    return h;
+}
+
+static double vm_hwm_mib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kb = NAN;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kb = atof(line + 6);
+    if (f) fclose(f);
+    return kb / 1024;
+}
+
+/* The child: measures, prints one line "gpt2 first median rss alloc hash". */
+static int gpt2_child(int threads) {
+    nb_set_num_threads(threads);
+    nb_GPTConfig cfg = NB_GPT2_CONFIG;
+    nb_params *ps = nb_params_new();
+    nb_GPT m;
+    nb_rng init = {1, 0}, data = {2, 0};
+    if (!ps || nb_gpt_init(&m, ps, &cfg, &init) != 0) die("nb_gpt_init");
+    nb_optim *opt = nb_adamw(ps, 1e-4, 0.9, 0.999, 1e-8, 0.0);
+    if (!opt) die("nb_adamw");
+    nb_tensor *tok = need(nb_to(nb_mul_scalar(nb_rand(NB_F64, NB_SHAPE(GPT_B, GPT_T + 1), &data),
+                                              (double)cfg.vocab_size - 1e-9), NB_I64), "tokens");
+    double t[GPT_STEPS];
+    uint64_t h = 1469598103934665603u;
+    for (int s = 0; s < GPT_STEPS; s++) {
+        double t0 = now();
+        nb_scope_begin();
+        nb_tensor *x = nb_narrow(tok, 1, 0, GPT_T), *y = nb_narrow(tok, 1, 1, GPT_T);
+        nb_tensor *loss = nb_gpt_loss(&m, x, y, true, NULL);
+        if (!loss || nb_backward(loss) != 0) die("GPT-2 step");
+        nb_optim_step(opt);
+        nb_optim_clear_grad(opt);
+        float l = (float)nb_item(loss);
+        h = fnv(h, &l, sizeof l);
+        nb_scope_end();
+        t[s] = now() - t0;
+    }
+    for (int i = 0; i < nb_params_count(ps); i++) {
+        nb_tensor *p = nb_params_at(ps, i, NULL);
+        h = fnv(h, nb_data(p), (size_t)nb_numel(p) * sizeof(float));
+    }
+    double first = t[0];
+    qsort(t + 1, GPT_STEPS - 1, sizeof t[0], cmp_double);
+    printf("gpt2 %.3f %.3f %.1f %.1f %016llx\n", 1e3 * first, 1e3 * t[GPT_STEPS / 2], vm_hwm_mib(),
+           (double)nb_memory_peak() / (1 << 20), (unsigned long long)h);
+    nb_optim_free(opt);
+    nb_gpt_free(&m);
+    nb_params_free(ps);
+    return 0;
+}
+
+static bool gpt2_run(const char *self, int threads, gpt_result *r) {
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "'%s' --gpt2-child %d", self, threads);
+    FILE *p = popen(cmd, "r");
+    char line[256];
+    bool ok = false;
+    unsigned long long hash = 0;
+    while (p && fgets(line, sizeof line, p))
+        if (sscanf(line, "gpt2 %lf %lf %lf %lf %llx", &r->first_ms, &r->median_ms, &r->rss_mib,
+                   &r->alloc_peak_mib, &hash) == 5)
+            ok = true;
+    r->hash = hash;
+    if (p && pclose(p) != 0) ok = false;
+    return ok;
+}
+
+static char self_path[4096];
+
+static void bench_gpt2(void) {
+    section("8. GPT-2 124M training step (B=4, T=64, tied, f32; nb_gpt_loss, backward, AdamW, "
+            "nb_optim_clear_grad; each thread count in a fresh process)");
+    const double flops = 6.0 * 124439808.0 * GPT_B * GPT_T;
+    printf("%-6s %9s %8s %7s %10s %8s %9s %9s %8s %9s %9s\n", "thr", "ms/step", "GFLOP/s",
+           "% peak", "first ms", "first/st", "RSS MiB", "pt ms", "nb/pt", "pt first", "pt RSS");
+    gpt_result r[2];
+    int n = 0;
+    for (int t = 1; t <= ncpu && n < 2; t = next_threads(t), n++) {
+        if (!gpt2_run(self_path, t, &r[n])) {
+            printf("%-6d (the child process failed)\n", t);
+            return;
+        }
+        double gf = flops / (r[n].median_ms * 1e-3) / 1e9, pk = t == 1 ? peak_1t : peak_nt;
+        double pt = ref("gpt2_ms_%dt", t);
+        printf("%-6d", t);
+        cell(r[n].median_ms, 9, 0);
+        cell(gf, 8, 1);
+        cell(100 * gf / pk, 7, 1);
+        cell(r[n].first_ms, 10, 0);
+        cell(r[n].first_ms / r[n].median_ms, 8, 2);
+        cell(r[n].rss_mib, 9, 0);
+        cell(pt, 9, 0);
+        cell(ratio(r[n].median_ms, pt), 8, 2);
+        cell(ref("gpt2_first_ms_%dt", t), 9, 0);
+        cell(ref("gpt2_rss_mib_%dt", t), 9, 0);
+        printf("\n");
+    }
+    if (n == 2)
+        printf("%dt / 1t speed-up %.2fx; losses and weights after %d steps bitwise identical "
+               "for 1 and %d threads: %s\n", ncpu, r[0].median_ms / r[1].median_ms, GPT_STEPS,
+               ncpu, r[0].hash == r[1].hash ? "yes" : "NO");
+    printf("allocator peak (nb_memory_peak) %.0f MiB; llm.c's train_gpt2.c measured here: 2.46 "
+           "GiB RSS (the issue's figure)\n", r[0].alloc_peak_mib);
+}
+
 /* ------------------------------------------------------------------- main */
 
 /* `bench` runs every section; `bench 1 3` only sections 1 and 3. */
@@ -950,17 +1081,22 @@ static void print_footer(double start) {
 }
 
 int main(int argc, char **argv) {
-    static void (*const sections[7])(void) = {bench_peak,     bench_matmul, bench_attention,
+    static void (*const sections[8])(void) = {bench_peak,     bench_matmul, bench_attention,
                                               bench_mha,      bench_overhead, bench_copy,
-                                              bench_checkpoint};
+                                              bench_checkpoint, bench_gpt2};
+    if (argc == 3 && !strcmp(argv[1], "--gpt2-child")) return gpt2_child(atoi(argv[2]));
     double start = now();
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     ncpu = n < 1 ? 1 : n > 64 ? 64 : (int)n;
+    ssize_t len = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
+    snprintf(self_path + (len > 0 ? len : 0), sizeof self_path - (size_t)(len > 0 ? len : 0), "%s",
+             len > 0 ? "" : argv[0]);
     load_refs();
     print_header();
-    for (int i = 0; i < 7; i++)
+    if (wanted(argc, argv, 8) && !wanted(argc, argv, 1)) bench_peak(); /* its % of peak */
+    for (int i = 0; i < 8; i++)
         if (wanted(argc, argv, i + 1)) sections[i]();
-    section("8. process");
+    section("9. process");
     print_footer(start);
     return 0;
 }

@@ -22,6 +22,10 @@ workloads as bench.c:
                                    no grad, recording, forward + backward
   copy_ms_{T}t_d{64,512}           one training step of The Annotated
                                    Transformer's copy task (ported below)
+  gpt2_{ms,first_ms,rss_mib}_{T}t  GPT-2 124M (nanoGPT's, tied) training step,
+                                   B=4, T=64, AdamW: median of 5 steps after
+                                   the first, the first, and the child
+                                   process's peak RSS
 
 The file holds `key value` lines and a first comment line naming torch's
 version, the date, the CPU and the BLAS library torch loaded (Debian's
@@ -54,7 +58,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-OUT = sys.argv[1] if len(sys.argv) > 1 else \
+OUT = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "--gpt2-child" else \
     os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_results.txt")
 THREADS = sorted({1, os.cpu_count() or 1})
 ATTN_SHAPES = [(8, 8, 128, 64), (4, 8, 512, 64), (1, 8, 1024, 64), (2, 4, 64, 32)]
@@ -381,6 +385,76 @@ def bench_copy(t):
         put(f"copy_ms_{t}t_d{d_model}", median_ms(lambda: copy_step(model, opt), warmup, reps))
 
 
+# ---------------------------------------------------------------- GPT-2 124M
+# nanoGPT's GPT-2 (pre-LN, causal, GELU tanh, tied lm_head), one training step
+# on B=4 x T=64 random tokens: loss, backward, AdamW (lr 1e-4, no decay),
+# zero_grad(set_to_none=True). Each thread count runs in a child process (this
+# script with --gpt2-child T) so that ru_maxrss is that run's own.
+class GPTBlock(nn.Module):
+    def __init__(self, c, h):
+        super().__init__()
+        self.h = h
+        self.ln_1, self.ln_2 = nn.LayerNorm(c), nn.LayerNorm(c)
+        self.c_attn, self.attn_proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
+        self.c_fc, self.mlp_proj = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+
+    def forward(self, x, mask):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.h, c // self.h).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(c // self.h)
+        att = F.softmax(att.masked_fill(~mask[:t, :t], float("-inf")), dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
+        x = x + self.attn_proj(y)
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT2(nn.Module):
+    def __init__(self, vocab=50257, block=1024, layers=12, heads=12, c=768):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, c), nn.Embedding(block, c)
+        self.h = nn.ModuleList(GPTBlock(c, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(c)
+        self.lm_head = nn.Linear(c, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+        self.register_buffer("mask", torch.tril(torch.ones(block, block, dtype=torch.bool)))
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for block in self.h:
+            x = block(x, self.mask)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def gpt2_child(t):
+    set_threads(t)
+    torch.manual_seed(0)
+    model = GPT2()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
+    tok = torch.randint(0, 50257, (4, 65))
+    x, y = tok[:, :64], tok[:, 1:]
+    times = []
+    for _ in range(6):
+        t0 = time.perf_counter()
+        model(x, y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"gpt2 {1e3 * times[0]:.1f} {1e3 * statistics.median(times[1:]):.1f} {rss:.1f}")
+
+
+def bench_gpt2(t):
+    import subprocess
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--gpt2-child", str(t)],
+                         capture_output=True, text=True, check=True).stdout.split()
+    first, median, rss = (float(v) for v in out[1:4])
+    put(f"gpt2_first_ms_{t}t", first)
+    put(f"gpt2_ms_{t}t", median)
+    put(f"gpt2_rss_mib_{t}t", rss)
+
+
 # ---------------------------------------------------------------- main
 def blas_name():
     try:
@@ -434,6 +508,7 @@ def main():
         bench_attention(t)
         bench_mha(t)
         bench_copy(t)
+        bench_gpt2(t)
     version = ".".join(torch.__version__.split(".")[:2])
     header = (f"# torch {version}, {datetime.date.today().isoformat()}, {cpu_model()}, "
               f"{os.cpu_count()} CPUs, BLAS {blas_name()}, "
@@ -446,4 +521,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 3 and sys.argv[1] == "--gpt2-child":
+        gpt2_child(int(sys.argv[2]))
+    else:
+        main()

@@ -59,16 +59,17 @@ static bool fold_batch(const mm_geom *g, int64_t *rows, int64_t *stride) {
     return true;
 }
 
-static int gemm(nbi_gemm_ws *ws, nb_dtype dt, int64_t M, const mm_geom *g, const void *a,
-                int64_t sam, const void *b, void *c) {
+static int gemm(nbi_gemm_ws *ws, nb_dtype dt, int64_t M, int64_t N, const mm_geom *g,
+                const void *a, int64_t sam, const void *b, void *c) {
     if (dt == NB_F32)
-        return nbi_gemm_f32(ws, M, g->N, g->K, a, sam, g->sak, b, g->sbk, g->sbn, c, g->N, 1);
-    return nbi_gemm_f64(ws, M, g->N, g->K, a, sam, g->sak, b, g->sbk, g->sbn, c, g->N, 1);
+        return nbi_gemm_f32(ws, M, N, g->K, a, sam, g->sak, b, g->sbk, g->sbn, c, g->N, 1);
+    return nbi_gemm_f64(ws, M, N, g->K, a, sam, g->sak, b, g->sbk, g->sbn, c, g->N, 1);
 }
 
-/* One batched product cut into tasks: each is rows [r0, r0 + tile) of one
- * output matrix, a kernel call of its own. Results do not depend on the cut
- * (see gemm_internal.h), so the thread count never changes them. */
+/* One batched product cut into tasks: each is rows [r0, r0 + tile) and
+ * columns [c0, c0 + ctile) of one output matrix, a kernel call of its own.
+ * Results do not depend on the cut (see gemm_internal.h), so the thread
+ * count never changes them. */
 typedef struct {
     const mm_geom *g;
     nb_dtype dt;
@@ -77,6 +78,7 @@ typedef struct {
     char *pc;
     int64_t M, sam;       /* rows per matrix and their stride in a */
     int64_t tiles, tile;  /* row tiles per matrix, rows per tile */
+    int64_t ctiles, ctile; /* column tiles, columns per tile */
     _Atomic int failed;
 } mm_job;
 
@@ -95,13 +97,16 @@ static void mm_tasks(void *ctx, int64_t lo, int64_t hi) {
     mm_job *j = ctx;
     nbi_gemm_ws ws = {0};
     for (int64_t t = lo; t < hi && !atomic_load(&j->failed); t++) {
-        int64_t bt = t / j->tiles, r0 = (t % j->tiles) * j->tile;
+        int64_t ct = t % j->ctiles, rt = t / j->ctiles;
+        int64_t bt = rt / j->tiles, r0 = (rt % j->tiles) * j->tile, c0 = ct * j->ctile;
         int64_t rows = j->M - r0 < j->tile ? j->M - r0 : j->tile;
+        int64_t cols = j->g->N - c0 < j->ctile ? j->g->N - c0 : j->ctile;
         int64_t aoff = 0, boff = 0;
         if (j->g->nbatch) batch_offsets(j->g, bt, &aoff, &boff);
         aoff += r0 * j->sam;
-        int64_t coff = (bt * j->M + r0) * j->g->N;
-        if (gemm(&ws, j->dt, rows, j->g, j->pa + aoff * (int64_t)j->es, j->sam,
+        boff += c0 * j->g->sbn;
+        int64_t coff = (bt * j->M + r0) * j->g->N + c0;
+        if (gemm(&ws, j->dt, rows, cols, j->g, j->pa + aoff * (int64_t)j->es, j->sam,
                  j->pb + boff * (int64_t)j->es, j->pc + coff * (int64_t)j->es))
             atomic_store(&j->failed, 1);
     }
@@ -109,10 +114,12 @@ static void mm_tasks(void *ctx, int64_t lo, int64_t hi) {
 }
 
 /* a (B...,M,K), b (B...,K,N) -> c (B...,M,N) contiguous. A batch whose b is
- * shared and whose a steps over its rows is one taller matrix. Rows are cut
- * into tiles only as far as needed to give every thread work; a task should
- * be worth at least ~2 MFLOP, or the pool's wake-up costs more than it saves.
- * 0, or -1 (message set) when the kernel's buffers cannot be allocated. */
+ * shared and whose a steps over its rows is one taller matrix. A single
+ * product is cut into one task per thread along its longer side: along N
+ * when N >= M (each task then packs only its columns of b; a is mostly read
+ * in place), else along M. A task should be worth at least ~2 MFLOP, or the
+ * pool's wake-up costs more than it saves. 0, or -1 (message set) when the
+ * kernel's buffers cannot be allocated. */
 static int matmul_batched(const mm_geom *g, const nb_tensor *a, const nb_tensor *b,
                           nb_tensor *c) {
     int64_t nbat = 1;
@@ -126,16 +133,21 @@ static int matmul_batched(const mm_geom *g, const nb_tensor *a, const nb_tensor 
     j.g = &flat;
     double flops = 2.0 * (double)j.M * (double)g->N * (double)g->K;
     int threads = nb_num_threads();
-    /* tiles per matrix: one per thread for a single product (each tile packs
-     * all of b, so fewer is cheaper), else enough to balance the batch */
+    /* tasks per matrix: one per thread for a single product, else enough to
+     * balance the batch */
     int64_t want = nbat == 1 ? threads : nbat >= 2 * threads ? 1 : (2 * threads + nbat - 1) / nbat;
     int64_t by_work = (int64_t)(flops / 2e6);
     if (want > by_work) want = by_work > 1 ? by_work : 1;
-    j.tile = (j.M + want - 1) / want;
+    bool by_cols = nbat == 1 && g->N >= j.M && want > 1;
+    j.tile = by_cols ? j.M : (j.M + want - 1) / want;
     j.tile = (j.tile + 15) & ~(int64_t)15; /* whole register tiles of the f32 AVX-512 path */
     j.tiles = (j.M + j.tile - 1) / j.tile;
-    int64_t per_task = (int64_t)(2e6 / (flops / (double)j.tiles + 1.0)) + 1;
-    nbi_parallel_for(nbat * j.tiles, per_task, mm_tasks, &j);
+    j.ctile = by_cols ? (g->N + want - 1) / want : g->N;
+    if (by_cols) j.ctile = (j.ctile + 63) & ~(int64_t)63; /* whole column panels of every path */
+    j.ctiles = (g->N + j.ctile - 1) / j.ctile;
+    int64_t tasks = j.tiles * j.ctiles;
+    int64_t per_task = (int64_t)(2e6 / (flops / (double)tasks + 1.0)) + 1;
+    nbi_parallel_for(nbat * tasks, per_task, mm_tasks, &j);
     if (atomic_load(&j.failed)) {
         nbi_error("%s: out of memory for the packing buffers of a %lld x %lld x %lld product", FN,
                   (long long)g->M, (long long)g->K, (long long)g->N);
