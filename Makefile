@@ -164,7 +164,9 @@ readme-check: all
 # output option, then a second epoch resumed from its checkpoint).
 SHORT_COPY = --batches 3 --d-model 32 --d-ff 64 --all-epochs
 SHORT_ARGS = $$(case $$e in *copy_task) echo --epochs 1 $(SHORT_COPY) --save $(BUILD)/short.ckpt \
-  --attn-map $(BUILD)/short-maps --loss-plot $(BUILD)/short-loss.svg;; esac)
+  --attn-map $(BUILD)/short-maps --loss-plot $(BUILD)/short-loss.svg;; \
+  *gpt) echo --config tiny --steps 3 --batch 2 --seq 16 --shuffle --sample 16 --top-k 5 \
+  --save $(BUILD)/short-gpt.ckpt;; esac)
 RESUME_SHORT = --epochs 2 $(SHORT_COPY) --load $(BUILD)/short.ckpt
 VALGRIND := valgrind -q --leak-check=full --errors-for-leak-kinds=definite --error-exitcode=1
 valgrind: all check-deps
@@ -300,13 +302,19 @@ install-check:
 # copy_task stopped after 2 epochs and resumed with --load ends with the very
 # checkpoint bytes (weights, Adam state, random streams) of a run of 4 epochs.
 RESUME_ARGS = --d-model 32 --d-ff 64 --batches 5 --all-epochs
-resume-check: $(BUILD)/examples/copy_task
+GPT_RESUME = --config tiny --batch 4 --seq 16 --shuffle --dropout 0.1
+resume-check: $(BUILD)/examples/copy_task $(BUILD)/examples/gpt
 	@d=$$(mktemp -d) && trap 'rm -rf '$$d EXIT && \
 	$(BUILD)/examples/copy_task $(RESUME_ARGS) --epochs 4 --save $$d/straight >/dev/null && \
 	$(BUILD)/examples/copy_task $(RESUME_ARGS) --epochs 2 --save $$d/half >/dev/null && \
 	$(BUILD)/examples/copy_task $(RESUME_ARGS) --epochs 4 --load $$d/half --save $$d/resumed >/dev/null && \
 	cmp $$d/straight $$d/resumed && \
-	echo "resume-check: 2 epochs + --load + 2 epochs = 4 epochs, checkpoints identical ($$(wc -c < $$d/resumed) bytes)"
+	echo "resume-check: 2 epochs + --load + 2 epochs = 4 epochs, checkpoints identical ($$(wc -c < $$d/resumed) bytes)" && \
+	$(BUILD)/examples/gpt $(GPT_RESUME) --steps 40 --save $$d/g-straight >/dev/null && \
+	$(BUILD)/examples/gpt $(GPT_RESUME) --steps 20 --save $$d/g-half >/dev/null && \
+	$(BUILD)/examples/gpt $(GPT_RESUME) --steps 40 --load $$d/g-half --save $$d/g-resumed >/dev/null && \
+	cmp $$d/g-straight $$d/g-resumed && \
+	echo "resume-check: gpt 20 steps + --load + 20 steps = 40 steps, checkpoints identical ($$(wc -c < $$d/g-resumed) bytes)"
 
 # make gpt-check: nabla's GPT-2 124M against PyTorch (tests/fixtures/gpt_torch.txt,
 # from tests/fixtures/gen_gpt.py) on files that tests/gpt_files.h writes from a

@@ -84,6 +84,21 @@ nb_params *nb_optim_state(nb_optim *o) {
     return o ? o->state : nn_error("nb_optim_state: optimizer is NULL");
 }
 
+/* Touches a buffer of each parameter's size and hands them all to the
+ * allocator's cache (tensor/alloc.c), where the first backward finds its
+ * gradients' buffers: their pages are faulted in now, with the state's,
+ * not in the first training step (0.5 GB for GPT-2, a second or more of
+ * page faults). Nothing is kept when the cache is full or off. */
+static void reserve_gradients(nb_params *ps, int n) {
+    nb_scope_begin();
+    for (int i = 0; i < n; i++) {
+        nb_tensor *p = nb_params_at(ps, i, NULL);
+        if (!nb_grad(p)) nb_zeros(nb_dtype_of(p), nb_ndim(p), nb_shape(p));
+    }
+    nb_scope_end(); /* all freed at once, so each keeps its own buffer */
+    nb_clear_error(); /* out of memory here only means no reserve */
+}
+
 static nb_optim *make(opt_kind kind, nb_params *ps, double lr, double momentum, double beta1,
                       double beta2, double eps, double wd) {
     const char *fn = kind_name(kind);
@@ -129,6 +144,7 @@ static nb_optim *make(opt_kind kind, nb_params *ps, double lr, double momentum, 
         nb_optim_free(o);
         return nn_error("%s: out of memory", fn);
     }
+    reserve_gradients(ps, n);
     for (int i = 0; i < n; i++) {
         const char *name = "";
         o->params[i] = nb_params_at(ps, i, &name);

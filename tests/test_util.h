@@ -103,7 +103,8 @@ Suite *suite_registry(void);
 void print_op_table(const char *which);
 Suite *suite_edges(void);
 Suite *suite_gpt(void);    /* test_gpt.c: the model, generation, weight decay groups */
-Suite *suite_gpt_io(void); /* test_gpt_io.c: llm.c / Hugging Face files, token files */
+Suite *suite_gpt_io(void); /* test_gpt_io.c: llm.c / Hugging Face checkpoint files */
 Suite *suite_gpt_torch(void); /* test_gpt_torch.c: agreement with PyTorch on generated files */
+Suite *suite_tokens(void);   /* test_tokens.c: nb_load_tokens (llm.c token files, bytes) */
 
 #endif

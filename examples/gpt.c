@@ -1,0 +1,654 @@
+/* gpt.c: train and sample a GPT (nb_GPT: GPT-2 as nanoGPT writes it).
+ *
+ * By default a small character-level model (--config char: the 256 byte
+ * values as its vocabulary, context 64, 4 layers, 4 heads, n_embd 128) learns
+ * the text shipped in examples/data/kjv.txt (the first five books of the King
+ * James Bible) in under a minute on two cores, then writes a sample (make gpt):
+ *
+ *   build/examples/gpt --shuffle --sample 500
+ *
+ * --config gpt2 is GPT-2 124M exactly (12 layers, 12 heads, n_embd 768,
+ * vocabulary 50257, context 1024, tied lm_head, GELU tanh). --init FILE
+ * starts from a checkpoint: llm.c's (gpt2_124M.bin) or Hugging Face's
+ * model.safetensors; without --config the model takes the file's
+ * configuration (a Hugging Face file does not store the head count: one head
+ * per 64 channels, as every GPT-2 size has). The --n-layer, --n-head,
+ * --n-embd, --block-size and --dropout options change the configuration.
+ *
+ * --data FILE is a token file (nb_load_tokens): llm.c's (uint16 tokens after
+ * a 256-int header, as its dev/data scripts write), or any other file as
+ * bytes. Training reads batches of B rows of T+1 consecutive tokens (inputs,
+ * and the targets shifted by one) in file order: row r of step i (counted
+ * from 0) starts at token (i*B + r)*T, wrapping around at the end of the
+ * file. --shuffle draws each row's start from the seeded data stream
+ * instead. Each step: the mean cross-entropy (nb_gpt_loss), backward,
+ * gradient clipping (--clip), AdamW (betas 0.9/0.95, eps 1e-8, --lr after a
+ * linear --warmup, weight decay on the linear weights only:
+ * nb_gpt_set_weight_decay). It prints "step N: loss X (Y ms)"; on a terminal
+ * a progress line on stderr shows the pace and the time left.
+ *
+ * --eval trains nothing: it prints "loss X", the mean cross-entropy of the
+ * first batch in file order (tokens [0, B*T] of the file).
+ *
+ * --sample N generates N tokens at the end (nb_gpt_generate, which keeps a
+ * key/value cache) from --prompt: text for a byte vocabulary (default: a
+ * newline), token ids otherwise (e.g. "50256 464"; default 50256, GPT-2's
+ * <|endoftext|>), printed as text, or as ids since there is no tokenizer.
+ *
+ * --save FILE writes a checkpoint (safetensors) at the end (and every
+ * --save-every N steps): the model's parameters under their own names
+ * (nanoGPT's state_dict keys), AdamW's state under "optim." and the loop's
+ * state under "trainer." (the steps done and the data and dropout random
+ * streams; the data position follows from them). --load FILE resumes from
+ * one: given the same flags, a run of --steps N resumed from the checkpoint
+ * of a run of --steps M (M < N) continues at step M+1 and ends where one run
+ * of N steps would have: the same losses and checkpoint, bit for bit.
+ *
+ * Errors (a bad option or file, a configuration that does not fit --init's
+ * file) print the reason and exit with status 1.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nabla.h"
+#include "progress.h"
+
+#define DEFAULT_DATA "examples/data/kjv.txt"
+#define LLMC_MODEL_MAGIC 20240326
+
+typedef struct {
+    const char *config; /* named configuration, NULL: "char" (or --init's file) */
+    int64_t n_layer, n_head, n_embd, block_size; /* overrides (0: the config's) */
+    double dropout;
+    const char *init, *data, *save, *load, *prompt;
+    int64_t batch, seq, steps, threads, sample, top_k, save_every, warmup;
+    double lr, temperature, weight_decay, clip;
+    int64_t seed;
+    bool shuffle, eval;
+} options;
+
+static const char *err(void) { return nb_last_error() ? nb_last_error() : "unknown error"; }
+
+/* Prints "gpt: <message>" to stderr; returns -1. */
+static int fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("gpt: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return -1;
+}
+
+static void usage(FILE *f, const char *prog) {
+    fprintf(f,
+            "usage: %s [options]\n"
+            "model:\n"
+            "  --config NAME      char (the default: bytes, context 64, 4 layers, 4 heads,\n"
+            "                     n_embd 128), tiny (bytes, context 32, 2 layers, 2 heads,\n"
+            "                     n_embd 32) or gpt2 (GPT-2 124M); with --init, by default\n"
+            "                     the file's configuration\n"
+            "  --n-layer N  --n-head N  --n-embd N  --block-size N  --dropout P  (change it)\n"
+            "  --init FILE        llm.c's checkpoint or Hugging Face's model.safetensors\n"
+            "  --seed N           initialization, data order, dropout and sampling (default 1)\n"
+            "training:\n"
+            "  --data FILE        llm.c token file, or any file as bytes\n"
+            "                     (default " DEFAULT_DATA ")\n"
+            "  --batch B          rows per step (default 8)\n"
+            "  --seq T            tokens per row (default: the context)\n"
+            "  --steps N          train until N steps are done (default 1000)\n"
+            "  --shuffle          rows from random places instead of in file order\n"
+            "  --lr F             AdamW's learning rate (default 0.003)\n"
+            "  --warmup N         linear warmup over the first N steps (default 20)\n"
+            "  --weight-decay F   on the linear weights (default 0.1)\n"
+            "  --clip F           gradient norm clipping (default 1; 0: none)\n"
+            "  --threads K        kernel threads (default: NABLA_NUM_THREADS or the CPUs)\n"
+            "  --save FILE        checkpoint at the end (and every --save-every N steps)\n"
+            "  --load FILE        resume from a checkpoint of a run with the same flags\n"
+            "  --eval             no training: print \"loss X\" of the first batch in file order\n"
+            "sampling:\n"
+            "  --sample N         generate N tokens at the end\n"
+            "  --prompt TEXT      text (byte vocabulary) or token ids to start from\n"
+            "  --temperature F    (default 0.8)\n"
+            "  --top-k K          sample among the K likeliest tokens (default 0: all)\n",
+            prog);
+}
+
+/* strict number parsing: the whole string */
+static bool parse_i64(const char *s, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (end == s || *end || errno) return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_f64(const char *s, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end || errno || !isfinite(v)) return false;
+    *out = v;
+    return true;
+}
+
+/* 0, 1 (--help) or -1 after a message */
+static int parse(int argc, char **argv, options *o) {
+    *o = (options){.batch = 8, .steps = 1000, .lr = 3e-3, .warmup = 20, .weight_decay = 0.1,
+                   .clip = 1.0, .temperature = 0.8, .seed = 1, .dropout = -1};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
+        if (!strcmp(a, "--shuffle")) {
+            o->shuffle = true;
+            continue;
+        }
+        if (!strcmp(a, "--eval")) {
+            o->eval = true;
+            continue;
+        }
+        const char **text = !strcmp(a, "--config") ? &o->config
+                            : !strcmp(a, "--init") ? &o->init
+                            : !strcmp(a, "--data") ? &o->data
+                            : !strcmp(a, "--save") ? &o->save
+                            : !strcmp(a, "--load") ? &o->load
+                            : !strcmp(a, "--prompt") ? &o->prompt
+                                                     : NULL;
+        struct {
+            const char *name;
+            int64_t *v, min;
+        } ints[] = {
+            {"--batch", &o->batch, 1},           {"--seq", &o->seq, 1},
+            {"--steps", &o->steps, 0},           {"--threads", &o->threads, 1},
+            {"--sample", &o->sample, 0},         {"--top-k", &o->top_k, 0},
+            {"--save-every", &o->save_every, 0}, {"--warmup", &o->warmup, 0},
+            {"--n-layer", &o->n_layer, 1},       {"--n-head", &o->n_head, 1},
+            {"--n-embd", &o->n_embd, 1},         {"--block-size", &o->block_size, 1},
+            {"--seed", &o->seed, 0},
+        };
+        struct {
+            const char *name;
+            double *v, min;
+        } reals[] = {
+            {"--lr", &o->lr, 0},     {"--weight-decay", &o->weight_decay, 0},
+            {"--clip", &o->clip, 0}, {"--temperature", &o->temperature, 0},
+            {"--dropout", &o->dropout, 0},
+        };
+        int ki = -1, kr = -1;
+        for (int k = 0; k < (int)(sizeof ints / sizeof *ints); k++)
+            if (!strcmp(a, ints[k].name)) ki = k;
+        for (int k = 0; k < (int)(sizeof reals / sizeof *reals); k++)
+            if (!strcmp(a, reals[k].name)) kr = k;
+        if (!text && ki < 0 && kr < 0) return fail("unknown option %s (see --help)", a);
+        if (i + 1 >= argc) return fail("%s needs a value (see --help)", a);
+        const char *v = argv[++i];
+        if (text) {
+            *text = v;
+        } else if (ki >= 0) {
+            int64_t x;
+            if (!parse_i64(v, &x) || x < ints[ki].min)
+                return fail("%s needs an integer >= %lld, got \"%s\"", a,
+                            (long long)ints[ki].min, v);
+            *ints[ki].v = x;
+        } else {
+            double x;
+            if (!parse_f64(v, &x) || x < reals[kr].min)
+                return fail("%s needs a number >= %g, got \"%s\"", a, reals[kr].min, v);
+            *reals[kr].v = x;
+        }
+    }
+    if (o->temperature <= 0) return fail("--temperature must be > 0");
+    return 0;
+}
+
+/* ------------------------------------------------------------ the model */
+static int named_config(const char *name, nb_GPTConfig *c) {
+    if (!strcmp(name, "char"))
+        *c = (nb_GPTConfig){.vocab_size = 256, .block_size = 64, .n_layer = 4, .n_head = 4,
+                            .n_embd = 128, .dropout = 0.0, .bias = true, .tie_weights = true};
+    else if (!strcmp(name, "tiny"))
+        *c = (nb_GPTConfig){.vocab_size = 256, .block_size = 32, .n_layer = 2, .n_head = 2,
+                            .n_embd = 32, .dropout = 0.0, .bias = true, .tie_weights = true};
+    else if (!strcmp(name, "gpt2"))
+        *c = (nb_GPTConfig)NB_GPT2_CONFIG;
+    else
+        return fail("unknown --config \"%s\" (char, tiny or gpt2)", name);
+    return 0;
+}
+
+/* Reads the first 4 bytes: llm.c's checkpoint magic or not. */
+static int is_llmc_checkpoint(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return fail("--init: cannot open \"%s\": %s", path, strerror(errno));
+    unsigned char b[4] = {0};
+    size_t n = fread(b, 1, 4, f);
+    fclose(f);
+    uint32_t magic = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+                     (uint32_t)b[3] << 24;
+    return n == 4 && magic == LLMC_MODEL_MAGIC;
+}
+
+typedef struct {
+    nb_GPTConfig cfg;
+    const char *cfg_name;
+    nb_params *ps;
+    nb_GPT model;
+    bool model_made;
+    nb_optim *opt;
+    nb_tensor *tokens; /* persistent, the whole --data file */
+    int64_t n_tokens;
+    int64_t *xb, *yb;  /* a batch's inputs and targets (B*T each) */
+    nb_rng data, drop, sampler;
+    int64_t step;      /* steps done */
+    nb_params *trainer, *ckpt; /* --save/--load */
+    char default_data[4096];   /* DEFAULT_DATA, from here or from the repository */
+} run;
+
+static int make_model(run *r, const options *o) {
+    r->ps = nb_params_new();
+    if (!r->ps) return fail("out of memory");
+    bool changed = o->n_layer || o->n_head || o->n_embd || o->block_size || o->dropout >= 0;
+    if (o->init && !o->config && !changed) { /* the file's model, no weights drawn first */
+        r->cfg_name = o->init;
+        if (nb_gpt_from_file(&r->model, r->ps, o->init) != 0) return fail("%s", err());
+        r->model_made = true;
+        r->cfg = r->model.cfg;
+        return 0;
+    }
+    if (o->config || !o->init) {
+        r->cfg_name = o->config ? o->config : "char";
+        if (named_config(r->cfg_name, &r->cfg) != 0) return -1;
+    } else {
+        r->cfg_name = o->init;
+        if (nb_gpt_config_of_file(o->init, &r->cfg) != 0) return fail("%s", err());
+    }
+    if (o->n_layer) r->cfg.n_layer = o->n_layer;
+    if (o->n_head) r->cfg.n_head = o->n_head;
+    if (o->n_embd) r->cfg.n_embd = o->n_embd;
+    if (o->block_size) r->cfg.block_size = o->block_size;
+    if (o->dropout >= 0) r->cfg.dropout = o->dropout;
+    nb_rng init;
+    nb_rng_seed(&init, (uint64_t)o->seed);
+    if (nb_gpt_init(&r->model, r->ps, &r->cfg, &init) != 0) return fail("%s", err());
+    r->model_made = true;
+    if (o->init) {
+        int llmc = is_llmc_checkpoint(o->init);
+        if (llmc < 0) return -1;
+        int rc = llmc ? nb_gpt_load_llmc(&r->model, o->init) : nb_gpt_load_hf(&r->model, o->init);
+        if (rc != 0) return fail("%s", err());
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------- the data */
+static int load_data(run *r, const options *o, int64_t T) {
+    const char *path = o->data ? o->data : r->default_data;
+    r->tokens = nb_load_tokens(path, r->cfg.vocab_size);
+    if (!r->tokens) {
+        if (!o->data) fail("%s (give the text to train on with --data FILE)", err());
+        else fail("%s", err());
+        return -1;
+    }
+    r->n_tokens = nb_numel(r->tokens);
+    if (r->n_tokens < T + 1)
+        return fail("\"%s\" has %lld tokens, fewer than --seq %lld + 1", path,
+                    (long long)r->n_tokens, (long long)T);
+    return 0;
+}
+
+/* The batch of step `step` (from 0) into r->xb, r->yb: row r starts at
+ * (step*B + r)*T in file order (wrapping), or anywhere with --shuffle. */
+static int fill_batch(run *r, int64_t step, int64_t B, int64_t T, bool shuffle) {
+    const int64_t *tok = nb_data(r->tokens), N = r->n_tokens;
+    const double *u = NULL;
+    if (shuffle) {
+        nb_tensor *draws = nb_rand(NB_F64, NB_SHAPE(B), &r->data); /* in the step's scope */
+        if (!draws) return fail("%s", err());
+        u = nb_data(draws);
+    }
+    for (int64_t row = 0; row < B; row++) {
+        int64_t start = shuffle ? (int64_t)(u[row] * (double)(N - T)) : (step * B + row) * T % N;
+        if (start > N - T - 1 && shuffle) start = N - T - 1;
+        for (int64_t j = 0; j < T; j++) {
+            r->xb[row * T + j] = tok[(start + j) % N];
+            r->yb[row * T + j] = tok[(start + j + 1) % N];
+        }
+    }
+    return 0;
+}
+
+/* -------------------------------------------------------- --save, --load */
+static const char *trainer_names[] = {"step", "data_rng", "drop_rng"};
+
+/* One registry for the checkpoint: the parameters, AdamW's state and the
+ * loop's own buffers ((seed, offset) for each random stream). */
+static int checkpoint_registry(run *r) {
+    r->trainer = nb_params_new();
+    r->ckpt = nb_params_new();
+    if (!r->trainer || !r->ckpt) return fail("out of memory");
+    nb_scope_begin();
+    for (int i = 0; i < 3; i++) {
+        nb_tensor *t = i == 0 ? nb_zeros(NB_I64, 0, NULL) : nb_zeros(NB_I64, NB_SHAPE(2));
+        if (!nb_params_add_buffer(r->trainer, trainer_names[i], t)) break;
+    }
+    nb_scope_end();
+    if (nb_params_buffer_count(r->trainer) != 3 || nb_params_add_all(r->ckpt, "", r->ps) != 0 ||
+        nb_params_add_all(r->ckpt, "optim.", nb_optim_state(r->opt)) != 0 ||
+        nb_params_add_all(r->ckpt, "trainer.", r->trainer) != 0)
+        return fail("%s", err());
+    return 0;
+}
+
+static int64_t *trainer_value(run *r, int i) {
+    return nb_data(nb_params_buffer_at(r->trainer, i, NULL));
+}
+
+static int save_checkpoint(run *r, const char *path) {
+    *trainer_value(r, 0) = r->step;
+    const nb_rng *rngs[2] = {&r->data, &r->drop};
+    for (int i = 0; i < 2; i++) {
+        int64_t *v = trainer_value(r, 1 + i);
+        v[0] = (int64_t)rngs[i]->seed, v[1] = (int64_t)rngs[i]->offset;
+    }
+    if (nb_save(r->ckpt, path) != 0) return fail("%s", err());
+    return 0;
+}
+
+static int load_checkpoint(run *r, const char *path, bool quiet) {
+    if (nb_load(r->ckpt, path) != 0) {
+        struct stat st; /* a file that is there but does not fit: a hint */
+        bool there = stat(path, &st) == 0 && S_ISREG(st.st_mode);
+        return fail("%s%s", err(), there ? " (--load needs the model flags the checkpoint was "
+                                           "made with)" : "");
+    }
+    r->step = *trainer_value(r, 0);
+    nb_rng *rngs[2] = {&r->data, &r->drop};
+    for (int i = 0; i < 2; i++) {
+        const int64_t *v = trainer_value(r, 1 + i);
+        *rngs[i] = (nb_rng){.seed = (uint64_t)v[0], .offset = (uint64_t)v[1]};
+    }
+    if (!quiet) printf("resumed from %s: %lld steps done\n", path, (long long)r->step);
+    return 0;
+}
+
+/* ------------------------------------------------------------- training */
+/* The progress line on stderr, when it is a terminal (stdout gets the step
+ * lines; the line is cleared before each is printed). */
+/* The cross-entropy of predicting every token by its frequency in the data
+ * (nats): a model below it has learned more than which tokens are common. */
+static double unigram_loss(const run *r) {
+    int64_t V = r->cfg.vocab_size, N = r->n_tokens;
+    int64_t *count = calloc((size_t)V, sizeof *count);
+    if (!count || N == 0) return (free(count), NAN);
+    const int64_t *tok = nb_data(r->tokens);
+    for (int64_t i = 0; i < N; i++) count[tok[i]]++;
+    double h = 0;
+    for (int64_t v = 0; v < V; v++)
+        if (count[v]) h -= (double)count[v] / (double)N * log((double)count[v] / (double)N);
+    free(count);
+    return h;
+}
+
+typedef struct {
+    bool tty, shown;
+    int64_t first, last; /* steps: first to run, last */
+    double start, drawn;
+} bar;
+
+static void bar_clear(bar *b) {
+    if (!b->shown) return;
+    fputs("\r\x1b[K", stderr);
+    fflush(stderr);
+    b->shown = false;
+}
+
+static void bar_draw(bar *b, int64_t step, double loss, double tokens_per_step) {
+    double t = progress_now();
+    if (!b->tty || (b->shown && t - b->drawn < 0.1)) return;
+    double done = (double)(step - b->first + 1), el = t - b->start;
+    char eta[32], line[160];
+    snprintf(line, sizeof line, "step %lld/%lld  loss %.4f  %.0f tok/s  ETA %s",
+             (long long)step, (long long)b->last, loss, el > 0 ? done * tokens_per_step / el : 0,
+             progress_duration(el / done * (double)(b->last - step), eta));
+    fprintf(stderr, "\r\x1b[K%.*s", progress_width(), line);
+    fflush(stderr);
+    b->shown = true;
+    b->drawn = t;
+}
+
+/* One step on the batch of r->step; its loss, or NAN after a message. */
+static double train_step(run *r, const options *o, int64_t B, int64_t T) {
+    double value = NAN;
+    if (o->warmup > r->step) /* linear warmup: a function of the step alone */
+        nb_optim_set_lr(r->opt, o->lr * (double)(r->step + 1) / (double)(o->warmup + 1));
+    else
+        nb_optim_set_lr(r->opt, o->lr);
+    nb_scope_begin();
+    if (fill_batch(r, r->step, B, T, o->shuffle) == 0) {
+        nb_tensor *x = nb_from_data(NB_I64, NB_SHAPE(B, T), r->xb);
+        nb_tensor *y = nb_from_data(NB_I64, NB_SHAPE(B, T), r->yb);
+        nb_tensor *loss = nb_gpt_loss(&r->model, x, y, true, &r->drop);
+        if (loss && nb_backward(loss) == 0 &&
+            (o->clip <= 0 || nb_clip_grad_norm(r->ps, o->clip) >= 0)) {
+            value = nb_item(loss);
+            if (isnan(value))
+                fail("step %lld: the loss is NaN (a smaller --lr may help)",
+                     (long long)r->step + 1);
+            nb_optim_step(r->opt);
+            nb_optim_clear_grad(r->opt);
+        } else {
+            fail("step %lld failed: %s", (long long)r->step + 1, err());
+        }
+    }
+    nb_scope_end();
+    return value;
+}
+
+static int train(run *r, const options *o, int64_t B, int64_t T) {
+    bar b = {.tty = isatty(fileno(stderr)) == 1, .first = r->step + 1, .last = o->steps,
+             .start = progress_now()};
+    double start = b.start, recent = 0;
+    int64_t n_recent = 0;
+    while (r->step < o->steps) {
+        double t0 = progress_now();
+        double loss = train_step(r, o, B, T);
+        if (isnan(loss)) return bar_clear(&b), -1;
+        r->step++;
+        double ms = 1000 * (progress_now() - t0);
+        bar_clear(&b);
+        printf("step %lld: loss %.6f (%.1f ms)\n", (long long)r->step, loss, ms);
+        fflush(stdout);
+        if (o->steps - r->step < 10) recent += loss, n_recent++;
+        if (o->save && o->save_every > 0 && r->step % o->save_every == 0 && r->step < o->steps &&
+            save_checkpoint(r, o->save) != 0)
+            return -1;
+        bar_draw(&b, r->step, loss, (double)(B * T));
+    }
+    bar_clear(&b);
+    if (n_recent > 0)
+        printf("trained to step %lld in %.1f s; mean loss of the last %lld steps %.4f (guessing "
+               "uniformly: %.2f; from the data's token frequencies alone: %.2f)\n",
+               (long long)r->step, progress_now() - start, (long long)n_recent,
+               recent / (double)n_recent, log((double)r->cfg.vocab_size), unigram_loss(r));
+    if (o->save) {
+        if (save_checkpoint(r, o->save) != 0) return -1;
+        printf("saved %s (step %lld)\n", o->save, (long long)r->step);
+    }
+    return 0;
+}
+
+/* The mean cross-entropy of the first batch in file order, no grad. */
+static int evaluate(run *r, int64_t B, int64_t T) {
+    double value = NAN;
+    nb_scope_begin();
+    nb_set_grad_enabled(false);
+    if (fill_batch(r, 0, B, T, false) == 0) {
+        nb_tensor *x = nb_from_data(NB_I64, NB_SHAPE(B, T), r->xb);
+        nb_tensor *y = nb_from_data(NB_I64, NB_SHAPE(B, T), r->yb);
+        nb_tensor *loss = nb_gpt_loss(&r->model, x, y, false, NULL);
+        if (loss) value = nb_item(loss);
+    }
+    nb_set_grad_enabled(true);
+    nb_scope_end();
+    if (isnan(value)) return fail("%s", err());
+    printf("loss %.6f\n", value);
+    return 0;
+}
+
+/* ------------------------------------------------------------- sampling */
+/* the 256 byte values: text in and out; other vocabularies take and print ids */
+static bool byte_vocab(const run *r) { return r->cfg.vocab_size == 256; }
+
+static bool print_token(int64_t token, void *user) {
+    const run *r = user;
+    if (byte_vocab(r)) putchar((int)token);
+    else printf(" %lld", (long long)token);
+    fflush(stdout);
+    return true;
+}
+
+/* --prompt as tokens (malloc'ed, *n of them) */
+static int64_t *prompt_tokens(const run *r, const options *o, int64_t *n) {
+    const char *p = o->prompt;
+    size_t len = p ? strlen(p) : 0;
+    int64_t *t = malloc((len + 1) * sizeof *t);
+    if (!t) return fail("out of memory"), NULL;
+    *n = 0;
+    if (!p || !*p) {
+        t[(*n)++] = byte_vocab(r) ? '\n' : r->cfg.vocab_size == 50257 ? 50256 : 0;
+    } else if (byte_vocab(r)) {
+        for (size_t i = 0; i < len; i++) t[(*n)++] = (unsigned char)p[i];
+    } else {
+        for (const char *s = p; *s;) {
+            char *end;
+            if (*s == ' ' || *s == ',') {
+                s++;
+                continue;
+            }
+            long long v = strtoll(s, &end, 10);
+            if (end == s || v < 0) {
+                free(t);
+                return fail("--prompt for a vocabulary of %lld takes token ids (e.g. \"50256 "
+                            "464\"), got \"%s\"", (long long)r->cfg.vocab_size, p), NULL;
+            }
+            t[(*n)++] = v;
+            s = end;
+        }
+    }
+    return t;
+}
+
+static int sample(run *r, const options *o) {
+    int64_t n_prompt = 0;
+    int64_t *prompt = prompt_tokens(r, o, &n_prompt);
+    int64_t *out = prompt ? malloc((size_t)o->sample * sizeof *out) : NULL;
+    if (!out) {
+        free(prompt);
+        return prompt ? fail("out of memory") : -1;
+    }
+    printf("sample (%lld tokens, temperature %g, top-k %lld):\n", (long long)o->sample,
+           o->temperature, (long long)o->top_k);
+    for (int64_t i = 0; i < n_prompt; i++)
+        if (!(i == 0 && !o->prompt)) print_token(prompt[i], r); /* the default prompt unshown */
+    nb_gpt_sample_opts so = {.temperature = o->temperature, .top_k = o->top_k};
+    int64_t n = nb_gpt_generate(&r->model, prompt, n_prompt, o->sample, &so, &r->sampler, out,
+                                print_token, r);
+    printf("\n");
+    free(prompt);
+    free(out);
+    return n < 0 ? fail("%s", err()) : 0;
+}
+
+/* DEFAULT_DATA from the current directory (the repository's root), else
+ * from the program's: build/examples/gpt is two levels below the root. */
+static void find_default_data(run *r, const char *argv0) {
+    snprintf(r->default_data, sizeof r->default_data, "%s", DEFAULT_DATA);
+    const char *slash = strrchr(argv0, '/');
+    if (access(DEFAULT_DATA, R_OK) == 0 || !slash) return;
+    char other[sizeof r->default_data];
+    int n = snprintf(other, sizeof other, "%.*s/../../%s", (int)(slash - argv0), argv0,
+                     DEFAULT_DATA);
+    if (n > 0 && (size_t)n < sizeof other && access(other, R_OK) == 0)
+        memcpy(r->default_data, other, (size_t)n + 1);
+}
+
+/* ---------------------------------------------------------------- main */
+static void teardown(run *r) {
+    nb_params_free(r->ckpt);
+    nb_params_free(r->trainer);
+    nb_optim_free(r->opt);
+    if (r->model_made) nb_gpt_free(&r->model);
+    nb_params_free(r->ps);
+    nb_free(r->tokens);
+    free(r->xb);
+    free(r->yb);
+}
+
+static int run_all(run *r, const options *o) {
+    if (o->threads > 0) {
+        nb_set_num_threads((int)o->threads);
+        if (nb_num_threads() != o->threads) return fail("%s", err());
+    }
+    if (make_model(r, o) != 0) return -1;
+    int64_t B = o->batch, T = o->seq ? o->seq : r->cfg.block_size;
+    if (T > r->cfg.block_size)
+        return fail("--seq %lld is longer than the model's context (block size %lld)",
+                    (long long)T, (long long)r->cfg.block_size);
+    nb_rng_seed(&r->data, (uint64_t)o->seed + 1);
+    nb_rng_seed(&r->drop, (uint64_t)o->seed + 2);
+    nb_rng_seed(&r->sampler, (uint64_t)o->seed + 3);
+    r->opt = nb_adamw(r->ps, o->lr, 0.9, 0.95, 1e-8, o->weight_decay);
+    if (!r->opt || nb_gpt_set_weight_decay(&r->model, r->opt, o->weight_decay) != 0)
+        return fail("%s", err());
+    const nb_GPTConfig *c = &r->cfg;
+    if (!o->eval)
+        printf("gpt: config %s: vocab %lld, context %lld, %lld layers, %lld heads, n_embd %lld, "
+               "%.2fM parameters\n", r->cfg_name, (long long)c->vocab_size,
+               (long long)c->block_size, (long long)c->n_layer, (long long)c->n_head,
+               (long long)c->n_embd, (double)nb_params_numel(r->ps) / 1e6);
+    if ((o->save || o->load) && checkpoint_registry(r) != 0) return -1;
+    if (o->load && load_checkpoint(r, o->load, o->eval) != 0) return -1;
+    bool train_now = !o->eval && r->step < o->steps;
+    if (o->eval || train_now) {
+        if (B > INT64_MAX / 8 / T) return fail("--batch %lld x --seq %lld is too large",
+                                               (long long)B, (long long)T);
+        r->xb = malloc((size_t)(B * T) * sizeof *r->xb);
+        r->yb = malloc((size_t)(B * T) * sizeof *r->yb);
+        if (!r->xb || !r->yb) return fail("out of memory for a batch of %lld x %lld",
+                                          (long long)B, (long long)T);
+        if (load_data(r, o, T) != 0) return -1;
+    }
+    if (o->eval && evaluate(r, B, T) != 0) return -1;
+    if (train_now) {
+        printf("data %s: %lld tokens; batch %lld x %lld tokens (%s), AdamW lr %g, weight decay "
+               "%g, %d thread(s); uniform guessing has loss ln %lld = %.4f\n",
+               o->data ? o->data : r->default_data, (long long)r->n_tokens, (long long)B,
+               (long long)T, o->shuffle ? "shuffled" : "file order", o->lr, o->weight_decay,
+               nb_num_threads(), (long long)c->vocab_size, log((double)c->vocab_size));
+        fflush(stdout);
+        if (train(r, o, B, T) != 0) return -1;
+    }
+    if (o->sample > 0 && sample(r, o) != 0) return -1;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    options o;
+    int p = parse(argc, argv, &o);
+    if (p > 0) usage(stdout, argv[0]);
+    if (p != 0) return p > 0 ? 0 : 1;
+    run r = {0};
+    find_default_data(&r, argv[0]);
+    int rc = run_all(&r, &o);
+    teardown(&r);
+    return rc == 0 ? 0 : 1;
+}
