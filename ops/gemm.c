@@ -119,7 +119,10 @@ static int ws_reserve(nbi_gemm_ws *ws, size_t n) {
 #if defined(__clang__) || __GNUC__ >= 12
 #define GEMM_SHUF4(x, y, i, j, k, l) __builtin_shufflevector(x, y, i, j, k, l)
 #define GEMM_SHUF2(x, y, i, j) __builtin_shufflevector(x, y, i, j)
+#define GEMM_SHUF8(x, y, ...) __builtin_shufflevector(x, y, __VA_ARGS__)
 #else
+typedef int32_t v8si __attribute__((vector_size(32)));
+#define GEMM_SHUF8(x, y, ...) __builtin_shuffle(x, y, (v8si){__VA_ARGS__})
 typedef int32_t v4si __attribute__((vector_size(16)));
 typedef int64_t v2di __attribute__((vector_size(16)));
 #define GEMM_SHUF4(x, y, i, j, k, l) __builtin_shuffle(x, y, (v4si){i, j, k, l})
@@ -154,6 +157,34 @@ static GEMM_INLINE void tr_f64(const double *src, int64_t ss, double *dst, int64
     memcpy(dst + ds, &y1, 16);
 }
 
+#if GEMM_X86
+/* The same for an 8x8 f32 block (AVX): three rounds of shuffles, pairs of
+ * elements, then pairs of pairs, then halves. */
+#define GEMM_SH8(x, y, ...) GEMM_SHUF8(x, y, __VA_ARGS__)
+static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src, int64_t ss,
+                                                                 float *dst, int64_t ds, int n) {
+    v8sf x[8] = {{0}};
+    for (int i = 0; i < 8; i++)
+        if (i < n) memcpy(&x[i], src + i * ss, 32);
+    v8sf t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = GEMM_SH8(x[i], x[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        t[i + 1] = GEMM_SH8(x[i], x[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int h = 0; h < 2; h++) {
+            u[i + 2 * h] = GEMM_SH8(t[i + h], t[i + h + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+            u[i + 2 * h + 1] = GEMM_SH8(t[i + h], t[i + h + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        }
+    for (int i = 0; i < 4; i++) {
+        v8sf lo = GEMM_SH8(u[i], u[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+        v8sf hi = GEMM_SH8(u[i], u[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+        memcpy(dst + i * ds, &lo, 32);
+        memcpy(dst + (i + 4) * ds, &hi, 32);
+    }
+}
+#endif
+
 /* dst[k*w + j] = src[j*sj + k] for j < n, k < kc, and 0 for n <= j < w: groups of
  * TB source rows by TR (TB x TB blocks, missing rows as zeros), the ragged
  * ends one element at a time. */
@@ -168,7 +199,7 @@ static GEMM_INLINE void tr_f64(const double *src, int64_t ss, double *dst, int64
                         TR((src) + j_ * (sj) + k_, (sj), (dst) + k_ * (w) + j_, (w), nj_);     \
                     else                                                                       \
                         for (int q_ = 0; q_ < (TB); q_++)                                      \
-                            memset((dst) + (k_ + q_) * (w) + j_, 0, 16);                       \
+                            memset((dst) + (k_ + q_) * (w) + j_, 0, (TB) * sizeof(T));         \
                 }                                                                              \
             for (; k_ < (kc); k_++)                                                            \
                 for (int64_t q_ = 0; q_ < (TB) && j_ + q_ < (w); q_++)                         \
@@ -419,9 +450,9 @@ GEMM_DEFINE(f64_port, double, v2df, 2, 4, 256, 64, 1024, 2, tr_f64, )
 #if GEMM_X86
 #define GEMM_AVX2 __attribute__((target("avx2,fma")))
 #define GEMM_AVX512 __attribute__((target("avx512f")))
-GEMM_DEFINE(f32_avx2, float, v8sf, 8, 6, 256, 120, 2048, 4, tr_f32, GEMM_AVX2)
+GEMM_DEFINE(f32_avx2, float, v8sf, 8, 6, 256, 120, 2048, 8, tr8_f32, GEMM_AVX2)
 GEMM_DEFINE(f64_avx2, double, v4df, 4, 6, 256, 60, 1024, 2, tr_f64, GEMM_AVX2)
-GEMM_DEFINE(f32_avx512, float, v16sf, 16, 8, 384, 96, 1024, 4, tr_f32, GEMM_AVX512)
+GEMM_DEFINE(f32_avx512, float, v16sf, 16, 8, 384, 96, 1024, 8, tr8_f32, GEMM_AVX512)
 GEMM_DEFINE(f64_avx512, double, v8df, 8, 8, 256, 96, 512, 2, tr_f64, GEMM_AVX512)
 #endif
 
