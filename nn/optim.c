@@ -144,7 +144,6 @@ static nb_optim *make(opt_kind kind, nb_params *ps, double lr, double momentum, 
         nb_optim_free(o);
         return nn_error("%s: out of memory", fn);
     }
-    reserve_gradients(ps, n);
     for (int i = 0; i < n; i++) {
         const char *name = "";
         o->params[i] = nb_params_at(ps, i, &name);
@@ -156,6 +155,7 @@ static nb_optim *make(opt_kind kind, nb_params *ps, double lr, double momentum, 
             return NULL;
         }
     }
+    reserve_gradients(ps, n); /* after the state, which would take these buffers */
     return o;
 }
 
