@@ -37,8 +37,13 @@ libblas.so.3 for one run, changes it).
 The committed bench/torch_results.txt was made with torch on OpenBLAS 0.3.21
 (apt-get install libopenblas0-pthread), the fair comparison:
 
-    LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-pthread \
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
+        LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-pthread \
         /usr/bin/python3 bench/torch_bench.py
+
+(with OPENBLAS_CORETYPE=Haswell, as this machine's environment sets it,
+OpenBLAS runs its AVX2 kernel at about half the speed of the AVX-512 one it
+picks by itself, "Cooperlake" here).
 
 On the reference BLAS torch's matmul runs at about 8 GFLOP/s here and every
 ratio would flatter nabla 10-40 times more.
@@ -476,6 +481,19 @@ def cpu_model():
     return "unknown"
 
 
+def openblas_core():
+    """The kernel OpenBLAS picked (OPENBLAS_CORETYPE forces one: unset it,
+    and OPENBLAS_L2_SIZE, for this command alone, or it runs slower here)."""
+    for path in blas_name().split(","):
+        try:
+            lib = ctypes.CDLL(path)
+            lib.openblas_get_corename.restype = ctypes.c_char_p
+            return lib.openblas_get_corename().decode()
+        except (OSError, AttributeError):
+            pass
+    return "not OpenBLAS"
+
+
 def loadavg():
     try:
         with open("/proc/loadavg") as f:
@@ -511,7 +529,7 @@ def main():
         bench_gpt2(t)
     version = ".".join(torch.__version__.split(".")[:2])
     header = (f"# torch {version}, {datetime.date.today().isoformat()}, {cpu_model()}, "
-              f"{os.cpu_count()} CPUs, BLAS {blas_name()}, "
+              f"{os.cpu_count()} CPUs, BLAS {blas_name()} (kernel {openblas_core()}), "
               f"load average {load_before} before, {loadavg()} after")
     with open(OUT, "w") as f:
         f.write(header + "\n")

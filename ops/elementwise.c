@@ -1,11 +1,46 @@
 /* elementwise.c: one-input ops (neg exp log sqrt tanh relu gelu sigmoid silu
  * abs gelu_tanh, and the ones with scalars: pow, add, mul, clamp), forward
- * kernels and backward rules. */
+ * kernels and backward rules.
+ *
+ * In f32, exp, tanh, sigmoid, silu, gelu and gelu_tanh, and the derivatives
+ * of silu, gelu and gelu_tanh, are the vectorized functions of ops/vmath.h
+ * (within 2 ulp of the correctly rounded result, the same bits for a value
+ * wherever it sits in the tensor); f64 calls libm. */
 #include "ops_internal.h"
 #include "elementwise_internal.h"
 #include "registry.h"
+#include "vmath.h"
 
 #include <math.h>
+#include <stdatomic.h>
+
+/* ------------------------------------------------- vmath's instruction set */
+static _Atomic int vmath_path = NBV_AUTO;
+
+static int vmath_detect(void) {
+#if NBV_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return NBV_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return NBV_AVX2;
+#endif
+    return NBV_PORTABLE;
+}
+
+int nbi_vmath_path(int force) {
+    int best = vmath_detect();
+    int p = force == NBV_AUTO || force > best ? best : force < 0 ? NBV_PORTABLE : force;
+    atomic_store_explicit(&vmath_path, p, memory_order_relaxed);
+    return p;
+}
+
+int nbi_vmath_current(void) {
+    int p = atomic_load_explicit(&vmath_path, memory_order_relaxed);
+    if (p < 0) {
+        p = vmath_detect();
+        atomic_store_explicit(&vmath_path, p, memory_order_relaxed);
+    }
+    return p;
+}
 
 /* U_neg, U_exp, ...: the ops of NB_OPS_ELEMENTWISE, in its order */
 #define UNOP_ENUM(name, inputs, flags, call) U_##name,
@@ -93,10 +128,33 @@ static pow_kind pow_path(double p) {
          : p == 3 ? P_CUBE : p == -2 ? P_RECIP_SQUARE : P_POW;
 }
 
+/* The f32 ops ops/vmath.h computes: y[0..n) = f(x[0], x[sx], ...) */
+typedef void vmath_fn(const float *x, int64_t sx, float *y, int64_t n);
+static vmath_fn *vmath_unop(unop op) {
+    switch (op) {
+    case U_exp: return nbv_exp_f32;
+    case U_tanh: return nbv_tanh_f32;
+    case U_gelu: return nbv_gelu_f32;
+    case U_sigmoid: return nbv_sigmoid_f32;
+    case U_silu: return nbv_silu_f32;
+    case U_gelu_tanh: return nbv_gelu_tanh_f32;
+    default: return NULL;
+    }
+}
+
 static void unary_span(void *ctx, int64_t lo, int64_t hi) {
     const unary_job *j = ctx;
     int64_t sx = NBI_INNER(&j->it, 1);
     double s = j->s, s1 = j->s1;
+    vmath_fn *vf = j->dt == NB_F32 ? vmath_unop(j->op) : NULL;
+    if (vf) {
+        NBI_FOR_SPAN(&j->it, lo, hi, c, jb, je) {
+            vf((const float *)j->px + c.off[1] + jb * sx, sx, (float *)j->po + c.off[0] + jb,
+               je - jb);
+        }
+        return;
+    }
+    /* (f32 exp, tanh, gelu, sigmoid, silu and gelu_tanh went to vmath above) */
     if (j->dt == NB_F32) UNARY_CASES(float, expf, logf, sqrtf, tanhf, erff, powf)
     else UNARY_CASES(double, exp, log, sqrt, tanh, erf, pow)
 }
@@ -127,6 +185,43 @@ static nb_tensor *unary_op(const char *fn, unop op, double s, double s1, nbi_bac
     return y;
 }
 
+/* g * f'(x) for the f32 activations whose derivative ops/vmath.h computes, in
+ * one pass over g and x; other dtypes (and g of another shape or dtype, which
+ * the binary kernel checks and reports) go through the binary kernel's
+ * formula (ops/binary.c). */
+typedef void vmath_grad_fn(const float *g, int64_t sg, const float *x, int64_t sx, float *y,
+                           int64_t n);
+typedef struct {
+    vmath_grad_fn *f;
+    nbi_iter it; /* operands: out, g, x */
+    char *po;
+    const char *pg, *px;
+} grad_job;
+
+static void grad_span(void *ctx, int64_t lo, int64_t hi) {
+    const grad_job *j = ctx;
+    int64_t sg = NBI_INNER(&j->it, 1), sx = NBI_INNER(&j->it, 2);
+    NBI_FOR_SPAN(&j->it, lo, hi, c, jb, je) {
+        j->f((const float *)j->pg + c.off[1] + jb * sg, sg,
+             (const float *)j->px + c.off[2] + jb * sx, sx, (float *)j->po + c.off[0] + jb,
+             je - jb);
+    }
+}
+
+static nb_tensor *act_grad(const char *fn, vmath_grad_fn *f, nbi_binop other, nb_tensor *g,
+                           nb_tensor *x) {
+    bool fused = g && x && g->dtype == NB_F32 && x->dtype == NB_F32 && g->ndim == x->ndim;
+    for (int d = 0; fused && d < x->ndim; d++) fused = g->shape[d] == x->shape[d];
+    if (!fused) return nbi_binary(fn, other, g, x);
+    nb_tensor *y = nbi_new(fn, NB_F32, x->ndim, x->shape, false);
+    if (!y) return NULL;
+    const int64_t *st[3] = {y->strides, g->strides, x->strides};
+    grad_job j = {.f = f, .po = nbi_ptr(y), .pg = nbi_ptr(g), .px = nbi_ptr(x)};
+    nbi_iter_init(&j.it, x->ndim, x->shape, 3, st);
+    nbi_parallel_for(x->numel, NBI_GRAIN_HEAVY, grad_span, &j);
+    return y;
+}
+
 static int neg_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     (void)n;
     return (gin[0] = nb_neg(g)) ? 0 : -1;
@@ -147,7 +242,8 @@ static int relu_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     return (gin[0] = nbi_binary("nb_relu", NBI_RELU_GRAD, g, nbi_saved_in(n, 0))) ? 0 : -1;
 }
 static int gelu_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    return (gin[0] = nbi_binary("nb_gelu", NBI_GELU_GRAD, g, nbi_saved_in(n, 0))) ? 0 : -1;
+    gin[0] = act_grad("nb_gelu", nbv_gelu_grad_f32, NBI_GELU_GRAD, g, nbi_saved_in(n, 0));
+    return gin[0] ? 0 : -1;
 }
 /* d(x^p)/dx = p x^(p-1) */
 static int pow_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
@@ -161,7 +257,8 @@ static int sigmoid_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     return (gin[0] = nbi_binary("nb_sigmoid", NBI_SIGMOID_GRAD, g, nbi_saved_out(n))) ? 0 : -1;
 }
 static int silu_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    return (gin[0] = nbi_binary("nb_silu", NBI_SILU_GRAD, g, nbi_saved_in(n, 0))) ? 0 : -1;
+    gin[0] = act_grad("nb_silu", nbv_silu_grad_f32, NBI_SILU_GRAD, g, nbi_saved_in(n, 0));
+    return gin[0] ? 0 : -1;
 }
 static int abs_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     return (gin[0] = nbi_binary("nb_abs", NBI_ABS_GRAD, g, nbi_saved_in(n, 0))) ? 0 : -1;
@@ -176,7 +273,8 @@ static int clamp_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     return (gin[0] = nb_masked_fill(g, nb_ne(x, nbi_saved_out(n)), 0)) ? 0 : -1;
 }
 static int gelu_tanh_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    gin[0] = nbi_binary("nb_gelu_tanh", NBI_GELU_TANH_GRAD, g, nbi_saved_in(n, 0));
+    gin[0] = act_grad("nb_gelu_tanh", nbv_gelu_tanh_grad_f32, NBI_GELU_TANH_GRAD, g,
+                      nbi_saved_in(n, 0));
     return gin[0] ? 0 : -1;
 }
 static int add_scalar_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {

@@ -16,12 +16,12 @@
  * type (float for f32, as PyTorch's CPU kernels do; double for f64), in 8
  * interleaved partial sums added at the end (a fixed order, so the compiler
  * may vectorize it and the result is the same for any thread count). Slices
- * are split across the thread pool. f32 exp is a branch-free polynomial the
- * compiler vectorizes (within 1 ulp of expf, see exp_nonpos_f32). */
+ * are split across the thread pool. f32 exp is ops/vmath.h's (vectorized,
+ * within 1 ulp, the same bits for a value wherever it sits in the slice). */
 #include "ops_internal.h"
+#include "vmath.h"
 
 #include <math.h>
-#include <string.h>
 
 /* ------------------------------------------------------ slice iteration */
 /* The slices along `dim` of a tensor of shape (ndim, shape): every position
@@ -80,36 +80,6 @@ static int64_t slice_grain(const slices *s) {
     return NBI_GRAIN_HEAVY / (s->len > 0 ? s->len : 1) + 1;
 }
 
-/* exp(x) for x <= 0 (or NaN), as softmax needs it: x = k ln2 + r with
- * |r| <= ln2/2 (ln2 split in two so k ln2 is exact), e^r by its Taylor series
- * to r^7 (truncation 5e-9, under half an ulp), scaled by 2^k through the
- * exponent bits. Below -87 (e^x < 1.7e-38, the edge of normal floats) it
- * gives 0; -inf gives 0, NaN gives NaN. Branch-free, so loops vectorize;
- * measured within 1 ulp of expf on [-87, 0]. */
-static inline float exp_nonpos_f32(float x) {
-    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    float xc = x < -87.0f ? -87.0f : x;
-    float t = xc * 1.44269504088896341f + magic;
-    float k = t - magic;
-    float r = xc - k * 0.693145751953125f;
-    r = r - k * 1.42860682030941723212e-6f;
-    float p = 1.0f / 5040;
-    p = p * r + 1.0f / 720;
-    p = p * r + 1.0f / 120;
-    p = p * r + 1.0f / 24;
-    p = p * r + 1.0f / 6;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    uint32_t tb, sb;
-    memcpy(&tb, &t, sizeof tb);
-    sb = (tb - 0x4B400000u + 127u) << 23; /* (k + 127) << 23: the float 2^k */
-    float scale;
-    memcpy(&scale, &sb, sizeof scale);
-    float y = p * scale;
-    return x < -87.0f ? 0.0f : y;
-}
-
 /* --------------------------------------------------------------- kernels */
 /* Sum of v[0..len) in 8 interleaved partial sums, then those in order. */
 #define DEFINE_SUM8(T)                                                           \
@@ -125,13 +95,30 @@ static inline float exp_nonpos_f32(float x) {
 DEFINE_SUM8(float)
 DEFINE_SUM8(double)
 
-static inline double exp_nonpos_f64(double x) { return exp(x); }
+/* e[i] = exp(v[i * sv] - m) and e[i] = exp(v[i * sv]), i < n, e contiguous (e
+ * may be v itself when sv == 1): f32 through ops/vmath.h, f64 libm. */
+static void exp_shifted_float(const float *v, int64_t sv, float m, float *e, int64_t n) {
+    for (int64_t i = 0; i < n; i++) e[i] = v[i * sv] - m;
+    nbv_exp_f32(e, 1, e, n);
+}
+static void exp_shifted_double(const double *v, int64_t sv, double m, double *e, int64_t n) {
+    for (int64_t i = 0; i < n; i++) e[i] = exp(v[i * sv] - m);
+}
+static void exp_float(const float *v, int64_t sv, float *e, int64_t n) {
+    nbv_exp_f32(v, sv, e, n);
+}
+static void exp_double(const double *v, int64_t sv, double *e, int64_t n) {
+    for (int64_t i = 0; i < n; i++) e[i] = exp(v[i * sv]);
+}
+
+/* Strided slices go through a buffer of this many elements. */
+#define CHUNK 256
 
 /* Forward, one slice: x (len, stride sx) -> y (len, stride sy).
  * log_mode: y = (x - m) - log(sum exp(x - m)); else y = exp(x - m) / sum.
  * A contiguous y holds exp(x - m) first, so the sum is a second, vector pass;
  * the log_mode sum goes through y too and is overwritten after. */
-#define DEFINE_FORWARD(T, EXP, LOG)                                              \
+#define DEFINE_FORWARD(T, LOG)                                                   \
     static void forward_slice_##T(const T *x, int64_t sx, T *y, int64_t sy,     \
                                   int64_t len, bool log_mode) {                  \
         T m = -(T)INFINITY;                                                      \
@@ -148,17 +135,17 @@ static inline double exp_nonpos_f64(double x) { return exp(x); }
         }                                                                        \
         T sum;                                                                   \
         if (sy == 1) {                                                           \
-            if (sx == 1)                                                         \
-                for (int64_t k = 0; k < len; k++) y[k] = EXP(x[k] - m);          \
-            else                                                                 \
-                for (int64_t k = 0; k < len; k++) y[k] = EXP(x[k * sx] - m);     \
+            exp_shifted_##T(x, sx, m, y, len);                                   \
             sum = sum8_##T(y, len);                                              \
         } else {                                                                 \
-            T acc[8] = {0};                                                      \
-            for (int64_t k = 0; k < len; k++) {                                  \
-                T e = EXP(x[k * sx] - m);                                        \
-                y[k * sy] = e;                                                   \
-                acc[k & 7] += e;                                                 \
+            T acc[8] = {0}, e[CHUNK];                                            \
+            for (int64_t k0 = 0; k0 < len; k0 += CHUNK) {                        \
+                int64_t n = len - k0 < CHUNK ? len - k0 : CHUNK;                 \
+                exp_shifted_##T(x + k0 * sx, sx, m, e, n);                       \
+                for (int64_t i = 0; i < n; i++) {                                \
+                    y[(k0 + i) * sy] = e[i];                                     \
+                    acc[(k0 + i) & 7] += e[i];                                   \
+                }                                                                \
             }                                                                    \
             sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) +                      \
                   ((acc[4] + acc[5]) + (acc[6] + acc[7]));                       \
@@ -170,8 +157,8 @@ static inline double exp_nonpos_f64(double x) { return exp(x); }
             for (int64_t k = 0; k < len; k++) y[k * sy] /= sum;                  \
         }                                                                        \
     }
-DEFINE_FORWARD(float, exp_nonpos_f32, logf)
-DEFINE_FORWARD(double, exp_nonpos_f64, log)
+DEFINE_FORWARD(float, logf)
+DEFINE_FORWARD(double, log)
 
 /* Backward, one slice: y (saved output), g (upstream) -> gi.
  *   softmax:     gi = y * (g - sum(g * y))
@@ -180,7 +167,7 @@ DEFINE_FORWARD(double, exp_nonpos_f64, log)
  * softmax slice sums to 1; a log_softmax slice of len > 1 cannot be all 0,
  * since then sum exp(y) = len != 1, and for len == 1 the rule gives 0
  * anyway): it gets exact zeros, whatever g holds. */
-#define DEFINE_BACKWARD(T, EXP)                                                  \
+#define DEFINE_BACKWARD(T)                                                       \
     static void backward_slice_##T(const T *y, int64_t sy, const T *g,          \
                                    int64_t sg, T *gi, int64_t si, int64_t len,   \
                                    bool log_mode) {                              \
@@ -198,15 +185,20 @@ DEFINE_FORWARD(double, exp_nonpos_f64, log)
             return;                                                              \
         }                                                                        \
         if (log_mode) {                                                          \
-            for (int64_t k = 0; k < len; k++)                                    \
-                gi[k * si] = g[k * sg] - EXP(y[k * sy]) * sum;                   \
+            T e[CHUNK];                                                          \
+            for (int64_t k0 = 0; k0 < len; k0 += CHUNK) {                        \
+                int64_t n = len - k0 < CHUNK ? len - k0 : CHUNK;                 \
+                exp_##T(y + k0 * sy, sy, e, n);                                  \
+                for (int64_t i = 0; i < n; i++)                                  \
+                    gi[(k0 + i) * si] = g[(k0 + i) * sg] - e[i] * sum;           \
+            }                                                                    \
         } else {                                                                 \
             for (int64_t k = 0; k < len; k++)                                    \
                 gi[k * si] = y[k * sy] * (g[k * sg] - sum);                      \
         }                                                                        \
     }
-DEFINE_BACKWARD(float, expf)
-DEFINE_BACKWARD(double, exp)
+DEFINE_BACKWARD(float)
+DEFINE_BACKWARD(double)
 
 /* Slices [lo, hi) of a job, forward and backward. */
 #define DEFINE_SPANS(T, SUF)                                                              \

@@ -11,8 +11,11 @@
  * abs at 0 and NaN, minimum/maximum at ties and NaN. */
 #include "test_util.h"
 
+#include <float.h>
 #include <stdarg.h>
 #include <stdlib.h>
+
+#include "ops/vmath.h" /* nbi_vmath_path: each instruction-set path of the f32 math */
 
 static const char *FX = "elementwise.txt";
 
@@ -1075,6 +1078,257 @@ START_TEST(test_minimum_maximum_ties_and_nan) {
 }
 END_TEST
 
+/* ------------------------------------------- vectorized f32 math (ops/vmath.h) */
+/* The f32 ops computed by ops/vmath.h, with their derivative when vmath
+ * computes that too (the others' backward rules are plain arithmetic). */
+typedef nb_tensor *(*vm_op)(nb_tensor *);
+typedef long double (*vm_ref)(long double);
+static const char *const VM_PATH_NAME[] = {"portable", "avx2", "avx512"};
+
+/* References in long double (x87: 64-bit significand) from libm; NaN and
+ * infinities where PyTorch has them (-inf * 0 in silu, gelu, gelu_tanh; the
+ * derivatives at +-inf; gelu_tanh's derivative where float x*x overflows). */
+typedef long double LD;
+static LD ref_sig(LD x) { return x >= 0 ? 1 / (1 + expl(-x)) : expl(x) / (1 + expl(x)); }
+static LD ref_csig(LD x) { return x >= 0 ? expl(-x) / (1 + expl(-x)) : 1 / (1 + expl(x)); }
+static const LD GT_BETA = 0.797884560802865355879892119868763737L, GT_KAPPA = 0.044715L;
+static LD ref_gt_z(LD x) { return 2 * GT_BETA * (x + GT_KAPPA * x * x * x); }
+static LD ref_exp(LD x) { return expl(x); }
+static LD ref_tanh(LD x) { return tanhl(x); }
+static LD ref_sigmoid(LD x) { return ref_sig(x); }
+static LD ref_silu(LD x) { return isinf(x) && x < 0 ? NAN : x * ref_sig(x); }
+static LD ref_gelu(LD x) {
+    return isinf(x) && x < 0 ? NAN : 0.5L * x * erfcl(-x * 0.707106781186547524400844362104849039L);
+}
+static LD ref_gelu_tanh(LD x) {
+    return isinf(x) ? (x < 0 ? NAN : x) : x * ref_sig(ref_gt_z(x));
+}
+static LD ref_silu_grad(LD x) { return isinf(x) ? NAN : ref_sig(x) * (1 + x * ref_csig(x)); }
+static LD ref_gelu_grad(LD x) {
+    if (isinf(x)) return NAN;
+    return 0.5L * erfcl(-x * 0.707106781186547524400844362104849039L) +
+           x * expl(-x * x / 2) * 0.398942280401432677939946059934381868L;
+}
+static LD ref_gelu_tanh_grad(LD x) {
+    float xf = (float)x;
+    if (isinf(xf * xf)) return NAN;
+    LD z = ref_gt_z(x), dz = 2 * GT_BETA * (1 + 3 * GT_KAPPA * x * x);
+    return ref_sig(z) * (1 + x * dz * ref_csig(z));
+}
+
+static const struct {
+    const char *name;
+    vm_op f;
+    vm_ref ref, dref; /* dref: the derivative's, when vmath computes it */
+} VM_OPS[] = {
+    {"nb_exp", nb_exp, ref_exp, NULL},
+    {"nb_tanh", nb_tanh, ref_tanh, NULL},
+    {"nb_sigmoid", nb_sigmoid, ref_sigmoid, NULL},
+    {"nb_silu", nb_silu, ref_silu, ref_silu_grad},
+    {"nb_gelu", nb_gelu, ref_gelu, ref_gelu_grad},
+    {"nb_gelu_tanh", nb_gelu_tanh, ref_gelu_tanh, ref_gelu_tanh_grad},
+};
+#define NVM_OPS ((int)(sizeof VM_OPS / sizeof VM_OPS[0]))
+
+/* Error of got in ulps of the exact value ref (denormal ulp below FLT_MIN);
+ * infinite when one is NaN and not the other, or infinite and not equal. */
+static double ulp_error(float got, LD ref) {
+    if (isnan(ref) || isnan(got)) return isnan(ref) && isnan(got) ? 0 : INFINITY;
+    float rf = (float)ref;
+    if (isinf(rf) || isinf(got)) return got == rf ? 0 : INFINITY;
+    int e = -125;
+    if (ref != 0) frexpl(ref, &e); /* ref = m 2^e, 1/2 <= |m| < 1 */
+    if (e < -125) e = -125;
+    return (double)(fabsl((LD)got - ref) / ldexpl(1, e - 24));
+}
+
+static bool same_bits(float a, float b) { return (a != a && b != b) || !memcmp(&a, &b, 4); }
+
+static uint64_t vm_lcg(uint64_t *s) {
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return *s >> 11;
+}
+
+/* A few thousand inputs: special values; each edge of the functions' pieces
+ * with its float neighbours (exp's overflow and underflow, tanh's cut and
+ * saturation, gelu's cut, the roots of the derivatives, where gelu_tanh's
+ * float x*x overflows); magnitudes spread over 2^-30..2^7 of either sign; and
+ * the range [-12, 12] densely. Returns the count (cap >= 4000). */
+static int vm_inputs(float *v) {
+    static const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, FLT_MIN, -FLT_MIN,
+                                    1e-40f, -1e-40f, 1.4e-45f, -1.4e-45f, FLT_MAX, -FLT_MAX,
+                                    1e-30f, -1e-30f, 1e-10f, -1e-10f, 3e38f, -3e38f, 1e20f,
+                                    -1e20f, 1e10f, -1e10f};
+    static const float edge[] = {88.72283935546875f, 88.7228394f, 89.0f, -87.3365448f,
+                                 -103.278931f, -103.972076f, -104.0f, -108.7f, -110.0f,
+                                 0.9f, -0.9f, 0.55f, -0.55f, 9.01f, -9.01f, 20.0f, 40.0f,
+                                 1.5f, -1.5f, 14.4f, -14.4f, 0.34657359f, -0.34657359f,
+                                 -1.27846454f, -0.751791524f, -0.7517915f, -0.75f,
+                                 18446744073709551616.0f, -18446744073709551616.0f,
+                                 1.0f, -1.0f, 2.0f, -2.0f, 0.5f, -0.5f};
+    int n = 0;
+    for (size_t i = 0; i < sizeof special / sizeof *special; i++) v[n++] = special[i];
+    for (size_t i = 0; i < sizeof edge / sizeof *edge; i++) {
+        float up = edge[i], down = edge[i];
+        v[n++] = edge[i];
+        for (int k = 0; k < 3; k++) {
+            v[n++] = up = nextafterf(up, INFINITY);
+            v[n++] = down = nextafterf(down, -INFINITY);
+        }
+    }
+    uint64_t s = 12345;
+    for (int i = 0; i < 2000; i++) { /* sign, exponent -30..7, random significand */
+        uint32_t u = (uint32_t)(vm_lcg(&s) & 0x807fffffu) | (uint32_t)(97 + vm_lcg(&s) % 38) << 23;
+        memcpy(&v[n++], &u, 4);
+    }
+    for (int i = 0; i < 1200; i++) v[n++] = -12.0f + 24.0f * (float)i / 1200 + 1e-3f * (float)(i % 7);
+    return n;
+}
+
+/* Every vmath op and derivative on each instruction-set path, through the
+ * public functions, within 2 ulp of the exact result on every input, with
+ * NaN and infinities where the reference has them and the signs of zero of
+ * odd functions at -0. Prints the worst error per op and path. */
+START_TEST(test_vmath_accuracy) {
+    int path = nbi_vmath_path(_i);
+    if (path != _i) { /* the CPU lacks it */
+        nbi_vmath_path(NBV_AUTO);
+        return;
+    }
+    static float in[4000];
+    int n = vm_inputs(in);
+    ck_assert_int_le(n, 4000);
+    nb_scope_begin();
+    nb_tensor *ones = nb_full(NB_F32, 1, (int64_t[]){n}, 1.0);
+    for (int k = 0; k < NVM_OPS; k++) {
+        nb_tensor *x = nb_from_data(NB_F32, 1, (int64_t[]){n}, in);
+        CHECK_NOT_NULL(nb_set_requires_grad(x, VM_OPS[k].dref != NULL));
+        nb_tensor *y = VM_OPS[k].f(x);
+        CHECK_NOT_NULL(y);
+        const float *py = nb_data(y);
+        double worst = 0, dworst = 0;
+        for (int i = 0; i < n; i++) {
+            double e = ulp_error(py[i], VM_OPS[k].ref(in[i]));
+            ck_assert_msg(e <= 2, "%s (%s path) at x = %a: %a, exact %La (%g ulp)", VM_OPS[k].name,
+                          VM_PATH_NAME[path], in[i], py[i], VM_OPS[k].ref(in[i]), e);
+            worst = e > worst ? e : worst;
+        }
+        if (VM_OPS[k].dref) {
+            ck_assert_int_eq(nb_backward_with_grad(y, ones), 0);
+            const float *pg = nb_data(nb_grad(x));
+            for (int i = 0; i < n; i++) {
+                double e = ulp_error(pg[i], VM_OPS[k].dref(in[i]));
+                ck_assert_msg(e <= 2, "%s' (%s path) at x = %a: %a, exact %La (%g ulp)",
+                              VM_OPS[k].name, VM_PATH_NAME[path], in[i], pg[i],
+                              VM_OPS[k].dref(in[i]), e);
+                dworst = e > dworst ? e : dworst;
+            }
+        }
+        /* the odd ones keep -0 (and exp, sigmoid give +0 at -inf) */
+        bool odd = VM_OPS[k].f != nb_exp && VM_OPS[k].f != nb_sigmoid;
+        if (odd) ck_assert_msg(py[1] == 0 && signbit(py[1]), "%s(-0) = %a", VM_OPS[k].name, py[1]);
+        else ck_assert_msg(py[3] == 0 && !signbit(py[3]), "%s(-inf) = %a", VM_OPS[k].name, py[3]);
+        printf("vmath %-8s %-13s max %.3f ulp", VM_PATH_NAME[path], VM_OPS[k].name, worst);
+        if (VM_OPS[k].dref) printf(", derivative %.3f ulp", dworst);
+        printf(" (%d inputs)\n", n);
+    }
+    nb_scope_end();
+    nbi_vmath_path(NBV_AUTO);
+}
+END_TEST
+
+/* A value's result does not depend on where it sits: the op on views at
+ * other storage offsets and of other lengths (none a multiple of 16, so that
+ * vectors and the padded tail split the values differently), on a strided
+ * view (gathered), on a tensor tiled with the values and cut across 2
+ * threads, gives the same bits as on the tensor of the values; the same for
+ * the derivatives vmath computes. On each instruction-set path. */
+static nb_tensor *vm_leaf(const float *v, int64_t n, bool rg) {
+    nb_tensor *t = nb_from_data(NB_F32, 1, (int64_t[]){n}, v);
+    CHECK_NOT_NULL(t);
+    if (rg) CHECK_NOT_NULL(nb_set_requires_grad(t, true));
+    return t;
+}
+
+static void expect_same_bits(const float *got, const float *want, int64_t n, const char *op,
+                             const char *what) {
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(same_bits(got[i], want[i]), "%s, %s: element %lld is %a, %a in place",
+                      op, what, (long long)i, got[i], want[i]);
+}
+
+/* y = op(narrow(x, 0, o, l)) with x a leaf of n values; when the op has a
+ * vmath derivative, backward with g too, and *grad = x's gradient from o on. */
+static const float *vm_run(vm_op f, bool deriv, const float *v, int64_t n, int64_t o, int64_t l,
+                           const float *g, const float **grad) {
+    nb_tensor *x = vm_leaf(v, n, deriv);
+    nb_tensor *y = f(nb_narrow(x, 0, o, l));
+    CHECK_NOT_NULL(y);
+    if (deriv) {
+        ck_assert_int_eq(nb_backward_with_grad(y, vm_leaf(g, l, false)), 0);
+        *grad = (const float *)nb_data(nb_grad(x)) + o;
+    }
+    return nb_data(y);
+}
+
+START_TEST(test_vmath_bitwise_any_position) {
+    int path = nbi_vmath_path(_i);
+    if (path != _i) {
+        nbi_vmath_path(NBV_AUTO);
+        return;
+    }
+    enum { N = 1237, PAD = 40, TILE = 5 * 4096 + 11 };
+    static float v[N], g[N], big[N + PAD], bg[N + PAD], strided[3 * N], tiled[TILE], tg[TILE];
+    uint64_t s = 99;
+    for (int i = 0; i < N; i++) {
+        v[i] = -14.0f + 28.0f * (float)(vm_lcg(&s) % 1000000) / 1e6f;
+        g[i] = -1.0f + 2.0f * (float)(vm_lcg(&s) % 1000) / 1e3f;
+    }
+    const float sp[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-40f, -100.0f, 95.0f};
+    for (int i = 0; i < 8; i++) v[i * 151 + 3] = sp[i];
+    for (int i = 0; i < 3 * N; i++) strided[i] = 7.0f;
+    for (int i = 0; i < N; i++) strided[3 * i + 1] = v[i];
+    for (int i = 0; i < TILE; i++) tiled[i] = v[i % N], tg[i] = g[i % N];
+    static const int64_t offs[] = {1, 3, 8, 15, 17, 31}, lens[] = {N, N - 1, 100, 17, 3};
+    for (int k = 0; k < NVM_OPS; k++) {
+        nb_scope_begin();
+        bool deriv = VM_OPS[k].dref != NULL;
+        const char *name = VM_OPS[k].name;
+        const float *gref = NULL, *gv = NULL;
+        const float *ref = vm_run(VM_OPS[k].f, deriv, v, N, 0, N, g, &gref);
+        for (int a = 0; a < 6; a++)
+            for (int b = 0; b < 5; b++) {
+                int64_t o = offs[a], l = lens[b];
+                for (int i = 0; i < N + PAD; i++) big[i] = bg[i] = -3.0f;
+                memcpy(big + o, v, sizeof v);
+                const float *y = vm_run(VM_OPS[k].f, deriv, big, N + PAD, o, l, g, &gv);
+                char what[64];
+                snprintf(what, sizeof what, "offset %lld, length %lld", (long long)o, (long long)l);
+                expect_same_bits(y, ref, l, name, what);
+                if (deriv) expect_same_bits(gv, gref, l, name, what);
+            }
+        /* a strided view: every third element */
+        nb_tensor *st = nb_from_data(NB_F32, 2, (int64_t[]){N, 3}, strided);
+        expect_same_bits(nb_data(VM_OPS[k].f(nb_select(st, 1, 1))), ref, N, name, "strided view");
+        /* tiled, on 1 and 2 threads (ranges cut at multiples of 16) */
+        int threads = nb_num_threads();
+        for (int t = 1; t <= 2; t++) {
+            nb_set_num_threads(t);
+            const float *y = vm_run(VM_OPS[k].f, deriv, tiled, TILE, 0, TILE, tg, &gv);
+            for (int64_t i = 0; i < TILE; i += N) {
+                int64_t l = TILE - i < N ? TILE - i : N;
+                expect_same_bits(y + i, ref, l, name, t == 1 ? "tiled, 1 thread" : "tiled, 2 threads");
+                if (deriv)
+                    expect_same_bits(gv + i, gref, l, name, t == 1 ? "tiled, 1 thread" : "tiled, 2 threads");
+            }
+        }
+        nb_set_num_threads(threads);
+        nb_scope_end();
+    }
+    nbi_vmath_path(NBV_AUTO);
+}
+END_TEST
+
 Suite *suite_elementwise(void) {
     Suite *s = suite_create("elementwise");
 
@@ -1117,6 +1371,13 @@ Suite *suite_elementwise(void) {
     tcase_add_loop_test(tc, test_backward_unary_vs_torch, 0, NGRAD1);
     tcase_add_test(tc, test_pow_scalar_zero_exponent_backward);
     tcase_add_test(tc, test_backward_accumulates_and_no_grad);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("vmath");
+    tcase_set_timeout(tc, 120);
+    tcase_add_checked_fixture(tc, NULL, teardown);
+    tcase_add_loop_test(tc, test_vmath_accuracy, NBV_PORTABLE, NBV_AVX512 + 1);
+    tcase_add_loop_test(tc, test_vmath_bitwise_any_position, NBV_PORTABLE, NBV_AVX512 + 1);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("clamp_abs_extrema");

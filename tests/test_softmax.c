@@ -6,7 +6,10 @@
  * statistics and determinism, and the error messages. */
 #include "test_util.h"
 
+#include <float.h>
 #include <stdlib.h>
+
+#include "ops/vmath.h" /* nbi_vmath_path: each instruction-set path of the f32 exp */
 
 static const char *FX = "softmax.txt";
 
@@ -616,6 +619,182 @@ START_TEST(test_errors) {
 }
 END_TEST
 
+/* ------------------------------------------------- f32 exp (ops/vmath.h) */
+static bool same_bits(float a, float b) { return (a != a && b != b) || !memcmp(&a, &b, 4); }
+
+static void expect_same_bits(const float *got, const float *want, int64_t n, const char *what) {
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(same_bits(got[i], want[i]), "%s: element %lld is %a, %a in place", what,
+                      (long long)i, got[i], want[i]);
+}
+
+/* The error of got in ulps of the exact value (denormal ulp below FLT_MIN). */
+static double ulps(float got, long double exact) {
+    if (isnan(exact) || isnan(got)) return isnan(exact) && isnan(got) ? 0 : INFINITY;
+    if (isinf(got) || isinf((float)exact)) return got == (float)exact ? 0 : INFINITY;
+    int e = -125;
+    if (exact != 0) frexpl(exact, &e);
+    if (e < -125) e = -125;
+    return (double)(fabsl((long double)got - exact) / ldexpl(1, e - 24));
+}
+
+/* Each f32 slice's results do not depend on where the slice sits: the rows at
+ * other offsets in wider rows (lengths and offsets no multiple of 16), rows
+ * padded with -inf (the vector / tail split moves), read through a transpose
+ * (gathered), along dim 0 (strided output), and on 2 threads give the same
+ * bits, for softmax and log_softmax and their gradients. On each
+ * instruction-set path of exp. */
+static nb_tensor *f32_leaf(int64_t r, int64_t c, const float *v) {
+    nb_tensor *t = nb_from_data(NB_F32, 2, (int64_t[]){r, c}, v);
+    ck_assert_msg(t != NULL, "%s", nb_last_error());
+    return nb_set_requires_grad(t, true);
+}
+
+/* y = f(narrow(x, 1, o, l), -1) for x (r, c) holding v, backward with g (r, l);
+ * *gx = x's gradient. */
+static const float *sm_run(dim_op f, int64_t r, int64_t c, const float *v, int64_t o, int64_t l,
+                           const float *g, nb_tensor **gx) {
+    nb_tensor *x = f32_leaf(r, c, v);
+    nb_tensor *y = f(nb_narrow(x, 1, o, l), -1);
+    ck_assert_msg(y != NULL, "%s", nb_last_error());
+    nb_tensor *gt = nb_from_data(NB_F32, 2, (int64_t[]){r, l}, g);
+    ck_assert_int_eq(nb_backward_with_grad(y, gt), 0);
+    *gx = nb_grad(x);
+    return nb_data(y);
+}
+
+START_TEST(test_softmax_f32_bitwise_any_position) {
+    if (nbi_vmath_path(_i) != _i) {
+        nbi_vmath_path(NBV_AUTO);
+        return;
+    }
+    enum { R = 5, L = 1237, PAD = 40 };
+    static float v[R * L], g[R * L], wide[R * (L + PAD)], t[L * R], gt[L * R];
+    uint64_t s = 7;
+    for (int i = 0; i < R * L; i++) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        v[i] = -30.0f + 60.0f * (float)(s >> 40) / (float)(1 << 24);
+        g[i] = -1.0f + 2.0f * (float)((s >> 20) & 1023) / 1024;
+    }
+    for (int i = 0; i < R; i++) v[i * L + 100 + i] = -INFINITY;
+    for (int i = 0; i < R; i++)
+        for (int k = 0; k < L; k++) t[k * R + i] = v[i * L + k], gt[k * R + i] = g[i * L + k];
+    for (int m = 0; m < 2; m++) {
+        dim_op f = m ? nb_log_softmax : nb_softmax;
+        const char *name = m ? "log_softmax" : "softmax";
+        nb_scope_begin();
+        nb_tensor *gref, *gx;
+        const float *ref = sm_run(f, R, L, v, 0, L, g, &gref);
+        const float *pgref = nb_data(gref);
+        static const int64_t offs[] = {1, 3, 8, 17, 31};
+        for (int a = 0; a < 5; a++) {
+            int64_t o = offs[a];
+            for (int i = 0; i < R * (L + PAD); i++) wide[i] = -1.0f;
+            for (int i = 0; i < R; i++) memcpy(wide + i * (L + PAD) + o, v + i * L, L * sizeof *v);
+            const float *y = sm_run(f, R, L + PAD, wide, o, L, g, &gx);
+            const float *pg = nb_data(gx);
+            char what[80];
+            snprintf(what, sizeof what, "%s, rows at offset %lld", name, (long long)o);
+            expect_same_bits(y, ref, R * L, what);
+            for (int i = 0; i < R; i++) expect_same_bits(pg + i * (L + PAD) + o, pgref + i * L, L, what);
+        }
+        /* rows longer by a few -inf (exp gives 0, adding nothing to the sums; g = 0
+         * there): the first L values and gradients are the same bits, computed
+         * with the vectors and the tail split elsewhere */
+        static const int64_t extra[] = {1, 3, 11};
+        for (int a = 0; a < 3; a++) {
+            int64_t w = L + extra[a];
+            static float gw[R * (L + PAD)];
+            for (int i = 0; i < R; i++)
+                for (int64_t k = 0; k < w; k++) {
+                    wide[i * w + k] = k < L ? v[i * L + k] : -INFINITY;
+                    gw[i * w + k] = k < L ? g[i * L + k] : 0;
+                }
+            const float *y = sm_run(f, R, w, wide, 0, w, gw, &gx);
+            const float *pg = nb_data(gx);
+            char what[80];
+            snprintf(what, sizeof what, "%s, rows padded with %lld -inf", name, (long long)extra[a]);
+            for (int i = 0; i < R; i++) {
+                expect_same_bits(y + i * w, ref + i * L, L, what);
+                expect_same_bits(pg + i * w, pgref + i * L, L, what);
+            }
+        }
+        /* (L, R) storage read as its transpose (R, L): gathered slices */
+        nb_tensor *tx = f32_leaf(L, R, t);
+        nb_tensor *y = f(nb_transpose(tx, 0, 1), -1);
+        ck_assert_int_eq(nb_backward_with_grad(y, nb_from_data(NB_F32, 2, (int64_t[]){R, L}, g)), 0);
+        expect_same_bits(nb_data(y), ref, R * L, "transposed input");
+        const float *pg = nb_data(nb_grad(tx));
+        for (int i = 0; i < R; i++)
+            for (int k = 0; k < L; k++)
+                ck_assert_msg(same_bits(pg[k * R + i], pgref[i * L + k]), "%s transposed input: grad (%d, %d)",
+                              name, i, k);
+        /* along dim 0 of (L, R): strided output */
+        nb_tensor *tx2 = f32_leaf(L, R, t);
+        nb_tensor *y2 = f(tx2, 0);
+        ck_assert_int_eq(nb_backward_with_grad(y2, nb_from_data(NB_F32, 2, (int64_t[]){L, R}, gt)), 0);
+        const float *py2 = nb_data(y2), *pg2 = nb_data(nb_grad(tx2));
+        for (int i = 0; i < R; i++)
+            for (int k = 0; k < L; k++) {
+                ck_assert_msg(same_bits(py2[k * R + i], ref[i * L + k]), "%s along dim 0: (%d, %d)",
+                              name, i, k);
+                ck_assert_msg(same_bits(pg2[k * R + i], pgref[i * L + k]),
+                              "%s along dim 0: grad (%d, %d)", name, i, k);
+            }
+        /* 2 threads */
+        int threads = nb_num_threads();
+        nb_set_num_threads(2);
+        const float *y3 = sm_run(f, R, L, v, 0, L, g, &gx);
+        nb_set_num_threads(threads);
+        expect_same_bits(y3, ref, R * L, "2 threads");
+        expect_same_bits(nb_data(gx), pgref, R * L, "2 threads, gradient");
+        nb_scope_end();
+    }
+    nbi_vmath_path(NBV_AUTO);
+}
+END_TEST
+
+/* The exp inside f32 softmax and log_softmax's backward, within 2 ulp down
+ * to denormal results and 0: rows (0, x) with x <= -17, where 1 + e^x rounds
+ * to 1, give e^x itself as softmax's second value; log_softmax's gradient
+ * with g = (0, -1) is exp(y0) itself for every x (0 - e * -1). */
+START_TEST(test_softmax_f32_exp_accuracy) {
+    if (nbi_vmath_path(_i) != _i) {
+        nbi_vmath_path(NBV_AUTO);
+        return;
+    }
+    enum { N = 2000 };
+    static float rows[2 * N], g[2 * N];
+    float xs[N];
+    for (int i = 0; i < N; i++) {
+        xs[i] = i < 1900 ? -17.0f - 87.5f * (float)i / 1900 : -(float)(i - 1900) * 0.17f;
+        rows[2 * i] = 0, rows[2 * i + 1] = xs[i];
+        g[2 * i] = 0, g[2 * i + 1] = -1;
+    }
+    xs[N - 1] = -INFINITY, rows[2 * N - 1] = -INFINITY;
+    nb_scope_begin();
+    nb_tensor *y = nb_softmax(nb_from_data(NB_F32, 2, (int64_t[]){N, 2}, rows), -1);
+    const float *py = nb_data(y);
+    for (int i = 0; i < 1900; i++) {
+        double e = ulps(py[2 * i + 1], expl(xs[i]));
+        ck_assert_msg(e <= 2, "softmax exp(%a) = %a, exact %La (%g ulp)", xs[i], py[2 * i + 1],
+                      expl(xs[i]), e);
+    }
+    ck_assert(py[2 * N - 1] == 0 && !signbit(py[2 * N - 1]));
+    nb_tensor *x = nb_set_requires_grad(nb_from_data(NB_F32, 2, (int64_t[]){N, 2}, rows), true);
+    nb_tensor *ly = nb_log_softmax(x, -1);
+    ck_assert_int_eq(nb_backward_with_grad(ly, nb_from_data(NB_F32, 2, (int64_t[]){N, 2}, g)), 0);
+    const float *pl = nb_data(ly), *pg = nb_data(nb_grad(x));
+    for (int i = 0; i < N; i++) {
+        double e = ulps(pg[2 * i], expl(pl[2 * i]));
+        ck_assert_msg(e <= 2, "log_softmax backward: exp(%a) = %a, exact %La (%g ulp)", pl[2 * i],
+                      pg[2 * i], expl(pl[2 * i]), e);
+    }
+    nb_scope_end();
+    nbi_vmath_path(NBV_AUTO);
+}
+END_TEST
+
 Suite *suite_softmax(void) {
     Suite *s = suite_create("softmax");
     TCase *tc = tcase_create("softmax");
@@ -638,6 +817,8 @@ Suite *suite_softmax(void) {
     tcase_add_test(tc, test_dropout_strided_input);
     tcase_add_test(tc, test_dropout_backward);
     tcase_add_test(tc, test_errors);
+    tcase_add_loop_test(tc, test_softmax_f32_bitwise_any_position, NBV_PORTABLE, NBV_AVX512 + 1);
+    tcase_add_loop_test(tc, test_softmax_f32_exp_accuracy, NBV_PORTABLE, NBV_AVX512 + 1);
     suite_add_tcase(s, tc);
     return s;
 }
