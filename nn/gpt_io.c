@@ -373,7 +373,7 @@ static int save_atomic(const char *fn, const char *path, int (*body)(writer *, v
     char *tmp = NULL;
     writer w = {.fd = -1};
     if (e != 0) {
-        nn_error("%s: cannot write %s: %s (the previous file, if any, is unchanged)", fn, path,
+        nn_error("%s: cannot write \"%s\": %s (the previous file, if any, is unchanged)", fn, path,
                  strerror(e));
         goto done;
     }
@@ -384,7 +384,7 @@ static int save_atomic(const char *fn, const char *path, int (*body)(writer *, v
     }
     if ((w.fd = nn_open_temp(&t, &tmp)) < 0) {
         e = errno;
-        nn_error("%s: cannot create a file next to %s: %s", fn, path, strerror(e));
+        nn_error("%s: cannot create a file next to \"%s\": %s", fn, path, strerror(e));
         goto done;
     }
     errno = 0;
@@ -400,7 +400,7 @@ static int save_atomic(const char *fn, const char *path, int (*body)(writer *, v
         nn_sync_dir(t.dir);
     } else {
         unlink(tmp);
-        nn_error("%s: cannot write %s: %s (the previous file, if any, is unchanged)", fn, path,
+        nn_error("%s: cannot write \"%s\": %s (the previous file, if any, is unchanged)", fn, path,
                  strerror(e ? e : EIO));
     }
 done:
@@ -551,7 +551,7 @@ static int load_llmc_body(nb_GPT *m, const char *path) {
                     (size_t)nb_numel(m->wte.weight));
         commit(m, &st);
     } else {
-        nn_error("%s: %s: %s", fn, path, msg);
+        nn_error("%s: \"%s\": %s", fn, path, msg);
     }
     free(chunk);
     staging_free(&st);
@@ -748,7 +748,7 @@ static int load_hf_body(nb_GPT *m, const char *path) {
                 st.buf + st.off[S_WTE], nb_dtype_of(m->wte.weight),
                 (size_t)nb_numel(m->wte.weight));
     if (rc == 0) commit(m, &st);
-    else nn_error("%s: %s: %s", fn, path, msg);
+    else nn_error("%s: \"%s\": %s", fn, path, msg);
     free(chunk);
     free(file_of);
     staging_free(&st);
@@ -894,11 +894,11 @@ static int config_of_file_body(const char *path, nb_GPTConfig *cfg) {
             nn_error("%s: %s: neither llm.c's checkpoint (magic %d) nor a safetensors file: %s",
                      fn, path, LLMC_MAGIC, msg);
         } else if ((rc = hf_config(&h, &out, msg, sizeof msg)) != 0) {
-            nn_error("%s: %s: %s", fn, path, msg);
+            nn_error("%s: \"%s\": %s", fn, path, msg);
         }
         nn_st_header_free(&h);
     } else {
-        nn_error("%s: %s: %s", fn, path, msg);
+        nn_error("%s: \"%s\": %s", fn, path, msg);
     }
     close_source(&f);
     if (rc == 0) *cfg = out;

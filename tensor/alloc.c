@@ -87,7 +87,8 @@ static bool list_push(int kind, void *p);
 #define HUGE_MIN ((size_t)2 << 20)
 static void *sys_alloc(size_t cap) {
     if (cap < HUGE_MIN) return aligned_alloc(64, cap);
-    void *p = aligned_alloc(HUGE_MIN, cap);
+    void *p = NULL; /* posix_memalign: C11's aligned_alloc wants cap a multiple of 2 MiB */
+    if (posix_memalign(&p, HUGE_MIN, cap) != 0) p = NULL;
 #if defined(MADV_HUGEPAGE)
     /* whole huge pages only: the tail (and the size class's slack past the
      * tensor's bytes) stays in 4 KiB pages, faulted in only where touched */

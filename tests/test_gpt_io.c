@@ -824,7 +824,7 @@ START_TEST(llmc_errors) {
     } while (0)
     memcpy(b, good, n);
     put32(b, 0, 12345);
-    snprintf(want, sizeof want, "%s: bad magic 12345 (expected 20240326, llm.c's GPT-2 "
+    snprintf(want, sizeof want, "\"%s\": bad magic 12345 (expected 20240326, llm.c's GPT-2 "
              "checkpoint)", path);
     LLMC_REFUSED(n, want);
     put32(b, 1, 1);
@@ -913,7 +913,7 @@ static void edit_vocab(hf_file *f) {
 }
 static void edit_offsets(hf_file *f) { f->e[hf_find(f, "ln_f.weight")].nbytes -= 4; }
 
-/* The tiny file, edited, is refused by nb_gpt_load_hf with "<path><want>". */
+/* The tiny file, edited, is refused by nb_gpt_load_hf with "\"<path>\"<want>". */
 static void hf_refused(model *m, void (*edit)(hf_file *), const char *want) {
     const char *path = tmp_path("e.safetensors");
     hf_file f;
@@ -923,7 +923,7 @@ static void hf_refused(model *m, void (*edit)(hf_file *), const char *want) {
     hf_write(&f, path);
     hf_free(&f);
     char msg[512];
-    snprintf(msg, sizeof msg, "nb_gpt_load_hf: %s%s", path, want);
+    snprintf(msg, sizeof msg, "nb_gpt_load_hf: \"%s\"%s", path, want);
     EXPECT_REFUSED(m, nb_gpt_load_hf(&m->m, path), msg);
 }
 
