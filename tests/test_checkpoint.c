@@ -20,27 +20,6 @@
 
 static const char *FX = "checkpoint.txt";
 
-static char dir[64];
-
-static void make_dir(void) {
-    snprintf(dir, sizeof dir, "/tmp/nabla-ckpt-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-}
-
-static void remove_dir(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    ck_assert_int_eq(system(cmd), 0);
-}
-
-static const char *tmp_path(const char *name) {
-    static char path[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(path[k], sizeof path[k], "%s/%s", dir, name);
-    return path[k];
-}
-
 static const char *fixture_path(const char *name) {
     static char path[512];
     snprintf(path, sizeof path, "%s/%s", NB_FIXTURE_DIR, name);
@@ -108,8 +87,8 @@ START_TEST(test_nabla_file_loads_into_torch) {
     nb_params *ps;
     nb_MHA m;
     mha_registry(&ps, &m, 7);
-    make_dir();
-    const char *mine = tmp_path("mha.safetensors");
+    test_make_tmp_dir("ckpt");
+    const char *mine = test_tmp_path("mha.safetensors");
     CK_OK(nb_save(ps, mine));
     if (getenv("NABLA_WRITE_FIXTURES")) CK_OK(nb_save(ps, fixture_path("mha_nabla.safetensors")));
     expect_same_bytes(mine, fixture_path("mha_nabla.safetensors"));
@@ -127,7 +106,7 @@ START_TEST(test_nabla_file_loads_into_torch) {
     CK_OK(nb_load(ps2, mine));
     for (int i = 0; i < nb_params_count(ps); i++)
         expect_equal(nb_params_at(ps2, i, NULL), nb_params_at(ps, i, NULL));
-    remove_dir();
+    test_remove_tmp_dir();
     nb_params_free(ps);
     nb_params_free(ps2);
 }
@@ -156,10 +135,10 @@ START_TEST(test_every_dtype_both_ways) {
         expect_equal(nb_params_get(ps, names[i]), fx(FX, fxname));
     }
     /* nabla writes the very bytes PyTorch wrote */
-    make_dir();
-    CK_OK(nb_save(ps, tmp_path("dt.safetensors")));
-    expect_same_bytes(tmp_path("dt.safetensors"), fixture_path("dtypes_torch.safetensors"));
-    remove_dir();
+    test_make_tmp_dir("ckpt");
+    CK_OK(nb_save(ps, test_tmp_path("dt.safetensors")));
+    expect_same_bytes(test_tmp_path("dt.safetensors"), fixture_path("dtypes_torch.safetensors"));
+    test_remove_tmp_dir();
     nb_params_free(ps);
 }
 END_TEST
@@ -178,19 +157,19 @@ START_TEST(test_round_trip_views_f64_and_empty) {
     CK_NN(nb_params_add(b, "layer.bias", nb_zeros(NB_F32, NB_SHAPE(5))));
     CK_NN(nb_params_add(b, "empty", nb_zeros(NB_F32, NB_SHAPE(0, 3))));
     CK_NN(nb_params_add_buffer(b, "steps", nb_zeros(NB_I64, NB_SHAPE(2))));
-    make_dir();
-    CK_OK(nb_save(a, tmp_path("a.safetensors")));
-    CK_OK(nb_load(b, tmp_path("a.safetensors")));
+    test_make_tmp_dir("ckpt");
+    CK_OK(nb_save(a, test_tmp_path("a.safetensors")));
+    CK_OK(nb_load(b, test_tmp_path("a.safetensors")));
     /* the view wrote through to the tensor it views */
     expect_equal(w2, w);
     expect_equal(nb_params_get(b, "layer.bias"), nb_params_get(a, "layer.bias"));
     expect_equal(nb_params_get(b, "steps"), nb_params_get(a, "steps"));
     /* no temporary file is left next to the checkpoint */
     char cmd[160];
-    snprintf(cmd, sizeof cmd, "test $(ls -A '%s' | wc -l) -eq 1", dir);
+    snprintf(cmd, sizeof cmd, "test $(ls -A '%s' | wc -l) -eq 1", test_tmp_dir);
     ck_assert_int_eq(system(cmd), 0);
     nb_scope_end();
-    remove_dir();
+    test_remove_tmp_dir();
     nb_params_free(a);
     nb_params_free(b);
 }
@@ -200,8 +179,8 @@ END_TEST
  * file keeps reading the old bytes, and a save killed at any moment leaves
  * either the old file or the new one, never a mixture. */
 START_TEST(test_save_replaces_atomically) {
-    make_dir();
-    const char *path = tmp_path("big.safetensors");
+    test_make_tmp_dir("ckpt");
+    const char *path = test_tmp_path("big.safetensors");
     nb_params *ps = nb_params_new();
     nb_scope_begin();
     nb_tensor *p = nb_params_add(ps, "w", nb_full(NB_F32, NB_SHAPE(1 << 22), 1.0)); /* 16 MiB */
@@ -239,7 +218,7 @@ START_TEST(test_save_replaces_atomically) {
     ck_assert(v == 1.0f); /* the first file, still open, was never written to */
     fclose(old);
     nb_params_free(ps);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 
@@ -331,7 +310,7 @@ static void net_step(net *n, int s) {
 
 START_TEST(test_resume_is_exact) {
     const char *kinds[] = {"adam", "adamw", "sgd"};
-    make_dir();
+    test_make_tmp_dir("ckpt");
     for (int kind = 0; kind < 3; kind++) {
         net straight, first, second;
         net_init(&straight, kind);
@@ -339,13 +318,13 @@ START_TEST(test_resume_is_exact) {
 
         net_init(&first, kind);
         for (int s = 0; s < 4; s++) net_step(&first, s);
-        CK_OK(nb_save(first.ps, tmp_path("model.safetensors")));
-        CK_OK(nb_save(nb_optim_state(first.opt), tmp_path("optim.safetensors")));
+        CK_OK(nb_save(first.ps, test_tmp_path("model.safetensors")));
+        CK_OK(nb_save(nb_optim_state(first.opt), test_tmp_path("optim.safetensors")));
         net_free(&first);
 
         net_init(&second, kind);
-        CK_OK(nb_load(second.ps, tmp_path("model.safetensors")));
-        CK_OK(nb_load(nb_optim_state(second.opt), tmp_path("optim.safetensors")));
+        CK_OK(nb_load(second.ps, test_tmp_path("model.safetensors")));
+        CK_OK(nb_load(nb_optim_state(second.opt), test_tmp_path("optim.safetensors")));
         int64_t step = ((int64_t *)nb_data(nb_params_get(nb_optim_state(second.opt),
                                                           "l1.weight.step")))[0];
         ck_assert_int_eq(step, 4);
@@ -373,14 +352,14 @@ START_TEST(test_resume_is_exact) {
     ck_assert_int_eq(nb_params_buffer_count(st), 12);
     expect_error(nb_optim_state(NULL), "nb_optim_state", "NULL");
     /* a state saved from Adam does not load into SGD */
-    CK_OK(nb_save(st, tmp_path("adam.safetensors")));
+    CK_OK(nb_save(st, test_tmp_path("adam.safetensors")));
     net sgd;
     net_init(&sgd, 2);
-    expect_error_rc(nb_load(nb_optim_state(sgd.opt), tmp_path("adam.safetensors")), "nb_load",
+    expect_error_rc(nb_load(nb_optim_state(sgd.opt), test_tmp_path("adam.safetensors")), "nb_load",
                     "no tensor \"l1.weight.momentum_buffer\" in the file");
     net_free(&sgd);
     net_free(&n);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 
@@ -396,7 +375,7 @@ static nb_params *small_registry(void) {
 
 /* A file with this header text and data_len bytes of 0x3f (1.0f pieces). */
 static const char *write_file(const char *name, const char *header, size_t data_len) {
-    const char *path = tmp_path(name);
+    const char *path = test_tmp_path(name);
     FILE *f = fopen(path, "wb");
     uint64_t n = strlen(header);
     unsigned char len[8];
@@ -476,7 +455,7 @@ static const struct {
 };
 
 START_TEST(test_bad_files_change_nothing) {
-    make_dir();
+    test_make_tmp_dir("ckpt");
     nb_params *ps = small_registry();
     /* a good file of the same names loads (the cases below differ from it) */
     CK_OK(nb_load(ps, write_file("good", "{" GOOD_A "," GOOD_B "}", 12)));
@@ -497,31 +476,31 @@ START_TEST(test_bad_files_change_nothing) {
         expect_untouched(ps);
     }
     nb_params_free(ps);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 
 START_TEST(test_bad_paths_and_sizes) {
-    make_dir();
+    test_make_tmp_dir("ckpt");
     nb_params *ps = small_registry();
-    expect_error_rc(nb_load(ps, tmp_path("missing")), "nb_load", "cannot open", "missing",
+    expect_error_rc(nb_load(ps, test_tmp_path("missing")), "nb_load", "cannot open", "missing",
                     "No such file");
-    expect_error_rc(nb_load(ps, dir), "nb_load", "is not a regular file");
-    FILE *f = fopen(tmp_path("short"), "wb");
+    expect_error_rc(nb_load(ps, test_tmp_dir), "nb_load", "is not a regular file");
+    FILE *f = fopen(test_tmp_path("short"), "wb");
     fputs("abc", f);
     fclose(f);
-    expect_error_rc(nb_load(ps, tmp_path("short")), "nb_load", "has 3 bytes, too short");
+    expect_error_rc(nb_load(ps, test_tmp_path("short")), "nb_load", "has 3 bytes, too short");
     /* a header size larger than the file, and one above the 100 MiB limit */
-    f = fopen(tmp_path("huge"), "wb");
+    f = fopen(test_tmp_path("huge"), "wb");
     fwrite("\xff\xff\xff\xff\xff\xff\xff\x7f{}", 1, 10, f);
     fclose(f);
-    expect_error_rc(nb_load(ps, tmp_path("huge")), "nb_load", "header size 9223372036854775807",
+    expect_error_rc(nb_load(ps, test_tmp_path("huge")), "nb_load", "header size 9223372036854775807",
                     "exceeds the file (2 bytes)");
     expect_error_rc(nb_load(NULL, "x"), "nb_load", "registry is NULL");
     expect_error_rc(nb_load(ps, NULL), "nb_load", "path is NULL");
     expect_error_rc(nb_save(NULL, "x"), "nb_save", "registry is NULL");
     expect_error_rc(nb_save(ps, NULL), "nb_save", "path is NULL");
-    expect_error_rc(nb_save(ps, tmp_path("no/such/dir.safetensors")), "nb_save",
+    expect_error_rc(nb_save(ps, test_tmp_path("no/such/dir.safetensors")), "nb_save",
                     "cannot create a file next to", "no/such/dir.safetensors", "No such file");
     expect_untouched(ps);
     nb_params_free(ps);
@@ -531,11 +510,11 @@ START_TEST(test_bad_paths_and_sizes) {
     nb_tensor *row = nb_from_data(NB_F32, NB_SHAPE(1, 3), (float[]){1, 2, 3});
     nb_params_add_buffer(ex, "e", nb_expand(row, NB_SHAPE(2, 3)));
     nb_scope_end();
-    CK_OK(nb_save(ex, tmp_path("ex")));
-    expect_error_rc(nb_load(ex, tmp_path("ex")), "nb_load", "registry tensor \"e\" is an "
+    CK_OK(nb_save(ex, test_tmp_path("ex")));
+    expect_error_rc(nb_load(ex, test_tmp_path("ex")), "nb_load", "registry tensor \"e\" is an "
                     "expanded view (stride 0)", "no tensor was changed");
     nb_params_free(ex);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 
@@ -570,7 +549,7 @@ static scale_times scale_run(int n, const scale_times *bound) {
     t.add = cpu_seconds() - t0;
     nb_scope_end();
     ck_assert_msg(failed == 0, "%d of %d nb_params_add failed: %s", failed, n, nb_last_error());
-    const char *path = tmp_path("scale.safetensors");
+    const char *path = test_tmp_path("scale.safetensors");
     if (!bound || t.add < bound->add) {
         CK_OK(nb_save(ps, path));
         t0 = cpu_seconds();
@@ -608,7 +587,7 @@ static bool scale_ok(scale_times t, scale_times bound) {
 /* 10x the tensors may cost about 10x (n log n: a little more), never the
  * 100x of a quadratic scan; 40x leaves room for a noisy machine. */
 START_TEST(test_many_tensors_scale) {
-    make_dir();
+    test_make_tmp_dir("ckpt");
     scale_times small = scale_best(12000, 3);
     scale_times bound = {40 * small.add, 40 * small.load, 40 * small.get};
     scale_times large = scale_run(120000, &bound);
@@ -618,7 +597,7 @@ START_TEST(test_many_tensors_scale) {
                   "%.1f ms, nb_params_get %.1f -> %.1f ms (each must grow < 40x)",
                   1e3 * small.add, 1e3 * large.add, 1e3 * small.load, 1e3 * large.load,
                   1e3 * small.get, 1e3 * large.get);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 
@@ -629,9 +608,9 @@ static void on_alarm(int sig) { (void)sig; }
  * alarm guards the test: without SA_RESTART, a blocked open() returns EINTR
  * after 10 s, and a regression fails on the message rather than hanging. */
 START_TEST(test_load_fifo_does_not_block) {
-    make_dir();
+    test_make_tmp_dir("ckpt");
     nb_params *ps = small_registry();
-    const char *fifo = tmp_path("fifo");
+    const char *fifo = test_tmp_path("fifo");
     ck_assert_int_eq(mkfifo(fifo, 0600), 0);
     struct sigaction sa = {.sa_handler = on_alarm}, old;
     sigemptyset(&sa.sa_mask);
@@ -644,7 +623,7 @@ START_TEST(test_load_fifo_does_not_block) {
     expect_error_rc(nb_load(ps, "/dev/null"), "nb_load", "\"/dev/null\" is not a regular file");
     expect_untouched(ps);
     nb_params_free(ps);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 
@@ -714,7 +693,7 @@ static void expect_state_refused(nb_params *ps, nb_params *st, const char *prefi
     if (nb_dtype_of(nb_params_get(st, b.name)) == NB_I64)
         old_i = ((int64_t *)nb_data(nb_params_get(st, b.name)))[b.at];
     state_set(st, b.name, b.at, b.i, b.f);
-    const char *path = tmp_path("bad-state.safetensors");
+    const char *path = test_tmp_path("bad-state.safetensors");
     CK_OK(nb_save(ps, path));
     state_set(st, b.name, b.at, old_i, old_f);
     size_t len;
@@ -741,7 +720,7 @@ static const bad_state bad_adam[] = {
 };
 
 START_TEST(test_bad_optimizer_state_refused) {
-    make_dir();
+    test_make_tmp_dir("ckpt");
     net n;
     net_init(&n, 0);
     for (int s = 0; s < 2; s++) net_step(&n, s);
@@ -753,7 +732,7 @@ START_TEST(test_bad_optimizer_state_refused) {
     state_set(st, "l1.weight.step", 0, INT64_C(1) << 53, 0);
     state_set(st, "l1.weight.exp_avg_sq", 1, 0, -0.0);
     state_set(st, "l1.weight.exp_avg", 1, 0, -1e30);
-    const char *path = tmp_path("edge.safetensors");
+    const char *path = test_tmp_path("edge.safetensors");
     CK_OK(nb_save(st, path));
     state_set(st, "l1.weight.step", 0, 3, 0);
     CK_OK(nb_load(st, path));
@@ -774,11 +753,11 @@ START_TEST(test_bad_optimizer_state_refused) {
     CK_NN(nb_params_add_buffer(mine, "x.step", nb_scalar(NB_I64, -1)));
     CK_NN(nb_params_add(mine, "x.exp_avg_sq", nb_full(NB_F32, NB_SHAPE(2), -INFINITY)));
     nb_scope_end();
-    CK_OK(nb_save(mine, tmp_path("mine.safetensors")));
-    CK_OK(nb_load(mine, tmp_path("mine.safetensors")));
+    CK_OK(nb_save(mine, test_tmp_path("mine.safetensors")));
+    CK_OK(nb_load(mine, test_tmp_path("mine.safetensors")));
     nb_params_free(mine);
     net_free(&n);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 
@@ -786,7 +765,7 @@ END_TEST
  * bench save them): the checks travel with nb_params_add_all, and a refused
  * file changes neither the model nor the state. */
 START_TEST(test_bad_optimizer_state_in_combined_registry) {
-    make_dir();
+    test_make_tmp_dir("ckpt");
     net n;
     net_init(&n, 1);
     for (int s = 0; s < 2; s++) net_step(&n, s);
@@ -803,18 +782,18 @@ START_TEST(test_bad_optimizer_state_in_combined_registry) {
     expect_state_refused(outer, st, "run.optim.", (bad_state){"l1.bias.exp_avg", 1, 0, NAN,
                                                               "holds nan at element 1"});
     /* a good combined file still loads */
-    CK_OK(nb_save(all, tmp_path("good.safetensors")));
-    CK_OK(nb_load(all, tmp_path("good.safetensors")));
+    CK_OK(nb_save(all, test_tmp_path("good.safetensors")));
+    CK_OK(nb_load(all, test_tmp_path("good.safetensors")));
     nb_params_free(outer);
     nb_params_free(all);
     net_free(&n);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 
 /* ------------------------------------------------- names, modes, links, temporaries */
 START_TEST(test_reserved_name_refused) {
-    make_dir();
+    test_make_tmp_dir("ckpt");
     nb_params *ps = nb_params_new(), *src = nb_params_new();
     nb_scope_begin();
     nb_tensor *one = nb_ones(NB_F32, NB_SHAPE(1));
@@ -831,11 +810,11 @@ START_TEST(test_reserved_name_refused) {
     ck_assert_int_eq(nb_params_count(ps), 1);
     ck_assert_int_eq(nb_params_buffer_count(ps), 1);
     CK_OK(nb_params_add_all(ps, "_", src));
-    CK_OK(nb_save(ps, tmp_path("names.safetensors")));
-    CK_OK(nb_load(ps, tmp_path("names.safetensors")));
+    CK_OK(nb_save(ps, test_tmp_path("names.safetensors")));
+    CK_OK(nb_load(ps, test_tmp_path("names.safetensors")));
     nb_params_free(src);
     nb_params_free(ps);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 
@@ -846,9 +825,9 @@ static mode_t mode_of(const char *path) {
 }
 
 START_TEST(test_save_keeps_permissions) {
-    make_dir();
+    test_make_tmp_dir("ckpt");
     nb_params *ps = small_registry();
-    const char *path = tmp_path("perm.safetensors"), *fresh = tmp_path("fresh.safetensors");
+    const char *path = test_tmp_path("perm.safetensors"), *fresh = test_tmp_path("fresh.safetensors");
     mode_t saved_umask = umask(022), got[5];
     int rc[5];
     rc[0] = nb_save(ps, path), got[0] = mode_of(path); /* new: 0666 & ~umask, as fopen */
@@ -867,7 +846,7 @@ START_TEST(test_save_keeps_permissions) {
                       i, rc[i], (unsigned)got[i], (unsigned)want[i]);
     CK_OK(nb_load(ps, path));
     nb_params_free(ps);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 
@@ -893,63 +872,63 @@ static int entries_in(const char *d) {
  * links, into another directory, or a file the link names that does not
  * exist yet), and the link stays a link. */
 START_TEST(test_save_through_symlink) {
-    make_dir();
+    test_make_tmp_dir("ckpt");
     nb_params *ps = small_registry();
-    const char *real = tmp_path("real.st"), *link = tmp_path("link.st");
+    const char *real = test_tmp_path("real.st"), *link = test_tmp_path("link.st");
     CK_OK(nb_save(ps, real));
     chmod(real, 0600);
     ck_assert_int_eq(symlink("real.st", link), 0);
-    ck_assert_int_eq(symlink("link.st", tmp_path("chain.st")), 0);
+    ck_assert_int_eq(symlink("link.st", test_tmp_path("chain.st")), 0);
     nb_scope_begin();
     ck_assert_int_eq(nb_copy_into(nb_params_get(ps, "a"), nb_scalar(NB_F32, 3.0)), 0);
     nb_scope_end();
-    CK_OK(nb_save(ps, tmp_path("chain.st")));
+    CK_OK(nb_save(ps, test_tmp_path("chain.st")));
     expect_link(link, "real.st");
-    expect_link(tmp_path("chain.st"), "link.st");
+    expect_link(test_tmp_path("chain.st"), "link.st");
     ck_assert_int_eq(mode_of(real), 0600);
     nb_params *q = small_registry();
     CK_OK(nb_load(q, real));
     ck_assert(((float *)nb_data(nb_params_get(q, "a")))[0] == 3.0f);
     /* into another directory, and a link whose file is still to be made */
     char sub[96];
-    snprintf(sub, sizeof sub, "%s/sub", dir);
+    snprintf(sub, sizeof sub, "%s/sub", test_tmp_dir);
     ck_assert_int_eq(mkdir(sub, 0700), 0);
-    ck_assert_int_eq(symlink("sub/made.st", tmp_path("dangling.st")), 0);
-    CK_OK(nb_save(ps, tmp_path("dangling.st")));
-    expect_link(tmp_path("dangling.st"), "sub/made.st");
-    CK_OK(nb_load(q, tmp_path("sub/made.st")));
+    ck_assert_int_eq(symlink("sub/made.st", test_tmp_path("dangling.st")), 0);
+    CK_OK(nb_save(ps, test_tmp_path("dangling.st")));
+    expect_link(test_tmp_path("dangling.st"), "sub/made.st");
+    CK_OK(nb_load(q, test_tmp_path("sub/made.st")));
     ck_assert_int_eq(entries_in(sub), 1); /* no temporary left in either directory */
-    ck_assert_int_eq(entries_in(dir), 5);
+    ck_assert_int_eq(entries_in(test_tmp_dir), 5);
     /* a link into a directory that does not exist: the message names both */
-    ck_assert_int_eq(symlink("nodir/x.st", tmp_path("nowhere.st")), 0);
-    expect_error_rc(nb_save(ps, tmp_path("nowhere.st")), "nb_save", "cannot create a file next "
+    ck_assert_int_eq(symlink("nodir/x.st", test_tmp_path("nowhere.st")), 0);
+    expect_error_rc(nb_save(ps, test_tmp_path("nowhere.st")), "nb_save", "cannot create a file next "
                     "to", "nowhere.st\" (a link to \"", "nodir/x.st\")", "No such file");
     /* a loop of links is an error, not a hang */
-    ck_assert_int_eq(symlink("loop2", tmp_path("loop1")), 0);
-    ck_assert_int_eq(symlink("loop1", tmp_path("loop2")), 0);
-    expect_error_rc(nb_save(ps, tmp_path("loop1")), "nb_save", "cannot write", "loop1",
+    ck_assert_int_eq(symlink("loop2", test_tmp_path("loop1")), 0);
+    ck_assert_int_eq(symlink("loop1", test_tmp_path("loop2")), 0);
+    expect_error_rc(nb_save(ps, test_tmp_path("loop1")), "nb_save", "cannot write", "loop1",
                     "Too many levels of symbolic links");
     nb_params_free(q);
     nb_params_free(ps);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 
 static void touch(const char *name) {
-    FILE *f = fopen(tmp_path(name), "wb");
+    FILE *f = fopen(test_tmp_path(name), "wb");
     ck_assert_ptr_nonnull(f);
     fclose(f);
 }
 
 static bool present(const char *name) {
     struct stat st;
-    return lstat(tmp_path(name), &st) == 0;
+    return lstat(test_tmp_path(name), &st) == 0;
 }
 
 /* A save killed with SIGKILL leaves its temporary: the next save into that
  * directory removes it, once its process is gone, and only then. */
 START_TEST(test_stale_temporaries_removed) {
-    make_dir();
+    test_make_tmp_dir("ckpt");
     pid_t dead = fork();
     ck_assert_int_ge(dead, 0);
     if (dead == 0) _exit(0);
@@ -970,33 +949,33 @@ START_TEST(test_stale_temporaries_removed) {
     for (int i = 0; i < 5; i++) touch(other[i]);
     char stale_dir[64];
     snprintf(stale_dir, sizeof stale_dir, ".nabla-tmp-%ld-7", (long)dead);
-    ck_assert_int_eq(mkdir(tmp_path(stale_dir), 0700), 0); /* not a file: left alone */
+    ck_assert_int_eq(mkdir(test_tmp_path(stale_dir), 0700), 0); /* not a file: left alone */
     nb_params *ps = small_registry();
-    CK_OK(nb_save(ps, tmp_path("model.safetensors")));
+    CK_OK(nb_save(ps, test_tmp_path("model.safetensors")));
     ck_assert_msg(!present(stale), "%s (pid %ld has exited) is still there", stale, (long)dead);
     for (int i = 0; i < 2; i++)
         ck_assert_msg(present(live[i]), "%s (a live process's) was removed", live[i]);
     for (int i = 0; i < 5; i++) ck_assert_msg(present(other[i]), "%s was removed", other[i]);
     ck_assert(present(stale_dir));
     nb_params_free(ps);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 
 /* A name of 253 bytes (NAME_MAX is 255): the temporary's name does not grow with it. */
 START_TEST(test_long_file_name) {
-    make_dir();
+    test_make_tmp_dir("ckpt");
     char name[254], path[400];
     memset(name, 'a', 250);
     memcpy(name + 250, ".st", 4);
-    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(path, sizeof path, "%s/%s", test_tmp_dir, name);
     nb_params *ps = small_registry();
     CK_OK(nb_save(ps, path));
     CK_OK(nb_save(ps, path)); /* and over itself */
     CK_OK(nb_load(ps, path));
-    ck_assert_int_eq(entries_in(dir), 1);
+    ck_assert_int_eq(entries_in(test_tmp_dir), 1);
     nb_params_free(ps);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 

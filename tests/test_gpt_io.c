@@ -23,34 +23,6 @@
 #define CK_OK(expr) ck_assert_msg((expr) == 0, "%s", nb_last_error() ? nb_last_error() : "?")
 
 /* ------------------------------------------------------------ temp files */
-static char dir[64];
-
-static void make_dir(void) {
-    snprintf(dir, sizeof dir, "/tmp/nabla-gptio-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-}
-
-static void remove_dir(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    ck_assert_int_eq(system(cmd), 0);
-}
-
-static const char *tmp_path(const char *name) {
-    static char path[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(path[k], sizeof path[k], "%s/%s", dir, name);
-    return path[k];
-}
-
-static void write_bytes(const char *path, const void *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_uint_eq(fwrite(data, 1, n, f), n);
-    ck_assert_int_eq(fclose(f), 0);
-}
-
 static unsigned char *slurp(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
     ck_assert_msg(f != NULL, "cannot open %s", path);
@@ -235,7 +207,7 @@ static unsigned char *llmc_file(const nb_GPTConfig *c, int64_t Vp, float pad, si
 static void write_llmc(const char *path, const nb_GPTConfig *c, int64_t Vp, float pad) {
     size_t n;
     unsigned char *b = llmc_file(c, Vp, pad, &n);
-    write_bytes(path, b, n);
+    test_write_bytes(path, b, n);
     free(b);
 }
 
@@ -436,8 +408,8 @@ static void expect_hf_values(const model *x, bool f64_file) {
 
 /* ---------------------------------------------------------- round trips */
 static void roundtrip(nb_GPTConfig cfg, nb_dtype dt, bool hf) {
-    make_dir();
-    const char *path = tmp_path(hf ? "m.safetensors" : "m.bin");
+    test_make_tmp_dir("gptio");
+    const char *path = test_tmp_path(hf ? "m.safetensors" : "m.bin");
     model a, b;
     model_make(&a, cfg, dt, 1);
     model_make(&b, cfg, dt, 2);
@@ -463,7 +435,7 @@ static void roundtrip(nb_GPTConfig cfg, nb_dtype dt, bool hf) {
     nb_scope_end();
     model_free(&a);
     model_free(&b);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 
 START_TEST(roundtrip_llmc_f32) { roundtrip(tiny(), NB_F32, false); }
@@ -489,9 +461,9 @@ END_TEST
 
 /* ------------------------------------------------------- llm.c's layout */
 START_TEST(llmc_layout_by_hand) {
-    make_dir();
+    test_make_tmp_dir("gptio");
     nb_GPTConfig c = tiny();
-    const char *path = tmp_path("hand.bin"), *again = tmp_path("again.bin");
+    const char *path = test_tmp_path("hand.bin"), *again = test_tmp_path("again.bin");
     write_llmc(path, &c, 128, 0.0f);
     model m;
     model_make(&m, c, NB_F32, 3);
@@ -519,17 +491,17 @@ START_TEST(llmc_layout_by_hand) {
     expect_llmc_values(&d);
     model_free(&d);
     model_free(&m);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 
 START_TEST(llmc_padded_vocab) {
-    make_dir();
+    test_make_tmp_dir("gptio");
     nb_GPTConfig c = tiny();
     model a, b;
     model_make(&a, c, NB_F32, 5);
     model_make(&b, c, NB_F32, 6);
-    const char *path = tmp_path("pad.bin");
+    const char *path = test_tmp_path("pad.bin");
     /* rows V..Vp-1 written as zeros; Vp = 128 */
     CK_OK(nb_gpt_save_llmc(&a.m, path));
     size_t n;
@@ -541,7 +513,7 @@ START_TEST(llmc_padded_vocab) {
     /* padding rows are ignored on load, whatever they hold */
     float junk = 123.5f;
     for (size_t k = 1024 + 4 * 11 * 8; k < 1024 + 4 * 128 * 8; k += 4) memcpy(f + k, &junk, 4);
-    write_bytes(path, f, n);
+    test_write_bytes(path, f, n);
     free(f);
     CK_OK(nb_gpt_load_llmc(&b.m, path));
     expect_same_params(&a, &b, false);
@@ -570,14 +542,14 @@ START_TEST(llmc_padded_vocab) {
     model_free(&m);
     model_free(&a);
     model_free(&b);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 
 START_TEST(llmc_tied_untied_bias) {
-    make_dir();
+    test_make_tmp_dir("gptio");
     nb_GPTConfig c = tiny();
-    const char *path = tmp_path("t.bin");
+    const char *path = test_tmp_path("t.bin");
     write_llmc(path, &c, 128, 0.0f);
     /* untied: lm_head gets a copy of wte (checked by expect_llmc_values) */
     nb_GPTConfig u = c;
@@ -588,7 +560,7 @@ START_TEST(llmc_tied_untied_bias) {
     expect_llmc_values(&m);
     ck_assert_ptr_ne(m.m.lm_head.weight, m.m.wte.weight);
     /* saving an untied model is refused, and writes nothing */
-    const char *out = tmp_path("untied.bin");
+    const char *out = test_tmp_path("untied.bin");
     expect_error_rc(nb_gpt_save_llmc(&m.m, out), "nb_gpt_save_llmc: the model is untied");
     ck_assert_int_ne(access(out, F_OK), 0);
     model_free(&m);
@@ -600,15 +572,15 @@ START_TEST(llmc_tied_untied_bias) {
     expect_error_rc(nb_gpt_save_llmc(&m.m, out), "nb_gpt_save_llmc: the model has no biases");
     ck_assert_int_ne(access(out, F_OK), 0);
     model_free(&m);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 
 /* ------------------------------------------------- Hugging Face's layout */
 START_TEST(hf_layout_by_hand) {
-    make_dir();
+    test_make_tmp_dir("gptio");
     nb_GPTConfig c = tiny();
-    const char *path = tmp_path("hand.safetensors");
+    const char *path = test_tmp_path("hand.safetensors");
     hf_file f;
     const char *prefixes[2] = {"", "transformer."};
     for (int p = 0; p < 2; p++)
@@ -659,15 +631,15 @@ START_TEST(hf_layout_by_hand) {
     ck_assert(memcmp(nb_data(wte), nb_data(head), (size_t)nb_numel(wte) * sizeof(float)) == 0);
     model_free(&x);
     model_free(&m);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 
 /* What nb_gpt_save_hf writes: names with "transformer.", Conv1D weights
  * (in, out), the model's dtype, no lm_head when tied. */
 START_TEST(hf_saved_layout) {
-    make_dir();
-    const char *path = tmp_path("s.safetensors");
+    test_make_tmp_dir("gptio");
+    const char *path = test_tmp_path("s.safetensors");
     model m;
     model_make(&m, tiny(), NB_F32, 15);
     CK_OK(nb_gpt_save_hf(&m.m, path));
@@ -711,7 +683,7 @@ START_TEST(hf_saved_layout) {
     free(json);
     free(f);
     model_free(&m);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 
@@ -728,8 +700,8 @@ static void expect_config(nb_GPTConfig got, nb_GPTConfig want) {
 }
 
 START_TEST(config_of_file) {
-    make_dir();
-    const char *path = tmp_path("c.bin");
+    test_make_tmp_dir("gptio");
+    const char *path = test_tmp_path("c.bin");
     nb_GPTConfig c = tiny(), got;
     c.n_head = 4;
     write_llmc(path, &c, 128, 0.0f);
@@ -771,13 +743,13 @@ START_TEST(config_of_file) {
     model_free(&m);
     /* errors: each format's own, and neither */
     nb_GPTConfig keep = got;
-    write_bytes(path, "hello, world", 12);
+    test_write_bytes(path, "hello, world", 12);
     expect_error_rc(nb_gpt_config_of_file(path, &got), "nb_gpt_config_of_file: ", path,
                     "neither llm.c's checkpoint (magic 20240326) nor a safetensors file");
     expect_config(got, keep);
     size_t n;
     unsigned char *b = llmc_file(&c, 128, 0.0f, &n);
-    write_bytes(path, b, n - 4);
+    test_write_bytes(path, b, n - 4);
     free(b);
     expect_error_rc(nb_gpt_config_of_file(path, &got), "nb_gpt_config_of_file: ", path,
                     "llm.c's checkpoint: file is 12412 bytes, the header's sizes need 12416 "
@@ -793,13 +765,13 @@ START_TEST(config_of_file) {
     hf_write(&f, path);
     hf_free(&f);
     expect_error_rc(nb_gpt_config_of_file(path, &got), ": missing wpe.weight");
-    expect_error_rc(nb_gpt_config_of_file(tmp_path("none"), &got), "nb_gpt_config_of_file: ",
+    expect_error_rc(nb_gpt_config_of_file(test_tmp_path("none"), &got), "nb_gpt_config_of_file: ",
                     "cannot open", "No such file");
-    expect_error_rc(nb_gpt_config_of_file(dir, &got), "nb_gpt_config_of_file: ",
+    expect_error_rc(nb_gpt_config_of_file(test_tmp_dir, &got), "nb_gpt_config_of_file: ",
                     "is not a regular file");
     expect_error_rc(nb_gpt_config_of_file(NULL, &got), "nb_gpt_config_of_file: path is NULL");
     expect_error_rc(nb_gpt_config_of_file(path, NULL), "nb_gpt_config_of_file: cfg is NULL");
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 
@@ -807,17 +779,17 @@ END_TEST
 static void put32(unsigned char *b, int i, int32_t v) { memcpy(b + 4 * i, &v, 4); }
 
 START_TEST(llmc_errors) {
-    make_dir();
+    test_make_tmp_dir("gptio");
     nb_GPTConfig c = tiny();
     model m;
     model_make(&m, c, NB_F32, 20);
-    const char *path = tmp_path("e.bin");
+    const char *path = test_tmp_path("e.bin");
     size_t n;
     unsigned char *good = llmc_file(&c, 128, 0.0f, &n), *b = malloc(n + 8);
     char want[256];
 #define LLMC_REFUSED(len, ...)                                                    \
     do {                                                                          \
-        write_bytes(path, b, (len));                                              \
+        test_write_bytes(path, b, (len));                                              \
         EXPECT_REFUSED(&m, nb_gpt_load_llmc(&m.m, path), "nb_gpt_load_llmc: ",     \
                        path, __VA_ARGS__);                                        \
         memcpy(b, good, n);                                                       \
@@ -855,21 +827,21 @@ START_TEST(llmc_errors) {
     nb_GPTConfig big = c;
     big.vocab_size = 50;
     unsigned char *other = llmc_file(&big, 128, 0.0f, &n);
-    write_bytes(path, other, n);
+    test_write_bytes(path, other, n);
     free(other);
     EXPECT_REFUSED(&m, nb_gpt_load_llmc(&m.m, path), path,
                    ": vocab_size 50 in the file, the model has 11");
     /* not a regular file, not there, not llm.c's */
-    EXPECT_REFUSED(&m, nb_gpt_load_llmc(&m.m, dir), "nb_gpt_load_llmc: ", dir,
+    EXPECT_REFUSED(&m, nb_gpt_load_llmc(&m.m, test_tmp_dir), "nb_gpt_load_llmc: ", test_tmp_dir,
                    "is not a regular file");
-    const char *fifo = tmp_path("fifo");
+    const char *fifo = test_tmp_path("fifo");
     ck_assert_int_eq(mkfifo(fifo, 0600), 0);
     EXPECT_REFUSED(&m, nb_gpt_load_llmc(&m.m, fifo), "nb_gpt_load_llmc: ", fifo,
                    "is not a regular file");
-    const char *none = tmp_path("none.bin");
+    const char *none = test_tmp_path("none.bin");
     EXPECT_REFUSED(&m, nb_gpt_load_llmc(&m.m, none), "nb_gpt_load_llmc: cannot open", none,
                    "No such file or directory");
-    const char *st = tmp_path("m.safetensors");
+    const char *st = test_tmp_path("m.safetensors");
     CK_OK(nb_gpt_save_hf(&m.m, st));
     EXPECT_REFUSED(&m, nb_gpt_load_llmc(&m.m, st), "nb_gpt_load_llmc: ", st, ": bad magic");
     /* arguments */
@@ -879,13 +851,13 @@ START_TEST(llmc_errors) {
     expect_error_rc(nb_gpt_load_llmc(&zero, path), "nb_gpt_load_llmc: model is not initialized");
     expect_error_rc(nb_gpt_save_llmc(NULL, path), "nb_gpt_save_llmc: model is NULL");
     expect_error_rc(nb_gpt_save_llmc(&m.m, NULL), "nb_gpt_save_llmc: path is NULL");
-    expect_error_rc(nb_gpt_save_llmc(&m.m, tmp_path("no/such/dir.bin")),
+    expect_error_rc(nb_gpt_save_llmc(&m.m, test_tmp_path("no/such/dir.bin")),
                     "nb_gpt_save_llmc: cannot create a file next to");
 #undef LLMC_REFUSED
     free(b);
     free(good);
     model_free(&m);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 
@@ -915,7 +887,7 @@ static void edit_offsets(hf_file *f) { f->e[hf_find(f, "ln_f.weight")].nbytes -=
 
 /* The tiny file, edited, is refused by nb_gpt_load_hf with "\"<path>\"<want>". */
 static void hf_refused(model *m, void (*edit)(hf_file *), const char *want) {
-    const char *path = tmp_path("e.safetensors");
+    const char *path = test_tmp_path("e.safetensors");
     hf_file f;
     nb_GPTConfig c = tiny();
     hf_full(&f, &c, "", "F32", false);
@@ -928,11 +900,11 @@ static void hf_refused(model *m, void (*edit)(hf_file *), const char *want) {
 }
 
 START_TEST(hf_errors) {
-    make_dir();
+    test_make_tmp_dir("gptio");
     nb_GPTConfig c = tiny();
     model m;
     model_make(&m, c, NB_F32, 21);
-    const char *path = tmp_path("e.safetensors");
+    const char *path = test_tmp_path("e.safetensors");
     hf_file f;
     hf_refused(&m, edit_not_conv, ": h.1.attn.c_attn.weight has shape (24,8), expected (8,24)");
     hf_refused(&m, edit_missing, ": missing h.0.ln_1.weight");
@@ -953,43 +925,43 @@ START_TEST(hf_errors) {
     unsigned char *b2 = malloc(n + 8);
     memcpy(b2, b, n);
     memset(b2 + n, 0, 8);
-    write_bytes(path, b2, n + 8);
+    test_write_bytes(path, b2, n + 8);
     EXPECT_REFUSED(&m, nb_gpt_load_hf(&m.m, path), "nb_gpt_load_hf: ", path,
                    "invalid safetensors header: the data section has");
-    write_bytes(path, b, n - 1);
+    test_write_bytes(path, b, n - 1);
     EXPECT_REFUSED(&m, nb_gpt_load_hf(&m.m, path), "nb_gpt_load_hf: ", path,
                    "invalid safetensors header");
     uint64_t hlen;
     memcpy(&hlen, b, 8);
-    write_bytes(path, b, 8 + hlen); /* the header only */
+    test_write_bytes(path, b, 8 + hlen); /* the header only */
     EXPECT_REFUSED(&m, nb_gpt_load_hf(&m.m, path), "nb_gpt_load_hf: ", path,
                    "invalid safetensors header", "data_offsets");
     b[8] = 'x';
-    write_bytes(path, b, n);
+    test_write_bytes(path, b, n);
     EXPECT_REFUSED(&m, nb_gpt_load_hf(&m.m, path), "nb_gpt_load_hf: ", path,
                    "invalid safetensors header: expected '{'");
     memset(b, 0xff, 8);
-    write_bytes(path, b, n);
+    test_write_bytes(path, b, n);
     EXPECT_REFUSED(&m, nb_gpt_load_hf(&m.m, path), "nb_gpt_load_hf: ", path,
                    "header size 18446744073709551615 exceeds the file");
-    write_bytes(path, b, 0);
+    test_write_bytes(path, b, 0);
     EXPECT_REFUSED(&m, nb_gpt_load_hf(&m.m, path), "nb_gpt_load_hf: ", path,
                    ": file is 0 bytes, too short for a safetensors file");
-    write_bytes(path, b, 5);
+    test_write_bytes(path, b, 5);
     EXPECT_REFUSED(&m, nb_gpt_load_hf(&m.m, path), ": file is 5 bytes, too short");
     free(b);
     free(b2);
     /* an llm.c file, a directory, a FIFO, nothing */
-    const char *bin = tmp_path("m.bin");
+    const char *bin = test_tmp_path("m.bin");
     CK_OK(nb_gpt_save_llmc(&m.m, bin));
     EXPECT_REFUSED(&m, nb_gpt_load_hf(&m.m, bin), "nb_gpt_load_hf: ", bin,
                    "llm.c's checkpoint (magic 20240326), not a safetensors file");
-    EXPECT_REFUSED(&m, nb_gpt_load_hf(&m.m, dir), "nb_gpt_load_hf: ", "is not a regular file");
-    const char *fifo = tmp_path("fifo");
+    EXPECT_REFUSED(&m, nb_gpt_load_hf(&m.m, test_tmp_dir), "nb_gpt_load_hf: ", "is not a regular file");
+    const char *fifo = test_tmp_path("fifo");
     ck_assert_int_eq(mkfifo(fifo, 0600), 0);
     EXPECT_REFUSED(&m, nb_gpt_load_hf(&m.m, fifo), "nb_gpt_load_hf: ", fifo,
                    "is not a regular file");
-    EXPECT_REFUSED(&m, nb_gpt_load_hf(&m.m, tmp_path("none")), "nb_gpt_load_hf: cannot open",
+    EXPECT_REFUSED(&m, nb_gpt_load_hf(&m.m, test_tmp_path("none")), "nb_gpt_load_hf: cannot open",
                    "No such file");
     /* biases into a model without */
     hf_full(&f, &c, "", "F32", false);
@@ -1007,9 +979,9 @@ START_TEST(hf_errors) {
     expect_error_rc(nb_gpt_load_hf(NULL, path), "nb_gpt_load_hf: model is NULL");
     expect_error_rc(nb_gpt_save_hf(NULL, path), "nb_gpt_save_hf: model is NULL");
     expect_error_rc(nb_gpt_save_hf(&m.m, NULL), "nb_gpt_save_hf: path is NULL");
-    expect_error_rc(nb_gpt_save_hf(&m.m, dir), "nb_gpt_save_hf: cannot write", dir);
+    expect_error_rc(nb_gpt_save_hf(&m.m, test_tmp_dir), "nb_gpt_save_hf: cannot write", test_tmp_dir);
     model_free(&m);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 
@@ -1017,14 +989,14 @@ END_TEST
 /* nb_gpt_from_file: the model a file holds, made and loaded (no draws),
  * from either format; a bad file leaves m freed and the error named. */
 START_TEST(from_file) {
-    make_dir();
+    test_make_tmp_dir("gptio");
     model a;
     nb_GPTConfig c = tiny();
     c.n_embd = 64; /* a head count the HF file implies (n_embd / 64) */
     c.n_head = 1;
     model_make(&a, c, NB_F32, 31);
     for (int hf = 0; hf < 2; hf++) {
-        const char *path = tmp_path(hf ? "ff.safetensors" : "ff.bin");
+        const char *path = test_tmp_path(hf ? "ff.safetensors" : "ff.bin");
         CK_OK((hf ? nb_gpt_save_hf : nb_gpt_save_llmc)(&a.m, path));
         model b = {.ps = nb_params_new()};
         nb_rng before = *nb_global_rng();
@@ -1037,7 +1009,7 @@ START_TEST(from_file) {
     }
     nb_params *ps = nb_params_new();
     nb_GPT m;
-    const char *bad = tmp_path("bad.bin");
+    const char *bad = test_tmp_path("bad.bin");
     FILE *f = fopen(bad, "wb");
     fputs("not a model", f);
     fclose(f);
@@ -1046,14 +1018,14 @@ START_TEST(from_file) {
     expect_error_rc(nb_gpt_from_file(NULL, ps, bad), "nb_gpt_from_file: model or registry is NULL");
     nb_params_free(ps);
     model_free(&a);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 
 START_TEST(saves_are_atomic) {
-    make_dir();
-    const char *path = tmp_path("keep.bin");
-    write_bytes(path, "old", 3);
+    test_make_tmp_dir("gptio");
+    const char *path = test_tmp_path("keep.bin");
+    test_write_bytes(path, "old", 3);
     nb_GPTConfig u = tiny();
     u.tie_weights = false;
     model m;
@@ -1068,7 +1040,7 @@ START_TEST(saves_are_atomic) {
     CK_OK(nb_gpt_config_of_file(path, &got));
     ck_assert(!got.tie_weights);
     model_free(&m);
-    remove_dir();
+    test_remove_tmp_dir();
 }
 END_TEST
 

@@ -11,34 +11,6 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-static char dir[64];
-
-static void make_dir(void) {
-    snprintf(dir, sizeof dir, "/tmp/nabla-tokens-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-}
-
-static void remove_dir(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    ck_assert_int_eq(system(cmd), 0);
-}
-
-static const char *tmp_path(const char *name) {
-    static char path[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(path[k], sizeof path[k], "%s/%s", dir, name);
-    return path[k];
-}
-
-static void write_bytes(const char *path, const void *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_uint_eq(fwrite(data, 1, n, f), n);
-    ck_assert_int_eq(fclose(f), 0);
-}
-
 /* An llm.c token file: header (magic, version, count as given) then the
  * tokens as little-endian uint16, then `extra` zero bytes (may be negative:
  * that many bytes cut from the end). */
@@ -54,8 +26,8 @@ static const char *write_llmc(const char *name, int32_t magic, int32_t version, 
         b[1024 + 2 * i] = (unsigned char)(tok[i] & 0xff);
         b[1024 + 2 * i + 1] = (unsigned char)(tok[i] >> 8);
     }
-    const char *path = tmp_path(name);
-    write_bytes(path, b, extra < 0 ? size + (size_t)extra : size);
+    const char *path = test_tmp_path(name);
+    test_write_bytes(path, b, extra < 0 ? size + (size_t)extra : size);
     free(b);
     return path;
 }
@@ -89,8 +61,8 @@ static void expect_tokens(nb_tensor *t, const int64_t *want, int64_t n) {
 }
 
 START_TEST(bytes_file) {
-    const char *path = tmp_path("text.txt");
-    write_bytes(path, "Hi\n\xff\0z", 6);
+    const char *path = test_tmp_path("text.txt");
+    test_write_bytes(path, "Hi\n\xff\0z", 6);
     nb_tensor *t = nb_load_tokens(path, 0);
     expect_tokens(t, (const int64_t[]){72, 105, 10, 255, 0, 122}, 6);
     nb_free(t);
@@ -118,8 +90,8 @@ END_TEST
 /* the tensor outlives the scope it was loaded in; no tensor is left behind
  * by a failed load */
 START_TEST(persistent_and_no_leak) {
-    const char *path = tmp_path("abc");
-    write_bytes(path, "abc", 3);
+    const char *path = test_tmp_path("abc");
+    test_write_bytes(path, "abc", 3);
     int64_t live = nb_live_tensors();
     nb_scope_begin();
     nb_tensor *t = nb_load_tokens(path, 0);
@@ -142,8 +114,8 @@ START_TEST(large_bytes_file) {
     unsigned char *b = malloc(N);
     ck_assert_ptr_nonnull(b);
     for (int i = 0; i < N; i++) b[i] = (unsigned char)(i * 7 % 251);
-    const char *path = tmp_path("large");
-    write_bytes(path, b, N);
+    const char *path = test_tmp_path("large");
+    test_write_bytes(path, b, N);
     nb_tensor *t = nb_load_tokens(path, 251);
     ck_assert_ptr_nonnull(t);
     ck_assert_int_eq(nb_numel(t), N);
@@ -151,7 +123,7 @@ START_TEST(large_bytes_file) {
     for (int i = 0; i < N; i++) ck_assert_int_eq(v[i], i * 7 % 251);
     nb_free(t);
     b[150001] = 251;
-    write_bytes(path, b, N);
+    test_write_bytes(path, b, N);
     expect_message(nb_load_tokens(path, 251),
                    "nb_load_tokens: \"%s\": token 251 at position 150001 is not below "
                    "vocab_size 251", path);
@@ -231,8 +203,8 @@ START_TEST(other_magic_is_bytes) {
     ck_assert_int_eq(v[1024], 7);
     nb_free(t);
     /* files shorter than the magic are bytes too */
-    path = tmp_path("two");
-    write_bytes(path, "\x30\x31", 2);
+    path = test_tmp_path("two");
+    test_write_bytes(path, "\x30\x31", 2);
     t = nb_load_tokens(path, 0);
     expect_tokens(t, (const int64_t[]){48, 49}, 2);
     nb_free(t);
@@ -240,20 +212,20 @@ START_TEST(other_magic_is_bytes) {
 END_TEST
 
 START_TEST(empty_and_unreadable) {
-    const char *path = tmp_path("empty");
-    write_bytes(path, "", 0);
+    const char *path = test_tmp_path("empty");
+    test_write_bytes(path, "", 0);
     expect_message(nb_load_tokens(path, 0), "nb_load_tokens: \"%s\" is empty (no tokens)", path);
-    path = tmp_path("missing");
+    path = test_tmp_path("missing");
     expect_message(nb_load_tokens(path, 0),
                    "nb_load_tokens: cannot open \"%s\": No such file or directory", path);
-    expect_message(nb_load_tokens(dir, 0), "nb_load_tokens: \"%s\" is not a regular file", dir);
+    expect_message(nb_load_tokens(test_tmp_dir, 0), "nb_load_tokens: \"%s\" is not a regular file", test_tmp_dir);
     /* a FIFO is refused at once, not waited on */
-    path = tmp_path("fifo");
+    path = test_tmp_path("fifo");
     ck_assert_int_eq(mkfifo(path, 0600), 0);
     expect_message(nb_load_tokens(path, 0), "nb_load_tokens: \"%s\" is not a regular file", path);
     if (getuid() != 0) { /* root reads anything */
-        path = tmp_path("secret");
-        write_bytes(path, "x", 1);
+        path = test_tmp_path("secret");
+        test_write_bytes(path, "x", 1);
         ck_assert_int_eq(chmod(path, 0), 0);
         expect_message(nb_load_tokens(path, 0),
                        "nb_load_tokens: cannot open \"%s\": Permission denied", path);
@@ -263,17 +235,19 @@ END_TEST
 
 START_TEST(bad_arguments) {
     expect_message(nb_load_tokens(NULL, 0), "nb_load_tokens: path is NULL");
-    const char *path = tmp_path("x");
-    write_bytes(path, "x", 1);
+    const char *path = test_tmp_path("x");
+    test_write_bytes(path, "x", 1);
     expect_message(nb_load_tokens(path, -1),
                    "nb_load_tokens: vocab_size must be >= 0 (0: no check), got -1");
 }
 END_TEST
 
+static void make_dir(void) { test_make_tmp_dir("tokens"); }
+
 Suite *suite_tokens(void) {
     Suite *s = suite_create("tokens");
     TCase *tc = tcase_create("tokens");
-    tcase_add_checked_fixture(tc, make_dir, remove_dir);
+    tcase_add_checked_fixture(tc, make_dir, test_remove_tmp_dir);
     tcase_add_test(tc, bytes_file);
     tcase_add_test(tc, llmc_file);
     tcase_add_test(tc, persistent_and_no_leak);

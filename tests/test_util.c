@@ -178,3 +178,31 @@ double *values(const nb_tensor *t) {
     ck_assert_msg(nb_copy_to_f64(t, v) == 0, "%s", nb_last_error());
     return v;
 }
+
+char test_tmp_dir[64];
+
+void test_make_tmp_dir(const char *tag) {
+    snprintf(test_tmp_dir, sizeof test_tmp_dir, "/tmp/nabla-%.20s-XXXXXX", tag);
+    ck_assert_ptr_nonnull(mkdtemp(test_tmp_dir));
+}
+
+void test_remove_tmp_dir(void) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", test_tmp_dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+const char *test_tmp_path(const char *name) {
+    static char path[4][512];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(path[k], sizeof path[k], "%s/%s", test_tmp_dir, name);
+    return path[k];
+}
+
+void test_write_bytes(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(data, 1, n, f), n);
+    ck_assert_int_eq(fclose(f), 0);
+}

@@ -45,6 +45,16 @@ void expect_error_at(const char *file, int line, const void *result, ...);
 #define expect_error_after(head, first) expect_error_after_at(__FILE__, __LINE__, (head), (first))
 void expect_error_after_at(const char *file, int line, const char *head, const char *first);
 
+/* A fresh directory /tmp/nabla-<tag>-XXXXXX for the files of one test (its
+ * path in test_tmp_dir), a file name in it (four rotating buffers, so a few
+ * paths can be held at once), and its removal with all it holds. */
+extern char test_tmp_dir[64];
+void test_make_tmp_dir(const char *tag);
+const char *test_tmp_path(const char *name);
+void test_remove_tmp_dir(void);
+/* Writes n bytes of data to path (asserting every step). */
+void test_write_bytes(const char *path, const void *data, size_t n);
+
 /* Deterministic f64 test input: values drawn from a fixed seed, requiring grad. */
 nb_tensor *rand_leaf(uint64_t seed, int ndim, const int64_t *shape);
 
