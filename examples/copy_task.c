@@ -40,6 +40,7 @@
 #include <time.h>
 
 #include "nabla.h"
+#include "checkpoint.h"
 #include "progress.h"
 #include "svg.h"
 
@@ -295,25 +296,12 @@ static const char *trainer_names[] = {"epoch", "step", "perfect_epoch", "data_rn
 /* The checkpoint's registry: the parameters, Adam's state and the trainer's
  * buffers, one i64 (2) per random stream: (seed, offset). */
 static int checkpoint_registry(run *r) {
-    r->trainer = nb_params_new();
-    r->ckpt = nb_params_new();
-    if (!r->trainer || !r->ckpt) return fail("out of memory");
-    nb_scope_begin();
-    for (int i = 0; i < 5; i++) {
-        nb_tensor *t = i < 3 ? nb_zeros(NB_I64, 0, NULL) : nb_zeros(NB_I64, NB_SHAPE(2));
-        if (!nb_params_add_buffer(r->trainer, trainer_names[i], t)) break;
-    }
-    nb_scope_end();
-    if (nb_params_buffer_count(r->trainer) != 5 || nb_params_add_all(r->ckpt, "", r->ps) != 0 ||
-        nb_params_add_all(r->ckpt, "optim.", nb_optim_state(r->opt)) != 0 ||
-        nb_params_add_all(r->ckpt, "trainer.", r->trainer) != 0)
+    if (checkpoint_registry_make(r->ps, r->opt, trainer_names, 5, 3, &r->trainer, &r->ckpt) != 0)
         return fail("%s", err());
     return 0;
 }
 
-static int64_t *trainer_value(run *r, int i) {
-    return nb_data(nb_params_buffer_at(r->trainer, i, NULL));
-}
+static int64_t *trainer_value(run *r, int i) { return checkpoint_value(r->trainer, i); }
 
 static int save_checkpoint(run *r, const char *path) {
     int64_t *v[5];

@@ -59,6 +59,7 @@
 #include <unistd.h>
 
 #include "nabla.h"
+#include "checkpoint.h"
 #include "progress.h"
 
 #define DEFAULT_DATA "examples/data/kjv.txt"
@@ -332,25 +333,12 @@ static const char *trainer_names[] = {"step", "data_rng", "drop_rng"};
 /* One registry for the checkpoint: the parameters, AdamW's state and the
  * loop's own buffers ((seed, offset) for each random stream). */
 static int checkpoint_registry(run *r) {
-    r->trainer = nb_params_new();
-    r->ckpt = nb_params_new();
-    if (!r->trainer || !r->ckpt) return fail("out of memory");
-    nb_scope_begin();
-    for (int i = 0; i < 3; i++) {
-        nb_tensor *t = i == 0 ? nb_zeros(NB_I64, 0, NULL) : nb_zeros(NB_I64, NB_SHAPE(2));
-        if (!nb_params_add_buffer(r->trainer, trainer_names[i], t)) break;
-    }
-    nb_scope_end();
-    if (nb_params_buffer_count(r->trainer) != 3 || nb_params_add_all(r->ckpt, "", r->ps) != 0 ||
-        nb_params_add_all(r->ckpt, "optim.", nb_optim_state(r->opt)) != 0 ||
-        nb_params_add_all(r->ckpt, "trainer.", r->trainer) != 0)
+    if (checkpoint_registry_make(r->ps, r->opt, trainer_names, 3, 1, &r->trainer, &r->ckpt) != 0)
         return fail("%s", err());
     return 0;
 }
 
-static int64_t *trainer_value(run *r, int i) {
-    return nb_data(nb_params_buffer_at(r->trainer, i, NULL));
-}
+static int64_t *trainer_value(run *r, int i) { return checkpoint_value(r->trainer, i); }
 
 static int save_checkpoint(run *r, const char *path) {
     *trainer_value(r, 0) = r->step;
