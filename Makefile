@@ -113,7 +113,7 @@ run: all
 	  echo "make run: examples/copy_task.c is not built yet (see README, 'What is not built yet')"; exit 1; fi
 
 # make gpt: examples/gpt.c's character-level GPT (0.8M parameters) trained on
-# examples/data/kjv.txt for 1000 steps (under a minute on 2 cores), then a sample.
+# examples/data/kjv.txt for 1000 steps (about 15 s on 2 cores), then a sample.
 .PHONY: gpt
 gpt: $(BUILD)/examples/gpt
 	$(BUILD)/examples/gpt --steps 1000 --shuffle --sample 500
