@@ -347,11 +347,13 @@ static int accumulate(nb_tensor **acc_p, nb_tensor *g) {
     return 0;
 }
 
-/* A gradient whose storage is its own alone and exactly its elements in
- * row-major order: a leaf's first .grad can take that buffer over instead of
- * copying it (a GPT-2 step hands 0.5 GB of weight gradients to their leaves). */
+/* A gradient only the walk holds (not a tensor of the caller's, as the seed
+ * of nb_backward_with_grad is), whose storage is its own alone and exactly
+ * its elements in row-major order: a leaf's first .grad can take that buffer
+ * over instead of copying it (a GPT-2 step hands 0.5 GB of weight gradients
+ * to their leaves). */
 static bool adoptable(const nb_tensor *g) {
-    return g->storage->refs == 1 && g->offset == 0 && nb_is_contiguous(g) &&
+    return g->refs == 1 && g->storage->refs == 1 && g->offset == 0 && nb_is_contiguous(g) &&
            g->storage->nbytes == (size_t)g->numel * nbi_dtype_size(g->dtype);
 }
 

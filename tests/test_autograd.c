@@ -485,6 +485,25 @@ START_TEST(sparse_gradient_added_in_place_keeps_the_bits) {
 }
 END_TEST
 
+/* A leaf's first .grad takes over the buffer of a gradient only backward
+ * holds, never one of the caller's: backpropagating a leaf from a seed, the
+ * seed's values stay as they were through two backward calls (the second
+ * adds into .grad). */
+START_TEST(caller_gradient_is_never_taken_over) {
+    nb_tensor *x = nb_set_requires_grad(nb_from_data(NB_F64, NB_SHAPE(3), (double[]){1, 2, 3}), true);
+    nb_tensor *g = nb_from_data(NB_F64, NB_SHAPE(3), (double[]){10, 20, 30});
+    ck_assert_int_eq(nb_backward_with_grad(x, g), 0);
+    ck_assert_int_eq(nb_backward_with_grad(x, g), 0);
+    const double *gv = nb_data(g), *xg = nb_data(nb_grad(x));
+    for (int i = 0; i < 3; i++) {
+        ck_assert(gv[i] == 10.0 * (i + 1));
+        ck_assert(xg[i] == 20.0 * (i + 1));
+    }
+    nb_free(x);
+    nb_free(g);
+}
+END_TEST
+
 Suite *suite_autograd(void) {
     Suite *s = suite_create("autograd");
     TCase *tc = tcase_create("engine");
@@ -504,6 +523,7 @@ Suite *suite_autograd(void) {
     tcase_add_test(tc, deep_chain_does_not_overflow_the_stack);
     tcase_add_test(tc, f32_gradients_are_f32);
     tcase_add_test(tc, sparse_gradient_added_in_place_keeps_the_bits);
+    tcase_add_test(tc, caller_gradient_is_never_taken_over);
     tcase_add_test(tc, anomaly_names_the_forward_op);
     tcase_add_test(tc, anomaly_names_the_backward_op);
     tcase_add_test(tc, anomaly_mode_is_quiet_on_a_transformer_step);
