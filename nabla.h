@@ -904,7 +904,8 @@ typedef struct nb_gpt_sample_opts {
  * new token instead, a whole-block forward per token). Draws from rng (NULL = global) through nb_multinomial.
  * opts NULL = temperature 1, top_k 0. on_token (may be NULL) is called after
  * each token with it and user, and may stop generation by returning false.
- * Returns the number of tokens written, or -1 with a message. */
+ * Returns the number of tokens written, or -1 with a message. The cache is
+ * m's: one generation at a time per model (two threads need two models). */
 NB_API int64_t nb_gpt_generate(nb_GPT *m, const int64_t *prompt, int64_t n_prompt, int64_t n_new,
                                const nb_gpt_sample_opts *opts, nb_rng *rng, int64_t *out,
                                bool (*on_token)(int64_t token, void *user), void *user);
@@ -964,6 +965,10 @@ NB_API nb_tensor *nb_load_tokens(const char *path, int64_t vocab_size);
 /* -------------------------------------------- nn: optimizers and schedules */
 /* Optimizers: state is allocated at creation; step reads each parameter's
  * .grad (parameters without one are skipped) and updates it in place.
+ * Creation also faults in one buffer of each parameter's size and leaves it
+ * in the allocator's cache (nb_memory_cached; nb_empty_cache returns them),
+ * where the first backward finds its gradients' buffers: so the first step
+ * does not pay for fresh pages (skipped when the cache has no room).
  * An optimizer uses the parameters ps has when it is made (at least one, all
  * floating and contiguous); it is the caller's, freed by nb_optim_free. NULL
  * on error, e.g. lr, momentum, eps or weight_decay < 0 or a beta not in [0, 1). */

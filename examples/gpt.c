@@ -369,8 +369,6 @@ static int load_checkpoint(run *r, const char *path, bool quiet) {
 }
 
 /* ------------------------------------------------------------- training */
-/* The progress line on stderr, when it is a terminal (stdout gets the step
- * lines; the line is cleared before each is printed). */
 /* The cross-entropy of predicting every token by its frequency in the data
  * (nats): a model below it has learned more than which tokens are common. */
 static double unigram_loss(const run *r) {
@@ -386,6 +384,8 @@ static double unigram_loss(const run *r) {
     return h;
 }
 
+/* The progress line on stderr, when it is a terminal (stdout gets the step
+ * lines; the line is cleared before each is printed). */
 typedef struct {
     bool tty, shown;
     int64_t first, last; /* steps: first to run, last */

@@ -195,14 +195,20 @@ static nb_tensor *attention(const nb_GPT *m, const nb_GPTBlock *b, nb_tensor *x,
     int64_t B = nb_shape(x)[0], T = nb_shape(x)[1], C = m->cfg.n_embd, H = m->cfg.n_head;
     nb_tensor *qkv = nb_linear_forward(&b->c_attn, x); /* (B,T,3C) */
     nb_tensor *hd[3];
-    for (int i = 0; i < 3; i++) /* (B,T,C) -> (B,T,H,D) -> (B,H,T,D), views */
-        hd[i] = nb_transpose(nb_view(nb_narrow(qkv, 2, i * C, C), NB_SHAPE(B, T, H, C / H)), 1, 2);
-    nb_free(qkv); /* the views hold its storage */
+    for (int i = 0; i < 3; i++) { /* (B,T,C) -> (B,T,H,D) -> (B,H,T,D), views */
+        nb_tensor *part = nb_narrow(qkv, 2, i * C, C);
+        part = then(part, nb_view(part, NB_SHAPE(B, T, H, C / H)));
+        hd[i] = then(part, nb_transpose(part, 1, 2));
+    }
+    nb_free(qkv); /* the views hold its storage while they live */
     if (kc) { /* generation: append to the cache, attend over all of it */
-        if (nb_copy_into(nb_narrow(kc, 2, pos, T), hd[1]) || nb_copy_into(nb_narrow(vc, 2, pos, T), hd[2]))
-            return NULL;
-        hd[1] = nb_narrow(kc, 2, 0, pos + T);
-        hd[2] = nb_narrow(vc, 2, 0, pos + T);
+        nb_tensor *kd = nb_narrow(kc, 2, pos, T), *vd = nb_narrow(vc, 2, pos, T);
+        bool ok = nb_copy_into(kd, hd[1]) == 0 && nb_copy_into(vd, hd[2]) == 0;
+        nb_free(kd);
+        nb_free(vd);
+        if (!ok) return NULL;
+        hd[1] = then(hd[1], nb_narrow(kc, 2, 0, pos + T));
+        hd[2] = then(hd[2], nb_narrow(vc, 2, 0, pos + T));
     }
     nb_tensor *y = nb_attention(hd[0], hd[1], hd[2], keep, m->cfg.dropout, training, rng, NULL);
     for (int i = 0; i < 3; i++) nb_free(hd[i]);

@@ -170,7 +170,8 @@ static int ln_bwd(nb_function_ctx *ctx, nb_tensor *gy, nb_tensor **gin, void *us
     j.dw = want_w ? nb_data(sums) : NULL;
     j.db = want_b ? (double *)nb_data(sums) + D : NULL;
     ln_cols c = {.j = &j, .R = R};
-    nb_parallel_for(D, R ? (ln_grain(R) > 16 ? ln_grain(R) : 16) : D, ln_backward_cols, &c);
+    int64_t cols = R > 0 && 16384 / R > 16 ? 16384 / R : 16; /* ~16K elements a task */
+    nb_parallel_for(D, cols, ln_backward_cols, &c);
     if (want_w && !(gin[iw] = nb_to(nb_select(sums, 0, 0), dt))) return -1;
     if (want_b && !(gin[ib] = nb_to(nb_select(sums, 0, 1), dt))) return -1;
     return 0;

@@ -88,8 +88,14 @@ nb_params *nb_optim_state(nb_optim *o) {
  * allocator's cache (tensor/alloc.c), where the first backward finds its
  * gradients' buffers: their pages are faulted in now, with the state's,
  * not in the first training step (0.5 GB for GPT-2, a second or more of
- * page faults). Nothing is kept when the cache is full or off. */
+ * page faults). Skipped when the cache could not keep them all. */
 static void reserve_gradients(nb_params *ps, int n) {
+    int64_t bytes = 0, limit = nb_memory_cache_limit();
+    for (int i = 0; i < n; i++) {
+        nb_tensor *p = nb_params_at(ps, i, NULL);
+        bytes += nb_grad(p) ? 0 : nb_numel(p) * (nb_dtype_of(p) == NB_F64 ? 8 : 4);
+    }
+    if (limit >= 0 && nb_memory_cached() + bytes > limit) return; /* it would not be kept */
     nb_scope_begin();
     for (int i = 0; i < n; i++) {
         nb_tensor *p = nb_params_at(ps, i, NULL);

@@ -531,6 +531,48 @@ START_TEST(test_state_and_leaks) {
 }
 END_TEST
 
+/* An optimizer leaves one buffer per parameter size in the allocator's
+ * cache, and the first backward's gradients take them: the cache grows by
+ * the parameters' bytes at creation and shrinks by as much at backward,
+ * with nb_memory_allocated back where it was after nb_optim_clear_grad.
+ * (Not under ASan, where nothing is cached.) */
+START_TEST(test_gradient_buffers_reserved) {
+    if (UNDER_ASAN) return;
+    nb_params *ps = nb_params_new();
+    nb_rng r = {5, 0};
+    nb_scope_begin();
+    const int64_t rows[3] = {256, 512, 1024}; /* 0.25, 0.5, 1 MiB: distinct size classes */
+    int64_t bytes = 0;
+    for (int i = 0; i < 3; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "w%d", i);
+        ck_assert_ptr_nonnull(nb_params_add(ps, name, nb_randn(NB_F32, NB_SHAPE(rows[i], 256), &r)));
+        bytes += rows[i] * 256 * 4;
+    }
+    nb_scope_end();
+    nb_empty_cache();
+    nb_optim *o = nb_adamw(ps, 1e-3, 0.9, 0.999, 1e-8, 0.0);
+    ck_assert_ptr_nonnull(o);
+    ck_assert_int_eq(nb_memory_cached(), bytes);
+    int64_t in_use = nb_memory_allocated();
+    nb_scope_begin();
+    nb_tensor *loss = NULL;
+    for (int i = 0; i < 3; i++) { /* no forward buffer of a parameter's size */
+        nb_tensor *l = nb_sum_all(nb_params_at(ps, i, NULL));
+        loss = loss ? nb_add(loss, l) : l;
+    }
+    ck_assert_int_eq(nb_backward(loss), 0);
+    ck_assert_int_eq(nb_memory_cached(), 0); /* every gradient found its buffer */
+    nb_scope_end();
+    ck_assert_int_eq(nb_memory_allocated(), in_use + bytes);
+    nb_optim_step(o);
+    nb_optim_clear_grad(o);
+    ck_assert_int_eq(nb_memory_allocated(), in_use);
+    nb_optim_free(o);
+    nb_params_free(ps);
+}
+END_TEST
+
 Suite *suite_optim(void) {
     Suite *s = suite_create("optim");
     TCase *tc = tcase_create("vs_torch");
@@ -544,6 +586,7 @@ Suite *suite_optim(void) {
     tc = tcase_create("behaviour");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_zero_grad);
+    tcase_add_test(tc, test_gradient_buffers_reserved);
     tcase_add_test(tc, test_set_lr);
     tcase_add_test(tc, test_regression);
     tcase_add_test(tc, test_errors);
