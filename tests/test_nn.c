@@ -96,6 +96,11 @@ static nb_tensor *f_ce_tr(nb_tensor **in, int n, void *ctx) {
     const ce_ctx *c = ctx;
     return nb_cross_entropy(nb_transpose(in[0], 0, 1), in[1], c->ignore, c->smoothing);
 }
+static nb_tensor *f_ce_exp(nb_tensor **in, int n, void *ctx) { /* (1, C) broadcast to (5, C) */
+    (void)n;
+    const ce_ctx *c = ctx;
+    return nb_cross_entropy(nb_expand(in[0], NB_SHAPE(5, -1)), in[1], c->ignore, c->smoothing);
+}
 static nb_tensor *f_gat0(nb_tensor **in, int n, void *ctx) {
     (void)n, (void)ctx;
     return nb_gather(in[0], 0, in[1]);
@@ -449,6 +454,8 @@ START_TEST(test_gradcheck_cross_entropy) {
     expect_gradcheck("nb_cross_entropy ignore_index + ls 0.1", f_ce, &smooth, 2, in);
     in[0] = rand_leaf(31, NB_SHAPE(3, 5)); /* used as (5,3) */
     expect_gradcheck("nb_cross_entropy transposed logits", f_ce_tr, &smooth, 2, in);
+    in[0] = rand_leaf(32, NB_SHAPE(1, 3)); /* one row, expanded to all five */
+    expect_gradcheck("nb_cross_entropy logits broadcast by expand", f_ce_exp, &smooth, 2, in);
     nb_scope_end();
 }
 END_TEST
