@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "../nabla.h"
+#include "fuzz_files.h"
 
 #define CHECK(cond, ...)                                                          \
     do {                                                                          \
@@ -177,27 +178,13 @@ static void check_llmc_values(const model *x, const uint8_t *d, size_t n) {
 }
 
 /* ------------------------------------------------------------------ files */
-/* /dev/shm when it is there (saves fsync; tmpfs makes that free), else /tmp;
- * NABLA_FUZZ_TMPDIR overrides. */
 static void make_paths(void) {
-    const char *dir = getenv("NABLA_FUZZ_TMPDIR");
-    struct stat st;
-    if (!dir) dir = stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) && !access("/dev/shm", W_OK)
-                        ? "/dev/shm" : "/tmp";
-    snprintf(path_in, sizeof path_in, "%s/nabla-fuzz-gpt-in-%ld", dir, (long)getpid());
-    snprintf(path_out, sizeof path_out, "%s/nabla-fuzz-gpt-out-%ld", dir, (long)getpid());
+    fuzz_paths("gpt", path_in, sizeof path_in, path_out, sizeof path_out);
 }
 
 static void remove_files(void) {
     unlink(path_in);
     unlink(path_out);
-}
-
-static void write_file(const char *path, const uint8_t *data, size_t size) {
-    FILE *f = fopen(path, "wb");
-    CHECK(f != NULL, "cannot create %s", path);
-    CHECK((size == 0 || fwrite(data, 1, size, f) == size) && fclose(f) == 0, "cannot write %s",
-          path);
 }
 
 static uint8_t *read_file(const char *path, size_t *n) {
@@ -213,24 +200,6 @@ static uint8_t *read_file(const char *path, size_t *n) {
     return b;
 }
 
-/* The input as it is, or "J<json>\0<data>" with its 8-byte header size. */
-static uint8_t *file_of(const uint8_t *data, size_t size, size_t *n) {
-    uint8_t *f = malloc(size + 8);
-    CHECK(f != NULL, "out of memory");
-    if (size == 0 || data[0] != 'J') {
-        if (size) memcpy(f, data, size);
-        *n = size;
-        return f;
-    }
-    const uint8_t *nul = memchr(data + 1, 0, size - 1);
-    size_t jl = nul ? (size_t)(nul - data - 1) : size - 1, rest = nul ? size - 2 - jl : 0;
-    for (int i = 0; i < 8; i++) f[i] = (uint8_t)((uint64_t)jl >> (8 * i));
-    memcpy(f + 8, data + 1, jl);
-    if (rest) memcpy(f + 8 + jl, nul + 1, rest);
-    *n = 8 + jl + rest;
-    return f;
-}
-
 /* --------------------------------------------------------------- seeds */
 static uint8_t *find(uint8_t *hay, size_t n, const char *needle) {
     size_t k = strlen(needle);
@@ -242,7 +211,7 @@ static uint8_t *find(uint8_t *hay, size_t n, const char *needle) {
 static void seed(const char *dir, const char *name, const uint8_t *d, size_t n) {
     char p[512];
     snprintf(p, sizeof p, "%s/%s", dir, name);
-    write_file(p, d, n);
+    fuzz_write_file(p, d, n);
 }
 
 /* A safetensors file as a "J" input: J, the header without its padding, NUL, data. */
@@ -408,8 +377,8 @@ static bool try_load(model *x, bool hf, const uint8_t *data, size_t size) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *input, size_t input_size) {
     size_t size;
-    uint8_t *data = file_of(input, input_size, &size);
-    write_file(path_in, data, size);
+    uint8_t *data = fuzz_file_of(input, input_size, &size);
+    fuzz_write_file(path_in, data, size);
     bool llmc_magic = size >= 4 && rd32(data) == 20240326;
     nb_GPTConfig cfg;
     nb_clear_error();

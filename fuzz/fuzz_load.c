@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fuzz_files.h"
 #include "load_registry.h"
 
 static fuzz_registry reg;
@@ -37,15 +38,8 @@ static bool verbose;
         }                                                                         \
     } while (0)
 
-/* /dev/shm when it is there (nb_save fsyncs; tmpfs makes that free), else /tmp;
- * NABLA_FUZZ_TMPDIR overrides. One pair of files per process. */
 static void make_paths(void) {
-    const char *dir = getenv("NABLA_FUZZ_TMPDIR");
-    struct stat st;
-    if (!dir) dir = stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) && !access("/dev/shm", W_OK)
-                        ? "/dev/shm" : "/tmp";
-    snprintf(path_in, sizeof path_in, "%s/nabla-fuzz-load-%ld.safetensors", dir, (long)getpid());
-    snprintf(path_out, sizeof path_out, "%s/nabla-fuzz-save-%ld.safetensors", dir, (long)getpid());
+    fuzz_paths("load", path_in, sizeof path_in, path_out, sizeof path_out);
 }
 
 static void remove_files(void) {
@@ -281,36 +275,10 @@ static void check_loaded_values(const uint8_t *data, size_t size,
     }
 }
 
-/* The file for an input: the input itself, or, for an input "J<json>\0<data>",
- * the 8-byte header size, <json> and <data> (the fuzzer then edits the JSON
- * without having to keep the size in step). Malloc'ed; *n gets its size. */
-static uint8_t *file_of(const uint8_t *data, size_t size, size_t *n) {
-    uint8_t *f = malloc(size + 8);
-    CHECK(f != NULL, "out of memory");
-    if (size == 0 || data[0] != 'J') {
-        if (size) memcpy(f, data, size);
-        *n = size;
-        return f;
-    }
-    const uint8_t *nul = memchr(data + 1, 0, size - 1);
-    size_t jl = nul ? (size_t)(nul - data - 1) : size - 1, rest = nul ? size - 2 - jl : 0;
-    for (int i = 0; i < 8; i++) f[i] = (uint8_t)((uint64_t)jl >> (8 * i));
-    memcpy(f + 8, data + 1, jl);
-    if (rest) memcpy(f + 8 + jl, nul + 1, rest);
-    *n = 8 + jl + rest;
-    return f;
-}
-
-static void write_file(const uint8_t *data, size_t size) {
-    FILE *f = fopen(path_in, "wb");
-    CHECK(f != NULL, "cannot create %s", path_in);
-    CHECK(fwrite(data, 1, size, f) == size && fclose(f) == 0, "cannot write %s", path_in);
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *input, size_t input_size) {
     size_t size;
-    uint8_t *data = file_of(input, input_size, &size);
-    write_file(data, size);
+    uint8_t *data = fuzz_file_of(input, input_size, &size);
+    fuzz_write_file(path_in, data, size);
     reg_set_sentinels(&reg);
     static unsigned char before[REG_MAX][64], after[REG_MAX][64], again[REG_MAX][64];
     reg_snapshot(&reg, before);
