@@ -120,9 +120,6 @@ static void ln_backward_cols(void *ctx, int64_t lo, int64_t hi) {
     else LN_BACKWARD_DWB(float)
 }
 
-/* Rows per task: about 16K elements. */
-static int64_t ln_grain(int64_t D) { return D > 0 && D < 16384 ? 16384 / D : 1; }
-
 /* ------------------------------------------------------- the custom function
  * inputs: x, then w and b when present; saves x (contiguous), w, and the
  * statistics (R, 2) f64. */
@@ -139,7 +136,7 @@ static nb_tensor *ln_fwd(nb_function_ctx *ctx, nb_tensor **in, int n, void *user
     ln_job j = {.x = nb_data(x), .w = wc ? nb_data(wc) : NULL, .b = bc ? nb_data(bc) : NULL,
                 .y = nb_data(y), .stats = nb_data(stats), .D = D, .eps = a->eps,
                 .f64 = nb_dtype_of(x) == NB_F64};
-    nb_parallel_for(R, ln_grain(D), ln_forward_rows, &j);
+    nb_parallel_for(R, nn_rows_grain(D), ln_forward_rows, &j);
     if (nb_function_save(ctx, x) || nb_function_save(ctx, stats) ||
         (wc && nb_function_save(ctx, wc)))
         return NULL;
@@ -159,7 +156,7 @@ static int ln_bwd(nb_function_ctx *ctx, nb_tensor *gy, nb_tensor **gin, void *us
     if (nb_function_needs_input_grad(ctx, 0)) {
         if (!(gin[0] = nb_empty(dt, nb_ndim(x), nb_shape(x)))) return -1;
         j.dx = nb_data(gin[0]);
-        nb_parallel_for(R, ln_grain(D), ln_backward_rows, &j);
+        nb_parallel_for(R, nn_rows_grain(D), ln_backward_rows, &j);
     }
     int iw = 1, ib = a->has_w ? 2 : 1;
     bool want_w = a->has_w && nb_function_needs_input_grad(ctx, iw);

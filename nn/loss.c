@@ -98,8 +98,6 @@ static void ce_backward_rows(void *ctx, int64_t lo, int64_t hi) {
     else CE_GRAD_ROWS(float)
 }
 
-static int64_t ce_grain(int64_t C) { return C > 0 && C < 16384 ? 16384 / C : 1; }
-
 static nb_tensor *ce_fwd(nb_function_ctx *ctx, nb_tensor **in, int n, void *user) {
     (void)n;
     const ce_args *a = user;
@@ -115,7 +113,7 @@ static nb_tensor *ce_fwd(nb_function_ctx *ctx, nb_tensor **in, int n, void *user
     ce_job j = {.logp = nb_data(logp), .logits = nb_data(x), .tgt = nb_data(tgt),
                 .tst = nb_strides(tgt)[0], .C = C, .ignore = a->ignore, .e = a->smoothing,
                 .loss = loss, .dead = nb_data(dead), .f64 = nb_dtype_of(x) == NB_F64};
-    nb_parallel_for(N, ce_grain(C), ce_forward_rows, &j);
+    nb_parallel_for(N, nn_rows_grain(C), ce_forward_rows, &j);
     double sum = 0;
     int64_t count = 0;
     for (int64_t r = 0; r < N; r++) /* in row order: the same sum for any thread count */
@@ -141,7 +139,7 @@ static int ce_bwd(nb_function_ctx *ctx, nb_tensor *gout, nb_tensor **gin, void *
     ce_job j = {.tgt = nb_data(tgt), .tst = nb_strides(tgt)[0], .C = C, .ignore = a->ignore,
                 .e = a->smoothing, .dead = nb_data(dead), .grad = nb_data(g),
                 .scale = nb_item(gout) / nb_item(count), .f64 = nb_dtype_of(g) == NB_F64};
-    nb_parallel_for(N, ce_grain(C), ce_backward_rows, &j);
+    nb_parallel_for(N, nn_rows_grain(C), ce_backward_rows, &j);
     gin[0] = g;
     return 0;
 }

@@ -102,6 +102,10 @@ nn_values nn_params_values(const nb_params *ps, int i);
 nb_tensor *nn_uniform_param(nb_params *ps, const char *name, int ndim, const int64_t *shape,
                             double bound, nb_rng *rng);
 
+/* Rows of len elements per nb_parallel_for task in the fused kernels of nn/
+ * (layer norm, cross entropy): about 16K elements, at least one row. */
+static inline int64_t nn_rows_grain(int64_t len) { return len > 0 && len < 16384 ? 16384 / len : 1; }
+
 /* nb_gpt_init's body; draw false makes every weight 0 instead of drawing
  * it (for a load that overwrites them all). On error m is freed. */
 int nn_gpt_make(nb_GPT *m, nb_params *ps, const nb_GPTConfig *cfg, nb_rng *rng, bool draw);
