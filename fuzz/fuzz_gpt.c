@@ -18,6 +18,8 @@
  * - nb_gpt_config_of_file agrees with the loads: a file it describes with
  *   A's (B's) config loads into A (B), and a file that loads has the config
  *   of the model it loaded into (HF: but for tie_weights);
+ * - nb_load_tokens reads the same file as llm.c's token file or as bytes
+ *   exactly (check_tokens), or refuses it naming itself;
  * - no tensor object leaks (nb_live_tensors() the same after every input).
  * Any violation aborts, which libFuzzer reports as a crash.
  *
@@ -375,6 +377,37 @@ static bool try_load(model *x, bool hf, const uint8_t *data, size_t size) {
     return true;
 }
 
+/* nb_load_tokens on the same file, with no vocabulary check and with 300:
+ * llm.c's token file (magic 20240520) gives exactly its header's count of
+ * uint16 tokens after the 1024-byte header, any other file its bytes; a
+ * refusal names the function; the tensor is freed (leaks are counted). */
+static void check_tokens(const uint8_t *d, size_t n) {
+    for (int k = 0; k < 2; k++) {
+        int64_t vocab = k ? 300 : 0;
+        nb_clear_error();
+        nb_tensor *t = nb_load_tokens(path_in, vocab);
+        if (!t) {
+            const char *msg = nb_last_error();
+            CHECK(msg && !strncmp(msg, "nb_load_tokens: ", 16), "tokens: message \"%s\"",
+                  msg ? msg : "(none)");
+            continue;
+        }
+        bool llmc = n >= 4 && rd32(d) == 20240520;
+        int64_t count = llmc ? rd32(d + 8) : (int64_t)n;
+        CHECK(nb_dtype_of(t) == NB_I64 && nb_ndim(t) == 1 && nb_numel(t) == count,
+              "tokens: %lld of them, expected %lld", (long long)nb_numel(t), (long long)count);
+        CHECK(!llmc || n == 1024 + 2 * (size_t)count, "tokens: an llm.c file of %zu bytes for "
+              "%lld tokens was accepted", n, (long long)count);
+        const int64_t *v = nb_data(t);
+        for (int64_t i = 0; i < count; i++) {
+            int64_t want = llmc ? (int64_t)(d[1024 + 2 * i] | d[1024 + 2 * i + 1] << 8) : d[i];
+            CHECK(v[i] == want && (vocab == 0 || v[i] < vocab), "tokens: token %lld is %lld, "
+                  "expected %lld", (long long)i, (long long)v[i], (long long)want);
+        }
+        nb_free(t);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *input, size_t input_size) {
     size_t size;
     uint8_t *data = fuzz_file_of(input, input_size, &size);
@@ -414,6 +447,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *input, size_t input_size) {
                   "HF load into %s, but config_of_file disagrees (%s)", x->label,
                   crc ? cmsg : "it succeeded");
     }
+    check_tokens(data, size);
     nb_clear_error();
     CHECK(nb_live_tensors() == live_baseline, "live tensors %lld, baseline %lld",
           (long long)nb_live_tensors(), (long long)live_baseline);
