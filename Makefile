@@ -300,8 +300,10 @@ install-check:
 	MAKE="$(MAKE)" CC="$(CC)" ./tests/install_check.sh
 
 # copy_task stopped after 2 epochs and resumed with --load ends with the very
-# checkpoint bytes (weights, Adam state, random streams) of a run of 4 epochs.
-RESUME_ARGS = --d-model 32 --d-ff 64 --batches 5 --all-epochs
+# checkpoint bytes (weights, Adam state, random streams) of a run of 4 epochs;
+# --anneal-at 0 starts annealing the learning rate after the first epoch, so
+# the run stops in the middle of an annealing and resumes it.
+RESUME_ARGS = --d-model 32 --d-ff 64 --batches 5 --all-epochs --anneal 2 --anneal-at 0
 GPT_RESUME = --config tiny --batch 4 --seq 16 --shuffle --dropout 0.1
 resume-check: $(BUILD)/examples/copy_task $(BUILD)/examples/gpt
 	@d=$$(mktemp -d) && trap 'rm -rf '$$d EXIT && \

@@ -3,15 +3,21 @@
  * The model learns to copy its input: sequences of 10 symbols from 1..10
  * (vocabulary 11, 0 is padding), the first symbol always 1 (the start
  * token). An encoder-decoder transformer is trained with cross entropy,
- * Adam (betas 0.9/0.98, eps 1e-9) and the Noam learning-rate schedule; each
- * epoch ends with greedy decoding of 100 held-out sequences, and training
- * stops at the first epoch where all 100 are copied exactly (--all-epochs
- * runs them all). A second set of 100 fresh sequences, never used to decide
- * when to stop, gives the final figure.
+ * Adam (betas 0.9/0.98, eps 1e-9) and the Noam learning-rate schedule, on
+ * batches drawn fresh at every step.
+ *
+ * When to stop: each epoch ends by checking 1,000 held-out sequences. Once
+ * 99% of them (--anneal-at 0.99) are copied exactly, the learning rate
+ * anneals linearly to 0 over --anneal epochs (a Noam rate still this high makes the last few
+ * sequences come and go from one epoch to the next); training stops when the
+ * held-out set is 100% right at the end of an annealing, and otherwise
+ * resumes the Noam schedule and anneals again (--all-epochs never stops
+ * early). The final figure is greedy decoding of 1,000 other fresh
+ * sequences, never used for training or for deciding when to stop.
  *
  *   build/examples/copy_task [--d-model 64] [--heads 4] [--layers 2] [--d-ff 256]
  *       [--batch 80] [--batches 20] [--epochs 40] [--dropout 0.1] [--lr 1.0]
- *       [--warmup 200] [--seed 1] [--threads N] [--all-epochs]
+ *       [--warmup 200] [--anneal 6] [--anneal-at 0.99] [--seed 1] [--threads N] [--all-epochs]
  *       [--attn-map DIR] [--loss-plot FILE.svg] [--save FILE] [--load FILE]
  *       [--detect-anomaly]
  *
@@ -26,7 +32,7 @@
  * --save FILE writes a checkpoint (safetensors) at the end of every epoch:
  * the model's parameters under their own names (PyTorch state_dict keys),
  * Adam's state under "optim.", and the loop's own state under "trainer."
- * (epoch, step, the data and dropout random streams). --load FILE resumes
+ * (epoch, step, where annealing began, the data and dropout random streams). --load FILE resumes
  * from one: given the same flags, the run continues exactly as if it had
  * never stopped (the same losses, bitwise).
  */
@@ -48,10 +54,12 @@
 #define SEQ 10
 #define PAD 0
 #define START 1
+#define HELDOUT 1000 /* checked after every epoch: when to anneal and to stop */
+#define FRESH 1000   /* the final check, never used before it */
 
 typedef struct {
-    int64_t d_model, heads, layers, d_ff, batch, batches, epochs, warmup, threads;
-    double dropout, lr;
+    int64_t d_model, heads, layers, d_ff, batch, batches, epochs, warmup, anneal, threads;
+    double dropout, lr, anneal_at;
     uint64_t seed;
     bool all_epochs;       /* do not stop at the first epoch with 100% exact match */
     bool detect_anomaly;   /* nb_set_detect_anomaly: fail at the first NaN or Inf */
@@ -70,15 +78,16 @@ static void usage(const char *prog) {
     fprintf(stderr,
             "usage: %s [--d-model N] [--heads N] [--layers N] [--d-ff N] [--batch N]\n"
             "          [--batches N] [--epochs N] [--dropout P] [--lr F] [--warmup N]\n"
-            "          [--seed N] [--threads N] [--all-epochs] [--attn-map DIR]\n"
-            "          [--loss-plot FILE.svg] [--save FILE] [--load FILE] [--detect-anomaly]\n",
+            "          [--anneal EPOCHS] [--anneal-at FRACTION] [--seed N] [--threads N]\n"
+            "          [--all-epochs] [--attn-map DIR] [--loss-plot FILE.svg] [--save FILE]\n"
+            "          [--load FILE] [--detect-anomaly]\n",
             prog);
 }
 
 static int parse(int argc, char **argv, options *o) {
     *o = (options){.d_model = 64, .heads = 4, .layers = 2, .d_ff = 256, .batch = 80,
-                   .batches = 20, .epochs = 40, .warmup = 200, .threads = 0, .dropout = 0.1,
-                   .lr = 1.0, .seed = 1, .all_epochs = false};
+                   .batches = 20, .epochs = 40, .warmup = 200, .anneal = 6, .threads = 0, .dropout = 0.1,
+                   .lr = 1.0, .anneal_at = 0.99, .seed = 1, .all_epochs = false};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool *flag = !strcmp(a, "--all-epochs")       ? &o->all_epochs
@@ -111,13 +120,17 @@ static int parse(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--batches")) o->batches = (int64_t)x;
         else if (!strcmp(a, "--epochs")) o->epochs = (int64_t)x;
         else if (!strcmp(a, "--warmup")) o->warmup = (int64_t)x;
+        else if (!strcmp(a, "--anneal")) o->anneal = (int64_t)x;
+        else if (!strcmp(a, "--anneal-at")) o->anneal_at = x;
         else if (!strcmp(a, "--threads")) o->threads = (int64_t)x;
         else if (!strcmp(a, "--dropout")) o->dropout = x;
         else if (!strcmp(a, "--lr")) o->lr = x;
         else if (!strcmp(a, "--seed")) o->seed = (uint64_t)x;
         else return -1;
     }
-    if (o->batch < 1 || o->batches < 1 || o->epochs < 1 || o->warmup < 1) return -1;
+    if (o->batch < 1 || o->batches < 1 || o->epochs < 1 || o->warmup < 1 ||
+        o->anneal < 1 || !(o->anneal_at >= 0 && o->anneal_at <= 1))
+        return -1;
     return 0;
 }
 
@@ -151,16 +164,24 @@ static nb_tensor *causal_keep(nb_tensor *tokens) {
     return nb_where(padding_keep(tokens), nb_tril_mask(len, len), no); /* (B,1,L,L) */
 }
 
+/* seq (B, SEQ) -> logits (B, SEQ-1, VOCAB), the decoder fed seq's first SEQ-1
+ * symbols (teacher forcing): logit row i predicts symbol i+1. */
+static nb_tensor *teacher_forced_logits(nb_Transformer *m, nb_tensor *seq, bool train,
+                                        nb_rng *drop) {
+    nb_tensor *tgt_in = nb_narrow(seq, 1, 0, SEQ - 1);
+    nb_tensor *src_keep = padding_keep(seq);
+    nb_tensor *memory = nb_transformer_encode(m, seq, src_keep, train, drop);
+    nb_tensor *out = nb_transformer_decode(m, memory, src_keep, tgt_in, causal_keep(tgt_in),
+                                           train, drop);
+    return nb_transformer_logits(m, out);
+}
+
 /* One optimization step on a fresh batch; returns the loss (NAN on error). */
 static double train_step(nb_Transformer *m, nb_optim *opt, nb_rng *data, nb_rng *drop,
                          int64_t batch) {
     nb_tensor *seq = random_sequences(batch, data);
-    nb_tensor *tgt_in = nb_narrow(seq, 1, 0, SEQ - 1), *tgt_y = nb_narrow(seq, 1, 1, SEQ - 1);
-    nb_tensor *src_keep = padding_keep(seq);
-    nb_tensor *memory = nb_transformer_encode(m, seq, src_keep, true, drop);
-    nb_tensor *out = nb_transformer_decode(m, memory, src_keep, tgt_in, causal_keep(tgt_in),
-                                           true, drop);
-    nb_tensor *logits = nb_reshape(nb_transformer_logits(m, out), NB_SHAPE(-1, VOCAB));
+    nb_tensor *tgt_y = nb_narrow(seq, 1, 1, SEQ - 1);
+    nb_tensor *logits = nb_reshape(teacher_forced_logits(m, seq, true, drop), NB_SHAPE(-1, VOCAB));
     nb_tensor *loss = nb_cross_entropy(logits, nb_reshape(tgt_y, NB_SHAPE(-1)), PAD, 0.0);
     if (!loss || nb_backward(loss) != 0) return NAN;
     nb_optim_step(opt);
@@ -186,27 +207,51 @@ static nb_tensor *greedy_decode(nb_Transformer *m, nb_tensor *src) {
 }
 
 typedef struct {
-    double exact, token; /* fractions */
+    int64_t exact, tokens; /* sequences copied exactly, symbols right (of n * (SEQ-1)) */
 } accuracy;
 
+/* Greedy decoding of src (n, SEQ), scored; exact is -1 on error. */
 static accuracy evaluate(nb_Transformer *m, nb_tensor *src, nb_tensor **pred_out) {
     accuracy a = {0, 0};
     nb_set_grad_enabled(false);
     nb_tensor *pred = greedy_decode(m, src);
     nb_set_grad_enabled(true);
     if (!pred) return (accuracy){-1, -1};
-    int64_t n = nb_shape(src)[0], exact = 0, tokens = 0;
+    int64_t n = nb_shape(src)[0];
     const int64_t *p = nb_data(pred), *s = nb_data(src);
     for (int64_t i = 0; i < n; i++) {
         int64_t same = 0;
         for (int64_t j = 1; j < SEQ; j++) same += p[i * SEQ + j] == s[i * SEQ + j];
-        tokens += same;
-        exact += same == SEQ - 1;
+        a.tokens += same;
+        a.exact += same == SEQ - 1;
     }
-    a.exact = (double)exact / (double)n;
-    a.token = (double)tokens / (double)(n * (SEQ - 1));
     if (pred_out) *pred_out = pred;
     return a;
+}
+
+/* "100" only when k == n: otherwise k/n in percent rounded down to 0.1, so
+ * 999 of 1000 never reads as 100. */
+static const char *percent(int64_t k, int64_t n, char buf[16]) {
+    if (k == n) return "100";
+    snprintf(buf, 16, "%.1f", floor(1000.0 * (double)k / (double)n) / 10);
+    return buf;
+}
+
+/* How many sequences of seq (n, SEQ) greedy decoding copies exactly, or -1
+ * on error. Greedy decoding gets a sequence right exactly when, fed the true
+ * prefix, the model's argmax is the next true symbol at every position, so
+ * one teacher-forced forward pass gives the answer nine decoding steps would. */
+static int64_t heldout_exact(nb_Transformer *m, nb_tensor *seq) {
+    nb_set_grad_enabled(false);
+    nb_tensor *pred = nb_argmax(teacher_forced_logits(m, seq, false, NULL), -1, false);
+    nb_set_grad_enabled(true);
+    nb_tensor *want = nb_contiguous(nb_narrow(seq, 1, 1, SEQ - 1));
+    if (!pred || !want) return -1;
+    const int64_t *p = nb_data(pred), *w = nb_data(want);
+    int64_t n = nb_shape(seq)[0], exact = 0;
+    for (int64_t i = 0; i < n; i++)
+        exact += !memcmp(p + i * (SEQ - 1), w + i * (SEQ - 1), (SEQ - 1) * sizeof *p);
+    return exact;
 }
 
 static void show(const char *label, const int64_t *row) {
@@ -255,7 +300,8 @@ typedef struct {
     doubles losses, epoch_ends; /* for --loss-plot: every step's loss, x of the epoch ends */
     progress bar;
     double start, train_time, train_end;
-    int64_t perfect_epoch; /* the first with 100% exact match on the held-out set, or -1 */
+    int64_t perfect_epoch; /* the first to end an annealing with the held-out set 100% right, or -1 */
+    int64_t anneal_start;  /* the step the learning rate began to anneal at, or -1 */
     int64_t epoch, step;   /* epochs and steps done (more than 0 after --load) */
     int64_t first_step;    /* the step training started from */
     nb_params *trainer;    /* --save/--load: the loop's own state, as buffers */
@@ -279,8 +325,8 @@ static int setup(run *r, const options *o) {
     if (!r->ps || nb_transformer_init(&r->model, r->ps, &cfg, &init) != 0)
         return fail("%s", err());
     r->opt = nb_adam(r->ps, 0.0, 0.9, 0.98, 1e-9, 0.0);
-    r->heldout = random_sequences(100, &test);
-    r->final_set = random_sequences(100, &fresh);
+    r->heldout = random_sequences(HELDOUT, &test);
+    r->final_set = random_sequences(FRESH, &fresh);
     if (!r->opt || !r->heldout || !r->final_set) return fail("%s", err());
     printf("copy task: d_model %lld, heads %lld, layers %lld, d_ff %lld, %lld parameters; "
            "batch %lld x %lld per epoch, %d thread(s)\n",
@@ -291,12 +337,15 @@ static int setup(run *r, const options *o) {
 }
 
 /* ---------------------------------------------------------- --save, --load */
-static const char *trainer_names[] = {"epoch", "step", "perfect_epoch", "data_rng", "drop_rng"};
+static const char *trainer_names[] = {"epoch",    "step",     "perfect_epoch",
+                                      "anneal_start", "data_rng", "drop_rng"};
+#define TRAINER_VALUES 6
 
 /* The checkpoint's registry: the parameters, Adam's state and the trainer's
  * buffers, one i64 (2) per random stream: (seed, offset). */
 static int checkpoint_registry(run *r) {
-    if (checkpoint_registry_make(r->ps, r->opt, trainer_names, 5, 3, &r->trainer, &r->ckpt) != 0)
+    if (checkpoint_registry_make(r->ps, r->opt, trainer_names, TRAINER_VALUES, 4, &r->trainer,
+                                 &r->ckpt) != 0)
         return fail("%s", err());
     return 0;
 }
@@ -304,11 +353,11 @@ static int checkpoint_registry(run *r) {
 static int64_t *trainer_value(run *r, int i) { return checkpoint_value(r->trainer, i); }
 
 static int save_checkpoint(run *r, const char *path) {
-    int64_t *v[5];
-    for (int i = 0; i < 5; i++) v[i] = trainer_value(r, i);
-    *v[0] = r->epoch, *v[1] = r->step, *v[2] = r->perfect_epoch;
-    v[3][0] = (int64_t)r->data.seed, v[3][1] = (int64_t)r->data.offset;
-    v[4][0] = (int64_t)r->drop.seed, v[4][1] = (int64_t)r->drop.offset;
+    int64_t *v[TRAINER_VALUES];
+    for (int i = 0; i < TRAINER_VALUES; i++) v[i] = trainer_value(r, i);
+    *v[0] = r->epoch, *v[1] = r->step, *v[2] = r->perfect_epoch, *v[3] = r->anneal_start;
+    v[4][0] = (int64_t)r->data.seed, v[4][1] = (int64_t)r->data.offset;
+    v[5][0] = (int64_t)r->drop.seed, v[5][1] = (int64_t)r->drop.offset;
     if (nb_save(r->ckpt, path) != 0) return progress_clear(&r->bar), fail("%s", err());
     return 0;
 }
@@ -316,14 +365,23 @@ static int save_checkpoint(run *r, const char *path) {
 static int load_checkpoint(run *r, const char *path) {
     if (nb_load(r->ckpt, path) != 0)
         return fail("%s (--load needs the flags the checkpoint was trained with)", err());
-    int64_t *v[5];
-    for (int i = 0; i < 5; i++) v[i] = trainer_value(r, i);
+    int64_t *v[TRAINER_VALUES];
+    for (int i = 0; i < TRAINER_VALUES; i++) v[i] = trainer_value(r, i);
     r->epoch = *v[0], r->step = r->first_step = *v[1], r->perfect_epoch = *v[2];
-    r->data = (nb_rng){.seed = (uint64_t)v[3][0], .offset = (uint64_t)v[3][1]};
-    r->drop = (nb_rng){.seed = (uint64_t)v[4][0], .offset = (uint64_t)v[4][1]};
+    r->anneal_start = *v[3];
+    r->data = (nb_rng){.seed = (uint64_t)v[4][0], .offset = (uint64_t)v[4][1]};
+    r->drop = (nb_rng){.seed = (uint64_t)v[5][0], .offset = (uint64_t)v[5][1]};
     printf("resumed from %s: %lld epochs, %lld steps done\n", path, (long long)r->epoch,
            (long long)r->step);
     return 0;
+}
+
+/* Noam's rate; while annealing, the rate annealing began at, falling
+ * linearly to 0 over o->anneal epochs. */
+static double learning_rate(const run *r, const options *o, int64_t step) {
+    if (r->anneal_start < 0) return o->lr * nb_noam_rate(step, o->d_model, 1.0, o->warmup);
+    double left = 1 - (double)(step - r->anneal_start) / (double)(o->anneal * o->batches);
+    return o->lr * nb_noam_rate(r->anneal_start, o->d_model, 1.0, o->warmup) * left;
 }
 
 /* The steps of one epoch; returns their mean loss, or NAN after printing why. */
@@ -331,7 +389,7 @@ static double run_epoch(run *r, const options *o, int64_t epoch, int64_t *step) 
     double loss_sum = 0;
     progress_epoch(&r->bar, epoch);
     for (int64_t b = 0; b < o->batches; b++, (*step)++) {
-        nb_optim_set_lr(r->opt, o->lr * nb_noam_rate(*step, o->d_model, 1.0, o->warmup));
+        nb_optim_set_lr(r->opt, learning_rate(r, o, *step));
         nb_scope_begin();
         double loss = train_step(&r->model, r->opt, &r->data, &r->drop, o->batch);
         nb_scope_end();
@@ -364,21 +422,29 @@ static int train(run *r, const options *o) {
         double dt = now() - t0;
         r->train_time += dt;
         nb_scope_begin();
-        accuracy acc = evaluate(&r->model, r->heldout, NULL);
+        int64_t exact = heldout_exact(&r->model, r->heldout);
         nb_scope_end();
         progress_clear(&r->bar);
-        printf("epoch %3lld  loss %.4f  %7.0f tokens/s  lr %.2e  exact %3.0f%%  tokens %5.1f%%  "
+        if (exact < 0) return fail("checking the held-out set failed: %s", err());
+        bool annealing = r->anneal_start >= 0;
+        char pc[16];
+        printf("epoch %3lld  loss %.4f  %7.0f tokens/s  lr %.2e%s  held-out exact %5s%%  "
                "elapsed %.1fs\n",
                (long long)epoch, loss, (double)(o->batches * o->batch * (SEQ - 1)) / dt,
-               nb_optim_lr(r->opt), 100 * acc.exact, 100 * acc.token, now() - r->start);
+               nb_optim_lr(r->opt), annealing ? " (annealing)" : "", percent(exact, HELDOUT, pc),
+               now() - r->start);
         fflush(stdout);
         /* steps are numbered from 1 in the plot: the boundary lies between two */
         if (o->loss_plot && doubles_push(&r->epoch_ends, (double)step + 0.5) != 0)
             return fail("out of memory");
-        if (acc.exact == 1.0 && r->perfect_epoch < 0) {
-            r->perfect_epoch = epoch;
-            done = !o->all_epochs;
+        if (annealing && step - r->anneal_start >= o->anneal * o->batches) {
+            r->anneal_start = -1; /* back to Noam's rate, unless this is the end */
+            if (exact == HELDOUT && r->perfect_epoch < 0) {
+                r->perfect_epoch = epoch;
+                done = !o->all_epochs;
+            }
         }
+        if (!done && r->anneal_start < 0 && (double)exact >= o->anneal_at * HELDOUT) r->anneal_start = step;
         r->epoch = epoch;
         r->step = step;
         if (o->save && save_checkpoint(r, o->save) != 0) return -1;
@@ -387,25 +453,38 @@ static int train(run *r, const options *o) {
     return 0;
 }
 
-static void final_report(run *r, const options *o) {
+/* The last line is the result: "exact match 100% (1000/1000)" when greedy
+ * decoding copies every fresh sequence. */
+static int final_report(run *r, const options *o) {
+    if (r->perfect_epoch > 0)
+        printf("held-out set: %d/%d exact after annealing, stopped after epoch %lld; "
+               "training %.1fs (%.1fs with the checks)\n",
+               HELDOUT, HELDOUT, (long long)r->perfect_epoch, r->train_time,
+               r->train_end - r->start);
+    else
+        printf("held-out set: not all %d exact at the end of an annealing within %lld epochs; "
+               "training %.1fs (%.1fs with the checks)\n",
+               HELDOUT, (long long)o->epochs, r->train_time, r->train_end - r->start);
     nb_scope_begin();
     nb_tensor *pred = NULL;
     accuracy acc = evaluate(&r->model, r->final_set, &pred);
-    printf("greedy decoding of 100 fresh sequences (first 3 shown):\n");
-    for (int i = 0; i < 3 && pred; i++) {
+    if (acc.exact < 0) {
+        nb_scope_end();
+        return fail("decoding the fresh sequences failed: %s", err());
+    }
+    printf("greedy decoding of %d fresh sequences, never used for training or for stopping "
+           "(first 3 shown):\n", FRESH);
+    for (int i = 0; i < 3; i++) {
         show("source   ", (const int64_t *)nb_data(r->final_set) + i * SEQ);
         show("decoded  ", (const int64_t *)nb_data(pred) + i * SEQ);
     }
     nb_scope_end();
-    printf("exact match %.0f%% (%d/100), token accuracy %.1f%%\n", 100 * acc.exact,
-           (int)lround(100 * acc.exact), 100 * acc.token);
-    if (r->perfect_epoch > 0)
-        printf("100%% exact match on the held-out set first reached after epoch %lld, "
-               "%.1fs from start (training alone %.1fs)\n",
-               (long long)r->perfect_epoch, r->train_end - r->start, r->train_time);
-    else
-        printf("100%% exact match on the held-out set not reached in %lld epochs (%.1fs)\n",
-               (long long)o->epochs, r->train_end - r->start);
+    char pc[16];
+    printf("token accuracy %s%% (%lld/%d)\n", percent(acc.tokens, FRESH * (SEQ - 1), pc),
+           (long long)acc.tokens, FRESH * (SEQ - 1));
+    printf("exact match %s%% (%lld/%d)\n", percent(acc.exact, FRESH, pc), (long long)acc.exact,
+           FRESH);
+    return 0;
 }
 
 /* ------------------------------------------------------------ --loss-plot */
@@ -578,13 +657,13 @@ int main(int argc, char **argv) {
         usage(argv[0]);
         return 2;
     }
-    run r = {.perfect_epoch = -1};
+    run r = {.perfect_epoch = -1, .anneal_start = -1};
     int rc = o.attn_dir ? make_dirs(o.attn_dir) : 0; /* before training, which may be long */
     if (rc == 0) rc = setup(&r, &o);
     if (rc == 0 && (o.save || o.load)) rc = checkpoint_registry(&r);
     if (rc == 0 && o.load) rc = load_checkpoint(&r, o.load);
     if (rc == 0) rc = train(&r, &o);
-    if (rc == 0) final_report(&r, &o);
+    if (rc == 0) rc = final_report(&r, &o);
     if (rc == 0 && o.loss_plot) rc = write_loss_plot(&r, &o);
     if (rc == 0 && o.attn_dir) rc = attention_maps(&r.model, r.final_set, o.attn_dir);
     teardown(&r);
