@@ -92,8 +92,11 @@ typedef uint64_t nbv_q8 __attribute__((vector_size(64)));
 #define NBV_MAGIC_F 0x1.8p23f
 #define NBV_LN2_HI_F 0x1.62e4p-1f
 #define NBV_LN2_LO_F 0x1.7f7d1cp-20f
-/* Inputs are clamped to [-104, 89] (NaN passes): exp(89) overflows, and
- * exp(-104) < 2^-150 rounds to 0, so the results outside are right. */
+/* Inputs are clamped to 89 (NaN passes): exp(89) overflows, so the results
+ * above are right. Below -104, exp(x) < 2^-150 rounds to 0: those lanes get
+ * 0 by a select, computed on x = 0 meanwhile, because a product that
+ * underflows costs a microcode assist (3.5x the time of a normal result
+ * here), and attention's masked scores make whole rows of -inf. */
 #define NBV_EXP_MAX_F 89.0f
 #define NBV_EXP_MIN_F -104.0f
 /* e^r = 1 + r + r^2 Q(r), Q of degree 4, minimax for the relative error of
@@ -210,7 +213,8 @@ typedef uint64_t nbv_q8 __attribute__((vector_size(64)));
     NBV_INLINE ATTR VF P##_exp(VF x) {                                                         \
         const VF one = (VF){0} + 1.0f;                                                         \
         x = P##_self((VI)(x > NBV_EXP_MAX_F), one * NBV_EXP_MAX_F, x); /* NaN stays */         \
-        x = P##_self((VI)(x < NBV_EXP_MIN_F), one * NBV_EXP_MIN_F, x);                         \
+        const VI zero_out = (VI)(x < NBV_EXP_MIN_F);                                           \
+        x = P##_self(zero_out, one * 0.0f, x);                                                 \
         VF t = FMAF(x, one * NBV_LOG2E_F, one * NBV_MAGIC_F);                                  \
         VF k = t - NBV_MAGIC_F;                                                                \
         VF r = FMAF(k, one * -NBV_LN2_HI_F, x);                                                \
@@ -223,7 +227,7 @@ typedef uint64_t nbv_q8 __attribute__((vector_size(64)));
         VU ki = (VU)t - (VU)(one * NBV_MAGIC_F); /* k, from the low bits of t */              \
         VU k1 = (VU)((VI)ki >> 1), k2 = ki - k1;                                               \
         VF s1 = (VF)((k1 + 127u) << 23), s2 = (VF)((k2 + 127u) << 23);                         \
-        return p * s1 * s2;                                                                    \
+        return P##_self(zero_out, one * 0.0f, p * s1 * s2);                                    \
     }                                                                                          \
                                                                                                \
     /* tanh(x), float: on |x|, the sign put back at the end (tanh is odd). */                  \
