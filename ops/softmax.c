@@ -22,6 +22,7 @@
 #include "vmath.h"
 
 #include <math.h>
+#include <string.h>
 
 /* ------------------------------------------------------ slice iteration */
 /* The slices along `dim` of a tensor of shape (ndim, shape): every position
@@ -221,6 +222,120 @@ DEFINE_BACKWARD(double)
 DEFINE_SPANS(float, f32)
 DEFINE_SPANS(double, f64)
 
+/* f32 slices of unit stride in every operand (softmax over a contiguous
+ * last dim: attention's rows). The same arithmetic in the same order as the
+ * kernels above, so the same bits, written so that every pass vectorizes:
+ * the max in 16 lanes (a max is exact in any order), the sums in sum8's 8.
+ * Built for AVX2 and AVX-512 too, and picked at run time. */
+typedef float unit_vf __attribute__((vector_size(64)));
+typedef int32_t unit_vi __attribute__((vector_size(64)));
+
+#define DEFINE_UNIT(SUF, ATTR)                                                           \
+    /* the max of x[0..len), NaN if any element is */                                   \
+    ATTR static float max_unit_##SUF(const float *x, int64_t len) {                     \
+        unit_vf mv = (unit_vf){0} - INFINITY;                                           \
+        unit_vi bad = {0};                                                              \
+        int64_t k = 0;                                                                  \
+        for (; k + 16 <= len; k += 16) {                                                \
+            unit_vf v;                                                                  \
+            memcpy(&v, x + k, sizeof v);                                                \
+            unit_vi gt = v > mv;                                                        \
+            bad |= v != v;                                                              \
+            mv = (unit_vf)(((unit_vi)v & gt) | ((unit_vi)mv & ~gt));                    \
+        }                                                                               \
+        float m = -INFINITY;                                                            \
+        bool nan = false;                                                               \
+        for (int l = 0; l < 16; l++) {                                                  \
+            nan |= bad[l] != 0;                                                         \
+            m = mv[l] > m ? mv[l] : m;                                                  \
+        }                                                                               \
+        for (; k < len; k++) {                                                          \
+            nan |= x[k] != x[k];                                                        \
+            m = x[k] > m ? x[k] : m;                                                    \
+        }                                                                               \
+        return nan ? NAN : m;                                                           \
+    }                                                                                   \
+    ATTR static void forward_unit_##SUF(const float *x, float *y, int64_t len,          \
+                                        bool log_mode) {                                \
+        float m = max_unit_##SUF(x, len);                                               \
+        if (m == -INFINITY) { /* all -inf: zeros by convention */                       \
+            memset(y, 0, (size_t)len * sizeof *y);                                      \
+            return;                                                                     \
+        }                                                                               \
+        for (int64_t k = 0; k < len; k++) y[k] = x[k] - m;                              \
+        nbv_exp_f32(y, 1, y, len);                                                      \
+        float sum = sum8_float(y, len);                                                 \
+        if (log_mode) {                                                                 \
+            float lse = logf(sum);                                                      \
+            for (int64_t k = 0; k < len; k++) y[k] = (x[k] - m) - lse;                  \
+        } else {                                                                        \
+            for (int64_t k = 0; k < len; k++) y[k] /= sum;                              \
+        }                                                                               \
+    }                                                                                   \
+    ATTR static void backward_unit_##SUF(const float *y, const float *g, float *gi,     \
+                                         int64_t len, bool log_mode) {                  \
+        int nonzero = 0;                                                                \
+        for (int64_t k = 0; k < len; k++) nonzero |= y[k] != 0;                         \
+        if (!nonzero) {                                                                 \
+            memset(gi, 0, (size_t)len * sizeof *gi);                                    \
+            return;                                                                     \
+        }                                                                               \
+        if (log_mode) {                                                                 \
+            float sum = sum8_float(g, len), e[CHUNK];                                   \
+            for (int64_t k0 = 0; k0 < len; k0 += CHUNK) {                               \
+                int64_t n = len - k0 < CHUNK ? len - k0 : CHUNK;                        \
+                nbv_exp_f32(y + k0, 1, e, n);                                           \
+                for (int64_t i = 0; i < n; i++) gi[k0 + i] = g[k0 + i] - e[i] * sum;    \
+            }                                                                           \
+            return;                                                                     \
+        }                                                                               \
+        float acc[8] = {0};                                                             \
+        int64_t k = 0;                                                                  \
+        for (; k + 8 <= len; k += 8)                                                    \
+            for (int l = 0; l < 8; l++) acc[l] += g[k + l] * y[k + l];                  \
+        for (; k < len; k++) acc[k & 7] += g[k] * y[k];                                 \
+        float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) +                           \
+                    ((acc[4] + acc[5]) + (acc[6] + acc[7]));                            \
+        for (int64_t k2 = 0; k2 < len; k2++) gi[k2] = y[k2] * (g[k2] - sum);            \
+    }                                                                                   \
+    ATTR static void forward_span_unit_##SUF(void *ctx, int64_t lo, int64_t hi) {       \
+        const slice_job *j = ctx;                                                       \
+        const float *px = (const float *)j->p0;                                         \
+        float *py = (float *)j->out;                                                    \
+        FOR_SLICES(&j->s, lo, hi, forward_unit_##SUF(px + o0, py + o1, j->s.len,        \
+                                                     j->log_mode););                    \
+    }                                                                                   \
+    ATTR static void backward_span_unit_##SUF(void *ctx, int64_t lo, int64_t hi) {      \
+        const slice_job *j = ctx;                                                       \
+        const float *py = (const float *)j->p0, *pg = (const float *)j->p1;             \
+        float *pi = (float *)j->out;                                                    \
+        FOR_SLICES(&j->s, lo, hi, backward_unit_##SUF(py + o0, pg + o1, pi + o2,        \
+                                                      j->s.len, j->log_mode););         \
+    }
+DEFINE_UNIT(base, )
+#if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__))
+DEFINE_UNIT(avx2, __attribute__((target("avx2"))))
+DEFINE_UNIT(avx512, __attribute__((target("avx512f"))))
+#define HAVE_AVX_UNIT 1
+#endif
+
+/* The span function for a job: f32 slices of unit stride in all nops
+ * operands take the vectorized kernels. */
+static nbi_range_fn span_kernel(const slice_job *j, nb_dtype dt, int nops, bool backward) {
+    bool unit = dt == NB_F32;
+    for (int k = 0; k < nops; k++) unit = unit && (j->s.step[k] == 1 || j->s.len <= 1);
+    if (!unit && dt == NB_F32) return backward ? backward_span_f32 : forward_span_f32;
+    if (!unit) return backward ? backward_span_f64 : forward_span_f64;
+#ifdef HAVE_AVX_UNIT
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f"))
+        return backward ? backward_span_unit_avx512 : forward_span_unit_avx512;
+    if (__builtin_cpu_supports("avx2"))
+        return backward ? backward_span_unit_avx2 : forward_span_unit_avx2;
+#endif
+    return backward ? backward_span_unit_base : forward_span_unit_base;
+}
+
 /* ------------------------------------------------------------- backward */
 /* y (S) saved output, g (S) any strides -> gin (S) contiguous; node->i[0] =
  * dim (normalized), node->i[1] = log_mode. */
@@ -242,7 +357,7 @@ static int softmax_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     slices_init(&j.s, y->ndim, y->shape, dim, 3, st);
     if (j.s.numel > 0)
         nbi_parallel_for(j.s.numel / j.s.len, slice_grain(&j.s),
-                         y->dtype == NB_F32 ? backward_span_f32 : backward_span_f64, &j);
+                         span_kernel(&j, y->dtype, 3, true), &j);
     gin[0] = gi;
     return 0;
 }
@@ -261,7 +376,7 @@ static nb_tensor *softmax_common(const char *fn, nb_tensor *t, int dim, bool log
     slices_init(&j.s, t->ndim, t->shape, d, 2, st);
     if (j.s.numel > 0)
         nbi_parallel_for(j.s.numel / j.s.len, slice_grain(&j.s),
-                         t->dtype == NB_F32 ? forward_span_f32 : forward_span_f64, &j);
+                         span_kernel(&j, t->dtype, 2, false), &j);
     if (nbi_needs_grad(1, &t)) {
         nbi_node *node = nbi_record(y, fn, softmax_backward, 1, &t);
         if (!node) return nbi_discard(y);
