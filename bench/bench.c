@@ -543,6 +543,11 @@ static void attn_run(void *p) {
     if (!out) die("nb_attention");
     if (c->backward && backward(nb_sum_all(out)) != 0) die("attention backward");
     nb_scope_end();
+    /* as torch_bench.py's attn_fb sets .grad = None: each backward makes fresh
+     * gradients instead of adding into the last ones */
+    nb_clear_grad(c->q);
+    nb_clear_grad(c->k);
+    nb_clear_grad(c->v);
 }
 
 static attn_ctx attn_setup(const int64_t s[4]) {
