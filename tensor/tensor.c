@@ -379,27 +379,43 @@ int nb_copy_to_f64(const nb_tensor *t, double *out) {
     return 0;
 }
 
-/* dst and src have dst's shape; src is read with src_strides. */
+/* Elements per range below which splitting a copy across threads does not
+ * pay (ops/ uses the same grain for its arithmetic). */
+#define COPY_GRAIN ((int64_t)1 << 12)
+
+typedef struct {
+    nbi_iter it;
+    nb_dtype dd, sd;
+    char *d;
+    const char *s;
+} copy_job;
+
+/* Rows of unit stride on both sides (a transpose's contiguous copy, by
+ * rows of its last dim) are one memcpy each. */
+static void copy_span(void *ctx, int64_t lo, int64_t hi) {
+    const copy_job *j = ctx;
+    int64_t sd = NBI_INNER(&j->it, 0), ss = NBI_INNER(&j->it, 1);
+    size_t es = nbi_dtype_size(j->dd);
+    NBI_FOR_SPAN(&j->it, lo, hi, c, jb, je) {
+        int64_t od = c.off[0] + jb * sd, os = c.off[1] + jb * ss;
+        if (j->dd != j->sd)
+            for (int64_t k = 0; k < je - jb; k++)
+                store(j->dd, j->d, od + k * sd, load(j->sd, j->s, os + k * ss));
+        else if (sd == 1 && ss == 1)
+            memcpy(j->d + (size_t)od * es, j->s + (size_t)os * es, (size_t)(je - jb) * es);
+        else
+            for (int64_t k = 0; k < je - jb; k++)
+                memcpy(j->d + (size_t)(od + k * sd) * es, j->s + (size_t)(os + k * ss) * es, es);
+    }
+}
+
+/* dst and src have dst's shape; src is read with src_strides. They must not
+ * overlap (ranges run on the thread pool). */
 void nbi_copy_strided(nb_tensor *dst, const int64_t *src_strides, const nb_tensor *src) {
     const int64_t *st[2] = {dst->strides, src_strides};
-    nbi_iter it;
-    nbi_iter_init(&it, dst->ndim, dst->shape, 2, st);
-    char *d = nbi_ptr(dst);
-    const char *s = nbi_ptr(src);
-    int64_t sd = NBI_INNER(&it, 0), ss = NBI_INNER(&it, 1);
-    if (dst->dtype == src->dtype) {
-        size_t es = nbi_dtype_size(dst->dtype);
-        NBI_FOR_ROWS(&it, c) {
-            for (int64_t j = 0; j < it.n; j++)
-                memcpy(d + (size_t)(c.off[0] + j * sd) * es, s + (size_t)(c.off[1] + j * ss) * es,
-                       es);
-        }
-        return;
-    }
-    NBI_FOR_ROWS(&it, c) {
-        for (int64_t j = 0; j < it.n; j++)
-            store(dst->dtype, d, c.off[0] + j * sd, load(src->dtype, s, c.off[1] + j * ss));
-    }
+    copy_job j = {.dd = dst->dtype, .sd = src->dtype, .d = nbi_ptr(dst), .s = nbi_ptr(src)};
+    nbi_iter_init(&j.it, dst->ndim, dst->shape, 2, st);
+    nbi_parallel_for(dst->numel, COPY_GRAIN, copy_span, &j);
 }
 
 static bool has_internal_overlap(const nb_tensor *t) {
