@@ -103,8 +103,9 @@ nb_tensor *nn_uniform_param(nb_params *ps, const char *name, int ndim, const int
                             double bound, nb_rng *rng);
 
 /* Rows of len elements per nb_parallel_for task in the fused kernels of nn/
- * (layer norm, cross entropy): about 16K elements, at least one row. */
-static inline int64_t nn_rows_grain(int64_t len) { return len > 0 && len < 16384 ? 16384 / len : 1; }
+ * (layer norm, cross entropy): about 2K elements (ops/'s grain for heavy
+ * arithmetic), at least one row. */
+static inline int64_t nn_rows_grain(int64_t len) { return len > 0 && len < 2048 ? 2048 / len : 1; }
 
 /* nb_gpt_init's body; draw false makes every weight 0 instead of drawing
  * it (for a load that overwrites them all). On error m is freed. */

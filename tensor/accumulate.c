@@ -9,7 +9,7 @@
 
 /* Elements per range below which splitting across threads does not pay
  * (one add per element; ops/ uses the same grain for its arithmetic). */
-#define ADD_GRAIN ((int64_t)1 << 15)
+#define ADD_GRAIN ((int64_t)1 << 12)
 
 /* out = a + b over one shape, any strides; out may be a itself. */
 typedef struct {
