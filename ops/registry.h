@@ -11,7 +11,8 @@
  *     identity across thread counts, inputs and output freed before
  *     backward; tests/test_edges.c: edge values against PyTorch);
  *   - the op fuzzer's opcodes (fuzz/fuzz_ops.c, fuzz/gen_seeds.c);
- *   - the op table of docs (tests/op_table.c; make readme-check compares).
+ *   - the op tables of docs/ops.md and README.md (make op-table writes them;
+ *     the registry suite of make test fails when they differ).
  *
  * A line is X(name, inputs, flags, call):
  *   name    the public function is nb_<name>

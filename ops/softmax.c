@@ -5,7 +5,7 @@
  * exp never overflows (softmax(x) = exp(x - m) / sum exp(x - m), and
  * log_softmax(x) = (x - m) - log(sum exp(x - m))).
  *
- * Convention (README, "Numerics conventions"): a slice that is entirely
+ * Convention (docs/numerics.md): a slice that is entirely
  * -inf (an attention row whose keys are all masked) gives zeros, not NaN, for
  * both softmax and log_softmax, and passes zero gradient. PyTorch gives NaN
  * there.
