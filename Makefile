@@ -110,7 +110,16 @@ $(BUILD)/fuzz/replay: fuzz/replay.c fuzz/fuzz_ops.c fuzz/ops_program.h ops/regis
 
 run: all
 	@if [ -x $(BUILD)/examples/copy_task ]; then $(BUILD)/examples/copy_task; else \
-	  echo "make run: examples/copy_task.c is not built yet (see README, 'What is not built yet')"; exit 1; fi
+	  echo "make run: examples/copy_task.c is not built yet (see docs/api.md, 'What is not built yet')"; exit 1; fi
+
+# make run-check: make run's last line must read exact match 100% (1000/1000)
+# (the copy task, greedy-decoding 1,000 fresh sequences after training).
+.PHONY: run-check
+run-check: all
+	@$(BUILD)/examples/copy_task > $(BUILD)/run-check.log && last=$$(tail -1 $(BUILD)/run-check.log) && \
+	  if [ "$$last" = "exact match 100% (1000/1000)" ]; then \
+	    echo "run-check: $$last ($$(grep '^held-out set' $(BUILD)/run-check.log | sed 's/.*; //'))"; \
+	  else cat $(BUILD)/run-check.log; echo "run-check: the copy task ended on \"$$last\""; exit 1; fi
 
 # make gpt: examples/gpt.c's character-level GPT (0.8M parameters) trained on
 # examples/data/kjv.txt for 1000 steps (about 15 s on 2 cores), then a sample.
@@ -122,7 +131,7 @@ gpt: $(BUILD)/examples/gpt
 bench: all
 	@if [ -f bench/bench.c ]; then rm -f $(BUILD)/bench/bench; \
 	  $(MAKE) --no-print-directory $(BUILD)/bench/bench && $(BUILD)/bench/bench; else \
-	  echo "make bench: bench/bench.c is not built yet (see README, 'What is not built yet')"; exit 1; fi
+	  echo "make bench: bench/bench.c is not built yet (see docs/api.md, 'What is not built yet')"; exit 1; fi
 
 # make bench BLAS=1: also OpenBLAS's sgemm beside nb_matmul (links only this binary).
 $(BUILD)/bench/bench: bench/bench.c $(BUILD)/libnabla.a nabla.h
@@ -130,33 +139,15 @@ $(BUILD)/bench/bench: bench/bench.c $(BUILD)/libnabla.a nabla.h
 	$(CC) $(CFLAGS) -I. -DNB_BENCH_DIR='"$(CURDIR)/bench"' $(if $(filter 1,$(BLAS)),-DNB_BENCH_BLAS) \
 	  $< $(BUILD)/libnabla.a $(if $(filter 1,$(BLAS)),-lopenblas) $(LDLIBS) -o $@
 
-# Every C program in the README (code blocks opening with "/* name.c:"),
-# extracted and compiled as written, then run.
-# Every README program that starts with "/* name.c:" is compiled and run; when
-# a ```text block follows it (before the next program), the output must be
-# exactly that text. A ```text block whose first line is "$ build/examples/..."
-# is run as that command and its output must be the rest of the block.
+# The documentation still works: every C program of README.md and docs/*.md
+# (a ```c block opening with "/* name.c:") compiled and run, its output
+# compared with the ```text block after it; every "$ build/examples/..."
+# ```text block run and compared; every relative link checked. The rules
+# are in tests/readme_check.sh.
+DOCS_MD = README.md $(sort $(wildcard docs/*.md))
 readme-check: all
-	@rm -rf $(BUILD)/readme && mkdir -p $(BUILD)/readme
-	@awk '/^```c$$/{getline; if ($$0 ~ /^\/\* [a-z_]+\.c:/) {split($$2, n, ":"); f="$(BUILD)/readme/" n[1]; \
-	  cur=f; sub(/\.c$$/, ".expected", cur); print > f; on=1}; next} \
-	  /^```text$$/{getline; if ($$0 ~ /^\$$ /) {cur=""; next}; if (cur != "") {t=cur; printf "" > t; txt=1; print > t}; next} \
-	  /^```$$/{if (txt) cur=""; on=0; txt=0; next} on{print > f} txt{print > t}' README.md
-	@for f in $(BUILD)/readme/*.c; do \
-	  $(CC) $(CFLAGS) -I. $$f $(BUILD)/libnabla.a $(LDLIBS) -o $${f%.c} || exit 1; \
-	  $${f%.c} > $${f%.c}.out || { echo "README program $$f failed"; exit 1; }; \
-	  if [ -f $${f%.c}.expected ]; then \
-	    diff -u $${f%.c}.expected $${f%.c}.out || { echo "README program $$f: output differs from README"; exit 1; }; \
-	    echo "README program $$(basename $$f): compiled and ran; output as in README ($$(wc -l < $${f%.c}.out) lines)"; \
-	  else echo "README program $$(basename $$f): compiled and ran; first line: $$(head -1 $${f%.c}.out)"; fi; done
-	@grep -q '^y = 1.462196$$' $(BUILD)/readme/grad.out
-	@awk '/^```text$$/{getline; if ($$0 ~ /^\$$ build\/examples\//) {n++; f="$(BUILD)/readme/run" n; \
-	  sub(/^\$$ /, ""); print > (f ".cmd"); printf "" > (f ".expected"); on=1}; next} \
-	  /^```$$/{on=0; next} on{print > (f ".expected")}' README.md
-	@for c in $(BUILD)/readme/run*.cmd; do [ -e "$$c" ] || continue; \
-	  sh $$c > $${c%.cmd}.out || { echo "README command $$(cat $$c) failed"; exit 1; }; \
-	  diff -u $${c%.cmd}.expected $${c%.cmd}.out || { echo "README: output of $$(cat $$c) differs"; exit 1; }; \
-	  echo "README command $$(cat $$c): output as in README ($$(wc -l < $${c%.cmd}.out) lines)"; done
+	@CC="$(CC)" CFLAGS="$(CFLAGS)" LDLIBS="$(LDLIBS)" sh tests/readme_check.sh $(BUILD) $(DOCS_MD)
+	@grep -q '^y = 1.462196$$' $(BUILD)/readme/grad.out || { echo "readme-check: grad.c did not print y = 1.462196"; exit 1; }
 
 # Stricter passes: the suites and examples under valgrind, and built with
 # AddressSanitizer + UndefinedBehaviorSanitizer.
@@ -210,11 +201,11 @@ op-table: check-deps
 	    skip && /^<!-- end of op table -->/{skip=0; next} !skip' $$f > $(BUILD)/op-table.tmp && \
 	  cp $(BUILD)/op-table.tmp $$f && echo "op table of $$f: made from ops/registry.h"; done
 
-# The README's table of error messages still matches the sources.
+# The error tables of docs/errors.md ("Limits and errors") still match the sources.
 error-table-check:
-	@sh tests/error_table_check.sh README.md
+	@sh tests/error_table_check.sh docs/errors.md
 
-# libFuzzer (results: README, "Fuzzing"): the harnesses in fuzz/ with the library compiled
+# libFuzzer (results: docs/testing.md, "Fuzzing"): the harnesses in fuzz/ with the library compiled
 # in, ASan + UBSan, under build-fuzz/. make fuzz runs each target for
 # FUZZ_TIME seconds (NABLA_NUM_THREADS=1) on a copy of its seed corpus and
 # prints a summary line; make fuzz-load / fuzz-ops / fuzz-gpt run one (make -j2 fuzz-load

@@ -1,8 +1,15 @@
 #!/bin/sh
 # error_table_check.sh [FILE.md]: checks that the error messages quoted in the
-# "## Limits and errors" section of FILE.md (default: the repository's
-# README.md) still exist in the sources (tensor/ ops/ autograd/ nn/), so the
-# table cannot rot silently when a message is reworded.
+# "Limits and errors" section of FILE.md (default: the repository's
+# docs/errors.md, where that section is the whole page under its "# Limits
+# and errors" title) still exist in the sources (tensor/ ops/ autograd/
+# nn/), so the tables cannot rot silently when a message is reworded.
+# make error-table-check runs it.
+#
+# The section starts at a heading of any level whose text is "Limits and
+# errors" and ends at the next heading of the same or a higher level; a file
+# without such a section, or whose section holds no message table, fails
+# (exit 1), so a moved or renamed page cannot pass by checking nothing.
 #
 # What is checked: in that section, every table whose last header cell
 # contains "message"; in each row, the first `code span` of the last cell is
@@ -37,7 +44,7 @@
 set -u
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-md=${1:-$root/README.md}
+md=${1:-$root/docs/errors.md}
 if [ ! -r "$md" ]; then
     echo "error_table_check: cannot read $md" >&2
     exit 2
@@ -98,7 +105,13 @@ awk '
         nparts = parts
         return n
     }
-    /^## / { insec = ($0 ~ /^## Limits and errors[ \t]*$/); intable = 0; next }
+    /^#+ / {
+        level = index($0, " ") - 1
+        if ($0 ~ /^#+ Limits and errors[ \t]*$/) { insec = 1; seclevel = level }
+        else if (insec && level <= seclevel) insec = 0
+        intable = 0
+        next
+    }
     !insec { next }
     !/^[ \t]*\|/ { intable = 0; next }
     {
@@ -228,7 +241,7 @@ done <"$tmp/plan"
 finish_row
 
 if [ "$rows" = 0 ]; then
-    echo "error_table_check: no message examples found in a \"## Limits and errors\" section of $md" >&2
+    echo "error_table_check: no message examples found in a \"Limits and errors\" section of $md" >&2
     exit 1
 fi
 if [ "$failed" -gt 0 ]; then

@@ -98,7 +98,7 @@ check ops '^nbi?_' '(a layer above ops/)' nn
 check nn '^nbi_' '(nn/ uses only the nb_ API of nabla.h)' tensor autograd ops
 
 if [ "$bad" != 0 ]; then
-    echo "layers: the folders must form layers tensor < autograd < ops < nn (see README, \"Layout\")"
+    echo "layers: the folders must form layers tensor < autograd < ops < nn (see docs/api.md, \"Layout\")"
     exit 1
 fi
 echo "layers ok: tensor < autograd < ops < nn"

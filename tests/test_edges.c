@@ -6,8 +6,8 @@
  * fails. NB_OP_EXACT ops must match bit for bit (sign of zero included; NaN
  * where torch has NaN); the others within TOL, with NaN and inf at the same
  * places (infs of the same sign). Where torch raised, nabla must fail too,
- * with a message naming the op. The differences README.md's "Numerics
- * conventions" documents are written into the expected values here (see
+ * with a message naming the op. The differences docs/numerics.md ("Numerics
+ * conventions") documents are written into the expected values here (see
  * apply_conventions), not skipped. nb_multinomial's draws are not torch's:
  * where torch drew, its support is checked (check_draws). */
 #include "test_util.h"
@@ -171,7 +171,7 @@ static void compare(report *r, const char *what, nb_tensor *got, const double *w
 }
 
 /* --------------------------------------------------------- the conventions */
-/* README.md, "Numerics conventions": a softmax / log_softmax slice that is
+/* docs/numerics.md: a softmax / log_softmax slice that is
  * all -inf gives zeros and zero gradient (PyTorch: NaN). dim is the
  * registry call's (softmax over 1, log_softmax over 0). */
 static void all_neg_inf_slices(const double *x, int ndim, const int64_t *shape, int dim,
@@ -192,7 +192,7 @@ static void all_neg_inf_slices(const double *x, int ndim, const int64_t *shape, 
         }
 }
 
-/* README: gradients that sum over broadcast dims add in nabla's order, so
+/* docs/numerics.md: gradients that sum over broadcast dims add in nabla's order, so
  * an exact op's gradient of an input it broadcast (fewer elements than the
  * output) is compared within tolerance, for every op. */
 static bool sums_over_broadcast(const op_entry *op, nb_tensor *in, nb_tensor *out) {
@@ -341,7 +341,7 @@ static void run_case(report *r, const char *base, const char *layout) {
         free(e);
     } else {
         ck_assert_msg(want != NULL, "%s: no out and no error", lb);
-        /* README: f32 sums and means accumulate in double */
+        /* docs/numerics.md: f32 sums and means accumulate in double */
         double *e = values(f64acc ? f64acc : want), *alt = fused ? values(fused) : NULL;
         apply_conventions(op, x0, nb_ndim(fin[0]), nb_shape(fin[0]), e, NULL);
         compare(r, "out", out, e, alt, nb_ndim(want), nb_shape(want), exact);

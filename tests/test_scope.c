@@ -106,8 +106,8 @@ START_TEST(scope_end_without_begin_is_an_error) {
 }
 END_TEST
 
-/* The training loop of README's "Concepts" (scopes): memory stays flat step
- * after step. */
+/* The training loop of docs/concepts.md ("Scopes free memory for you"):
+ * memory stays flat step after step. */
 START_TEST(training_loop_holds_flat_memory) {
     int64_t base = nb_live_tensors();
     nb_rng r;
