@@ -346,6 +346,21 @@ typedef struct nb_backward_opts {
 /* nb_backward (grad NULL: out must have one element) or nb_backward_with_grad,
  * with options (NULL = defaults, as theirs). */
 NB_API int nb_backward_with_opts(nb_tensor *out, nb_tensor *grad, const nb_backward_opts *opts);
+/* Gradient-ready hook (PyTorch's register_post_accumulate_grad_hook): fn(leaf,
+ * ctx) runs once per backward for each leaf that backward reaches, right
+ * after its .grad holds this backward's whole contribution (every path summed
+ * and added in), while backward goes on with the rest of the graph. So a
+ * hook can start sending a gradient while the others are being computed
+ * (nabla_mpi's data parallelism does). It runs on the thread that called
+ * backward, with grad mode off, leaves in the order backward finishes them
+ * (about the reverse of the forward's use); it may read nb_grad(leaf), but
+ * must not free the leaf, clear its .grad or start another backward. It
+ * returns 0, or -1 after nb_report_error: backward then stops with that
+ * message (gradients accumulated so far stay, as for any failure).
+ * nb_set_grad_hook(leaf, NULL, NULL) removes it; one hook per leaf (a new one
+ * replaces it). Errors: leaf is not a leaf (it has a grad_fn), or is freed. */
+typedef int (*nb_grad_hook)(nb_tensor *leaf, void *ctx);
+NB_API int nb_set_grad_hook(nb_tensor *leaf, nb_grad_hook fn, void *ctx);
 NB_API void nb_zero_grad(nb_tensor *t);            /* sets .grad to zeros, if any */
 /* Drops t's .grad (nb_grad is NULL after), as PyTorch's zero_grad(set_to_none=True):
  * the next backward then gives t its gradient's own buffer instead of adding

@@ -131,6 +131,18 @@ nb_tensor *nb_set_requires_grad(nb_tensor *t, bool requires_grad) {
 bool nb_requires_grad(const nb_tensor *t) {
     return t && nbi_arg("nb_requires_grad", t, 0) && t->requires_grad;
 }
+int nb_set_grad_hook(nb_tensor *leaf, nb_grad_hook fn, void *ctx) {
+    const char *fn_name = "nb_set_grad_hook";
+    if (!nbi_arg(fn_name, leaf, 0)) return -1;
+    if (leaf->grad_fn)
+        return (nbi_error("%s: this tensor of shape %s was made by %s and is not a leaf; hooks "
+                          "go on leaves (parameters)", fn_name, NBI_SHAPE(leaf), leaf->grad_fn->op),
+                -1);
+    leaf->grad_hook = fn;
+    leaf->grad_hook_ctx = fn ? ctx : NULL;
+    return 0;
+}
+
 bool nb_is_leaf(const nb_tensor *t) { return t && nbi_arg("nb_is_leaf", t, 0) && !t->grad_fn; }
 nb_tensor *nb_grad(const nb_tensor *t) {
     return t && nbi_arg("nb_grad", t, 0) ? t->grad : NULL;
@@ -492,6 +504,16 @@ static int check_not_released(const tensor_list *order) {
     return 0;
 }
 
+/* A leaf's gradient-ready hook; a failure without a message gets one. */
+static int run_grad_hook(nb_tensor *leaf) {
+    uint64_t before = nbi_error_serial();
+    if (leaf->grad_hook(leaf, leaf->grad_hook_ctx) == 0) return 0;
+    if (nbi_error_serial() == before)
+        nbi_error("nb_backward: the gradient-ready hook of a leaf of shape %s failed without "
+                  "a message (report one with nb_report_error)", NBI_SHAPE(leaf));
+    return -1;
+}
+
 static int run_backward(nb_tensor *root, nb_tensor *seed, bool retain_graph) {
     walk w = {.id = atomic_fetch_add(&next_walk_id, 1)};
     if (topo_order(&w, root) != 0 || check_not_released(&w.order) != 0) {
@@ -510,6 +532,7 @@ static int run_backward(nb_tensor *root, nb_tensor *seed, bool retain_graph) {
         if (!g) continue;
         *in = NULL;
         rc = t->grad_fn ? run_node(&w, t, g) : accumulate_leaf(t, g);
+        if (rc == 0 && !t->grad_fn && t->grad_hook) rc = run_grad_hook(t);
         if (rc == 0 && t->grad_fn && !retain_graph) release_node(t->grad_fn);
         nbi_unref(g);
     }

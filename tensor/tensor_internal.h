@@ -34,6 +34,8 @@ struct nb_tensor {
     bool requires_grad;
     nbi_node *grad_fn;   /* NULL for leaves; owned */
     nb_tensor *grad;     /* leaves: accumulated gradient; owned */
+    nb_grad_hook grad_hook; /* leaves: nb_set_grad_hook's, or NULL */
+    void *grad_hook_ctx;
     nb_tensor *gacc;     /* engine: gradient flowing in, while a backward holds it (non-leaves) */
     _Atomic uint64_t walker; /* engine: the backward walking through it now, 0 if none */
 

@@ -4,6 +4,7 @@
 #include "test_util.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 static nb_tensor *vec(int n, const double *v) {
     return nb_from_data(NB_F64, 1, (const int64_t[]){n}, v);
@@ -504,6 +505,92 @@ START_TEST(caller_gradient_is_never_taken_over) {
 }
 END_TEST
 
+/* ------------------------------------------------------ gradient-ready hooks */
+typedef struct {
+    int calls;
+    nb_tensor *order[8];
+    double seen[8][3]; /* the leaf's .grad when its hook ran */
+    int fail;          /* 1: fail with a message, 2: fail without one */
+} hook_log;
+
+static int log_hook(nb_tensor *leaf, void *ctx) {
+    hook_log *h = ctx;
+    if (h->calls < 8) {
+        h->order[h->calls] = leaf;
+        nb_copy_to_f64(nb_grad(leaf), h->seen[h->calls]);
+    }
+    h->calls++;
+    if (h->fail == 1) {
+        nb_report_error("my_hook: boom on a leaf of %lld elements", (long long)nb_numel(leaf));
+        return -1;
+    }
+    return h->fail == 2 ? -1 : 0;
+}
+
+/* Once per backward and leaf, after every path's gradient is in .grad (and
+ * added to what it held), leaves finished last-used first; a leaf backward
+ * does not reach is not called; NULL removes the hook. */
+START_TEST(grad_hook_runs_once_when_the_gradient_is_complete) {
+    nb_tensor *x = nb_set_requires_grad(vec(3, (double[]){1, 2, 3}), true);
+    nb_tensor *w = nb_set_requires_grad(vec(3, (double[]){0.5, -1, 2}), true);
+    nb_tensor *unused = nb_set_requires_grad(vec(3, (double[]){0, 0, 0}), true);
+    hook_log h = {0};
+    ck_assert_int_eq(nb_set_grad_hook(x, log_hook, &h), 0);
+    ck_assert_int_eq(nb_set_grad_hook(w, log_hook, &h), 0);
+    ck_assert_int_eq(nb_set_grad_hook(unused, log_hook, &h), 0);
+    for (int k = 1; k <= 2; k++) {
+        nb_scope_begin();
+        /* y = sum(x*x + x) * ... then times w: x is used by the first ops, w last */
+        nb_tensor *y = nb_sum_all(nb_mul(nb_add(nb_mul(x, x), x), w));
+        ck_assert_int_eq(nb_backward(y), 0);
+        nb_scope_end();
+        ck_assert_int_eq(h.calls, 2 * k);
+        ck_assert_ptr_eq(h.order[2 * k - 2], w); /* w's gradient is complete first */
+        ck_assert_ptr_eq(h.order[2 * k - 1], x);
+        for (int i = 0; i < 3; i++) { /* dy/dx = (2x + 1) w, dy/dw = x*x + x, times k */
+            double xi = i + 1, wi = (double[]){0.5, -1, 2}[i];
+            ck_assert(h.seen[2 * k - 1][i] == k * (2 * xi + 1) * wi);
+            ck_assert(h.seen[2 * k - 2][i] == k * (xi * xi + xi));
+        }
+    }
+    ck_assert_int_eq(nb_set_grad_hook(x, NULL, NULL), 0);
+    nb_scope_begin();
+    ck_assert_int_eq(nb_backward(nb_sum_all(nb_mul(x, w))), 0);
+    nb_scope_end();
+    ck_assert_int_eq(h.calls, 5); /* w only */
+    ck_assert_ptr_eq(h.order[4], w);
+    nb_free(x);
+    nb_free(w);
+    nb_free(unused);
+}
+END_TEST
+
+/* A failing hook stops backward with its message (or one naming the hook
+ * when it gave none); setting a hook on a non-leaf or a freed tensor fails. */
+START_TEST(grad_hook_errors) {
+    nb_tensor *x = nb_set_requires_grad(vec(3, (double[]){1, 2, 3}), true);
+    hook_log h = {.fail = 1};
+    ck_assert_int_eq(nb_set_grad_hook(x, log_hook, &h), 0);
+    nb_scope_begin();
+    ck_assert_int_eq(nb_backward(nb_sum_all(nb_mul(x, x))), -1);
+    ck_assert_str_eq(nb_last_error(), "my_hook: boom on a leaf of 3 elements");
+    h.fail = 2;
+    ck_assert_int_eq(nb_backward(nb_sum_all(nb_mul(x, x))), -1);
+    ck_assert_str_eq(nb_last_error(), "nb_backward: the gradient-ready hook of a leaf of shape "
+                                      "(3) failed without a message (report one with "
+                                      "nb_report_error)");
+    nb_tensor *y = nb_mul(x, x);
+    ck_assert_int_eq(nb_set_grad_hook(y, log_hook, &h), -1);
+    ck_assert_str_eq(nb_last_error(), "nb_set_grad_hook: this tensor of shape (3) was made by "
+                                      "nb_mul and is not a leaf; hooks go on leaves (parameters)");
+    nb_scope_end();
+    ck_assert_int_eq(h.calls, 2);
+    nb_free(x);
+    ck_assert_int_eq(nb_set_grad_hook(x, log_hook, &h), -1);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "freed"));
+}
+END_TEST
+
 Suite *suite_autograd(void) {
     Suite *s = suite_create("autograd");
     TCase *tc = tcase_create("engine");
@@ -524,6 +611,8 @@ Suite *suite_autograd(void) {
     tcase_add_test(tc, f32_gradients_are_f32);
     tcase_add_test(tc, sparse_gradient_added_in_place_keeps_the_bits);
     tcase_add_test(tc, caller_gradient_is_never_taken_over);
+    tcase_add_test(tc, grad_hook_runs_once_when_the_gradient_is_complete);
+    tcase_add_test(tc, grad_hook_errors);
     tcase_add_test(tc, anomaly_names_the_forward_op);
     tcase_add_test(tc, anomaly_names_the_backward_op);
     tcase_add_test(tc, anomaly_mode_is_quiet_on_a_transformer_step);

@@ -287,6 +287,7 @@ static bool mha_failed(nb_tensor **in) {
       nb_backward_with_opts(in[0], in[1], &(nb_backward_opts){.retain_graph = true}) == -1)      \
     X(nb_zero_grad, 1, leaf_grad, VOID_FAILED(nb_zero_grad(in[0])))                              \
     X(nb_clear_grad, 1, leaf_grad, VOID_FAILED(nb_clear_grad(in[0])))                            \
+    X(nb_set_grad_hook, 1, leaf, nb_set_grad_hook(in[0], NULL, NULL) == -1)                      \
     X(nb_detach, 1, one, nb_detach(in[0]) == NULL)                                               \
     X(nb_gradcheck, 2, gradcheck, gradcheck_failed(in))                                          \
     /* memory and argument checks */                                                             \
