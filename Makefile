@@ -343,3 +343,47 @@ gpt-fixture: $(BUILD)/tests/gen_gpt_files
 
 clean:
 	rm -rf $(BUILD) build-asan build-asan-clang build-clang build-fuzz build-tsan libnabla.a libnabla.so
+
+# ------------------------------------------------------------- nabla_mpi
+# The optional data-parallel part (mpi/nabla_mpi.h, docs/distributed.md):
+# make mpi builds $(BUILD)/libnabla_mpi.a with Open MPI's mpicc; make
+# test-mpi runs tests/mpi/test_mpi.c (Check, no fork) under mpirun on 2 and
+# 4 ranks. Neither make, make test nor make run needs MPI. mpi-deps installs
+# Debian's Open MPI when missing and root, or prints the command.
+MPICC   ?= mpicc
+MPIRUN  ?= mpirun --allow-run-as-root --oversubscribe
+MPI_NP  ?= 2 4
+.PHONY: mpi test-mpi mpi-deps
+mpi-deps:
+	@if ! command -v $(MPICC) >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "make mpi: installing Open MPI (apt-get install libopenmpi-dev openmpi-bin)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      libopenmpi-dev openmpi-bin >/dev/null; \
+	  else \
+	    echo "make mpi needs Open MPI. Install it with:"; \
+	    echo "    sudo apt-get update && sudo apt-get install -y libopenmpi-dev openmpi-bin"; \
+	    exit 1; \
+	  fi; \
+	fi
+
+$(BUILD)/mpi/ddp.o: mpi/ddp.c mpi/nabla_mpi.h nabla.h | mpi-deps
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS) -I. -c $< -o $@
+
+$(BUILD)/libnabla_mpi.a: $(BUILD)/mpi/ddp.o
+	ar rcs $@ $^
+
+mpi: all mpi-deps
+	@$(MAKE) --no-print-directory $(BUILD)/libnabla_mpi.a
+	@echo "make mpi: $(BUILD)/libnabla_mpi.a (link with $(BUILD)/libnabla.a, $(MPICC))"
+
+$(BUILD)/mpi/test_mpi: tests/mpi/test_mpi.c $(BUILD)/libnabla_mpi.a $(BUILD)/libnabla.a | check-deps
+	$(MPICC) $(CFLAGS) $$(pkg-config --cflags check 2>/dev/null) -I. -Impi $< \
+	  $(BUILD)/libnabla_mpi.a $(BUILD)/libnabla.a \
+	  $$(pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm) $(LDLIBS) -o $@
+
+test-mpi: mpi check-deps
+	@$(MAKE) --no-print-directory $(BUILD)/mpi/test_mpi
+	@for n in $(MPI_NP); do echo "make test-mpi: $(MPIRUN) -np $$n $(BUILD)/mpi/test_mpi"; \
+	  NABLA_NUM_THREADS=1 timeout 300 $(MPIRUN) -np $$n $(BUILD)/mpi/test_mpi || exit 1; done

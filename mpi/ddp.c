@@ -1,0 +1,538 @@
+/* ddp.c: nabla_mpi.h on Open MPI: the process group, parameter broadcast,
+ * and data-parallel gradient averaging in buckets that start reducing while
+ * backward runs (see nabla_mpi.h for the contract). Built only on nabla.h.
+ *
+ * Every wait goes through wait_all, which polls with a deadline, so a dead
+ * or silent rank becomes an error message instead of a hang. Collectives are
+ * the non-blocking MPI-3 ones for that reason. */
+#define _POSIX_C_SOURCE 200809L
+#include "nabla_mpi.h"
+
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MSG_LEN 1024
+
+static bool inited, broken;
+static int my_rank, world = 1;
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int mpi_fail(const char *fn, const char *what, int code) {
+    char s[MPI_MAX_ERROR_STRING];
+    int n = 0;
+    MPI_Error_string(code, s, &n);
+    nb_report_error("%s: rank %d: %s failed: %s", fn, my_rank, what, s);
+    broken = true;
+    return -1;
+}
+
+static bool need_init(const char *fn) {
+    if (inited) return true;
+    nb_report_error("%s: MPI is not initialized (call nb_mpi_init first)", fn);
+    return false;
+}
+
+/* NABLA_MPI_TIMEOUT seconds (default 20) without the requests completing:
+ * a rank died or stopped taking part. */
+static double timeout_s(void) {
+    const char *e = getenv("NABLA_MPI_TIMEOUT");
+    double t = e ? strtod(e, NULL) : 0;
+    return t > 0 ? t : 20.0;
+}
+
+static int wait_all(const char *fn, const char *what, int n, MPI_Request *reqs) {
+    double limit = timeout_s(), deadline = now() + limit;
+    for (;;) {
+        int done = 0, rc = MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) return mpi_fail(fn, what, rc);
+        if (done) return 0;
+        if (now() > deadline) {
+            broken = true;
+            nb_report_error("%s: rank %d: %s: no answer from the other ranks for %g s (a rank "
+                            "died, or stopped calling %s); MPI cannot go on, and "
+                            "nb_mpi_finalize will abort the job", fn, my_rank, what, limit, fn);
+            return -1;
+        }
+        nanosleep(&(struct timespec){0, 20000}, NULL);
+    }
+}
+
+int nb_mpi_init(int *argc, char ***argv) {
+    if (inited) return (nb_report_error("nb_mpi_init: MPI is already initialized"), -1);
+    int provided = 0, rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    if (rc != MPI_SUCCESS) return mpi_fail("nb_mpi_init", "MPI_Init_thread", rc);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    inited = true;
+    broken = false;
+    return 0;
+}
+
+void nb_mpi_finalize(void) {
+    if (!inited) return;
+    if (broken) MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Finalize();
+    inited = false;
+    my_rank = 0;
+    world = 1;
+}
+
+int nb_mpi_rank(void) { return my_rank; }
+int nb_mpi_size(void) { return world; }
+
+/* Every rank learns whether any rank's status is nonzero; if one is, every
+ * rank returns -1 with "fn: rank R failed: <R's message>" for the lowest such
+ * R (R itself included, so the message is the same everywhere). */
+static int agree(const char *fn, int status) {
+    int mine = status != 0 ? my_rank : world, first = world;
+    MPI_Request r;
+    int rc = MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &r);
+    if (rc != MPI_SUCCESS) return mpi_fail(fn, "MPI_Iallreduce", rc);
+    if (wait_all(fn, "agreeing on the step's status", 1, &r) != 0) return -1;
+    if (first == world) return 0;
+    char msg[MSG_LEN] = {0};
+    if (my_rank == first) snprintf(msg, sizeof msg, "%s", nb_last_error() ? nb_last_error() : "");
+    rc = MPI_Ibcast(msg, MSG_LEN, MPI_CHAR, first, MPI_COMM_WORLD, &r);
+    if (rc != MPI_SUCCESS) return mpi_fail(fn, "MPI_Ibcast", rc);
+    if (wait_all(fn, "sending the failed rank's message", 1, &r) != 0) return -1;
+    msg[MSG_LEN - 1] = '\0';
+    nb_report_error("%s: rank %d failed: %s", fn, first, msg[0] ? msg : "(no message)");
+    return -1;
+}
+
+double nb_mpi_mean(double x) {
+    const char *fn = "nb_mpi_mean";
+    if (!need_init(fn)) return NAN;
+    double *all = malloc((size_t)world * sizeof *all);
+    if (!all) return (nb_report_error("%s: out of memory", fn), NAN);
+    MPI_Request r;
+    int rc = MPI_Iallgather(&x, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, MPI_COMM_WORLD, &r);
+    double sum = 0;
+    if (rc != MPI_SUCCESS) mpi_fail(fn, "MPI_Iallgather", rc), sum = NAN;
+    else if (wait_all(fn, "MPI_Iallgather", 1, &r) != 0) sum = NAN;
+    for (int i = 0; i < world && !isnan(sum); i++) sum += all[i];
+    free(all);
+    return sum / world;
+}
+
+/* ------------------------------------------------------------- broadcast */
+static size_t elem_size(nb_dtype dt) { return dt == NB_F32 ? 4 : dt == NB_BOOL ? 1 : 8; }
+
+/* FNV-1a of a tensor's name, dtype and shape. */
+static uint64_t describe(const char *name, const nb_tensor *t) {
+    uint64_t h = 1469598103934665603ULL;
+    for (const char *c = name; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ULL;
+    h = (h ^ (uint64_t)nb_dtype_of(t)) * 1099511628211ULL;
+    for (int i = 0; i < nb_ndim(t); i++) h = (h ^ (uint64_t)nb_shape(t)[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* Tensor i of ps: its parameters, then its buffers. */
+static nb_tensor *tensor_at(nb_params *ps, int i, const char **name) {
+    int np = nb_params_count(ps);
+    return i < np ? nb_params_at(ps, i, name) : nb_params_buffer_at(ps, i - np, name);
+}
+
+/* 0 when every rank's registry matches root's; else this rank's message set
+ * (status for agree). */
+static int check_same_registry(const char *fn, nb_params *ps, int root) {
+    int n = nb_params_count(ps) + nb_params_buffer_count(ps);
+    int64_t root_n = n;
+    MPI_Request r;
+    int rc = MPI_Ibcast(&root_n, 1, MPI_INT64_T, root, MPI_COMM_WORLD, &r);
+    if (rc != MPI_SUCCESS) return mpi_fail(fn, "MPI_Ibcast", rc);
+    if (wait_all(fn, "comparing the registries", 1, &r) != 0) return -1;
+    uint64_t *h = calloc((size_t)(root_n > 0 ? root_n : 1), sizeof *h);
+    if (!h) return (nb_report_error("%s: out of memory", fn), -1);
+    for (int i = 0; i < n && i < root_n; i++) {
+        const char *name = "";
+        nb_tensor *t = tensor_at(ps, i, &name);
+        h[i] = describe(name, t);
+    }
+    uint64_t *mine = malloc((size_t)(root_n > 0 ? root_n : 1) * sizeof *mine);
+    if (!mine) return (free(h), nb_report_error("%s: out of memory", fn), -1);
+    memcpy(mine, h, (size_t)root_n * sizeof *h);
+    rc = MPI_Ibcast(h, (int)root_n, MPI_UINT64_T, root, MPI_COMM_WORLD, &r);
+    int status = rc != MPI_SUCCESS ? mpi_fail(fn, "MPI_Ibcast", rc)
+                                   : wait_all(fn, "comparing the registries", 1, &r);
+    if (status == 0 && n != root_n) {
+        nb_report_error("it has %d tensors (parameters and buffers), rank %d has %lld", n, root,
+                        (long long)root_n);
+        status = -1;
+    }
+    for (int i = 0; status == 0 && i < n; i++) {
+        if (mine[i] == h[i]) continue;
+        const char *name = "";
+        nb_tensor *t = tensor_at(ps, i, &name);
+        nb_report_error("its tensor %d, \"%s\" (%s, %d dims), differs from rank %d's (name, "
+                        "dtype or shape): the model must be built the same on every rank", i,
+                        name, nb_dtype_name(nb_dtype_of(t)), nb_ndim(t), root);
+        status = -1;
+    }
+    free(h);
+    free(mine);
+    return status;
+}
+
+int nb_mpi_broadcast_params(nb_params *ps, int root) {
+    const char *fn = "nb_mpi_broadcast_params";
+    if (!need_init(fn)) return -1;
+    if (!ps) return (nb_report_error("%s: ps is NULL", fn), -1);
+    if (root < 0 || root >= world)
+        return (nb_report_error("%s: root %d is not a rank (0..%d)", fn, root, world - 1), -1);
+    int status = check_same_registry(fn, ps, root);
+    if (broken) return -1;
+    if (agree(fn, status) != 0) return -1;
+    int n = nb_params_count(ps) + nb_params_buffer_count(ps);
+    MPI_Request *reqs = malloc((size_t)(n > 0 ? n : 1) * sizeof *reqs);
+    if (!reqs) return (nb_report_error("%s: out of memory", fn), -1);
+    int posted = 0, rc = MPI_SUCCESS;
+    for (int i = 0; i < n && rc == MPI_SUCCESS; i++) {
+        const char *name = "";
+        nb_tensor *t = tensor_at(ps, i, &name);
+        size_t bytes = (size_t)nb_numel(t) * elem_size(nb_dtype_of(t));
+        if (bytes > (size_t)INT32_MAX) {
+            nb_report_error("%s: \"%s\" has %zu bytes, more than one MPI message holds", fn,
+                            name, bytes);
+            rc = -1;
+            break;
+        }
+        rc = MPI_Ibcast(nb_data(t), (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD, &reqs[posted]);
+        if (rc == MPI_SUCCESS) posted++;
+    }
+    int out = rc == MPI_SUCCESS ? 0 : rc == -1 ? -1 : mpi_fail(fn, "MPI_Ibcast", rc);
+    if (posted && wait_all(fn, "broadcasting the parameters", posted, reqs) != 0) out = -1;
+    free(reqs);
+    for (int i = 0; out == 0 && i < n; i++) nb_mark_modified(tensor_at(ps, i, &(const char *){0}));
+    return out;
+}
+
+/* ------------------------------------------------------------------- DDP */
+typedef struct nb_ddp nb_ddp;
+
+typedef struct {
+    nb_ddp *d;
+    int i; /* slot */
+} hook_ctx;
+
+typedef struct {
+    nb_tensor *p;
+    const char *name;
+    int bucket;
+    int64_t off, numel; /* in the bucket, elements */
+    bool filled;        /* its gradient is in the bucket this step */
+} slot;
+
+/* One bucket: n elements of dtype dt, padded to world * chunk. Phase 1 is an
+ * all-to-all of send (piece r to rank r) into recv; this rank adds its N
+ * pieces in rank order into red; phase 2 gathers every rank's red into send. */
+typedef struct {
+    nb_dtype dt;
+    int64_t n, chunk;
+    char *send, *recv, *red;
+    int nslots, ready;
+    int phase; /* 0 filling, 1 all-to-all posted, 2 all-gather posted */
+    bool early; /* phase 1 posted from a hook, before nb_ddp_sync */
+    MPI_Request req;
+} bucket;
+
+/* MPI requires the collectives of a communicator to be started in the same
+ * order on every rank. Phase 1 starts in bucket order (as buckets fill);
+ * phase 2 starts when phase 1 has finished on this rank, which happens in
+ * its own order: so each phase has a communicator of its own, and phase 2
+ * too starts strictly in bucket order. */
+struct nb_ddp {
+    MPI_Comm phase1, phase2;
+    nb_params *ps;
+    slot *slots;
+    hook_ctx *ctx;
+    int nslots;
+    bucket *b;
+    int nb;
+    int next, next2; /* the next bucket to start phase 1, phase 2 of */
+    bool syncing;
+    nb_ddp_stats stats;
+    double wait_total;
+    int64_t early_total;
+};
+
+static MPI_Datatype mpi_type(nb_dtype dt) { return dt == NB_F32 ? MPI_FLOAT : MPI_DOUBLE; }
+
+/* Phase 1 of bucket k. */
+static int post_phase1(nb_ddp *d, int k, bool early) {
+    bucket *b = &d->b[k];
+    int rc = MPI_Ialltoall(b->send, (int)b->chunk, mpi_type(b->dt), b->recv, (int)b->chunk,
+                           mpi_type(b->dt), d->phase1, &b->req);
+    if (rc != MPI_SUCCESS) return mpi_fail("nb_ddp_sync", "MPI_Ialltoall", rc);
+    b->phase = 1;
+    b->early = early;
+    return 0;
+}
+
+/* red = the N pieces added in rank order; then phase 2. */
+static int post_phase2(nb_ddp *d, bucket *b) {
+    int64_t c = b->chunk;
+    if (b->dt == NB_F32) {
+        const float *in = (const float *)b->recv;
+        float *out = (float *)b->red;
+        for (int64_t i = 0; i < c; i++) out[i] = in[i];
+        for (int r = 1; r < world; r++)
+            for (int64_t i = 0; i < c; i++) out[i] += in[r * c + i];
+    } else {
+        const double *in = (const double *)b->recv;
+        double *out = (double *)b->red;
+        for (int64_t i = 0; i < c; i++) out[i] = in[i];
+        for (int r = 1; r < world; r++)
+            for (int64_t i = 0; i < c; i++) out[i] += in[r * c + i];
+    }
+    int rc = MPI_Iallgather(b->red, (int)c, mpi_type(b->dt), b->send, (int)c, mpi_type(b->dt),
+                            d->phase2, &b->req);
+    if (rc != MPI_SUCCESS) return mpi_fail("nb_ddp_sync", "MPI_Iallgather", rc);
+    b->phase = 2;
+    return 0;
+}
+
+/* Posts, in order, every bucket that is full; lets MPI progress the ones in
+ * flight, and starts phase 2 of those whose phase 1 is done. */
+static int advance(nb_ddp *d, bool early) {
+    while (d->next < d->nb && d->b[d->next].ready == d->b[d->next].nslots)
+        if (post_phase1(d, d->next++, early) != 0) return -1;
+    while (d->next2 < d->next) {
+        bucket *b = &d->b[d->next2];
+        int done = 0, rc = MPI_Test(&b->req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return mpi_fail("nb_ddp_sync", "MPI_Test", rc);
+        if (!done) break;
+        if (post_phase2(d, b) != 0) return -1;
+        d->next2++;
+    }
+    return 0;
+}
+
+/* Slot i's gradient (zeros when g is NULL) into its bucket. */
+static void fill(nb_ddp *d, int i, nb_tensor *g) {
+    slot *s = &d->slots[i];
+    bucket *b = &d->b[s->bucket];
+    size_t es = elem_size(b->dt);
+    char *dst = b->send + (size_t)s->off * es;
+    if (g) memcpy(dst, nb_data(g), (size_t)s->numel * es);
+    else memset(dst, 0, (size_t)s->numel * es);
+    s->filled = true;
+    b->ready++;
+}
+
+static int ddp_hook(nb_tensor *leaf, void *arg) {
+    hook_ctx *h = arg;
+    nb_ddp *d = h->d;
+    slot *s = &d->slots[h->i];
+    if (d->syncing) return 0; /* nb_ddp_sync giving a parameter its zero .grad */
+    if (s->filled) {
+        nb_report_error("nb_ddp: \"%s\" got a second gradient in one step; call nb_ddp_sync "
+                        "after each backward", s->name);
+        return -1;
+    }
+    nb_tensor *g = nb_grad(leaf);
+    if (!nb_is_contiguous(g)) {
+        nb_report_error("nb_ddp: the gradient of \"%s\" is not contiguous", s->name);
+        return -1;
+    }
+    fill(d, h->i, g);
+    return advance(d, true);
+}
+
+static void ddp_release(nb_ddp *d) {
+    if (d->phase1 != MPI_COMM_NULL) MPI_Comm_free(&d->phase1);
+    if (d->phase2 != MPI_COMM_NULL) MPI_Comm_free(&d->phase2);
+    for (int k = 0; d->b && k < d->nb; k++) {
+        free(d->b[k].send);
+        free(d->b[k].recv);
+        free(d->b[k].red);
+    }
+    free(d->b);
+    free(d->slots);
+    free(d->ctx);
+    free(d);
+}
+
+/* Buckets over the parameters in reverse registration order, one dtype each,
+ * up to `bytes` (a bigger parameter gets a bucket of its own). */
+static int make_buckets(nb_ddp *d, int64_t bytes) {
+    d->b = calloc((size_t)(d->nslots > 0 ? d->nslots : 1), sizeof *d->b);
+    if (!d->b) return -1;
+    bucket *cur = NULL;
+    for (int j = d->nslots - 1; j >= 0; j--) {
+        slot *s = &d->slots[j];
+        nb_dtype dt = nb_dtype_of(s->p);
+        size_t es = elem_size(dt);
+        if (!cur || cur->dt != dt || (cur->n + s->numel) * (int64_t)es > bytes) {
+            cur = &d->b[d->nb++];
+            cur->dt = dt;
+        }
+        s->bucket = (int)(cur - d->b);
+        s->off = cur->n;
+        cur->n += s->numel;
+        cur->nslots++;
+    }
+    for (int k = 0; k < d->nb; k++) {
+        bucket *b = &d->b[k];
+        size_t es = elem_size(b->dt);
+        b->chunk = (b->n + world - 1) / world;
+        if (b->chunk * world > INT32_MAX) return -1;
+        b->send = calloc((size_t)(b->chunk * world), es);
+        b->recv = calloc((size_t)(b->chunk * world), es);
+        b->red = calloc((size_t)b->chunk, es);
+        if (!b->send || !b->recv || !b->red) return -1;
+        d->stats.bytes += b->n * (int64_t)es;
+    }
+    d->stats.buckets = d->nb;
+    return 0;
+}
+
+nb_ddp *nb_ddp_new(nb_params *ps, const nb_ddp_opts *opts) {
+    const char *fn = "nb_ddp_new";
+    if (!need_init(fn)) return NULL;
+    if (!ps) return (nb_report_error("%s: ps is NULL", fn), NULL);
+    int64_t bytes = opts && opts->bucket_bytes > 0 ? opts->bucket_bytes : (int64_t)25 << 20;
+    nb_ddp *d = calloc(1, sizeof *d);
+    int n = nb_params_count(ps);
+    if (d) {
+        d->phase1 = d->phase2 = MPI_COMM_NULL;
+        d->ps = ps;
+        d->nslots = n;
+        d->slots = calloc((size_t)(n > 0 ? n : 1), sizeof *d->slots);
+        d->ctx = calloc((size_t)(n > 0 ? n : 1), sizeof *d->ctx);
+    }
+    if (!d || !d->slots || !d->ctx) {
+        if (d) ddp_release(d);
+        return (nb_report_error("%s: out of memory", fn), NULL);
+    }
+    for (int i = 0; i < n; i++) {
+        nb_tensor *p = nb_params_at(ps, i, &d->slots[i].name);
+        d->slots[i].p = p;
+        d->slots[i].numel = nb_numel(p);
+        d->ctx[i] = (hook_ctx){d, i};
+        if (nb_dtype_of(p) != NB_F32 && nb_dtype_of(p) != NB_F64) {
+            nb_report_error("%s: parameter \"%s\" is %s; data parallelism averages f32 and f64 "
+                            "gradients", fn, d->slots[i].name, nb_dtype_name(nb_dtype_of(p)));
+            ddp_release(d);
+            return NULL;
+        }
+    }
+    if (make_buckets(d, bytes) != 0) {
+        ddp_release(d);
+        return (nb_report_error("%s: out of memory for the gradient buckets", fn), NULL);
+    }
+    if (nb_mpi_broadcast_params(ps, 0) != 0) {
+        ddp_release(d);
+        return NULL;
+    }
+    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &d->phase1);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(MPI_COMM_WORLD, &d->phase2);
+    if (rc != MPI_SUCCESS) {
+        mpi_fail(fn, "MPI_Comm_dup", rc);
+        ddp_release(d);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) nb_set_grad_hook(d->slots[i].p, ddp_hook, &d->ctx[i]);
+    return d;
+}
+
+/* Every parameter's .grad = its bucket's sum / world. A parameter backward
+ * did not reach gets a .grad first, through a backward of the leaf itself. */
+static int write_back(nb_ddp *d) {
+    for (int i = 0; i < d->nslots; i++) {
+        slot *s = &d->slots[i];
+        bucket *b = &d->b[s->bucket];
+        nb_tensor *g = nb_grad(s->p);
+        if (!g) {
+            nb_scope_begin();
+            int rc = nb_backward_with_grad(s->p, nb_zeros(nb_dtype_of(s->p), nb_ndim(s->p),
+                                                          nb_shape(s->p)));
+            nb_scope_end();
+            if (rc != 0 || !(g = nb_grad(s->p))) return -1;
+        }
+        if (b->dt == NB_F32) {
+            float *out = nb_data(g);
+            const float *sum = (const float *)b->send + s->off;
+            for (int64_t k = 0; k < s->numel; k++) out[k] = sum[k] / (float)world;
+        } else {
+            double *out = nb_data(g);
+            const double *sum = (const double *)b->send + s->off;
+            for (int64_t k = 0; k < s->numel; k++) out[k] = sum[k] / (double)world;
+        }
+        nb_mark_modified(g);
+    }
+    return 0;
+}
+
+static void reset_step(nb_ddp *d) {
+    for (int i = 0; i < d->nslots; i++) d->slots[i].filled = false;
+    for (int k = 0; k < d->nb; k++) {
+        bucket *b = &d->b[k];
+        b->ready = 0;
+        b->phase = 0;
+        b->early = false;
+        memset(b->send, 0, (size_t)(b->chunk * world) * elem_size(b->dt));
+    }
+    d->next = d->next2 = 0;
+}
+
+int nb_ddp_sync(nb_ddp *d, int status) {
+    const char *fn = "nb_ddp_sync";
+    if (!d) return (nb_report_error("%s: d is NULL", fn), -1);
+    if (broken) return (nb_report_error("%s: an earlier MPI failure ended data parallelism", fn), -1);
+    double t0 = now();
+    /* what backward did not give (a failed step, an unused parameter): zeros */
+    for (int i = 0; i < d->nslots; i++)
+        if (!d->slots[i].filled) fill(d, i, NULL);
+    int rc = advance(d, false);
+    for (; rc == 0 && d->next2 < d->nb; d->next2++) {
+        bucket *b = &d->b[d->next2];
+        rc = wait_all(fn, "reducing the gradients", 1, &b->req);
+        if (rc == 0) rc = post_phase2(d, b);
+    }
+    for (int k = 0; rc == 0 && k < d->nb; k++)
+        rc = wait_all(fn, "gathering the gradients", 1, &d->b[k].req);
+    if (rc != 0) return -1;
+    int64_t early = 0;
+    for (int k = 0; k < d->nb; k++) early += d->b[k].early;
+    if (agree(fn, status) != 0) {
+        reset_step(d);
+        return -1;
+    }
+    d->syncing = true;
+    rc = write_back(d);
+    d->syncing = false;
+    reset_step(d);
+    if (rc != 0) return -1;
+    d->stats.steps++;
+    d->early_total += early;
+    d->wait_total += now() - t0;
+    return 0;
+}
+
+nb_ddp_stats nb_ddp_get_stats(const nb_ddp *d) {
+    nb_ddp_stats s = {0};
+    if (!d) return s;
+    s = d->stats;
+    if (s.steps > 0 && s.buckets > 0) {
+        s.early = (double)d->early_total / (double)(s.steps * s.buckets);
+        s.wait_ms = 1e3 * d->wait_total / (double)s.steps;
+    }
+    return s;
+}
+
+void nb_ddp_free(nb_ddp *d) {
+    if (!d) return;
+    for (int i = 0; i < d->nslots; i++) nb_set_grad_hook(d->slots[i].p, NULL, NULL);
+    ddp_release(d);
+}

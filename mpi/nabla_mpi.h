@@ -1,0 +1,102 @@
+/* nabla_mpi.h: data-parallel training on MPI (Open MPI), the optional part of
+ * nabla. libnabla_mpi is built by `make mpi` with Debian's Open MPI
+ * (libopenmpi-dev, openmpi-bin); the core library does not need it.
+ *
+ * The model is PyTorch's DistributedDataParallel: every process (rank) holds
+ * a whole replica of the model, reads its own share of each global batch,
+ * and after backward every rank holds the mean of all ranks' gradients, so
+ * the optimizer steps stay identical everywhere.
+ *
+ *   nb_mpi_init(&argc, &argv);
+ *   ... build the model into ps, on every rank ...
+ *   nb_ddp *ddp = nb_ddp_new(ps, NULL);  // rank 0's weights everywhere, hooks set
+ *   nb_optim *opt = nb_adam(ps, ...);
+ *   for each step:
+ *       nb_scope_begin();
+ *       int rc = this rank's forward + nb_backward on its share of the batch;
+ *       if (nb_ddp_sync(ddp, rc) != 0) { report nb_last_error(); stop; }
+ *       nb_optim_step(opt); nb_optim_zero_grad(opt);
+ *       nb_scope_end();
+ *   nb_ddp_free(ddp);
+ *   nb_mpi_finalize();
+ *
+ * How the gradients travel: parameters are grouped, in the reverse of their
+ * registration order (about the order backward finishes them), into buckets
+ * of up to bucket_bytes. A gradient-ready hook (nb_set_grad_hook) copies each
+ * gradient into its bucket as soon as backward has it; a full bucket starts
+ * its reduction while backward goes on, buckets always in the same order on
+ * every rank. The reduction has a fixed order, so results are the same from
+ * run to run for a given number of ranks: each rank gets 1/N of every bucket
+ * from every rank (an all-to-all), adds the N pieces in rank order 0, 1, ...,
+ * N-1, and the sums are gathered back to every rank (an all-gather): the
+ * traffic of a ring allreduce, 2 (N-1)/N of the bucket per rank.
+ *
+ * Errors: as everywhere in nabla, -1 (or NULL) and nb_last_error(). A rank
+ * that failed in its step passes its rc to nb_ddp_sync: it still takes part
+ * in the step's collectives (with zeros), and then every rank returns -1 with
+ * the failed rank's message ("nb_ddp_sync: rank 1 failed: nb_matmul: ..."),
+ * instead of the others waiting forever. Every rank must call nb_ddp_sync
+ * once per step. A wait that sees no progress for NABLA_MPI_TIMEOUT seconds
+ * (default 20: a rank died, or stopped calling nb_ddp_sync) fails with a
+ * message naming the timeout; MPI cannot go on after that, and
+ * nb_mpi_finalize then aborts the job instead of waiting for the others. */
+#ifndef NABLA_MPI_H
+#define NABLA_MPI_H
+
+#include "nabla.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* MPI_Init_thread (MPI_THREAD_FUNNELED: call MPI, nabla_mpi and backward with
+ * DDP hooks from the main thread; nabla's own worker threads never call MPI).
+ * 0, or -1 with a message. Calling it twice is an error. */
+NB_API int nb_mpi_init(int *argc, char ***argv);
+/* MPI_Finalize (MPI_Abort after a failed or timed-out collective, which the
+ * other ranks may never finish). */
+NB_API void nb_mpi_finalize(void);
+NB_API int nb_mpi_rank(void); /* this process's rank, 0 .. size-1; 0 before init */
+NB_API int nb_mpi_size(void); /* the number of ranks; 1 before init */
+
+/* Every parameter and buffer of ps gets root's values (MPI_Bcast), in
+ * registration order; the registries must match (names, shapes, dtypes),
+ * which is checked first: a mismatch on any rank fails on every rank with
+ * a message naming the first differing tensor. 0 or -1. */
+NB_API int nb_mpi_broadcast_params(nb_params *ps, int root);
+
+/* x averaged over the ranks, added in rank order (the same bits on every
+ * rank and in every run): for a loss to print. NAN on error. */
+NB_API double nb_mpi_mean(double x);
+
+typedef struct nb_ddp nb_ddp;
+typedef struct nb_ddp_opts {
+    int64_t bucket_bytes; /* gradient bytes per bucket; 0 = 25 MiB (DDP's default) */
+} nb_ddp_opts;
+
+/* Data parallelism over ps's parameters: broadcasts ps from rank 0 (as
+ * nb_mpi_broadcast_params) and sets a gradient-ready hook on every
+ * parameter (replacing any hook of yours). opts NULL = defaults. */
+NB_API nb_ddp *nb_ddp_new(nb_params *ps, const nb_ddp_opts *opts);
+/* After this rank's backward (status = its result: 0, or nonzero when the
+ * rank's forward or backward failed): waits for every bucket and replaces
+ * each parameter's .grad by the mean over the ranks. 0, or -1 on every rank
+ * when any rank passed a nonzero status (the message names that rank and
+ * gives its message) or a wait timed out. A parameter this backward did not
+ * reach counts as a zero gradient (and gets a .grad). */
+NB_API int nb_ddp_sync(nb_ddp *d, int status);
+NB_API void nb_ddp_free(nb_ddp *d); /* removes the hooks; NULL is ok */
+
+typedef struct nb_ddp_stats {
+    int64_t steps;      /* nb_ddp_sync calls that succeeded */
+    int64_t buckets;    /* buckets per step */
+    int64_t bytes;      /* gradient bytes per step */
+    double early;       /* share of buckets whose reduction started before backward ended */
+    double wait_ms;     /* time in nb_ddp_sync, per step (the communication not hidden) */
+} nb_ddp_stats;
+NB_API nb_ddp_stats nb_ddp_get_stats(const nb_ddp *d);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,261 @@
+/* test_mpi.c: nabla_mpi under mpirun (make test-mpi runs it on 2 and 4
+ * ranks). Every rank runs every test, in the same order, without forking
+ * (CK_NOFORK: a forked child cannot use MPI); rank 0 prints Check's report,
+ * and the exit status is nonzero when any rank failed a test.
+ *
+ * The data-parallel tests train a small MLP on a global batch of B rows,
+ * each rank on its B/N rows, and compare with the same model trained on
+ * every rank alone on all B rows (the single-process reference). */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nabla.h"
+#include "nabla_mpi.h"
+
+#define B 16  /* global batch: divisible by 1, 2 and 4 ranks */
+#define IN 5
+#define HID 7
+
+static int rank, size;
+static nb_ddp_stats last_stats; /* of train_both's last run */
+
+typedef struct {
+    nb_params *ps;
+    nb_Linear l1, l2;
+} mlp;
+
+static void mlp_init(mlp *m, nb_dtype dt, uint64_t seed) {
+    nb_dtype was = nb_default_dtype();
+    nb_set_default_dtype(dt);
+    nb_rng r;
+    nb_rng_seed(&r, seed);
+    m->ps = nb_params_new();
+    ck_assert_int_eq(nb_linear_init(&m->l1, m->ps, "l1", IN, HID, true, &r), 0);
+    ck_assert_int_eq(nb_linear_init(&m->l2, m->ps, "l2", HID, 1, true, &r), 0);
+    nb_set_default_dtype(was);
+}
+
+/* The global batch (the same on every rank) and rows [lo, hi) of it. */
+static void batch(nb_dtype dt, int step, int lo, int hi, nb_tensor **x, nb_tensor **y) {
+    nb_rng r;
+    nb_rng_seed(&r, 1000 + (uint64_t)step);
+    nb_tensor *X = nb_randn(dt, NB_SHAPE(B, IN), &r), *Y = nb_randn(dt, NB_SHAPE(B, 1), &r);
+    *x = nb_narrow(X, 0, lo, hi - lo);
+    *y = nb_narrow(Y, 0, lo, hi - lo);
+}
+
+/* mean((mlp(x) - y)^2) over the rows given */
+static nb_tensor *loss_of(mlp *m, nb_tensor *x, nb_tensor *y) {
+    nb_tensor *h = nb_tanh(nb_linear_forward(&m->l1, x));
+    nb_tensor *d = nb_sub(nb_linear_forward(&m->l2, h), y);
+    return nb_mean_all(nb_mul(d, d));
+}
+
+/* The largest |a - b| / max(1, |b|) over every parameter. */
+static double max_rel_diff(nb_params *a, nb_params *b) {
+    double worst = 0;
+    for (int i = 0; i < nb_params_count(a); i++) {
+        nb_tensor *ta = nb_params_at(a, i, NULL), *tb = nb_params_at(b, i, NULL);
+        int64_t n = nb_numel(ta);
+        double *va = malloc((size_t)n * sizeof *va), *vb = malloc((size_t)n * sizeof *vb);
+        nb_copy_to_f64(ta, va);
+        nb_copy_to_f64(tb, vb);
+        for (int64_t k = 0; k < n; k++) {
+            double d = fabs(va[k] - vb[k]) / fmax(1.0, fabs(vb[k]));
+            if (d > worst) worst = d;
+        }
+        free(va);
+        free(vb);
+    }
+    return worst;
+}
+
+/* Trains `steps` SGD steps data-parallel (model m, through ddp) and alone on
+ * the whole batch (ref); returns the worst relative difference of the
+ * weights, and of the losses (the mean of the ranks' losses against the
+ * reference's) in *loss_diff. */
+static double train_both(nb_dtype dt, int steps, int64_t bucket_bytes, double *loss_diff,
+                         nb_params **weights_out) {
+    mlp m, ref;
+    mlp_init(&m, dt, 7 + (uint64_t)rank); /* different on each rank: the broadcast fixes it */
+    mlp_init(&ref, dt, 7);
+    nb_ddp *ddp = nb_ddp_new(m.ps, &(nb_ddp_opts){.bucket_bytes = bucket_bytes});
+    ck_assert_msg(ddp != NULL, "%s", nb_last_error());
+    nb_optim *opt = nb_sgd(m.ps, 0.1, 0.0, 0.0), *ropt = nb_sgd(ref.ps, 0.1, 0.0, 0.0);
+    int per = B / size;
+    *loss_diff = 0;
+    for (int s = 0; s < steps; s++) {
+        nb_scope_begin();
+        nb_tensor *x, *y;
+        batch(dt, s, rank * per, (rank + 1) * per, &x, &y);
+        nb_tensor *loss = loss_of(&m, x, y);
+        int rc = loss ? nb_backward(loss) : -1;
+        ck_assert_msg(nb_ddp_sync(ddp, rc) == 0, "%s", nb_last_error());
+        double mean_loss = nb_mpi_mean(nb_item(loss));
+        nb_optim_step(opt);
+        nb_optim_zero_grad(opt);
+        batch(dt, s, 0, B, &x, &y);
+        nb_tensor *rloss = loss_of(&ref, x, y);
+        ck_assert_int_eq(nb_backward(rloss), 0);
+        nb_optim_step(ropt);
+        nb_optim_zero_grad(ropt);
+        double d = fabs(mean_loss - nb_item(rloss)) / fmax(1.0, fabs(nb_item(rloss)));
+        if (d > *loss_diff) *loss_diff = d;
+        nb_scope_end();
+    }
+    double w = max_rel_diff(m.ps, ref.ps);
+    nb_ddp_stats st = nb_ddp_get_stats(ddp);
+    ck_assert_int_eq(st.steps, steps);
+    last_stats = st;
+    nb_ddp_free(ddp);
+    nb_optim_free(opt);
+    nb_optim_free(ropt);
+    if (weights_out) *weights_out = m.ps;
+    else nb_params_free(m.ps);
+    nb_params_free(ref.ps);
+    return w;
+}
+
+START_TEST(rank_size_and_mean) {
+    ck_assert_int_ge(size, 1);
+    ck_assert_int_lt(rank, size);
+    ck_assert(nb_mpi_mean((double)rank) == (double)(size - 1) / 2);
+}
+END_TEST
+
+/* Each rank starts from its own weights; after the broadcast all hold rank
+ * 0's, which the mean of a checksum shows. */
+START_TEST(broadcast_gives_rank_0s_weights) {
+    mlp m, r0;
+    mlp_init(&m, NB_F64, 100 + (uint64_t)rank);
+    mlp_init(&r0, NB_F64, 100);
+    ck_assert_int_eq(nb_mpi_broadcast_params(m.ps, 0), 0);
+    ck_assert(max_rel_diff(m.ps, r0.ps) == 0);
+    nb_params_free(m.ps);
+    nb_params_free(r0.ps);
+}
+END_TEST
+
+/* f64: data-parallel and single-process training agree to rounding. */
+START_TEST(ddp_agrees_with_one_process_f64) {
+    double ld, wd = train_both(NB_F64, 5, 0, &ld, NULL);
+    if (rank == 0)
+        printf("mpi ok  %d ranks, f64, 5 SGD steps: weights within %.1e, losses within %.1e of "
+               "one process\n", size, wd, ld);
+    ck_assert_msg(wd <= 1e-13 && ld <= 1e-13, "weights %.3e, losses %.3e", wd, ld);
+}
+END_TEST
+
+/* f32, with buckets of 64 bytes (several per step, most started from the
+ * hooks while backward runs): within f32 rounding. */
+START_TEST(ddp_agrees_with_one_process_f32_small_buckets) {
+    double ld, wd = train_both(NB_F32, 5, 64, &ld, NULL);
+    if (rank == 0)
+        printf("mpi ok  %d ranks, f32, 64-byte buckets, 5 SGD steps: weights within %.1e, "
+               "losses within %.1e of one process\n", size, wd, ld);
+    ck_assert_msg(wd <= 2e-6 && ld <= 2e-6, "weights %.3e, losses %.3e", wd, ld);
+    /* parameters of 35, 7, 7 and 1 floats, bucketed last first: (1, 7, 7)
+     * in 60 bytes, then l1.weight alone; both start from the hooks, while
+     * backward runs */
+    ck_assert_int_eq(last_stats.buckets, 2);
+    ck_assert_msg(last_stats.early == 1.0, "%.2f of the buckets started early", last_stats.early);
+}
+END_TEST
+
+/* The same run twice gives the same bits (the reduction has a fixed order). */
+START_TEST(ddp_is_deterministic) {
+    double ld;
+    nb_params *a, *b;
+    train_both(NB_F32, 3, 64, &ld, &a);
+    train_both(NB_F32, 3, 64, &ld, &b);
+    ck_assert(max_rel_diff(a, b) == 0);
+    nb_params_free(a);
+    nb_params_free(b);
+}
+END_TEST
+
+/* A rank that failed makes every rank's nb_ddp_sync fail with its message,
+ * then the next step works again. */
+START_TEST(a_failed_rank_stops_every_rank) {
+    mlp m;
+    mlp_init(&m, NB_F64, 3);
+    nb_ddp *ddp = nb_ddp_new(m.ps, NULL);
+    ck_assert_ptr_nonnull(ddp);
+    int bad = size - 1;
+    nb_scope_begin();
+    nb_tensor *x, *y;
+    batch(NB_F64, 0, 0, B, &x, &y);
+    int rc;
+    if (rank == bad) { /* a bad shape: the forward fails before backward */
+        rc = nb_linear_forward(&m.l1, nb_narrow(x, 1, 0, 2)) ? 0 : -1;
+        ck_assert_int_eq(rc, -1);
+    } else {
+        rc = nb_backward(loss_of(&m, x, y));
+    }
+    ck_assert_int_eq(nb_ddp_sync(ddp, rc), -1);
+    char want[256];
+    snprintf(want, sizeof want, "nb_ddp_sync: rank %d failed: nb_linear_forward: nb_linear: ", bad);
+    ck_assert_msg(strncmp(nb_last_error(), want, strlen(want)) == 0, "%s", nb_last_error());
+    nb_optim *opt = nb_sgd(m.ps, 0.1, 0, 0);
+    nb_optim_zero_grad(opt);
+    ck_assert_int_eq(nb_ddp_sync(ddp, nb_backward(loss_of(&m, x, y))), 0);
+    nb_scope_end();
+    nb_optim_free(opt);
+    nb_ddp_free(ddp);
+    nb_params_free(m.ps);
+}
+END_TEST
+
+/* Models that differ between ranks are refused on every rank, by name. */
+START_TEST(different_models_are_refused) {
+    nb_params *ps = nb_params_new();
+    nb_rng r;
+    nb_rng_seed(&r, 1);
+    nb_Linear a;
+    ck_assert_int_eq(nb_linear_init(&a, ps, "a", 3, rank == size - 1 && size > 1 ? 5 : 4, true,
+                                    &r), 0);
+    nb_ddp *ddp = nb_ddp_new(ps, NULL);
+    if (size > 1) {
+        ck_assert_ptr_null(ddp);
+        char want[256];
+        snprintf(want, sizeof want, "nb_mpi_broadcast_params: rank %d failed: its tensor 0, "
+                 "\"a.weight\" (f32, 2 dims), differs from rank 0's (name, dtype or shape): "
+                 "the model must be built the same on every rank", size - 1);
+        ck_assert_str_eq(nb_last_error(), want);
+    }
+    nb_ddp_free(ddp);
+    nb_params_free(ps);
+}
+END_TEST
+
+int main(int argc, char **argv) {
+    if (nb_mpi_init(&argc, &argv) != 0) {
+        fprintf(stderr, "%s\n", nb_last_error());
+        return 1;
+    }
+    rank = nb_mpi_rank();
+    size = nb_mpi_size();
+    Suite *s = suite_create("mpi");
+    TCase *tc = tcase_create("ddp");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, rank_size_and_mean);
+    tcase_add_test(tc, broadcast_gives_rank_0s_weights);
+    tcase_add_test(tc, ddp_agrees_with_one_process_f64);
+    tcase_add_test(tc, ddp_agrees_with_one_process_f32_small_buckets);
+    tcase_add_test(tc, ddp_is_deterministic);
+    tcase_add_test(tc, a_failed_rank_stops_every_rank);
+    tcase_add_test(tc, different_models_are_refused);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, rank == 0 ? CK_NORMAL : CK_SILENT);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    int any = (int)(nb_mpi_mean(failed > 0 ? 1.0 : 0.0) * size + 0.5);
+    if (rank == 0 && any) printf("mpi: %d rank(s) had failures\n", any);
+    nb_mpi_finalize();
+    return any ? 1 : 0;
+}
