@@ -5,6 +5,10 @@ WARN    := -std=c11 -Wall -Wextra -Wpedantic
 CFLAGS  += $(OPT) $(WARN) -D_POSIX_C_SOURCE=200809L -pthread
 LIBFLAGS := -fPIC -fvisibility=hidden
 LDLIBS  += -lm -lpthread
+# make MPI=1: the examples built with Open MPI (their --dist flag), into build-mpi/
+ifeq ($(MPI),1)
+BUILD   ?= build-mpi
+endif
 BUILD   ?= build
 # parallel compiles inside test, valgrind, asan and tsan
 JOBS    ?= 2
@@ -66,9 +70,15 @@ $(BUILD)/$(SONAME): $(BUILD)/$(SHLIB)
 $(BUILD)/libnabla.so: $(BUILD)/$(SONAME)
 	ln -sf $(SONAME) $@
 
-$(BUILD)/examples/%: examples/%.c $(wildcard examples/*.h) $(BUILD)/libnabla.a nabla.h
+EX_CC    = $(CC)
+ifeq ($(MPI),1)
+EX_CC    = $(MPICC)
+EX_FLAGS = -DNB_MPI -Impi
+EX_LIBS  = $(BUILD)/libnabla_mpi.a
+endif
+$(BUILD)/examples/%: examples/%.c $(wildcard examples/*.h) $(BUILD)/libnabla.a nabla.h $(EX_LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -I. $< $(BUILD)/libnabla.a $(LDLIBS) -o $@
+	$(EX_CC) $(CFLAGS) $(EX_FLAGS) -I. $< $(EX_LIBS) $(BUILD)/libnabla.a $(LDLIBS) -o $@
 
 # Check is the one test dependency: installed here when missing and we are root.
 check-deps:

@@ -35,6 +35,15 @@
  * (epoch, step, where annealing began, the data and dropout random streams). --load FILE resumes
  * from one: given the same flags, the run continues exactly as if it had
  * never stopped (the same losses, bitwise).
+ *
+ * --dist (a build with MPI: make MPI=1, then mpirun -np N
+ * build-mpi/examples/copy_task --dist) trains data-parallel on N processes
+ * (nabla_mpi.h): every rank draws the same global batch and trains on its
+ * batch/N rows, with a dropout stream of its own; gradients are averaged
+ * after each backward. Every rank checks the held-out set (their weights are
+ * the same, so are their decisions); rank 0 prints and writes checkpoints,
+ * every rank reads them. Each rank runs on (CPUs / N) threads unless
+ * --threads says otherwise.
  */
 #include <errno.h>
 #include <math.h>
@@ -44,8 +53,12 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "nabla.h"
+#ifdef NB_MPI
+#include "nabla_mpi.h"
+#endif
 #include "checkpoint.h"
 #include "progress.h"
 #include "svg.h"
@@ -63,6 +76,7 @@ typedef struct {
     uint64_t seed;
     bool all_epochs;       /* do not stop at the first epoch with 100% exact match */
     bool detect_anomaly;   /* nb_set_detect_anomaly: fail at the first NaN or Inf */
+    bool dist;             /* --dist: data-parallel over MPI ranks */
     const char *attn_dir;  /* --attn-map DIR, or NULL */
     const char *loss_plot; /* --loss-plot FILE.svg, or NULL */
     const char *save, *load; /* --save FILE, --load FILE, or NULL */
@@ -80,7 +94,7 @@ static void usage(const char *prog) {
             "          [--batches N] [--epochs N] [--dropout P] [--lr F] [--warmup N]\n"
             "          [--anneal EPOCHS] [--anneal-at FRACTION] [--seed N] [--threads N]\n"
             "          [--all-epochs] [--attn-map DIR] [--loss-plot FILE.svg] [--save FILE]\n"
-            "          [--load FILE] [--detect-anomaly]\n",
+            "          [--load FILE] [--detect-anomaly] [--dist]\n",
             prog);
 }
 
@@ -92,6 +106,7 @@ static int parse(int argc, char **argv, options *o) {
         const char *a = argv[i];
         bool *flag = !strcmp(a, "--all-epochs")       ? &o->all_epochs
                      : !strcmp(a, "--detect-anomaly") ? &o->detect_anomaly
+                     : !strcmp(a, "--dist")           ? &o->dist
                                                       : NULL;
         if (flag) {
             *flag = true;
@@ -176,17 +191,36 @@ static nb_tensor *teacher_forced_logits(nb_Transformer *m, nb_tensor *seq, bool 
     return nb_transformer_logits(m, out);
 }
 
-/* One optimization step on a fresh batch; returns the loss (NAN on error). */
+/* The data-parallel part of a run: this rank, the number of ranks, and the
+ * gradient averaging (NULL on one process). */
+typedef struct {
+    int rank, ranks;
+#ifdef NB_MPI
+    nb_ddp *ddp;
+#endif
+} dist_state;
+
+/* One optimization step on a fresh batch (this rank's rows of it); returns
+ * the loss of the whole batch (NAN on error). */
 static double train_step(nb_Transformer *m, nb_optim *opt, nb_rng *data, nb_rng *drop,
-                         int64_t batch) {
-    nb_tensor *seq = random_sequences(batch, data);
+                         int64_t batch, const dist_state *ds) {
+    int64_t per = batch / ds->ranks;
+    nb_tensor *seq = nb_narrow(random_sequences(batch, data), 0, ds->rank * per, per);
     nb_tensor *tgt_y = nb_narrow(seq, 1, 1, SEQ - 1);
     nb_tensor *logits = nb_reshape(teacher_forced_logits(m, seq, true, drop), NB_SHAPE(-1, VOCAB));
     nb_tensor *loss = nb_cross_entropy(logits, nb_reshape(tgt_y, NB_SHAPE(-1)), PAD, 0.0);
-    if (!loss || nb_backward(loss) != 0) return NAN;
+    int rc = loss && nb_backward(loss) == 0 ? 0 : -1;
+    double value = rc == 0 ? nb_item(loss) : NAN;
+#ifdef NB_MPI
+    if (ds->ddp) { /* every rank takes part, even after a failure of its own */
+        if (nb_ddp_sync(ds->ddp, rc) != 0) return NAN;
+        value = nb_mpi_mean(value);
+    }
+#endif
+    if (rc != 0) return NAN;
     nb_optim_step(opt);
     nb_optim_zero_grad(opt);
-    return nb_item(loss);
+    return value;
 }
 
 /* Greedy decoding of src (n, SEQ): returns (n, SEQ) predictions. */
@@ -319,6 +353,7 @@ typedef struct {
     nb_optim *opt;
     nb_tensor *heldout, *final_set; /* persistent */
     nb_rng data, drop;
+    dist_state ds;
     doubles losses, epoch_ends; /* for --loss-plot: every step's loss, x of the epoch ends */
     progress bar;
     double start, train_time, train_end;
@@ -330,13 +365,25 @@ typedef struct {
     nb_params *ckpt;       /* --save/--load: model + "optim." + "trainer.", sharing storage */
 } run;
 
+/* Rank r's dropout stream: its own seed (the checkpoint keeps rank 0's). */
+#define DROP_SEED_STEP 7919
+
 static int setup(run *r, const options *o) {
+    r->ds.ranks = 1;
+#ifdef NB_MPI
+    if (o->dist) r->ds.rank = nb_mpi_rank(), r->ds.ranks = nb_mpi_size();
+#endif
+    if (o->batch % r->ds.ranks != 0)
+        return fail("--dist: batch %lld does not split evenly over %d ranks", (long long)o->batch,
+                    r->ds.ranks);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     if (o->threads > 0) nb_set_num_threads((int)o->threads);
+    else if (r->ds.ranks > 1) nb_set_num_threads(cpus > r->ds.ranks ? (int)(cpus / r->ds.ranks) : 1);
     nb_set_detect_anomaly(o->detect_anomaly);
     nb_rng init, test, fresh;
     nb_rng_seed(&init, o->seed);
     nb_rng_seed(&r->data, o->seed + 1000);
-    nb_rng_seed(&r->drop, o->seed + 2000);
+    nb_rng_seed(&r->drop, o->seed + 2000 + DROP_SEED_STEP * (uint64_t)r->ds.rank);
     nb_rng_seed(&test, o->seed + 3000);  /* held-out sequences, never trained on */
     nb_rng_seed(&fresh, o->seed + 4000); /* never trained on, never used to stop */
 
@@ -350,11 +397,16 @@ static int setup(run *r, const options *o) {
     r->heldout = random_sequences(HELDOUT, &test);
     r->final_set = random_sequences(FRESH, &fresh);
     if (!r->opt || !r->heldout || !r->final_set) return fail("%s", err());
+#ifdef NB_MPI
+    if (o->dist && !(r->ds.ddp = nb_ddp_new(r->ps, NULL))) return fail("%s", err());
+#endif
     printf("copy task: d_model %lld, heads %lld, layers %lld, d_ff %lld, %lld parameters; "
-           "batch %lld x %lld per epoch, %d thread(s)\n",
+           "batch %lld x %lld per epoch, %d thread(s)",
            (long long)o->d_model, (long long)o->heads, (long long)o->layers, (long long)o->d_ff,
            (long long)nb_params_numel(r->ps), (long long)o->batch, (long long)o->batches,
            nb_num_threads());
+    if (r->ds.ranks > 1) printf(" x %d ranks (--dist)", r->ds.ranks);
+    printf("\n");
     return 0;
 }
 
@@ -379,7 +431,9 @@ static int save_checkpoint(run *r, const char *path) {
     for (int i = 0; i < TRAINER_VALUES; i++) v[i] = trainer_value(r, i);
     *v[0] = r->epoch, *v[1] = r->step, *v[2] = r->perfect_epoch, *v[3] = r->anneal_start;
     v[4][0] = (int64_t)r->data.seed, v[4][1] = (int64_t)r->data.offset;
-    v[5][0] = (int64_t)r->drop.seed, v[5][1] = (int64_t)r->drop.offset;
+    v[5][0] = (int64_t)(r->drop.seed - DROP_SEED_STEP * (uint64_t)r->ds.rank);
+    v[5][1] = (int64_t)r->drop.offset;
+    if (r->ds.rank != 0) return 0; /* rank 0 writes, every rank reads */
     if (nb_save(r->ckpt, path) != 0) return progress_clear(&r->bar), fail("%s", err());
     return 0;
 }
@@ -392,7 +446,8 @@ static int load_checkpoint(run *r, const char *path) {
     r->epoch = *v[0], r->step = r->first_step = *v[1], r->perfect_epoch = *v[2];
     r->anneal_start = *v[3];
     r->data = (nb_rng){.seed = (uint64_t)v[4][0], .offset = (uint64_t)v[4][1]};
-    r->drop = (nb_rng){.seed = (uint64_t)v[5][0], .offset = (uint64_t)v[5][1]};
+    r->drop = (nb_rng){.seed = (uint64_t)v[5][0] + DROP_SEED_STEP * (uint64_t)r->ds.rank,
+                       .offset = (uint64_t)v[5][1]};
     printf("resumed from %s: %lld epochs, %lld steps done\n", path, (long long)r->epoch,
            (long long)r->step);
     return 0;
@@ -413,7 +468,7 @@ static double run_epoch(run *r, const options *o, int64_t epoch, int64_t *step) 
     for (int64_t b = 0; b < o->batches; b++, (*step)++) {
         nb_optim_set_lr(r->opt, learning_rate(r, o, *step));
         nb_scope_begin();
-        double loss = train_step(&r->model, r->opt, &r->data, &r->drop, o->batch);
+        double loss = train_step(&r->model, r->opt, &r->data, &r->drop, o->batch, &r->ds);
         nb_scope_end();
         if (isnan(loss)) {
             progress_clear(&r->bar);
@@ -655,6 +710,9 @@ static int attention_maps(nb_Transformer *m, nb_tensor *set, const char *dir) {
 }
 
 static void teardown(run *r) {
+#ifdef NB_MPI
+    nb_ddp_free(r->ds.ddp);
+#endif
     nb_params_free(r->ckpt);
     nb_params_free(r->trainer);
     free(r->losses.v);
@@ -673,6 +731,16 @@ int main(int argc, char **argv) {
         return 2;
     }
     run r = {.perfect_epoch = -1, .anneal_start = -1};
+    if (o.dist) {
+#ifdef NB_MPI
+        if (nb_mpi_init(&argc, &argv) != 0) return fail("%s", err()), 1;
+        if (nb_mpi_rank() != 0 && !freopen("/dev/null", "w", stdout)) /* rank 0 prints */
+            return fail("cannot silence rank %d: %s", nb_mpi_rank(), strerror(errno)), 1;
+#else
+        return fail("--dist needs a build with MPI: make MPI=1, then mpirun -np N "
+                    "build-mpi/examples/copy_task --dist"), 2;
+#endif
+    }
     int rc = o.attn_dir ? make_dirs(o.attn_dir) : 0; /* before training, which may be long */
     if (rc == 0) rc = setup(&r, &o);
     if (rc == 0 && (o.save || o.load)) rc = checkpoint_registry(&r);
@@ -682,5 +750,8 @@ int main(int argc, char **argv) {
     if (rc == 0 && o.loss_plot) rc = write_loss_plot(&r, &o);
     if (rc == 0 && o.attn_dir) rc = attention_maps(&r.model, r.final_set, o.attn_dir);
     teardown(&r);
+#ifdef NB_MPI
+    if (o.dist) nb_mpi_finalize();
+#endif
     return rc == 0 ? 0 : 1; /* the accuracy is in the output, not in the exit code */
 }
