@@ -393,7 +393,13 @@ $(BUILD)/mpi/test_mpi: tests/mpi/test_mpi.c $(BUILD)/libnabla_mpi.a $(BUILD)/lib
 	  $(BUILD)/libnabla_mpi.a $(BUILD)/libnabla.a \
 	  $$(pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm) $(LDLIBS) -o $@
 
+$(BUILD)/mpi/fault: tests/mpi/fault.c $(BUILD)/libnabla_mpi.a $(BUILD)/libnabla.a
+	$(MPICC) $(CFLAGS) -I. -Impi $< $(BUILD)/libnabla_mpi.a $(BUILD)/libnabla.a $(LDLIBS) -o $@
+
+# The suites, then the fault cases (tests/mpi/fault_check.sh: a killed rank,
+# a silent one), on each rank count of MPI_NP.
 test-mpi: mpi check-deps
-	@$(MAKE) --no-print-directory $(BUILD)/mpi/test_mpi
+	@$(MAKE) --no-print-directory $(BUILD)/mpi/test_mpi $(BUILD)/mpi/fault
 	@for n in $(MPI_NP); do echo "make test-mpi: $(MPIRUN) -np $$n $(BUILD)/mpi/test_mpi"; \
 	  NABLA_NUM_THREADS=1 timeout 300 $(MPIRUN) -np $$n $(BUILD)/mpi/test_mpi || exit 1; done
+	@sh tests/mpi/fault_check.sh $(BUILD) "$(MPIRUN)" $(MPI_NP)
