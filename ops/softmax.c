@@ -227,6 +227,12 @@ DEFINE_SPANS(double, f64)
  * kernels above, so the same bits, written so that every pass vectorizes:
  * the max in 16 lanes (a max is exact in any order), the sums in sum8's 8.
  * Built for AVX2 and AVX-512 too, and picked at run time. */
+/* No a * b + c fused into one rounding here: the AVX2/AVX-512 variants have
+ * FMA, and clang fuses within an expression by default (gcc, in ISO C mode,
+ * does not), which would change the bits of the backward's sums. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
 typedef float unit_vf __attribute__((vector_size(64)));
 typedef int32_t unit_vi __attribute__((vector_size(64)));
 
