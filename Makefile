@@ -163,7 +163,7 @@ readme-check: all
 # AddressSanitizer + UndefinedBehaviorSanitizer.
 # Examples run there on a short setting (copy_task: one small epoch with every
 # output option, then a second epoch resumed from its checkpoint).
-SHORT_COPY = --batches 3 --d-model 32 --d-ff 64 --all-epochs
+SHORT_COPY = --batches 3 --d-model 32 --d-ff 64 --all-epochs --check 100
 SHORT_ARGS = $$(case $$e in *copy_task) echo --epochs 1 $(SHORT_COPY) --save $(BUILD)/short.ckpt \
   --attn-map $(BUILD)/short-maps --loss-plot $(BUILD)/short-loss.svg;; \
   *gpt) echo --config tiny --steps 3 --batch 2 --seq 16 --shuffle --sample 16 --top-k 5 \

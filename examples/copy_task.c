@@ -6,7 +6,8 @@
  * Adam (betas 0.9/0.98, eps 1e-9) and the Noam learning-rate schedule, on
  * batches drawn fresh at every step.
  *
- * When to stop: each epoch ends by checking 1,000 held-out sequences. Once
+ * When to stop: each epoch ends by checking 1,000 held-out sequences
+ * (--check N sets the size of this set and of the final one). Once
  * 99% of them (--anneal-at 0.99) are copied exactly, the learning rate
  * anneals linearly to 0 over --anneal epochs (a Noam rate still this high makes the last few
  * sequences come and go from one epoch to the next); training stops when the
@@ -17,7 +18,8 @@
  *
  *   build/examples/copy_task [--d-model 64] [--heads 4] [--layers 2] [--d-ff 256]
  *       [--batch 80] [--batches 20] [--epochs 40] [--dropout 0.1] [--lr 1.0]
- *       [--warmup 200] [--anneal 6] [--anneal-at 0.99] [--seed 1] [--threads N] [--all-epochs]
+ *       [--warmup 200] [--anneal 6] [--anneal-at 0.99] [--check 1000] [--seed 1]
+ *       [--threads N] [--all-epochs]
  *       [--attn-map DIR] [--loss-plot FILE.svg] [--save FILE] [--load FILE]
  *       [--detect-anomaly]
  *
@@ -53,13 +55,10 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "nabla.h"
-#ifdef NB_MPI
-#include "nabla_mpi.h"
-#endif
 #include "checkpoint.h"
+#include "dist.h"
 #include "progress.h"
 #include "svg.h"
 
@@ -67,11 +66,11 @@
 #define SEQ 10
 #define PAD 0
 #define START 1
-#define HELDOUT 1000 /* checked after every epoch: when to anneal and to stop */
-#define FRESH 1000   /* the final check, never used before it */
 
 typedef struct {
     int64_t d_model, heads, layers, d_ff, batch, batches, epochs, warmup, anneal, threads;
+    int64_t check; /* sequences in the held-out set (checked after every epoch: when to anneal
+                      and to stop) and in the fresh set (the final check, never used before) */
     double dropout, lr, anneal_at;
     uint64_t seed;
     bool all_epochs;       /* do not stop at the first epoch with 100% exact match */
@@ -94,13 +93,13 @@ static void usage(const char *prog) {
             "          [--batches N] [--epochs N] [--dropout P] [--lr F] [--warmup N]\n"
             "          [--anneal EPOCHS] [--anneal-at FRACTION] [--seed N] [--threads N]\n"
             "          [--all-epochs] [--attn-map DIR] [--loss-plot FILE.svg] [--save FILE]\n"
-            "          [--load FILE] [--detect-anomaly] [--dist]\n",
+            "          [--load FILE] [--detect-anomaly] [--dist] [--check N]\n",
             prog);
 }
 
 static int parse(int argc, char **argv, options *o) {
     *o = (options){.d_model = 64, .heads = 4, .layers = 2, .d_ff = 256, .batch = 80,
-                   .batches = 20, .epochs = 40, .warmup = 200, .anneal = 6, .threads = 0, .dropout = 0.1,
+                   .batches = 20, .epochs = 40, .warmup = 200, .anneal = 6, .threads = 0, .check = 1000, .dropout = 0.1,
                    .lr = 1.0, .anneal_at = 0.99, .seed = 1, .all_epochs = false};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -137,6 +136,7 @@ static int parse(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--warmup")) o->warmup = (int64_t)x;
         else if (!strcmp(a, "--anneal")) o->anneal = (int64_t)x;
         else if (!strcmp(a, "--anneal-at")) o->anneal_at = x;
+        else if (!strcmp(a, "--check")) o->check = (int64_t)x;
         else if (!strcmp(a, "--threads")) o->threads = (int64_t)x;
         else if (!strcmp(a, "--dropout")) o->dropout = x;
         else if (!strcmp(a, "--lr")) o->lr = x;
@@ -144,7 +144,7 @@ static int parse(int argc, char **argv, options *o) {
         else return -1;
     }
     if (o->batch < 1 || o->batches < 1 || o->epochs < 1 || o->warmup < 1 ||
-        o->anneal < 1 || !(o->anneal_at >= 0 && o->anneal_at <= 1))
+        o->anneal < 1 || !(o->anneal_at >= 0 && o->anneal_at <= 1) || o->check < 3)
         return -1;
     return 0;
 }
@@ -191,15 +191,6 @@ static nb_tensor *teacher_forced_logits(nb_Transformer *m, nb_tensor *seq, bool 
     return nb_transformer_logits(m, out);
 }
 
-/* The data-parallel part of a run: this rank, the number of ranks, and the
- * gradient averaging (NULL on one process). */
-typedef struct {
-    int rank, ranks;
-#ifdef NB_MPI
-    nb_ddp *ddp;
-#endif
-} dist_state;
-
 /* One optimization step on a fresh batch (this rank's rows of it); returns
  * the loss of the whole batch (NAN on error). */
 static double train_step(nb_Transformer *m, nb_optim *opt, nb_rng *data, nb_rng *drop,
@@ -211,13 +202,7 @@ static double train_step(nb_Transformer *m, nb_optim *opt, nb_rng *data, nb_rng 
     nb_tensor *loss = nb_cross_entropy(logits, nb_reshape(tgt_y, NB_SHAPE(-1)), PAD, 0.0);
     int rc = loss && nb_backward(loss) == 0 ? 0 : -1;
     double value = rc == 0 ? nb_item(loss) : NAN;
-#ifdef NB_MPI
-    if (ds->ddp) { /* every rank takes part, even after a failure of its own */
-        if (nb_ddp_sync(ds->ddp, rc) != 0) return NAN;
-        value = nb_mpi_mean(value);
-    }
-#endif
-    if (rc != 0) return NAN;
+    if (dist_sync(ds, rc, &value) != 0) return NAN; /* every rank, even after its own failure */
     nb_optim_step(opt);
     nb_optim_zero_grad(opt);
     return value;
@@ -369,16 +354,10 @@ typedef struct {
 #define DROP_SEED_STEP 7919
 
 static int setup(run *r, const options *o) {
-    r->ds.ranks = 1;
-#ifdef NB_MPI
-    if (o->dist) r->ds.rank = nb_mpi_rank(), r->ds.ranks = nb_mpi_size();
-#endif
     if (o->batch % r->ds.ranks != 0)
         return fail("--dist: batch %lld does not split evenly over %d ranks", (long long)o->batch,
                     r->ds.ranks);
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    if (o->threads > 0) nb_set_num_threads((int)o->threads);
-    else if (r->ds.ranks > 1) nb_set_num_threads(cpus > r->ds.ranks ? (int)(cpus / r->ds.ranks) : 1);
+    dist_threads(&r->ds, o->threads);
     nb_set_detect_anomaly(o->detect_anomaly);
     nb_rng init, test, fresh;
     nb_rng_seed(&init, o->seed);
@@ -394,12 +373,10 @@ static int setup(run *r, const options *o) {
     if (!r->ps || nb_transformer_init(&r->model, r->ps, &cfg, &init) != 0)
         return fail("%s", err());
     r->opt = nb_adam(r->ps, 0.0, 0.9, 0.98, 1e-9, 0.0);
-    r->heldout = random_sequences(HELDOUT, &test);
-    r->final_set = random_sequences(FRESH, &fresh);
+    r->heldout = random_sequences(o->check, &test);
+    r->final_set = random_sequences(o->check, &fresh);
     if (!r->opt || !r->heldout || !r->final_set) return fail("%s", err());
-#ifdef NB_MPI
-    if (o->dist && !(r->ds.ddp = nb_ddp_new(r->ps, NULL))) return fail("%s", err());
-#endif
+    if (dist_attach(&r->ds, r->ps) != 0) return fail("%s", err());
     printf("copy task: d_model %lld, heads %lld, layers %lld, d_ff %lld, %lld parameters; "
            "batch %lld x %lld per epoch, %d thread(s)",
            (long long)o->d_model, (long long)o->heads, (long long)o->layers, (long long)o->d_ff,
@@ -506,7 +483,7 @@ static int train(run *r, const options *o) {
         printf("epoch %3lld  loss %.4f  %7.0f tokens/s  lr %.2e%s  held-out exact %5s%%  "
                "elapsed %.1fs\n",
                (long long)epoch, loss, (double)(o->batches * o->batch * (SEQ - 1)) / dt,
-               nb_optim_lr(r->opt), annealing ? " (annealing)" : "", percent(exact, HELDOUT, pc),
+               nb_optim_lr(r->opt), annealing ? " (annealing)" : "", percent(exact, o->check, pc),
                now() - r->start);
         fflush(stdout);
         /* steps are numbered from 1 in the plot: the boundary lies between two */
@@ -514,12 +491,12 @@ static int train(run *r, const options *o) {
             return fail("out of memory");
         if (annealing && step - r->anneal_start >= o->anneal * o->batches) {
             r->anneal_start = -1; /* back to Noam's rate, unless this is the end */
-            if (exact == HELDOUT && r->perfect_epoch < 0) {
+            if (exact == o->check && r->perfect_epoch < 0) {
                 r->perfect_epoch = epoch;
                 done = !o->all_epochs;
             }
         }
-        if (!done && r->anneal_start < 0 && (double)exact >= o->anneal_at * HELDOUT) r->anneal_start = step;
+        if (!done && r->anneal_start < 0 && (double)exact >= o->anneal_at * (double)o->check) r->anneal_start = step;
         r->epoch = epoch;
         r->step = step;
         if (o->save && save_checkpoint(r, o->save) != 0) return -1;
@@ -532,28 +509,28 @@ static int train(run *r, const options *o) {
  * decoding copies every fresh sequence. */
 static int final_report(run *r, const options *o) {
     if (r->perfect_epoch > 0)
-        printf("held-out set: %d/%d exact after annealing, stopped after epoch %lld; "
+        printf("held-out set: %lld/%lld exact after annealing, stopped after epoch %lld; "
                "training %.1fs (%.1fs with the checks)\n",
-               HELDOUT, HELDOUT, (long long)r->perfect_epoch, r->train_time,
+               (long long)o->check, (long long)o->check, (long long)r->perfect_epoch, r->train_time,
                r->train_end - r->start);
     else
-        printf("held-out set: not all %d exact at the end of an annealing within %lld epochs; "
+        printf("held-out set: not all %lld exact at the end of an annealing within %lld epochs; "
                "training %.1fs (%.1fs with the checks)\n",
-               HELDOUT, (long long)o->epochs, r->train_time, r->train_end - r->start);
+               (long long)o->check, (long long)o->epochs, r->train_time, r->train_end - r->start);
     int64_t first[3 * SEQ];
     accuracy acc = evaluate(&r->model, r->final_set, first, 3);
     if (acc.exact < 0) return fail("decoding the fresh sequences failed: %s", err());
-    printf("greedy decoding of %d fresh sequences, never used for training or for stopping "
-           "(first 3 shown):\n", FRESH);
+    printf("greedy decoding of %lld fresh sequences, never used for training or for stopping "
+           "(first 3 shown):\n", (long long)o->check);
     for (int i = 0; i < 3; i++) {
         show("source   ", (const int64_t *)nb_data(r->final_set) + i * SEQ);
         show("decoded  ", first + i * SEQ);
     }
     char pc[16];
-    printf("token accuracy %s%% (%lld/%d)\n", percent(acc.tokens, FRESH * (SEQ - 1), pc),
-           (long long)acc.tokens, FRESH * (SEQ - 1));
-    printf("exact match %s%% (%lld/%d)\n", percent(acc.exact, FRESH, pc), (long long)acc.exact,
-           FRESH);
+    printf("token accuracy %s%% (%lld/%lld)\n", percent(acc.tokens, o->check * (SEQ - 1), pc),
+           (long long)acc.tokens, (long long)(o->check * (SEQ - 1)));
+    printf("exact match %s%% (%lld/%lld)\n", percent(acc.exact, o->check, pc),
+           (long long)acc.exact, (long long)o->check);
     return 0;
 }
 
@@ -710,9 +687,6 @@ static int attention_maps(nb_Transformer *m, nb_tensor *set, const char *dir) {
 }
 
 static void teardown(run *r) {
-#ifdef NB_MPI
-    nb_ddp_free(r->ds.ddp);
-#endif
     nb_params_free(r->ckpt);
     nb_params_free(r->trainer);
     free(r->losses.v);
@@ -731,16 +705,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     run r = {.perfect_epoch = -1, .anneal_start = -1};
-    if (o.dist) {
-#ifdef NB_MPI
-        if (nb_mpi_init(&argc, &argv) != 0) return fail("%s", err()), 1;
-        if (nb_mpi_rank() != 0 && !freopen("/dev/null", "w", stdout)) /* rank 0 prints */
-            return fail("cannot silence rank %d: %s", nb_mpi_rank(), strerror(errno)), 1;
-#else
-        return fail("--dist needs a build with MPI: make MPI=1, then mpirun -np N "
-                    "build-mpi/examples/copy_task --dist"), 2;
-#endif
-    }
+    char msg[512];
+    if (dist_start(&r.ds, o.dist, &argc, &argv, msg, sizeof msg) != 0)
+        return fail("%s", msg), 2;
     int rc = o.attn_dir ? make_dirs(o.attn_dir) : 0; /* before training, which may be long */
     if (rc == 0) rc = setup(&r, &o);
     if (rc == 0 && (o.save || o.load)) rc = checkpoint_registry(&r);
@@ -750,8 +717,6 @@ int main(int argc, char **argv) {
     if (rc == 0 && o.loss_plot) rc = write_loss_plot(&r, &o);
     if (rc == 0 && o.attn_dir) rc = attention_maps(&r.model, r.final_set, o.attn_dir);
     teardown(&r);
-#ifdef NB_MPI
-    if (o.dist) nb_mpi_finalize();
-#endif
+    dist_stop(&r.ds);
     return rc == 0 ? 0 : 1; /* the accuracy is in the output, not in the exit code */
 }

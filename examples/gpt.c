@@ -44,6 +44,14 @@
  * of a run of --steps M (M < N) continues at step M+1 and ends where one run
  * of N steps would have: the same losses and checkpoint, bit for bit.
  *
+ * --dist (a build with MPI: make MPI=1, then mpirun -np N
+ * build-mpi/examples/gpt --dist) trains data-parallel (nabla_mpi.h): each
+ * step's batch has --batch rows per rank, each rank takes its own rows (in
+ * file order, or from the shared --shuffle draws) and its own dropout
+ * stream, and the gradients are averaged before clipping and AdamW. Rank 0
+ * prints (the loss is the mean over the ranks) and writes checkpoints;
+ * every rank reads them.
+ *
  * Errors (a bad option or file, a configuration that does not fit --init's
  * file) print the reason and exit with status 1.
  */
@@ -60,10 +68,12 @@
 
 #include "nabla.h"
 #include "checkpoint.h"
+#include "dist.h"
 #include "progress.h"
 
 #define DEFAULT_DATA "examples/data/kjv.txt"
 #define LLMC_MODEL_MAGIC 20240326
+#define DROP_SEED_STEP 7919 /* rank r's dropout stream: seed + 2 + r * this */
 
 typedef struct {
     const char *config; /* named configuration, NULL: "char" (or --init's file) */
@@ -73,7 +83,7 @@ typedef struct {
     int64_t batch, seq, steps, threads, sample, top_k, save_every, warmup;
     double lr, temperature, weight_decay, clip;
     int64_t seed;
-    bool shuffle, eval;
+    bool shuffle, eval, dist;
 } options;
 
 static const char *err(void) { return nb_last_error() ? nb_last_error() : "unknown error"; }
@@ -115,6 +125,8 @@ static void usage(FILE *f, const char *prog) {
             "  --save FILE        checkpoint at the end (and every --save-every N steps)\n"
             "  --load FILE        resume from a checkpoint of a run with the same flags\n"
             "  --eval             no training: print \"loss X\" of the first batch in file order\n"
+            "  --dist             data-parallel on the mpirun ranks (a build with make MPI=1):\n"
+            "                     --batch rows per rank, each rank its own rows and dropout\n"
             "sampling:\n"
             "  --sample N         generate N tokens at the end\n"
             "  --prompt TEXT      text (byte vocabulary) or token ids to start from\n"
@@ -155,6 +167,10 @@ static int parse(int argc, char **argv, options *o) {
         }
         if (!strcmp(a, "--eval")) {
             o->eval = true;
+            continue;
+        }
+        if (!strcmp(a, "--dist")) {
+            o->dist = true;
             continue;
         }
         const char **text = !strcmp(a, "--config") ? &o->config
@@ -249,6 +265,7 @@ typedef struct {
     int64_t n_tokens;
     int64_t *xb, *yb;  /* a batch's inputs and targets (B*T each) */
     nb_rng data, drop, sampler;
+    dist_state ds;     /* --dist */
     int64_t step;      /* steps done */
     nb_params *trainer, *ckpt; /* --save/--load */
     char default_data[4096];   /* DEFAULT_DATA, from here or from the repository */
@@ -307,17 +324,20 @@ static int load_data(run *r, const options *o, int64_t T) {
 }
 
 /* The batch of step `step` (from 0) into r->xb, r->yb: row r starts at
- * (step*B + r)*T in file order (wrapping), or anywhere with --shuffle. */
+ * (step*B + r)*T in file order (wrapping), or anywhere with --shuffle. With
+ * --dist the step's batch has B rows per rank, and this rank takes its B. */
 static int fill_batch(run *r, int64_t step, int64_t B, int64_t T, bool shuffle) {
     const int64_t *tok = nb_data(r->tokens), N = r->n_tokens;
     const double *u = NULL;
+    int64_t all = B * r->ds.ranks, first = B * r->ds.rank;
     if (shuffle) {
-        nb_tensor *draws = nb_rand(NB_F64, NB_SHAPE(B), &r->data); /* in the step's scope */
+        nb_tensor *draws = nb_rand(NB_F64, NB_SHAPE(all), &r->data); /* in the step's scope */
         if (!draws) return fail("%s", err());
-        u = nb_data(draws);
+        u = (const double *)nb_data(draws) + first;
     }
     for (int64_t row = 0; row < B; row++) {
-        int64_t start = shuffle ? (int64_t)(u[row] * (double)(N - T)) : (step * B + row) * T % N;
+        int64_t start = shuffle ? (int64_t)(u[row] * (double)(N - T))
+                                : (step * all + first + row) * T % N;
         if (start > N - T - 1 && shuffle) start = N - T - 1;
         for (int64_t j = 0; j < T; j++) {
             r->xb[row * T + j] = tok[(start + j) % N];
@@ -347,6 +367,8 @@ static int save_checkpoint(run *r, const char *path) {
         int64_t *v = trainer_value(r, 1 + i);
         v[0] = (int64_t)rngs[i]->seed, v[1] = (int64_t)rngs[i]->offset;
     }
+    trainer_value(r, 2)[0] -= DROP_SEED_STEP * r->ds.rank; /* rank 0's stream */
+    if (r->ds.rank != 0) return 0;                         /* rank 0 writes, every rank reads */
     if (nb_save(r->ckpt, path) != 0) return fail("%s", err());
     return 0;
 }
@@ -364,6 +386,7 @@ static int load_checkpoint(run *r, const char *path, bool quiet) {
         const int64_t *v = trainer_value(r, 1 + i);
         *rngs[i] = (nb_rng){.seed = (uint64_t)v[0], .offset = (uint64_t)v[1]};
     }
+    r->drop.seed += DROP_SEED_STEP * (uint64_t)r->ds.rank;
     if (!quiet) printf("resumed from %s: %lld steps done\n", path, (long long)r->step);
     return 0;
 }
@@ -425,9 +448,10 @@ static double train_step(run *r, const options *o, int64_t B, int64_t T) {
         nb_tensor *x = nb_from_data(NB_I64, NB_SHAPE(B, T), r->xb);
         nb_tensor *y = nb_from_data(NB_I64, NB_SHAPE(B, T), r->yb);
         nb_tensor *loss = nb_gpt_loss(&r->model, x, y, true, &r->drop);
-        if (loss && nb_backward(loss) == 0 &&
-            (o->clip <= 0 || nb_clip_grad_norm(r->ps, o->clip) >= 0)) {
-            value = nb_item(loss);
+        int rc = loss && nb_backward(loss) == 0 ? 0 : -1;
+        value = rc == 0 ? nb_item(loss) : NAN;
+        rc = dist_sync(&r->ds, rc, &value); /* every rank, even after its own failure */
+        if (rc == 0 && (o->clip <= 0 || nb_clip_grad_norm(r->ps, o->clip) >= 0)) {
             if (isnan(value))
                 fail("step %lld: the loss is NaN (a smaller --lr may help)",
                      (long long)r->step + 1);
@@ -435,6 +459,7 @@ static double train_step(run *r, const options *o, int64_t B, int64_t T) {
             nb_optim_clear_grad(r->opt);
         } else {
             fail("step %lld failed: %s", (long long)r->step + 1, err());
+            value = NAN;
         }
     }
     nb_scope_end();
@@ -582,20 +607,19 @@ static void teardown(run *r) {
 }
 
 static int run_all(run *r, const options *o) {
-    if (o->threads > 0) {
-        nb_set_num_threads((int)o->threads);
-        if (nb_num_threads() != o->threads) return fail("%s", err());
-    }
+    dist_threads(&r->ds, o->threads);
+    if (o->threads > 0 && nb_num_threads() != o->threads) return fail("%s", err());
     if (make_model(r, o) != 0) return -1;
     int64_t B = o->batch, T = o->seq ? o->seq : r->cfg.block_size;
     if (T > r->cfg.block_size)
         return fail("--seq %lld is longer than the model's context (block size %lld)",
                     (long long)T, (long long)r->cfg.block_size);
     nb_rng_seed(&r->data, (uint64_t)o->seed + 1);
-    nb_rng_seed(&r->drop, (uint64_t)o->seed + 2);
+    nb_rng_seed(&r->drop, (uint64_t)o->seed + 2 + DROP_SEED_STEP * (uint64_t)r->ds.rank);
     nb_rng_seed(&r->sampler, (uint64_t)o->seed + 3);
     r->opt = nb_adamw(r->ps, o->lr, 0.9, 0.95, 1e-8, o->weight_decay);
-    if (!r->opt || nb_gpt_set_weight_decay(&r->model, r->opt, o->weight_decay) != 0)
+    if (!r->opt || nb_gpt_set_weight_decay(&r->model, r->opt, o->weight_decay) != 0 ||
+        dist_attach(&r->ds, r->ps) != 0)
         return fail("%s", err());
     const nb_GPTConfig *c = &r->cfg;
     if (!o->eval)
@@ -635,8 +659,11 @@ int main(int argc, char **argv) {
     if (p > 0) usage(stdout, argv[0]);
     if (p != 0) return p > 0 ? 0 : 1;
     run r = {0};
+    char msg[512];
+    if (dist_start(&r.ds, o.dist, &argc, &argv, msg, sizeof msg) != 0) return fail("%s", msg), 2;
     find_default_data(&r, argv[0]);
     int rc = run_all(&r, &o);
     teardown(&r);
+    dist_stop(&r.ds);
     return rc == 0 ? 0 : 1;
 }
