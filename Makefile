@@ -363,7 +363,7 @@ clean:
 MPICC   ?= mpicc
 MPIRUN  ?= mpirun --allow-run-as-root --oversubscribe
 MPI_NP  ?= 2 4
-.PHONY: mpi test-mpi mpi-deps
+.PHONY: mpi test-mpi mpi-deps bench-mpi
 mpi-deps:
 	@if ! command -v $(MPICC) >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -403,3 +403,14 @@ test-mpi: mpi check-deps
 	@for n in $(MPI_NP); do echo "make test-mpi: $(MPIRUN) -np $$n $(BUILD)/mpi/test_mpi"; \
 	  NABLA_NUM_THREADS=1 timeout 300 $(MPIRUN) -np $$n $(BUILD)/mpi/test_mpi || exit 1; done
 	@sh tests/mpi/fault_check.sh $(BUILD) "$(MPIRUN)" $(MPI_NP)
+
+# make bench-mpi: GPT-2 124M steps on 1 process x 1 and 2 threads and on 2
+# processes x 1 thread, and the reduction between 2 processes
+# (bench/bench_mpi.sh, bench/mpi_allreduce.c). It builds the examples with
+# MPI into build-mpi/ (make MPI=1).
+$(BUILD)/mpi/mpi_allreduce: bench/mpi_allreduce.c $(BUILD)/libnabla_mpi.a $(BUILD)/libnabla.a
+	$(MPICC) $(CFLAGS) -I. -Impi $< $(BUILD)/libnabla_mpi.a $(BUILD)/libnabla.a $(LDLIBS) -o $@
+
+bench-mpi: mpi-deps
+	@$(MAKE) --no-print-directory MPI=1 BUILD=build-mpi all build-mpi/libnabla_mpi.a build-mpi/mpi/mpi_allreduce
+	@sh bench/bench_mpi.sh build-mpi "$(MPIRUN)"

@@ -81,6 +81,19 @@ static int dist_sync(const dist_state *ds, int rc, double *loss) {
     return rc;
 }
 
+/* With --dist, one line on how the gradients travelled (rank 0 prints). */
+static void dist_report(const dist_state *ds) {
+#ifdef NB_MPI
+    if (!ds->ddp) return;
+    nb_ddp_stats st = nb_ddp_get_stats(ds->ddp);
+    printf("--dist: %d ranks; %lld MB of gradients in %lld buckets per step, %.0f%% of them "
+           "started during backward; %.1f ms per step in nb_ddp_sync\n", ds->ranks,
+           (long long)(st.bytes / 1000000), (long long)st.buckets, 100 * st.early, st.wait_ms);
+#else
+    (void)ds;
+#endif
+}
+
 static void dist_stop(dist_state *ds) {
 #ifdef NB_MPI
     nb_ddp_free(ds->ddp);

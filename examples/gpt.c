@@ -663,6 +663,7 @@ int main(int argc, char **argv) {
     if (dist_start(&r.ds, o.dist, &argc, &argv, msg, sizeof msg) != 0) return fail("%s", msg), 2;
     find_default_data(&r, argv[0]);
     int rc = run_all(&r, &o);
+    if (rc == 0) dist_report(&r.ds);
     teardown(&r);
     dist_stop(&r.ds);
     return rc == 0 ? 0 : 1;
