@@ -713,10 +713,10 @@ int main(int argc, char **argv) {
     if (rc == 0 && (o.save || o.load)) rc = checkpoint_registry(&r);
     if (rc == 0 && o.load) rc = load_checkpoint(&r, o.load);
     if (rc == 0) rc = train(&r, &o);
+    if (rc == 0) dist_report(&r.ds); /* before the result, which is the last line */
     if (rc == 0) rc = final_report(&r, &o);
     if (rc == 0 && o.loss_plot) rc = write_loss_plot(&r, &o);
     if (rc == 0 && o.attn_dir) rc = attention_maps(&r.model, r.final_set, o.attn_dir);
-    if (rc == 0) dist_report(&r.ds);
     teardown(&r);
     dist_stop(&r.ds);
     return rc == 0 ? 0 : 1; /* the accuracy is in the output, not in the exit code */

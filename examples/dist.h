@@ -86,9 +86,9 @@ static void dist_report(const dist_state *ds) {
 #ifdef NB_MPI
     if (!ds->ddp) return;
     nb_ddp_stats st = nb_ddp_get_stats(ds->ddp);
-    printf("--dist: %d ranks; %lld MB of gradients in %lld buckets per step, %.0f%% of them "
+    printf("--dist: %d ranks; %.1f MB of gradients in %lld bucket(s) per step, %.0f%% of them "
            "started during backward; %.1f ms per step in nb_ddp_sync\n", ds->ranks,
-           (long long)(st.bytes / 1000000), (long long)st.buckets, 100 * st.early, st.wait_ms);
+           (double)st.bytes / 1e6, (long long)st.buckets, 100 * st.early, st.wait_ms);
 #else
     (void)ds;
 #endif

@@ -648,6 +648,7 @@ static int run_all(run *r, const options *o) {
                nb_num_threads(), (long long)c->vocab_size, log((double)c->vocab_size));
         fflush(stdout);
         if (train(r, o, B, T) != 0) return -1;
+        dist_report(&r->ds);
     }
     if (o->sample > 0 && sample(r, o) != 0) return -1;
     return 0;
@@ -663,7 +664,6 @@ int main(int argc, char **argv) {
     if (dist_start(&r.ds, o.dist, &argc, &argv, msg, sizeof msg) != 0) return fail("%s", msg), 2;
     find_default_data(&r, argv[0]);
     int rc = run_all(&r, &o);
-    if (rc == 0) dist_report(&r.ds);
     teardown(&r);
     dist_stop(&r.ds);
     return rc == 0 ? 0 : 1;
