@@ -170,12 +170,18 @@ SHORT_ARGS = $$(case $$e in *copy_task) echo --epochs 1 $(SHORT_COPY) --save $(B
   --save $(BUILD)/short-gpt.ckpt;; esac)
 RESUME_SHORT = --epochs 2 $(SHORT_COPY) --load $(BUILD)/short.ckpt
 VALGRIND := valgrind -q --leak-check=full --errors-for-leak-kinds=definite --error-exitcode=1
+# valgrind runs a process on one core at a time: the examples run beside the
+# suites, on the other core.
 valgrind: all check-deps
 	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BIN)
-	CK_FORK=no $(VALGRIND) $(TEST_BIN) > $(BUILD)/valgrind-tests.log 2>&1 || { tail -30 $(BUILD)/valgrind-tests.log; exit 1; }
-	@tail -1 $(BUILD)/valgrind-tests.log
-	@for e in $(EXAMPLES); do $(VALGRIND) $$e $(SHORT_ARGS) > /dev/null || exit 1; echo "valgrind clean: $$e"; done
-	@$(VALGRIND) $(BUILD)/examples/copy_task $(RESUME_SHORT) > /dev/null && echo "valgrind clean: copy_task --load"
+	@{ for e in $(EXAMPLES); do $(VALGRIND) $$e $(SHORT_ARGS) > /dev/null || exit 1; \
+	    echo "valgrind clean: $$e"; done; \
+	  $(VALGRIND) $(BUILD)/examples/copy_task $(RESUME_SHORT) > /dev/null && \
+	    echo "valgrind clean: copy_task --load"; } > $(BUILD)/valgrind-examples.log 2>&1 & ex=$$!; \
+	CK_FORK=no $(VALGRIND) $(TEST_BIN) > $(BUILD)/valgrind-tests.log 2>&1 || \
+	  { tail -30 $(BUILD)/valgrind-tests.log; kill $$ex 2>/dev/null; exit 1; }; \
+	tail -1 $(BUILD)/valgrind-tests.log; \
+	wait $$ex || { cat $(BUILD)/valgrind-examples.log; exit 1; }; cat $(BUILD)/valgrind-examples.log
 
 # make asan builds with $(CC) into build-asan; make asan CC=clang into
 # build-asan-clang (CI runs both). The suites run without LeakSanitizer:
