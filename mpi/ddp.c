@@ -253,6 +253,9 @@ typedef struct {
  * too starts strictly in bucket order. */
 struct nb_ddp {
     MPI_Comm phase1, phase2;
+    int *owner;        /* ZeRO-1: each parameter's owner rank, or NULL */
+    nb_params *shard;  /* this rank's parameters (shared storage) */
+    nb_optim *shard_opt;
     nb_params *ps;
     slot *slots;
     hook_ctx *ctx;
@@ -350,6 +353,9 @@ static int ddp_hook(nb_tensor *leaf, void *arg) {
 }
 
 static void ddp_release(nb_ddp *d) {
+    nb_optim_free(d->shard_opt);
+    nb_params_free(d->shard);
+    free(d->owner);
     if (d->phase1 != MPI_COMM_NULL) MPI_Comm_free(&d->phase1);
     if (d->phase2 != MPI_COMM_NULL) MPI_Comm_free(&d->phase2);
     for (int k = 0; d->b && k < d->nb; k++) {
@@ -535,4 +541,72 @@ void nb_ddp_free(nb_ddp *d) {
     if (!d) return;
     for (int i = 0; i < d->nslots; i++) nb_set_grad_hook(d->slots[i].p, NULL, NULL);
     ddp_release(d);
+}
+
+/* ------------------------------------------------------------------ ZeRO-1 */
+nb_optim *nb_ddp_shard_optimizer(nb_ddp *d, nb_optim *(*make)(nb_params *shard, void *ctx),
+                                 void *ctx) {
+    const char *fn = "nb_ddp_shard_optimizer";
+    if (!d || !make) return (nb_report_error("%s: %s is NULL", fn, d ? "make" : "d"), NULL);
+    if (d->shard_opt) return (nb_report_error("%s: this nb_ddp has a shard optimizer already", fn), NULL);
+    int64_t *load = calloc((size_t)world, sizeof *load);
+    d->owner = calloc((size_t)(d->nslots > 0 ? d->nslots : 1), sizeof *d->owner);
+    d->shard = nb_params_new();
+    if (!load || !d->owner || !d->shard) {
+        free(load);
+        return (nb_report_error("%s: out of memory", fn), NULL);
+    }
+    for (int i = 0; i < d->nslots; i++) { /* the least loaded rank; the lowest on a tie */
+        int best = 0;
+        for (int r = 1; r < world; r++)
+            if (load[r] < load[best]) best = r;
+        d->owner[i] = best;
+        load[best] += d->slots[i].numel;
+        if (best == my_rank && !nb_params_add(d->shard, d->slots[i].name, d->slots[i].p)) {
+            free(load);
+            return NULL;
+        }
+    }
+    free(load);
+    d->shard_opt = make(d->shard, ctx);
+    if (!d->shard_opt && !nb_last_error())
+        nb_report_error("%s: make returned NULL without a message", fn);
+    return d->shard_opt;
+}
+
+int nb_ddp_shard_step(nb_ddp *d) {
+    const char *fn = "nb_ddp_shard_step";
+    if (!d || !d->shard_opt)
+        return (nb_report_error("%s: %s", fn, d ? "no shard optimizer (nb_ddp_shard_optimizer)"
+                                                 : "d is NULL"), -1);
+    /* the shard's handles take the averaged gradients of the model's */
+    int rc = 0;
+    for (int i = 0; i < d->nslots && rc == 0; i++) {
+        if (d->owner[i] != my_rank) continue;
+        nb_tensor *h = nb_params_get(d->shard, d->slots[i].name), *g = nb_grad(d->slots[i].p);
+        if (!h || !g) rc = -1;
+        else rc = nb_backward_with_grad(h, g);
+    }
+    if (rc == 0) {
+        nb_optim_step(d->shard_opt);
+        nb_optim_clear_grad(d->shard_opt);
+    }
+    if (agree(fn, rc) != 0) return -1;
+    MPI_Request *reqs = malloc((size_t)(d->nslots > 0 ? d->nslots : 1) * sizeof *reqs);
+    if (!reqs) return (nb_report_error("%s: out of memory", fn), -1);
+    int posted = 0, mrc = MPI_SUCCESS;
+    for (int i = 0; i < d->nslots && mrc == MPI_SUCCESS; i++) {
+        nb_tensor *p = d->slots[i].p;
+        mrc = MPI_Ibcast(nb_data(p), (int)d->slots[i].numel, mpi_type(nb_dtype_of(p)),
+                         d->owner[i], MPI_COMM_WORLD, &reqs[posted]);
+        if (mrc == MPI_SUCCESS) posted++;
+    }
+    int out = mrc == MPI_SUCCESS ? 0 : mpi_fail(fn, "MPI_Ibcast", mrc);
+    if (posted && wait_all(fn, "gathering the updated parameters", posted, reqs) != 0) out = -1;
+    free(reqs);
+    for (int i = 0; out == 0 && i < d->nslots; i++) {
+        nb_mark_modified(d->slots[i].p);
+        nb_clear_grad(d->slots[i].p); /* the step is taken: as zero_grad(set_to_none=True) */
+    }
+    return out;
 }

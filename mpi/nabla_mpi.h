@@ -87,6 +87,21 @@ NB_API nb_ddp *nb_ddp_new(nb_params *ps, const nb_ddp_opts *opts);
 NB_API int nb_ddp_sync(nb_ddp *d, int status);
 NB_API void nb_ddp_free(nb_ddp *d); /* removes the hooks; NULL is ok */
 
+/* ZeRO stage 1, sharded optimizer state: each parameter gets an owner rank
+ * (balanced by size, in registration order), and each rank keeps optimizer
+ * state only for the parameters it owns. make(shard, ctx) builds this rank's
+ * optimizer over `shard`, a registry of its parameters under their names,
+ * sharing their storage (e.g. nb_adam(shard, ...)); nb_ddp owns the result
+ * and the registry. Then, after each nb_ddp_sync, nb_ddp_shard_step steps
+ * it on the averaged gradients, broadcasts every parameter from its owner
+ * and clears the parameters' gradients: the weights stay the same on every
+ * rank, bit for bit the weights an unsharded optimizer would make, with
+ * about 1/N of its state per rank.
+ * NULL / -1 with a message. */
+NB_API nb_optim *nb_ddp_shard_optimizer(nb_ddp *d, nb_optim *(*make)(nb_params *shard, void *ctx),
+                                        void *ctx);
+NB_API int nb_ddp_shard_step(nb_ddp *d);
+
 typedef struct nb_ddp_stats {
     int64_t steps;      /* nb_ddp_sync calls that succeeded */
     int64_t buckets;    /* buckets per step */

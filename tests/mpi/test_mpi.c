@@ -231,6 +231,60 @@ START_TEST(different_models_are_refused) {
 }
 END_TEST
 
+/* Values in an optimizer's state (its tensors are buffers and parameters). */
+static double state_values(nb_optim *opt) {
+    nb_params *st = nb_optim_state(opt);
+    double n = (double)nb_params_numel(st);
+    for (int i = 0; i < nb_params_buffer_count(st); i++)
+        n += (double)nb_numel(nb_params_buffer_at(st, i, NULL));
+    return n;
+}
+
+static nb_optim *make_adam(nb_params *shard, void *ctx) {
+    (void)ctx;
+    return nb_adam(shard, 0.01, 0.9, 0.999, 1e-8, 0.0);
+}
+
+/* ZeRO-1: Adam sharded over the ranks gives the bits of Adam on every rank,
+ * with the state split: the ranks' shares add up to the whole. */
+START_TEST(sharded_optimizer_state_gives_the_same_weights) {
+    mlp a, b;
+    mlp_init(&a, NB_F32, 11);
+    mlp_init(&b, NB_F32, 11);
+    nb_ddp *da = nb_ddp_new(a.ps, NULL), *db = nb_ddp_new(b.ps, NULL);
+    ck_assert_ptr_nonnull(da);
+    ck_assert_ptr_nonnull(db);
+    nb_optim *full = nb_adam(a.ps, 0.01, 0.9, 0.999, 1e-8, 0.0);
+    nb_optim *shard = nb_ddp_shard_optimizer(db, make_adam, NULL);
+    ck_assert_msg(shard != NULL, "%s", nb_last_error());
+    int per = B / size;
+    for (int s = 0; s < 5; s++) {
+        nb_scope_begin();
+        nb_tensor *x, *y;
+        batch(NB_F32, s, rank * per, (rank + 1) * per, &x, &y);
+        ck_assert_int_eq(nb_ddp_sync(da, nb_backward(loss_of(&a, x, y))), 0);
+        nb_optim_step(full);
+        nb_optim_clear_grad(full);
+        ck_assert_int_eq(nb_ddp_sync(db, nb_backward(loss_of(&b, x, y))), 0);
+        ck_assert_msg(nb_ddp_shard_step(db) == 0, "%s", nb_last_error());
+        nb_scope_end();
+    }
+    ck_assert(max_rel_diff(a.ps, b.ps) == 0);
+    double whole = state_values(full), mine = state_values(shard);
+    double sum = nb_mpi_mean(mine) * size;
+    if (rank == 0)
+        printf("mpi ok  %d ranks, ZeRO-1 Adam: weights bitwise those of unsharded Adam; state "
+               "on rank 0 %.0f of %.0f values\n", size, mine, whole);
+    ck_assert(sum == whole);
+    if (size > 1) ck_assert(mine < whole);
+    nb_optim_free(full);
+    nb_ddp_free(da);
+    nb_ddp_free(db);
+    nb_params_free(a.ps);
+    nb_params_free(b.ps);
+}
+END_TEST
+
 int main(int argc, char **argv) {
     if (nb_mpi_init(&argc, &argv) != 0) {
         fprintf(stderr, "%s\n", nb_last_error());
@@ -248,6 +302,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, ddp_is_deterministic);
     tcase_add_test(tc, a_failed_rank_stops_every_rank);
     tcase_add_test(tc, different_models_are_refused);
+    tcase_add_test(tc, sharded_optimizer_state_gives_the_same_weights);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);
