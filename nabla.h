@@ -358,7 +358,8 @@ NB_API int nb_backward_with_opts(nb_tensor *out, nb_tensor *grad, const nb_backw
  * returns 0, or -1 after nb_report_error: backward then stops with that
  * message (gradients accumulated so far stay, as for any failure).
  * nb_set_grad_hook(leaf, NULL, NULL) removes it; one hook per leaf (a new one
- * replaces it). Errors: leaf is not a leaf (it has a grad_fn), or is freed. */
+ * replaces it). Errors: leaf is not a leaf (it has a grad_fn), does not
+ * require grad (the hook would never run), or is freed. */
 typedef int (*nb_grad_hook)(nb_tensor *leaf, void *ctx);
 NB_API int nb_set_grad_hook(nb_tensor *leaf, nb_grad_hook fn, void *ctx);
 NB_API void nb_zero_grad(nb_tensor *t);            /* sets .grad to zeros, if any */

@@ -138,6 +138,10 @@ int nb_set_grad_hook(nb_tensor *leaf, nb_grad_hook fn, void *ctx) {
         return (nbi_error("%s: this tensor of shape %s was made by %s and is not a leaf; hooks "
                           "go on leaves (parameters)", fn_name, NBI_SHAPE(leaf), leaf->grad_fn->op),
                 -1);
+    if (fn && !leaf->requires_grad) /* its hook would never run: say so */
+        return (nbi_error("%s: this tensor of shape %s does not require grad, so backward never "
+                          "reaches it and its hook would never run (nb_set_requires_grad first)",
+                          fn_name, NBI_SHAPE(leaf)), -1);
     leaf->grad_hook = fn;
     leaf->grad_hook_ctx = fn ? ctx : NULL;
     return 0;

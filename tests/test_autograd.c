@@ -585,6 +585,13 @@ START_TEST(grad_hook_errors) {
                                       "nb_mul and is not a leaf; hooks go on leaves (parameters)");
     nb_scope_end();
     ck_assert_int_eq(h.calls, 2);
+    nb_tensor *c = vec(3, (double[]){1, 2, 3}); /* a constant: backward never reaches it */
+    ck_assert_int_eq(nb_set_grad_hook(c, log_hook, &h), -1);
+    ck_assert_str_eq(nb_last_error(), "nb_set_grad_hook: this tensor of shape (3) does not "
+                                      "require grad, so backward never reaches it and its hook "
+                                      "would never run (nb_set_requires_grad first)");
+    ck_assert_int_eq(nb_set_grad_hook(c, NULL, NULL), 0); /* removing is always fine */
+    nb_free(c);
     nb_free(x);
     ck_assert_int_eq(nb_set_grad_hook(x, log_hook, &h), -1);
     ck_assert_ptr_nonnull(strstr(nb_last_error(), "freed"));
