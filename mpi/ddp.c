@@ -392,7 +392,7 @@ static int make_buckets(nb_ddp *d, int64_t bytes) {
         bucket *b = &d->b[k];
         size_t es = elem_size(b->dt);
         b->chunk = (b->n + world - 1) / world;
-        if (b->chunk * world > INT32_MAX) return -1;
+        if (b->chunk * world > INT32_MAX) return 1; /* more than one MPI message holds */
         b->send = calloc((size_t)(b->chunk * world), es);
         b->recv = calloc((size_t)(b->chunk * world), es);
         b->red = calloc((size_t)b->chunk, es);
@@ -433,9 +433,14 @@ nb_ddp *nb_ddp_new(nb_params *ps, const nb_ddp_opts *opts) {
             return NULL;
         }
     }
-    if (make_buckets(d, bytes) != 0) {
+    int mb = make_buckets(d, bytes);
+    if (mb != 0) {
         ddp_release(d);
-        return (nb_report_error("%s: out of memory for the gradient buckets", fn), NULL);
+        return (nb_report_error(mb > 0 ? "%s: a gradient bucket holds more than 2^31 - 1 "
+                                         "elements (one MPI message); give a smaller "
+                                         "bucket_bytes"
+                                       : "%s: out of memory for the gradient buckets", fn),
+                NULL);
     }
     if (nb_mpi_broadcast_params(ps, 0) != 0) {
         ddp_release(d);

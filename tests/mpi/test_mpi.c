@@ -240,6 +240,45 @@ static double state_values(nb_optim *opt) {
     return n;
 }
 
+/* Misuse reports a message on every rank: two backwards in one step, a
+ * root that is not a rank, a shard step without a shard optimizer, a second
+ * nb_mpi_init; and the step after works. */
+START_TEST(misuse_is_reported) {
+    mlp m;
+    mlp_init(&m, NB_F64, 5);
+    nb_ddp *ddp = nb_ddp_new(m.ps, NULL);
+    ck_assert_ptr_nonnull(ddp);
+    nb_scope_begin();
+    nb_tensor *x, *y;
+    batch(NB_F64, 0, 0, B, &x, &y);
+    ck_assert_int_eq(nb_backward(loss_of(&m, x, y)), 0);
+    int rc = nb_backward(loss_of(&m, x, y)); /* a second backward before nb_ddp_sync */
+    ck_assert_int_eq(rc, -1);
+    ck_assert_msg(strstr(nb_last_error(), "got a second gradient in one step; call nb_ddp_sync "
+                                          "after each backward") != NULL, "%s", nb_last_error());
+    ck_assert_int_eq(nb_ddp_sync(ddp, rc), -1);
+    const char *prefix = "nb_ddp_sync: rank 0 failed: nb_ddp: \"";
+    ck_assert_msg(strncmp(nb_last_error(), prefix, strlen(prefix)) == 0, "%s", nb_last_error());
+    nb_params_zero_grad(m.ps);
+    ck_assert_int_eq(nb_ddp_sync(ddp, nb_backward(loss_of(&m, x, y))), 0);
+    nb_scope_end();
+    ck_assert_int_eq(nb_mpi_broadcast_params(m.ps, size), -1);
+    char want[128];
+    snprintf(want, sizeof want, "nb_mpi_broadcast_params: root %d is not a rank (0..%d)", size,
+             size - 1);
+    ck_assert_str_eq(nb_last_error(), want);
+    ck_assert_int_eq(nb_ddp_shard_step(ddp), -1);
+    ck_assert_str_eq(nb_last_error(),
+                     "nb_ddp_shard_step: no shard optimizer (nb_ddp_shard_optimizer)");
+    int argc = 0;
+    char **argv = NULL;
+    ck_assert_int_eq(nb_mpi_init(&argc, &argv), -1);
+    ck_assert_str_eq(nb_last_error(), "nb_mpi_init: MPI is already initialized");
+    nb_ddp_free(ddp);
+    nb_params_free(m.ps);
+}
+END_TEST
+
 static nb_optim *make_adam(nb_params *shard, void *ctx) {
     (void)ctx;
     return nb_adam(shard, 0.01, 0.9, 0.999, 1e-8, 0.0);
@@ -303,6 +342,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, a_failed_rank_stops_every_rank);
     tcase_add_test(tc, different_models_are_refused);
     tcase_add_test(tc, sharded_optimizer_state_gives_the_same_weights);
+    tcase_add_test(tc, misuse_is_reported);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);
