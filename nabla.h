@@ -902,6 +902,11 @@ NB_API nb_tensor *nb_gpt_loss(nb_GPT *m, nb_tensor *idx, nb_tensor *targets, boo
  * layer norms and embeddings (wte, so also a tied lm_head, and wpe). opt
  * must have been made from m's registry. 0 or -1. */
 NB_API int nb_gpt_set_weight_decay(const nb_GPT *m, nb_optim *opt, double weight_decay);
+/* Whether nb_gpt_set_weight_decay decays m's parameter `name`: 1 (a linear
+ * weight), 0 (another parameter of m's registry), or -1 with a message (no
+ * such parameter). For an optimizer over part of the model, e.g. a ZeRO-1
+ * shard (nabla_mpi.h), which nb_gpt_set_weight_decay refuses. */
+NB_API int nb_gpt_decays(const nb_GPT *m, const char *name);
 /* Sampling options of nb_gpt_generate. */
 typedef struct nb_gpt_sample_opts {
     double temperature; /* > 0; logits are divided by it (1 = as the model says) */

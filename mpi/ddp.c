@@ -94,6 +94,7 @@ int nb_mpi_size(void) { return world; }
  * rank returns -1 with "fn: rank R failed: <R's message>" for the lowest such
  * R (R itself included, so the message is the same everywhere). */
 static int agree(const char *fn, int status) {
+    if (broken) return (nb_report_error("%s: an earlier MPI failure ended MPI", fn), -1);
     int mine = status != 0 ? my_rank : world, first = world;
     MPI_Request r;
     int rc = MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &r);
@@ -108,6 +109,11 @@ static int agree(const char *fn, int status) {
     msg[MSG_LEN - 1] = '\0';
     nb_report_error("%s: rank %d failed: %s", fn, first, msg[0] ? msg : "(no message)");
     return -1;
+}
+
+int nb_mpi_agree(const char *what, int status) {
+    if (!need_init("nb_mpi_agree")) return -1;
+    return agree(what ? what : "nb_mpi_agree", status);
 }
 
 double nb_mpi_mean(double x) {
@@ -614,4 +620,129 @@ int nb_ddp_shard_step(nb_ddp *d) {
         nb_clear_grad(d->slots[i].p); /* the step is taken: as zero_grad(set_to_none=True) */
     }
     return out;
+}
+
+/* ------------------------------------------ ZeRO-1 state, for checkpoints */
+/* The slot of state entry "<parameter name>.<what>", or -1. */
+static int state_slot(const nb_ddp *d, const char *entry) {
+    const char *dot = strrchr(entry, '.');
+    if (!dot) return -1;
+    size_t len = (size_t)(dot - entry);
+    for (int i = 0; i < d->nslots; i++)
+        if (strlen(d->slots[i].name) == len && !strncmp(d->slots[i].name, entry, len)) return i;
+    return -1;
+}
+
+/* Each entry's slot (NULL registry: none). */
+static int *entry_slots(const nb_ddp *d, nb_params *st, int *n) {
+    *n = nb_params_buffer_count(st);
+    int *slot_of = malloc((size_t)(*n > 0 ? *n : 1) * sizeof *slot_of);
+    for (int e = 0; slot_of && e < *n; e++) {
+        const char *name = "";
+        nb_params_buffer_at(st, e, &name);
+        slot_of[e] = state_slot(d, name);
+    }
+    return slot_of;
+}
+
+/* Root's state and the owners' shard states must hold the same entries for
+ * each parameter (names, dtypes, shapes, in order): each owner sends a hash
+ * of its own, root compares. Root's status (this rank's message set), for agree. */
+static int check_state_layout(const char *fn, nb_ddp *d, nb_params *state, int root,
+                              const int *slot_of, int n, const int *shard_slot, int ns,
+                              int status) {
+    /* every rank takes part in the reduction, whatever its status */
+    uint64_t *h = calloc((size_t)d->nslots + 1, sizeof *h), *all = calloc((size_t)d->nslots + 1, sizeof *all);
+    if (!h || !all) { /* this rank cannot take part: the others time out */
+        free(h), free(all);
+        return (nb_report_error("%s: out of memory", fn), -1);
+    }
+    for (int e = 0; shard_slot && e < ns; e++) {
+        const char *name = "";
+        nb_tensor *t = nb_params_buffer_at(nb_optim_state(d->shard_opt), e, &name);
+        if (shard_slot[e] >= 0) h[shard_slot[e]] = h[shard_slot[e]] * 31 + describe(name, t);
+    }
+    MPI_Request r;
+    int rc = MPI_Ireduce(h, all, d->nslots, MPI_UINT64_T, MPI_SUM, root, MPI_COMM_WORLD, &r);
+    int reduced = rc != MPI_SUCCESS ? mpi_fail(fn, "MPI_Ireduce", rc)
+                                    : wait_all(fn, "comparing the optimizer states", 1, &r);
+    if (status == 0) status = reduced;
+    if (status == 0 && my_rank == root) {
+        memset(h, 0, (size_t)d->nslots * sizeof *h);
+        for (int e = 0; e < n && status == 0; e++) {
+            const char *name = "";
+            nb_tensor *t = nb_params_buffer_at(state, e, &name);
+            if (slot_of[e] < 0) {
+                nb_report_error("%s: state entry \"%s\" belongs to no parameter of the nb_ddp",
+                                fn, name);
+                status = -1;
+            } else h[slot_of[e]] = h[slot_of[e]] * 31 + describe(name, t);
+        }
+        for (int i = 0; i < d->nslots && status == 0; i++)
+            if (h[i] != all[i]) {
+                nb_report_error("%s: the state of \"%s\" differs from its owner's (rank %d): make "
+                                "the state's optimizer as the shard optimizer, over all of the "
+                                "nb_ddp's parameters", fn, d->slots[i].name, d->owner[i]);
+                status = -1;
+            }
+    }
+    free(h);
+    free(all);
+    return status;
+}
+
+/* Moves every entry of the shard states to root's state (gather) or back. */
+static int move_state(const char *fn, nb_ddp *d, nb_params *state, int root, bool gather) {
+    if (!need_init(fn)) return -1;
+    if (!d || !d->shard_opt)
+        return (nb_report_error("%s: %s", fn, d ? "no shard optimizer (nb_ddp_shard_optimizer)"
+                                                 : "d is NULL"), -1);
+    if (root < 0 || root >= world)
+        return (nb_report_error("%s: root %d is not a rank (0..%d)", fn, root, world - 1), -1);
+    nb_params *shard = nb_optim_state(d->shard_opt);
+    int n = 0, ns = 0, status = 0;
+    if (my_rank == root && !state) status = (nb_report_error("%s: state is NULL on root %d", fn, root), -1);
+    int *slot_of = entry_slots(d, my_rank == root ? state : NULL, &n);
+    int *shard_slot = entry_slots(d, shard, &ns);
+    MPI_Request *reqs = malloc((size_t)(n + ns + 1) * sizeof *reqs);
+    if (!slot_of || !shard_slot || !reqs) status = (nb_report_error("%s: out of memory", fn), -1);
+    if (slot_of && shard_slot && reqs)
+        status = check_state_layout(fn, d, state, root, slot_of, n, shard_slot, ns, status);
+    int out = agree(fn, status);
+    int posted = 0, rc = MPI_SUCCESS;
+    /* slot by slot, each side's entries of that slot in their order */
+    for (int i = 0; out == 0 && i < d->nslots && rc == MPI_SUCCESS; i++) {
+        bool mine = d->owner[i] == my_rank, at_root = my_rank == root;
+        if (!mine && !at_root) continue;
+        int e = 0, f = 0;
+        for (;;) {
+            while (at_root && e < n && slot_of[e] != i) e++;
+            while (mine && f < ns && shard_slot[f] != i) f++;
+            if ((at_root && e >= n) || (mine && f >= ns)) break;
+            nb_tensor *a = at_root ? nb_params_buffer_at(state, e, NULL) : NULL;
+            nb_tensor *b = mine ? nb_params_buffer_at(shard, f, NULL) : NULL;
+            nb_tensor *src = gather ? b : a, *dst = gather ? a : b;
+            nb_tensor *any = a ? a : b;
+            size_t bytes = (size_t)nb_numel(any) * elem_size(nb_dtype_of(any));
+            if (mine && at_root) memcpy(nb_data(dst), nb_data(src), bytes);
+            else if (src) rc = MPI_Isend(nb_data(src), (int)bytes, MPI_BYTE, gather ? root : d->owner[i], 7, MPI_COMM_WORLD, &reqs[posted]);
+            else rc = MPI_Irecv(nb_data(dst), (int)bytes, MPI_BYTE, gather ? d->owner[i] : root, 7, MPI_COMM_WORLD, &reqs[posted]);
+            if (rc == MPI_SUCCESS && !(mine && at_root)) posted++;
+            e += at_root, f += mine;
+        }
+    }
+    if (rc != MPI_SUCCESS) out = mpi_fail(fn, "MPI_Isend/MPI_Irecv", rc);
+    if (posted && wait_all(fn, "moving the optimizer state", posted, reqs) != 0) out = -1;
+    free(reqs);
+    free(slot_of);
+    free(shard_slot);
+    return out;
+}
+
+int nb_ddp_shard_state_gather(nb_ddp *d, nb_params *state, int root) {
+    return move_state("nb_ddp_shard_state_gather", d, state, root, true);
+}
+
+int nb_ddp_shard_state_scatter(nb_ddp *d, nb_params *state, int root) {
+    return move_state("nb_ddp_shard_state_scatter", d, state, root, false);
 }

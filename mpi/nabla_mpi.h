@@ -65,6 +65,13 @@ NB_API int nb_mpi_size(void); /* the number of ranks; 1 before init */
  * a message naming the first differing tensor. 0 or -1. */
 NB_API int nb_mpi_broadcast_params(nb_params *ps, int root);
 
+/* Every rank passes its own status (0 = fine) and learns whether all were
+ * fine: 0 on every rank, or -1 on every rank with "what: rank R failed:
+ * <R's message>" for the lowest failed rank R. For a step only some ranks
+ * take (rank 0 writes a checkpoint, every rank reads one) that must stop all
+ * of them together, instead of the others waiting in the next collective. */
+NB_API int nb_mpi_agree(const char *what, int status);
+
 /* x averaged over the ranks, added in rank order (the same bits on every
  * rank and in every run): for a loss to print. NAN on error. */
 NB_API double nb_mpi_mean(double x);
@@ -101,6 +108,17 @@ NB_API void nb_ddp_free(nb_ddp *d); /* removes the hooks; NULL is ok */
 NB_API nb_optim *nb_ddp_shard_optimizer(nb_ddp *d, nb_optim *(*make)(nb_params *shard, void *ctx),
                                         void *ctx);
 NB_API int nb_ddp_shard_step(nb_ddp *d);
+/* Checkpoints of sharded state, as PyTorch's consolidate_state_dict: state
+ * is, on root only (NULL elsewhere), the nb_optim_state of an optimizer made
+ * as the shard optimizer but over all of the nb_ddp's parameters; that is,
+ * the state an unsharded run would save. gather copies every rank's shard
+ * state into root's state (then nb_save it there); scatter gives every rank
+ * its parameters' part of root's state (after nb_load there), so a
+ * checkpoint resumes on any number of ranks. Every rank calls; root's state
+ * must have each parameter's entries as its owner has them (checked: a
+ * message names the first parameter that differs). 0, or -1 on every rank. */
+NB_API int nb_ddp_shard_state_gather(nb_ddp *d, nb_params *state, int root);
+NB_API int nb_ddp_shard_state_scatter(nb_ddp *d, nb_params *state, int root);
 
 typedef struct nb_ddp_stats {
     int64_t steps;      /* nb_ddp_sync calls that succeeded */

@@ -333,12 +333,32 @@ nb_tensor *nb_gpt_loss(nb_GPT *m, nb_tensor *idx, nb_tensor *targets, bool train
 }
 
 /* ---------------------------------------------------------- weight decay */
+static const char *const decayed[] = {"attn.c_attn.weight", "attn.c_proj.weight",
+                                      "mlp.c_fc.weight", "mlp.c_proj.weight"};
+
+static int gpt_decays_body(const nb_GPT *m, const char *name) {
+    const char *fn = "nb_gpt_decays";
+    if (!check_model(fn, m)) return -1;
+    if (!name) return (nn_error("%s: name is NULL", fn), -1);
+    char full[300];
+    for (int64_t i = 0; i < m->cfg.n_layer; i++)
+        for (int k = 0; k < 4; k++)
+            if (!strcmp(name, block_name(full, sizeof full, i, decayed[k]))) return 1;
+    if (!m->cfg.tie_weights && !strcmp(name, "lm_head.weight")) return 1;
+    if (m->ps && nb_params_get(m->ps, name)) return 0;
+    return (nn_error("%s: the model has no parameter \"%s\"", fn, name), -1);
+}
+
+int nb_gpt_decays(const nb_GPT *m, const char *name) {
+    nn_enter();
+    int rc = gpt_decays_body(m, name);
+    return nn_leave_rc("nb_gpt_decays", rc < 0 ? rc : 0) < 0 ? -1 : rc;
+}
+
 static int gpt_set_weight_decay_body(const nb_GPT *m, nb_optim *opt, double wd) {
     const char *fn = "nb_gpt_set_weight_decay";
     if (!check_model(fn, m)) return -1;
     if (!opt) return (nn_null(fn), -1);
-    static const char *const decayed[] = {"attn.c_attn.weight", "attn.c_proj.weight",
-                                          "mlp.c_fc.weight", "mlp.c_proj.weight"};
     char name[300];
     /* check the value and every name first: an error changes nothing */
     if (!(wd >= 0) || isinf(wd))

@@ -1103,6 +1103,17 @@ START_TEST(gpt_weight_decay_groups) {
         ck_assert(nb_optim_weight_decay(opt, "transformer.h.1.mlp.c_proj.bias") == 0.0);
         ck_assert(nb_optim_weight_decay(opt, "transformer.wte.weight") == 0.0);
         ck_assert(nb_optim_weight_decay(opt, "transformer.h.0.ln_1.weight") == 0.0);
+        /* nb_gpt_decays says the same of every parameter, for optimizers over a part */
+        for (int i = 0; i < nb_params_count(ps); i++) {
+            const char *name;
+            nb_params_at(ps, i, &name);
+            ck_assert_int_eq(nb_gpt_decays(&m, name), nb_optim_weight_decay(opt, name) == 0.1);
+        }
+        ck_assert_int_eq(nb_gpt_decays(&m, "lm_head.weight"), tied ? -1 : 1);
+        expect_error_rc(nb_gpt_decays(&m, "transformer.h.9.mlp.c_fc.weight"), "nb_gpt_decays",
+                        "the model has no parameter \"transformer.h.9.mlp.c_fc.weight\"");
+        expect_error_rc(nb_gpt_decays(&m, NULL), "nb_gpt_decays: name is NULL");
+        expect_error_rc(nb_gpt_decays(NULL, "lm_head.weight"), "nb_gpt_decays: model is NULL");
         /* bad values and a foreign optimizer change nothing */
         expect_error_rc(nb_gpt_set_weight_decay(&m, opt, -0.5), "nb_gpt_set_weight_decay",
                         "invalid weight_decay -0.5 (must be >= 0 and finite)");

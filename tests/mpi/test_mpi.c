@@ -240,6 +240,20 @@ static double state_values(nb_optim *opt) {
     return n;
 }
 
+/* nb_mpi_agree: one rank's failure, with its message, reaches every rank. */
+START_TEST(agree_gives_every_rank_the_failure) {
+    ck_assert_int_eq(nb_mpi_agree("saving", 0), 0);
+    int bad = size - 1;
+    if (rank == bad) nb_report_error("cannot write /x.tmp: No space left on device");
+    ck_assert_int_eq(nb_mpi_agree("saving", rank == bad ? -1 : 0), -1);
+    char want[128];
+    snprintf(want, sizeof want, "saving: rank %d failed: cannot write /x.tmp: No space left on "
+             "device", bad);
+    ck_assert_str_eq(nb_last_error(), want);
+    ck_assert_int_eq(nb_mpi_agree("saving", 0), 0); /* and the next one is fine */
+}
+END_TEST
+
 /* Misuse reports a message on every rank: two backwards in one step, a
  * root that is not a rank, a shard step without a shard optimizer, a second
  * nb_mpi_init; and the step after works. */
@@ -316,6 +330,52 @@ START_TEST(sharded_optimizer_state_gives_the_same_weights) {
                "on rank 0 %.0f of %.0f values\n", size, mine, whole);
     ck_assert(sum == whole);
     if (size > 1) ck_assert(mine < whole);
+    /* a checkpoint of the sharded state: gathered on the last rank, it is
+     * unsharded Adam's state, bit for bit */
+    int root = size - 1;
+    nb_optim *held = rank == root ? nb_adam(b.ps, 0.01, 0.9, 0.999, 1e-8, 0.0) : NULL;
+    nb_params *st = held ? nb_optim_state(held) : NULL;
+    ck_assert_msg(nb_ddp_shard_state_gather(db, st, root) == 0, "%s", nb_last_error());
+    for (int e = 0; st && e < nb_params_buffer_count(st); e++) {
+        const char *name;
+        nb_tensor *got = nb_params_buffer_at(st, e, &name);
+        nb_tensor *want = nb_params_get(nb_optim_state(full), name);
+        ck_assert_ptr_nonnull(want);
+        ck_assert_msg(memcmp(nb_data(got), nb_data(want), (size_t)nb_numel(got) * (nb_dtype_of(got) == NB_F32 ? 4 : 8)) == 0,
+                      "%s differs", name);
+    }
+    /* scattered into a fresh shard optimizer, it resumes: 2 more steps, the same bits */
+    nb_ddp_free(db);
+    db = nb_ddp_new(b.ps, NULL);
+    ck_assert_ptr_nonnull(nb_ddp_shard_optimizer(db, make_adam, NULL));
+    ck_assert_msg(nb_ddp_shard_state_scatter(db, st, root) == 0, "%s", nb_last_error());
+    for (int s = 5; s < 7; s++) {
+        nb_scope_begin();
+        nb_tensor *x, *y;
+        batch(NB_F32, s, rank * per, (rank + 1) * per, &x, &y);
+        ck_assert_int_eq(nb_ddp_sync(da, nb_backward(loss_of(&a, x, y))), 0);
+        nb_optim_step(full);
+        nb_optim_clear_grad(full);
+        ck_assert_int_eq(nb_ddp_sync(db, nb_backward(loss_of(&b, x, y))), 0);
+        ck_assert_msg(nb_ddp_shard_step(db) == 0, "%s", nb_last_error());
+        nb_scope_end();
+    }
+    ck_assert(max_rel_diff(a.ps, b.ps) == 0);
+    /* root's state must be the same optimizer's: SGD's momentum is refused everywhere */
+    nb_optim *sgd = rank == root ? nb_sgd(b.ps, 0.1, 0.9, 0.0) : NULL;
+    ck_assert_int_eq(nb_ddp_shard_state_scatter(db, sgd ? nb_optim_state(sgd) : NULL, root), -1);
+    char want[256];
+    snprintf(want, sizeof want, "nb_ddp_shard_state_scatter: rank %d failed: "
+             "nb_ddp_shard_state_scatter: the state of \"l1.weight\" differs from its owner's "
+             "(rank 0): make the state's optimizer as the shard optimizer, over all of the "
+             "nb_ddp's parameters", root);
+    ck_assert_str_eq(nb_last_error(), want);
+    ck_assert_int_eq(nb_ddp_shard_state_gather(db, NULL, root), -1);
+    snprintf(want, sizeof want, "nb_ddp_shard_state_gather: rank %d failed: "
+             "nb_ddp_shard_state_gather: state is NULL on root %d", root, root);
+    ck_assert_str_eq(nb_last_error(), want);
+    nb_optim_free(sgd);
+    nb_optim_free(held);
     nb_optim_free(full);
     nb_ddp_free(da);
     nb_ddp_free(db);
@@ -343,6 +403,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, different_models_are_refused);
     tcase_add_test(tc, sharded_optimizer_state_gives_the_same_weights);
     tcase_add_test(tc, misuse_is_reported);
+    tcase_add_test(tc, agree_gives_every_rank_the_failure);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);
