@@ -403,24 +403,17 @@ $(BUILD)/mpi/fault: tests/mpi/fault.c $(BUILD)/libnabla_mpi.a $(BUILD)/libnabla.
 	$(MPICC) $(CFLAGS) -I. -Impi $< $(BUILD)/libnabla_mpi.a $(BUILD)/libnabla.a $(LDLIBS) -o $@
 
 # The suites, then the fault cases (tests/mpi/fault_check.sh: a killed rank,
-# a silent one), on each rank count of MPI_NP.
+# a silent one), on each rank count of MPI_NP, then the examples' --dist
+# (tests/mpi/examples_check.sh: 100%, resuming on the same and on other rank
+# counts, --zero, failed loads and saves).
 test-mpi: mpi check-deps
 	@$(MAKE) --no-print-directory $(BUILD)/mpi/test_mpi $(BUILD)/mpi/fault
 	@for n in $(MPI_NP); do echo "make test-mpi: $(MPIRUN) -np $$n $(BUILD)/mpi/test_mpi"; \
 	  NABLA_NUM_THREADS=1 timeout 300 $(MPIRUN) -np $$n $(BUILD)/mpi/test_mpi || exit 1; done
 	@sh tests/mpi/fault_check.sh $(BUILD) "$(MPIRUN)" $(MPI_NP)
-	@$(MAKE) --no-print-directory MPI=1 BUILD=build-mpi build-mpi/examples/copy_task
-	@d=$$(mktemp -d) && trap 'rm -rf '$$d EXIT && \
-	NABLA_NUM_THREADS=1 $(MPIRUN) -np 2 build-mpi/examples/copy_task --dist > $$d/run.log 2>&1 && \
-	last=$$(tail -1 $$d/run.log | tr -d '\r') && [ "$$last" = "exact match 100% (1000/1000)" ] || \
-	  { cat $$d/run.log; echo "test-mpi: copy_task --dist on 2 ranks ended on \"$$last\""; exit 1; }; \
-	echo "test-mpi: mpirun -np 2 copy_task --dist: $$last"; \
-	for e in 4:straight 2:half 4:resumed; do n=$${e%%:*}; f=$${e##*:}; \
-	  load=$$([ $$f = resumed ] && echo "--load $$d/half"); \
-	  NABLA_NUM_THREADS=1 $(MPIRUN) -np 2 build-mpi/examples/copy_task --dist $(RESUME_ARGS) \
-	    --epochs $$n $$load --save $$d/$$f > /dev/null 2>&1 || exit 1; done; \
-	cmp $$d/straight $$d/resumed && \
-	echo "test-mpi: copy_task --dist on 2 ranks, 2 epochs + --load + 2 = 4 epochs, checkpoints identical"
+	@$(MAKE) --no-print-directory MPI=1 BUILD=build-mpi build-mpi/examples/copy_task \
+	  build-mpi/examples/gpt
+	@RESUME_ARGS="$(RESUME_ARGS)" sh tests/mpi/examples_check.sh build-mpi "$(MPIRUN)"
 
 # make bench-mpi: GPT-2 124M steps on 1 process x 1 and 2 threads and on 2
 # processes x 1 thread, and the reduction between 2 processes

@@ -305,12 +305,12 @@ static const char *err(void) { return nb_last_error() ? nb_last_error() : "unkno
 
 /* Prints "copy_task: <message>" to stderr; returns -1. */
 static int fail(const char *fmt, ...) {
+    char line[2048]; /* one write: ranks under mpirun share the terminal */
     va_list ap;
     va_start(ap, fmt);
-    fputs("copy_task: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
+    fprintf(stderr, "copy_task: %s\n", line);
     return -1;
 }
 
@@ -410,14 +410,16 @@ static int save_checkpoint(run *r, const char *path) {
     v[4][0] = (int64_t)r->data.seed, v[4][1] = (int64_t)r->data.offset;
     v[5][0] = (int64_t)(r->drop.seed - DROP_SEED_STEP * (uint64_t)r->ds.rank);
     v[5][1] = (int64_t)r->drop.offset;
-    if (r->ds.rank != 0) return 0; /* rank 0 writes, every rank reads */
-    if (nb_save(r->ckpt, path) != 0) return progress_clear(&r->bar), fail("%s", err());
+    int rc = r->ds.rank == 0 ? nb_save(r->ckpt, path) : 0; /* rank 0 writes, every rank reads */
+    if (dist_agree(&r->ds, "--save", rc) != 0) return progress_clear(&r->bar), fail("%s", err());
     return 0;
 }
 
 static int load_checkpoint(run *r, const char *path) {
-    if (nb_load(r->ckpt, path) != 0)
-        return fail("%s (--load needs the flags the checkpoint was trained with)", err());
+    int rc = nb_load(r->ckpt, path);
+    if (rc != 0)
+        nb_report_error("%s (--load needs the flags the checkpoint was trained with)", err());
+    if (dist_agree(&r->ds, "--load", rc) != 0) return fail("%s", err());
     int64_t *v[TRAINER_VALUES];
     for (int i = 0; i < TRAINER_VALUES; i++) v[i] = trainer_value(r, i);
     r->epoch = *v[0], r->step = r->first_step = *v[1], r->perfect_epoch = *v[2];

@@ -22,6 +22,7 @@ typedef struct {
 #ifdef NB_MPI
     bool on;
     nb_ddp *ddp;
+    bool sharded; /* --zero: the optimizer is nb_ddp's shard optimizer */
 #endif
 } dist_state;
 
@@ -64,6 +65,79 @@ static int dist_attach(dist_state *ds, nb_params *ps) {
     (void)ds, (void)ps;
 #endif
     return 0;
+}
+
+/* --zero: this rank's optimizer over its shard of ps, made by make (ZeRO
+ * stage 1, owned by the nb_ddp), or NULL with nabla's message. */
+static inline nb_optim *dist_shard(dist_state *ds, nb_optim *(*make)(nb_params *, void *),
+                                    void *ctx) {
+#ifdef NB_MPI
+    nb_optim *opt = ds->ddp ? nb_ddp_shard_optimizer(ds->ddp, make, ctx) : NULL;
+    ds->sharded = opt != NULL;
+    return opt;
+#else
+    (void)ds, (void)make, (void)ctx;
+    return NULL;
+#endif
+}
+
+/* The optimizer's step on the (averaged) gradients, which it clears. */
+static inline int dist_optim_step(const dist_state *ds, nb_optim *opt) {
+#ifdef NB_MPI
+    if (ds->sharded) return nb_ddp_shard_step(ds->ddp);
+#else
+    (void)ds;
+#endif
+    nb_optim_step(opt);
+    nb_optim_clear_grad(opt);
+    return 0;
+}
+
+static inline bool dist_sharded(const dist_state *ds) {
+#ifdef NB_MPI
+    return ds->sharded;
+#else
+    (void)ds;
+    return false;
+#endif
+}
+
+/* --zero, before rank 0 saves: every rank's part of the optimizer state into
+ * held, rank 0's optimizer over the whole model (NULL elsewhere). */
+static inline int dist_gather_state(const dist_state *ds, nb_optim *held) {
+#ifdef NB_MPI
+    if (ds->sharded) return nb_ddp_shard_state_gather(ds->ddp, held ? nb_optim_state(held) : NULL, 0);
+#else
+    (void)ds, (void)held;
+#endif
+    return 0;
+}
+
+/* --zero, after rank 0 loaded: its weights and the loop's state (trainer) to
+ * every rank, and each rank's part of the optimizer state from held. */
+static inline int dist_share_loaded(const dist_state *ds, nb_params *ps, nb_params *trainer,
+                             nb_optim *held) {
+#ifdef NB_MPI
+    if (ds->sharded)
+        return nb_mpi_broadcast_params(ps, 0) != 0 || nb_mpi_broadcast_params(trainer, 0) != 0 ||
+                       nb_ddp_shard_state_scatter(ds->ddp, held ? nb_optim_state(held) : NULL, 0)
+                   ? -1
+                   : 0;
+#else
+    (void)ds, (void)ps, (void)trainer, (void)held;
+#endif
+    return 0;
+}
+
+/* rc, made the same on every rank: -1 everywhere (with the failed rank's
+ * message) when any rank's rc is nonzero. For what only some ranks do. */
+static inline int dist_agree(const dist_state *ds, const char *what, int rc) {
+#ifdef NB_MPI
+    if (ds->on) return nb_mpi_agree(what, rc);
+#else
+    (void)ds, (void)what;
+#endif
+    return rc;
 }
 
 /* After this rank's backward (rc its result): the gradients averaged over

@@ -83,19 +83,19 @@ typedef struct {
     int64_t batch, seq, steps, threads, sample, top_k, save_every, warmup;
     double lr, temperature, weight_decay, clip;
     int64_t seed;
-    bool shuffle, eval, dist;
+    bool shuffle, eval, dist, zero;
 } options;
 
 static const char *err(void) { return nb_last_error() ? nb_last_error() : "unknown error"; }
 
 /* Prints "gpt: <message>" to stderr; returns -1. */
 static int fail(const char *fmt, ...) {
+    char line[2048]; /* one write: ranks under mpirun share the terminal */
     va_list ap;
     va_start(ap, fmt);
-    fputs("gpt: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
+    fprintf(stderr, "gpt: %s\n", line);
     return -1;
 }
 
@@ -127,6 +127,7 @@ static void usage(FILE *f, const char *prog) {
             "  --eval             no training: print \"loss X\" of the first batch in file order\n"
             "  --dist             data-parallel on the mpirun ranks (a build with make MPI=1):\n"
             "                     --batch rows per rank, each rank its own rows and dropout\n"
+            "  --zero             with --dist: AdamW's state sharded over the ranks (ZeRO-1)\n"
             "sampling:\n"
             "  --sample N         generate N tokens at the end\n"
             "  --prompt TEXT      text (byte vocabulary) or token ids to start from\n"
@@ -171,6 +172,10 @@ static int parse(int argc, char **argv, options *o) {
         }
         if (!strcmp(a, "--dist")) {
             o->dist = true;
+            continue;
+        }
+        if (!strcmp(a, "--zero")) {
+            o->zero = true;
             continue;
         }
         const char **text = !strcmp(a, "--config") ? &o->config
@@ -224,6 +229,7 @@ static int parse(int argc, char **argv, options *o) {
         }
     }
     if (o->temperature <= 0) return fail("--temperature must be > 0");
+    if (o->zero && !o->dist) return fail("--zero shards the optimizer over --dist's ranks: give --dist too");
     return 0;
 }
 
@@ -260,7 +266,8 @@ typedef struct {
     nb_params *ps;
     nb_GPT model;
     bool model_made;
-    nb_optim *opt;
+    nb_optim *opt;     /* with --zero, this rank's shard optimizer (nb_ddp's) */
+    nb_optim *held;    /* --zero with --save/--load, rank 0: the whole state, for checkpoints */
     nb_tensor *tokens; /* persistent, the whole --data file */
     int64_t n_tokens;
     int64_t *xb, *yb;  /* a batch's inputs and targets (B*T each) */
@@ -353,7 +360,8 @@ static const char *trainer_names[] = {"step", "data_rng", "drop_rng"};
 /* One registry for the checkpoint: the parameters, AdamW's state and the
  * loop's own buffers ((seed, offset) for each random stream). */
 static int checkpoint_registry(run *r) {
-    if (checkpoint_registry_make(r->ps, r->opt, trainer_names, 3, 1, &r->trainer, &r->ckpt) != 0)
+    nb_optim *opt = r->held ? r->held : r->opt;
+    if (checkpoint_registry_make(r->ps, opt, trainer_names, 3, 1, &r->trainer, &r->ckpt) != 0)
         return fail("%s", err());
     return 0;
 }
@@ -368,18 +376,25 @@ static int save_checkpoint(run *r, const char *path) {
         v[0] = (int64_t)rngs[i]->seed, v[1] = (int64_t)rngs[i]->offset;
     }
     trainer_value(r, 2)[0] -= DROP_SEED_STEP * r->ds.rank; /* rank 0's stream */
-    if (r->ds.rank != 0) return 0;                         /* rank 0 writes, every rank reads */
-    if (nb_save(r->ckpt, path) != 0) return fail("%s", err());
+    /* --zero: the owners' AdamW state to rank 0 first */
+    if (dist_gather_state(&r->ds, r->held) != 0) return fail("%s", err());
+    int rc = r->ds.rank == 0 ? nb_save(r->ckpt, path) : 0; /* rank 0 writes, every rank reads */
+    if (dist_agree(&r->ds, "--save", rc) != 0) return fail("%s", err());
     return 0;
 }
 
+/* Every rank reads the file; with --zero only rank 0 does, and sends the
+ * weights, the loop's state and each rank's part of AdamW's state. */
 static int load_checkpoint(run *r, const char *path, bool quiet) {
-    if (nb_load(r->ckpt, path) != 0) {
+    int rc = dist_sharded(&r->ds) && r->ds.rank != 0 ? 0 : nb_load(r->ckpt, path);
+    if (rc != 0) {
         struct stat st; /* a file that is there but does not fit: a hint */
         bool there = stat(path, &st) == 0 && S_ISREG(st.st_mode);
-        return fail("%s%s", err(), there ? " (--load needs the model flags the checkpoint was "
-                                           "made with)" : "");
+        nb_report_error("%s%s", err(), there ? " (--load needs the model flags the checkpoint "
+                                               "was made with)" : "");
     }
+    if (dist_agree(&r->ds, "--load", rc) != 0) return fail("%s", err());
+    if (dist_share_loaded(&r->ds, r->ps, r->trainer, r->held) != 0) return fail("%s", err());
     r->step = *trainer_value(r, 0);
     nb_rng *rngs[2] = {&r->data, &r->drop};
     for (int i = 0; i < 2; i++) {
@@ -455,8 +470,10 @@ static double train_step(run *r, const options *o, int64_t B, int64_t T) {
             if (isnan(value))
                 fail("step %lld: the loss is NaN (a smaller --lr may help)",
                      (long long)r->step + 1);
-            nb_optim_step(r->opt);
-            nb_optim_clear_grad(r->opt);
+            if (dist_optim_step(&r->ds, r->opt) != 0) {
+                fail("step %lld failed: %s", (long long)r->step + 1, err());
+                value = NAN;
+            }
         } else {
             fail("step %lld failed: %s", (long long)r->step + 1, err());
             value = NAN;
@@ -594,11 +611,42 @@ static void find_default_data(run *r, const char *argv0) {
         memcpy(r->default_data, other, (size_t)n + 1);
 }
 
+/* ------------------------------------------------------------ optimizer */
+/* AdamW, decaying the linear weights only (nanoGPT's groups), over ps or a
+ * part of it. */
+static nb_optim *adamw(nb_params *ps, void *ctx) {
+    const run *r = ((void **)ctx)[0];
+    const options *o = ((void **)ctx)[1];
+    nb_optim *opt = nb_adamw(ps, o->lr, 0.9, 0.95, 1e-8, 0.0);
+    for (int i = 0; opt && i < nb_params_count(ps); i++) {
+        const char *name;
+        nb_params_at(ps, i, &name);
+        int decays = nb_gpt_decays(&r->model, name);
+        if (decays < 0 || (decays && nb_optim_set_weight_decay(opt, name, o->weight_decay) != 0))
+            nb_optim_free(opt), opt = NULL;
+    }
+    return opt;
+}
+
+/* AdamW over the whole model; with --dist the model's data parallelism
+ * first, and with --zero the AdamW of this rank's shard, plus, on rank 0
+ * for --save/--load, an AdamW over everything that holds the whole state of
+ * a checkpoint (it never steps). 0 or -1 with nabla's message. */
+static int make_optimizer(run *r, const options *o) {
+    void *ctx[2] = {r, (void *)o};
+    if (dist_attach(&r->ds, r->ps) != 0) return -1;
+    if (!o->zero) return (r->opt = adamw(r->ps, ctx)) ? 0 : -1;
+    if (!(r->opt = dist_shard(&r->ds, adamw, ctx))) return -1;
+    if ((o->save || o->load) && r->ds.rank == 0 && !(r->held = adamw(r->ps, ctx))) return -1;
+    return 0;
+}
+
 /* ---------------------------------------------------------------- main */
 static void teardown(run *r) {
     nb_params_free(r->ckpt);
     nb_params_free(r->trainer);
-    nb_optim_free(r->opt);
+    nb_optim_free(r->held);
+    if (!dist_sharded(&r->ds)) nb_optim_free(r->opt);
     if (r->model_made) nb_gpt_free(&r->model);
     nb_params_free(r->ps);
     nb_free(r->tokens);
@@ -617,10 +665,7 @@ static int run_all(run *r, const options *o) {
     nb_rng_seed(&r->data, (uint64_t)o->seed + 1);
     nb_rng_seed(&r->drop, (uint64_t)o->seed + 2 + DROP_SEED_STEP * (uint64_t)r->ds.rank);
     nb_rng_seed(&r->sampler, (uint64_t)o->seed + 3);
-    r->opt = nb_adamw(r->ps, o->lr, 0.9, 0.95, 1e-8, o->weight_decay);
-    if (!r->opt || nb_gpt_set_weight_decay(&r->model, r->opt, o->weight_decay) != 0 ||
-        dist_attach(&r->ds, r->ps) != 0)
-        return fail("%s", err());
+    if (make_optimizer(r, o) != 0) return fail("%s", err());
     const nb_GPTConfig *c = &r->cfg;
     if (!o->eval)
         printf("gpt: config %s: vocab %lld, context %lld, %lld layers, %lld heads, n_embd %lld, "
