@@ -2,11 +2,13 @@
 # bench_mpi.sh BUILD "MPIRUN": make bench-mpi's figures (docs/distributed.md).
 #   1. GPT-2 124M training steps (B=4 rows per process, T=64, AdamW), with
 #      BUILD/examples/gpt built with MPI: 1 process x 1 thread, 1 process x 2
-#      threads, 2 processes x 1 thread (--dist): the median of steps 2-6, the
-#      tokens per second (2 processes do twice the rows per step), and each
-#      process's peak RSS (from /usr/bin/time when installed);
+#      threads, 2 processes x 1 thread (--dist), and 2 x 1 with AdamW's state
+#      sharded (--dist --zero): the median of steps 2-6, the tokens per
+#      second (2 processes do twice the rows per step), and each process's
+#      peak RSS (from /usr/bin/time when installed);
 #   2. the reduction between 2 processes (BUILD/mpi/mpi_allreduce);
-#   3. sharded optimizer state: built, not measured here yet.
+#   3. memory per process with and without sharded optimizer state (the
+#      peak RSS of section 1, against what AdamW's state takes).
 build=$1
 mpirun=$2
 gpt=$build/examples/gpt
@@ -41,8 +43,21 @@ $timer "$gpt" $args --threads 2 > "$log/1x2.log" 2>&1 || { cat "$log/1x2.log"; e
 row "1 x 2" 4 "$log/1x2.log"
 $mpirun -np 2 $timer "$gpt" $args --threads 1 --dist > "$log/2x1.log" 2>&1 || { cat "$log/2x1.log"; exit 1; }
 row "2 x 1 (--dist)" 8 "$log/2x1.log"
+$mpirun -np 2 $timer "$gpt" $args --threads 1 --dist --zero > "$log/2x1z.log" 2>&1 || { cat "$log/2x1z.log"; exit 1; }
+row "2 x 1 (--dist --zero)" 8 "$log/2x1z.log"
 echo
 echo "2. gradient reduction between 2 processes, f32 (median of 7; bus bandwidth = 2(N-1)/N x bytes / time)"
 $mpirun -np 2 "$build/mpi/mpi_allreduce" || exit 1
 echo
-echo "3. sharded optimizer state (ZeRO stage 1): built (nb_ddp_shard_optimizer), not measured here yet (docs/distributed.md)"
+echo "3. memory per process, sharded optimizer state (ZeRO stage 1, --zero) or not"
+mean_rss() { awk -F= '/^peak-rss-kb=/ {s += $2; n++} END {if (n) printf "%.0f", s / n / 1024; else print "-"}' "$1"; }
+plain=$(mean_rss "$log/2x1.log")
+zero=$(mean_rss "$log/2x1z.log")
+params=$(awk '/parameters$/ {for (i = 1; i < NF; i++) if ($(i + 1) == "parameters") print $i}' "$log/1x1.log" | tr -d 'M')
+awk -v p="$plain" -v z="$zero" -v m="$params" 'BEGIN {
+    if (p == "-" || z == "-") { print "   (no /usr/bin/time: peak RSS not measured)"; exit }
+    state = 2 * m * 1e6 * 4 / 1048576   # exp_avg and exp_avg_sq, f32
+    printf "   2 ranks, mean peak RSS per process: %d MiB without --zero, %d MiB with (%.0f%% less)\n", p, z, 100 * (p - z) / p
+    printf "   AdamW state of %.2fM parameters: %.0f MiB; sharded over N ranks each keeps about 1/N,\n", m, state
+    printf "   so the saving at 2 ranks should be about %.0f MiB; it was %d MiB\n", state / 2, p - z
+}'

@@ -590,13 +590,17 @@ int nb_ddp_shard_step(nb_ddp *d) {
     if (!d || !d->shard_opt)
         return (nb_report_error("%s: %s", fn, d ? "no shard optimizer (nb_ddp_shard_optimizer)"
                                                  : "d is NULL"), -1);
-    /* the shard's handles take the averaged gradients of the model's */
+    /* the shard's handles take the averaged gradients of the model's, one at
+     * a time, each freed as it is copied: no more gradient memory than the
+     * model's; the gradients of parameters other ranks own go at once */
     int rc = 0;
     for (int i = 0; i < d->nslots && rc == 0; i++) {
-        if (d->owner[i] != my_rank) continue;
-        nb_tensor *h = nb_params_get(d->shard, d->slots[i].name), *g = nb_grad(d->slots[i].p);
-        if (!h || !g) rc = -1;
-        else rc = nb_backward_with_grad(h, g);
+        nb_tensor *p = d->slots[i].p;
+        if (d->owner[i] == my_rank) {
+            nb_tensor *h = nb_params_get(d->shard, d->slots[i].name), *g = nb_grad(p);
+            rc = h && g ? nb_backward_with_grad(h, g) : -1;
+        }
+        nb_clear_grad(p);
     }
     if (rc == 0) {
         nb_optim_step(d->shard_opt);
