@@ -414,6 +414,35 @@ test-mpi: mpi check-deps
 	@$(MAKE) --no-print-directory MPI=1 BUILD=build-mpi build-mpi/examples/copy_task \
 	  build-mpi/examples/gpt
 	@RESUME_ARGS="$(RESUME_ARGS)" sh tests/mpi/examples_check.sh build-mpi "$(MPIRUN)"
+	@bash tests/layers_check.sh $(BUILD)
+
+# make asan-mpi: nabla_mpi, its suites and the examples' --dist under
+# ASan/UBSan and LeakSanitizer, on make asan's objects (build-asan). What
+# Open MPI allocates for the life of the process is suppressed
+# (tests/mpi/lsan.supp); the slow unwinder finds its frames in libmpi and
+# its plugins, so a leak of nabla_mpi, the tests or the examples still shows.
+ASAN_MPI_OPT  = -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+ASAN_MPI_LIBS = -fsanitize=address,undefined -lm -lpthread
+ASAN_MPI_ENV  = NABLA_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 \
+  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/mpi/lsan.supp:print_suppressions=0
+.PHONY: asan-mpi
+asan-mpi: mpi-deps check-deps
+	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build-asan OPT="$(ASAN_MPI_OPT)" \
+	  LDLIBS="$(ASAN_MPI_LIBS)" build-asan/mpi/test_mpi
+	@for e in copy_task gpt; do $(MPICC) $(WARN) $(ASAN_MPI_OPT) -D_POSIX_C_SOURCE=200809L -pthread \
+	  -DNB_MPI -Impi -I. examples/$$e.c build-asan/libnabla_mpi.a build-asan/libnabla.a \
+	  $(ASAN_MPI_LIBS) -o build-asan/mpi/$$e || exit 1; done
+	@for n in $(MPI_NP); do $(ASAN_MPI_ENV) timeout 600 $(MPIRUN) -np $$n build-asan/mpi/test_mpi \
+	  > build-asan/mpi/test-$$n.log 2>&1 || { tail -40 build-asan/mpi/test-$$n.log; exit 1; }; \
+	  echo "asan-mpi clean: test_mpi on $$n ranks ($$(tail -1 build-asan/mpi/test-$$n.log))"; done
+	@d=build-asan/mpi; for run in \
+	  "copy_task --epochs 1 $(SHORT_COPY) --save $$d/copy.ckpt" \
+	  "copy_task --epochs 2 $(SHORT_COPY) --load $$d/copy.ckpt" \
+	  "gpt --config tiny --steps 3 --batch 2 --seq 16 --zero --save $$d/gpt.ckpt" \
+	  "gpt --config tiny --steps 5 --batch 2 --seq 16 --zero --load $$d/gpt.ckpt --sample 8"; do \
+	  $(ASAN_MPI_ENV) timeout 600 $(MPIRUN) -np 2 $$d/$$run --dist > $$d/example.log 2>&1 || \
+	    { tail -40 $$d/example.log; echo "asan-mpi: $$run --dist failed"; exit 1; }; \
+	  echo "asan-mpi clean: mpirun -np 2 $$run --dist"; done
 
 # make bench-mpi: GPT-2 124M steps on 1 process x 1 and 2 threads and on 2
 # processes x 1 thread, and the reduction between 2 processes

@@ -9,14 +9,15 @@
 #     resolved from the including file's folder (the library is compiled
 #     without -I), must name a header of the file's own layer or of one
 #     below it, or nabla.h. nn/ is built only on the public API: nabla.h and
-#     its own headers.
+#     its own headers; so is mpi/ (the optional nabla_mpi), on top.
 # (b) Symbols. The nb_/nbi_ symbols an object of a layer leaves undefined
 #     (calls, variables) must not be defined by an object of a layer above
 #     it; and nn/ uses no nbi_ symbol of the layers below (only nabla.h's).
-#     This catches what includes cannot: a function declared by hand.
+#     This catches what includes cannot: a function declared by hand. mpi/'s
+#     objects (when make mpi has built them) use no nbi_ symbol either.
 #
 # Prints one line per violation and exits 1; otherwise prints
-# "layers ok: tensor < autograd < ops < nn".
+# "layers ok: tensor < autograd < ops < nn" (and "< mpi" when mpi/ is built).
 set -u
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -39,10 +40,11 @@ may_include() {
     autograd) [[ $h == tensor/* || $h == autograd/* ]] ;;
     ops) [[ $h == tensor/* || $h == autograd/* || $h == ops/* ]] ;;
     nn) [[ $h == nn/* ]] ;;
+    mpi) [[ $h == mpi/* ]] ;;
     esac
 }
 
-for layer in "${layers[@]}"; do
+for layer in "${layers[@]}" mpi; do
     for f in "$layer"/*.c "$layer"/*.h; do
         [ -e "$f" ] || continue
         while IFS= read -r inc; do
@@ -51,7 +53,8 @@ for layer in "${layers[@]}"; do
                 violation "$f includes \"$inc\" ($h): $layer/ may include only$(
                     case $layer in
                     tensor) echo " tensor/" ;; autograd) echo " tensor/, autograd/" ;;
-                    ops) echo " tensor/, autograd/, ops/" ;; nn) echo " nn/" ;; esac) and nabla.h"
+                    ops) echo " tensor/, autograd/, ops/" ;; nn) echo " nn/" ;;
+                    mpi) echo " mpi/" ;; esac) and nabla.h"
         done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$f")
     done
 done
@@ -96,9 +99,14 @@ check tensor '^nbi?_' '(a layer above tensor/)' autograd ops nn
 check autograd '^nbi?_' '(a layer above autograd/)' ops nn
 check ops '^nbi?_' '(a layer above ops/)' nn
 check nn '^nbi_' '(nn/ uses only the nb_ API of nabla.h)' tensor autograd ops
+top=nn
+if [ -e "$build/mpi/ddp.o" ]; then
+    check mpi '^nbi_' '(mpi/ uses only the nb_ API of nabla.h)' tensor autograd ops nn
+    top="nn < mpi"
+fi
 
 if [ "$bad" != 0 ]; then
     echo "layers: the folders must form layers tensor < autograd < ops < nn (see docs/api.md, \"Layout\")"
     exit 1
 fi
-echo "layers ok: tensor < autograd < ops < nn"
+echo "layers ok: tensor < autograd < ops < $top"
