@@ -161,8 +161,10 @@ static void dist_report(const dist_state *ds) {
     if (!ds->ddp) return;
     nb_ddp_stats st = nb_ddp_get_stats(ds->ddp);
     printf("--dist: %d ranks; %.1f MB of gradients in %lld bucket(s) per step, %.0f%% of them "
-           "started during backward; %.1f ms per step in nb_ddp_sync\n", ds->ranks,
-           (double)st.bytes / 1e6, (long long)st.buckets, 100 * st.early, st.wait_ms);
+           "started during backward; per step, %.1f ms from the first bucket's start to the "
+           "averaged gradients, %.0f%% of it during backward, %.1f ms in nb_ddp_sync\n",
+           ds->ranks, (double)st.bytes / 1e6, (long long)st.buckets, 100 * st.early,
+           st.window_ms, 100 * st.overlap, st.wait_ms);
 #else
     (void)ds;
 #endif

@@ -271,6 +271,8 @@ struct nb_ddp {
     int next, next2; /* the next bucket to start phase 1, phase 2 of */
     bool syncing;
     nb_ddp_stats stats;
+    double first_post;           /* when this step's first bucket started; 0: not yet */
+    double window_total, hidden_total; /* reduction windows, and their parts before nb_ddp_sync */
     double wait_total;
     int64_t early_total;
 };
@@ -285,10 +287,12 @@ static int post_phase1(nb_ddp *d, int k, bool early) {
     if (rc != MPI_SUCCESS) return mpi_fail("nb_ddp_sync", "MPI_Ialltoall", rc);
     b->phase = 1;
     b->early = early;
+    if (d->first_post == 0) d->first_post = now();
     return 0;
 }
 
-/* red = the N pieces added in rank order; then phase 2. */
+/* red = the N pieces added in rank order, divided by N (the mean, each rank
+ * for its 1/N of the bucket); then phase 2. */
 static int post_phase2(nb_ddp *d, bucket *b) {
     int64_t c = b->chunk;
     if (b->dt == NB_F32) {
@@ -297,12 +301,14 @@ static int post_phase2(nb_ddp *d, bucket *b) {
         for (int64_t i = 0; i < c; i++) out[i] = in[i];
         for (int r = 1; r < world; r++)
             for (int64_t i = 0; i < c; i++) out[i] += in[r * c + i];
+        for (int64_t i = 0; i < c; i++) out[i] /= (float)world;
     } else {
         const double *in = (const double *)b->recv;
         double *out = (double *)b->red;
         for (int64_t i = 0; i < c; i++) out[i] = in[i];
         for (int r = 1; r < world; r++)
             for (int64_t i = 0; i < c; i++) out[i] += in[r * c + i];
+        for (int64_t i = 0; i < c; i++) out[i] /= (double)world;
     }
     int rc = MPI_Iallgather(b->red, (int)c, mpi_type(b->dt), b->send, (int)c, mpi_type(b->dt),
                             d->phase2, &b->req);
@@ -463,8 +469,8 @@ nb_ddp *nb_ddp_new(nb_params *ps, const nb_ddp_opts *opts) {
     return d;
 }
 
-/* Every parameter's .grad = its bucket's sum / world. A parameter backward
- * did not reach gets a .grad first, through a backward of the leaf itself. */
+/* Every parameter's .grad = its bucket's mean. A parameter backward did not
+ * reach gets a .grad first, through a backward of the leaf itself. */
 static int write_back(nb_ddp *d) {
     for (int i = 0; i < d->nslots; i++) {
         slot *s = &d->slots[i];
@@ -477,15 +483,8 @@ static int write_back(nb_ddp *d) {
             nb_scope_end();
             if (rc != 0 || !(g = nb_grad(s->p))) return -1;
         }
-        if (b->dt == NB_F32) {
-            float *out = nb_data(g);
-            const float *sum = (const float *)b->send + s->off;
-            for (int64_t k = 0; k < s->numel; k++) out[k] = sum[k] / (float)world;
-        } else {
-            double *out = nb_data(g);
-            const double *sum = (const double *)b->send + s->off;
-            for (int64_t k = 0; k < s->numel; k++) out[k] = sum[k] / (double)world;
-        }
+        size_t es = elem_size(b->dt);
+        memcpy(nb_data(g), b->send + (size_t)s->off * es, (size_t)s->numel * es);
         nb_mark_modified(g);
     }
     return 0;
@@ -497,10 +496,10 @@ static void reset_step(nb_ddp *d) {
         bucket *b = &d->b[k];
         b->ready = 0;
         b->phase = 0;
-        b->early = false;
-        memset(b->send, 0, (size_t)(b->chunk * world) * elem_size(b->dt));
+        b->early = false; /* send's padding past n stays 0: calloc'd, and gathered as 0 + 0 */
     }
     d->next = d->next2 = 0;
+    d->first_post = 0;
 }
 
 int nb_ddp_sync(nb_ddp *d, int status) {
@@ -529,11 +528,15 @@ int nb_ddp_sync(nb_ddp *d, int status) {
     d->syncing = true;
     rc = write_back(d);
     d->syncing = false;
+    double first = d->first_post > 0 && d->first_post < t0 ? d->first_post : t0;
     reset_step(d);
     if (rc != 0) return -1;
+    double t1 = now();
     d->stats.steps++;
     d->early_total += early;
-    d->wait_total += now() - t0;
+    d->wait_total += t1 - t0;
+    d->window_total += t1 - first;
+    d->hidden_total += t0 - first;
     return 0;
 }
 
@@ -544,6 +547,8 @@ nb_ddp_stats nb_ddp_get_stats(const nb_ddp *d) {
     if (s.steps > 0 && s.buckets > 0) {
         s.early = (double)d->early_total / (double)(s.steps * s.buckets);
         s.wait_ms = 1e3 * d->wait_total / (double)s.steps;
+        s.window_ms = 1e3 * d->window_total / (double)s.steps;
+        s.overlap = d->window_total > 0 ? d->hidden_total / d->window_total : 0;
     }
     return s;
 }

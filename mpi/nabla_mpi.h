@@ -126,6 +126,8 @@ typedef struct nb_ddp_stats {
     int64_t bytes;      /* gradient bytes per step */
     double early;       /* share of buckets whose reduction started before backward ended */
     double wait_ms;     /* time in nb_ddp_sync, per step (the communication not hidden) */
+    double window_ms;   /* per step, from the first bucket's start to the end of nb_ddp_sync */
+    double overlap;     /* the share of that window before nb_ddp_sync, while backward ran */
 } nb_ddp_stats;
 NB_API nb_ddp_stats nb_ddp_get_stats(const nb_ddp *d);
 
