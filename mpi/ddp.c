@@ -241,11 +241,12 @@ typedef struct {
 
 /* One bucket: n elements of dtype dt, padded to world * chunk. Phase 1 is an
  * all-to-all of send (piece r to rank r) into recv; this rank adds its N
- * pieces in rank order into red; phase 2 gathers every rank's red into send. */
+ * pieces in rank order into recv's first; phase 2 gathers every rank's first
+ * piece of recv into send. */
 typedef struct {
     nb_dtype dt;
     int64_t n, chunk;
-    char *send, *recv, *red;
+    char *send, *recv;
     int nslots, ready;
     int phase; /* 0 filling, 1 all-to-all posted, 2 all-gather posted */
     bool early; /* phase 1 posted from a hook, before nb_ddp_sync */
@@ -291,26 +292,22 @@ static int post_phase1(nb_ddp *d, int k, bool early) {
     return 0;
 }
 
-/* red = the N pieces added in rank order, divided by N (the mean, each rank
- * for its 1/N of the bucket); then phase 2. */
+/* The N pieces added in rank order into the first, divided by N (the mean,
+ * each rank for its 1/N of the bucket); then phase 2 gathers those. */
 static int post_phase2(nb_ddp *d, bucket *b) {
     int64_t c = b->chunk;
     if (b->dt == NB_F32) {
-        const float *in = (const float *)b->recv;
-        float *out = (float *)b->red;
-        for (int64_t i = 0; i < c; i++) out[i] = in[i];
+        float *sum = (float *)b->recv;
         for (int r = 1; r < world; r++)
-            for (int64_t i = 0; i < c; i++) out[i] += in[r * c + i];
-        for (int64_t i = 0; i < c; i++) out[i] /= (float)world;
+            for (int64_t i = 0; i < c; i++) sum[i] += sum[r * c + i];
+        for (int64_t i = 0; i < c; i++) sum[i] /= (float)world;
     } else {
-        const double *in = (const double *)b->recv;
-        double *out = (double *)b->red;
-        for (int64_t i = 0; i < c; i++) out[i] = in[i];
+        double *sum = (double *)b->recv;
         for (int r = 1; r < world; r++)
-            for (int64_t i = 0; i < c; i++) out[i] += in[r * c + i];
-        for (int64_t i = 0; i < c; i++) out[i] /= (double)world;
+            for (int64_t i = 0; i < c; i++) sum[i] += sum[r * c + i];
+        for (int64_t i = 0; i < c; i++) sum[i] /= (double)world;
     }
-    int rc = MPI_Iallgather(b->red, (int)c, mpi_type(b->dt), b->send, (int)c, mpi_type(b->dt),
+    int rc = MPI_Iallgather(b->recv, (int)c, mpi_type(b->dt), b->send, (int)c, mpi_type(b->dt),
                             d->phase2, &b->req);
     if (rc != MPI_SUCCESS) return mpi_fail("nb_ddp_sync", "MPI_Iallgather", rc);
     b->phase = 2;
@@ -373,7 +370,6 @@ static void ddp_release(nb_ddp *d) {
     for (int k = 0; d->b && k < d->nb; k++) {
         free(d->b[k].send);
         free(d->b[k].recv);
-        free(d->b[k].red);
     }
     free(d->b);
     free(d->slots);
@@ -407,8 +403,7 @@ static int make_buckets(nb_ddp *d, int64_t bytes) {
         if (b->chunk * world > INT32_MAX) return 1; /* more than one MPI message holds */
         b->send = calloc((size_t)(b->chunk * world), es);
         b->recv = calloc((size_t)(b->chunk * world), es);
-        b->red = calloc((size_t)b->chunk, es);
-        if (!b->send || !b->recv || !b->red) return -1;
+        if (!b->send || !b->recv) return -1;
         d->stats.bytes += b->n * (int64_t)es;
     }
     d->stats.buckets = d->nb;
