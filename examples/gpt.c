@@ -24,7 +24,7 @@
  * instead. Each step: the mean cross-entropy (nb_gpt_loss), backward,
  * gradient clipping (--clip), AdamW (betas 0.9/0.95, eps 1e-8, --lr after a
  * linear --warmup, weight decay on the linear weights only:
- * nb_gpt_set_weight_decay). It prints "step N: loss X (Y ms)"; on a terminal
+ * nb_gpt_decays). It prints "step N: loss X (Y ms)"; on a terminal
  * a progress line on stderr shows the pace and the time left.
  *
  * --eval trains nothing: it prints "loss X", the mean cross-entropy of the
@@ -50,7 +50,12 @@
  * file order, or from the shared --shuffle draws) and its own dropout
  * stream, and the gradients are averaged before clipping and AdamW. Rank 0
  * prints (the loss is the mean over the ranks) and writes checkpoints;
- * every rank reads them.
+ * every rank reads them, and a failed save or load stops every rank with
+ * its message (nb_mpi_agree). A checkpoint resumes on any number of ranks.
+ * --zero shards AdamW's state over the ranks (ZeRO stage 1): each keeps the
+ * state of its own parameters; to save, rank 0 gathers the whole state
+ * (the same file as without --zero), and after a load it hands each rank
+ * its part, so rank 0 holds the whole state when --save or --load is given.
  *
  * Errors (a bad option or file, a configuration that does not fit --init's
  * file) print the reason and exit with status 1.

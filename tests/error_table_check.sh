@@ -3,7 +3,7 @@
 # "Limits and errors" section of FILE.md (default: the repository's
 # docs/errors.md, where that section is the whole page under its "# Limits
 # and errors" title) still exist in the sources (tensor/ ops/ autograd/
-# nn/), so the tables cannot rot silently when a message is reworded.
+# nn/ mpi/), so the tables cannot rot silently when a message is reworded.
 # make error-table-check runs it.
 #
 # The section starts at a heading of any level whose text is "Limits and
@@ -56,7 +56,7 @@ trap 'exit 2' HUP INT TERM
 
 # The sources, with a string literal that ends a line and one that starts
 # the next line joined ("... in the "\n "registry" -> "... in the registry").
-for f in "$root"/tensor/*.[ch] "$root"/ops/*.[ch] "$root"/autograd/*.[ch] "$root"/nn/*.[ch]; do
+for f in "$root"/tensor/*.[ch] "$root"/ops/*.[ch] "$root"/autograd/*.[ch] "$root"/nn/*.[ch] "$root"/mpi/*.[ch]; do
     [ -f "$f" ] || continue
     awk '
         have && prev ~ /"[ \t]*$/ && $0 ~ /^[ \t]*"/ {

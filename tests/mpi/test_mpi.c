@@ -20,6 +20,7 @@
 #define HID 7
 
 static int rank, size;
+static char before_init[256]; /* nb_mpi_mean's message before nb_mpi_init */
 static nb_ddp_stats last_stats; /* of train_both's last run */
 
 typedef struct {
@@ -384,7 +385,17 @@ START_TEST(sharded_optimizer_state_gives_the_same_weights) {
 }
 END_TEST
 
+/* Before nb_mpi_init: a message, not a crash inside MPI. */
+START_TEST(use_before_init_is_reported) {
+    ck_assert_str_eq(before_init, "nb_mpi_mean: MPI is not initialized (call nb_mpi_init first)");
+}
+END_TEST
+
 int main(int argc, char **argv) {
+    if (!isnan(nb_mpi_mean(1.0)) || nb_mpi_rank() != 0 || nb_mpi_size() != 1)
+        snprintf(before_init, sizeof before_init, "nb_mpi_mean did not fail before nb_mpi_init");
+    else
+        snprintf(before_init, sizeof before_init, "%s", nb_last_error());
     if (nb_mpi_init(&argc, &argv) != 0) {
         fprintf(stderr, "%s\n", nb_last_error());
         return 1;
@@ -394,6 +405,7 @@ int main(int argc, char **argv) {
     Suite *s = suite_create("mpi");
     TCase *tc = tcase_create("ddp");
     tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, use_before_init_is_reported);
     tcase_add_test(tc, rank_size_and_mean);
     tcase_add_test(tc, broadcast_gives_rank_0s_weights);
     tcase_add_test(tc, ddp_agrees_with_one_process_f64);
