@@ -57,10 +57,10 @@ extern "C" {
 /* The version of this header; nb_version() gives the library's, which can
  * differ when a program runs against another libnabla.so.0. */
 #define NB_VERSION_MAJOR 0
-#define NB_VERSION_MINOR 7
+#define NB_VERSION_MINOR 8
 #define NB_VERSION_PATCH 0
-#define NB_VERSION_STRING "0.7.0"
-NB_API const char *nb_version(void); /* the library's, e.g. "0.7.0" (a static string) */
+#define NB_VERSION_STRING "0.8.0"
+NB_API const char *nb_version(void); /* the library's, e.g. "0.8.0" (a static string) */
 
 typedef enum { NB_F32 = 0, NB_F64 = 1, NB_I64 = 2, NB_BOOL = 3 } nb_dtype;
 

@@ -299,6 +299,23 @@ static nb_optim *make_adam(nb_params *shard, void *ctx) {
     return nb_adam(shard, 0.01, 0.9, 0.999, 1e-8, 0.0);
 }
 
+/* Steps [from, to) of Adam on this rank's rows: a through da and full (the
+ * unsharded optimizer), b through db's shard optimizer. */
+static void adam_steps(mlp *a, nb_ddp *da, nb_optim *full, mlp *b, nb_ddp *db, int from, int to) {
+    int per = B / size;
+    for (int s = from; s < to; s++) {
+        nb_scope_begin();
+        nb_tensor *x, *y;
+        batch(NB_F32, s, rank * per, (rank + 1) * per, &x, &y);
+        ck_assert_int_eq(nb_ddp_sync(da, nb_backward(loss_of(a, x, y))), 0);
+        nb_optim_step(full);
+        nb_optim_clear_grad(full);
+        ck_assert_int_eq(nb_ddp_sync(db, nb_backward(loss_of(b, x, y))), 0);
+        ck_assert_msg(nb_ddp_shard_step(db) == 0, "%s", nb_last_error());
+        nb_scope_end();
+    }
+}
+
 /* ZeRO-1: Adam sharded over the ranks gives the bits of Adam on every rank,
  * with the state split: the ranks' shares add up to the whole. */
 START_TEST(sharded_optimizer_state_gives_the_same_weights) {
@@ -311,18 +328,7 @@ START_TEST(sharded_optimizer_state_gives_the_same_weights) {
     nb_optim *full = nb_adam(a.ps, 0.01, 0.9, 0.999, 1e-8, 0.0);
     nb_optim *shard = nb_ddp_shard_optimizer(db, make_adam, NULL);
     ck_assert_msg(shard != NULL, "%s", nb_last_error());
-    int per = B / size;
-    for (int s = 0; s < 5; s++) {
-        nb_scope_begin();
-        nb_tensor *x, *y;
-        batch(NB_F32, s, rank * per, (rank + 1) * per, &x, &y);
-        ck_assert_int_eq(nb_ddp_sync(da, nb_backward(loss_of(&a, x, y))), 0);
-        nb_optim_step(full);
-        nb_optim_clear_grad(full);
-        ck_assert_int_eq(nb_ddp_sync(db, nb_backward(loss_of(&b, x, y))), 0);
-        ck_assert_msg(nb_ddp_shard_step(db) == 0, "%s", nb_last_error());
-        nb_scope_end();
-    }
+    adam_steps(&a, da, full, &b, db, 0, 5);
     ck_assert(max_rel_diff(a.ps, b.ps) == 0);
     double whole = state_values(full), mine = state_values(shard);
     double sum = nb_mpi_mean(mine) * size;
@@ -350,17 +356,7 @@ START_TEST(sharded_optimizer_state_gives_the_same_weights) {
     db = nb_ddp_new(b.ps, NULL);
     ck_assert_ptr_nonnull(nb_ddp_shard_optimizer(db, make_adam, NULL));
     ck_assert_msg(nb_ddp_shard_state_scatter(db, st, root) == 0, "%s", nb_last_error());
-    for (int s = 5; s < 7; s++) {
-        nb_scope_begin();
-        nb_tensor *x, *y;
-        batch(NB_F32, s, rank * per, (rank + 1) * per, &x, &y);
-        ck_assert_int_eq(nb_ddp_sync(da, nb_backward(loss_of(&a, x, y))), 0);
-        nb_optim_step(full);
-        nb_optim_clear_grad(full);
-        ck_assert_int_eq(nb_ddp_sync(db, nb_backward(loss_of(&b, x, y))), 0);
-        ck_assert_msg(nb_ddp_shard_step(db) == 0, "%s", nb_last_error());
-        nb_scope_end();
-    }
+    adam_steps(&a, da, full, &b, db, 5, 7);
     ck_assert(max_rel_diff(a.ps, b.ps) == 0);
     /* root's state must be the same optimizer's: SGD's momentum is refused everywhere */
     nb_optim *sgd = rank == root ? nb_sgd(b.ps, 0.1, 0.9, 0.0) : NULL;
