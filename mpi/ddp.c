@@ -555,34 +555,54 @@ void nb_ddp_free(nb_ddp *d) {
 }
 
 /* ------------------------------------------------------------------ ZeRO-1 */
-nb_optim *nb_ddp_shard_optimizer(nb_ddp *d, nb_optim *(*make)(nb_params *shard, void *ctx),
-                                 void *ctx) {
-    const char *fn = "nb_ddp_shard_optimizer";
-    if (!d || !make) return (nb_report_error("%s: %s is NULL", fn, d ? "make" : "d"), NULL);
-    if (d->shard_opt) return (nb_report_error("%s: this nb_ddp has a shard optimizer already", fn), NULL);
+/* Each parameter's owner, the least loaded rank so far (the lowest on a
+ * tie), and this rank's registry of its own. 0, or -1 with a message. */
+static int assign_owners(const char *fn, nb_ddp *d) {
     int64_t *load = calloc((size_t)world, sizeof *load);
     d->owner = calloc((size_t)(d->nslots > 0 ? d->nslots : 1), sizeof *d->owner);
     d->shard = nb_params_new();
-    if (!load || !d->owner || !d->shard) {
-        free(load);
-        return (nb_report_error("%s: out of memory", fn), NULL);
-    }
-    for (int i = 0; i < d->nslots; i++) { /* the least loaded rank; the lowest on a tie */
+    int rc = load && d->owner && d->shard ? 0 : (nb_report_error("%s: out of memory", fn), -1);
+    for (int i = 0; rc == 0 && i < d->nslots; i++) {
         int best = 0;
         for (int r = 1; r < world; r++)
             if (load[r] < load[best]) best = r;
         d->owner[i] = best;
         load[best] += d->slots[i].numel;
-        if (best == my_rank && !nb_params_add(d->shard, d->slots[i].name, d->slots[i].p)) {
-            free(load);
-            return NULL;
-        }
+        if (best == my_rank && !nb_params_add(d->shard, d->slots[i].name, d->slots[i].p)) rc = -1;
     }
     free(load);
-    d->shard_opt = make(d->shard, ctx);
-    if (!d->shard_opt && !nb_last_error())
-        nb_report_error("%s: make returned NULL without a message", fn);
-    return d->shard_opt;
+    if (rc == 0 && nb_params_count(d->shard) == 0) {
+        nb_report_error("%s: rank %d owns no parameter: %d parameter(s) for %d ranks; use "
+                        "fewer ranks, or no sharding", fn, my_rank, d->nslots, world);
+        rc = -1;
+    }
+    return rc;
+}
+
+nb_optim *nb_ddp_shard_optimizer(nb_ddp *d, nb_optim *(*make)(nb_params *shard, void *ctx),
+                                 void *ctx) {
+    const char *fn = "nb_ddp_shard_optimizer";
+    if (!need_init(fn)) return NULL;
+    if (!d || !make) return (nb_report_error("%s: %s is NULL", fn, d ? "make" : "d"), NULL);
+    if (d->shard_opt) return (nb_report_error("%s: this nb_ddp has a shard optimizer already", fn), NULL);
+    int status = assign_owners(fn, d);
+    nb_optim *opt = NULL;
+    if (status == 0) {
+        nb_clear_error(); /* so that a make failing without a message is seen */
+        if (!(opt = make(d->shard, ctx))) {
+            if (!nb_last_error()) nb_report_error("%s: make returned NULL without a message", fn);
+            status = -1;
+        }
+    }
+    if (agree(fn, status) != 0) { /* as before the call, on every rank */
+        nb_optim_free(opt);
+        nb_params_free(d->shard);
+        free(d->owner);
+        d->shard = NULL;
+        d->owner = NULL;
+        return NULL;
+    }
+    return d->shard_opt = opt;
 }
 
 int nb_ddp_shard_step(nb_ddp *d) {

@@ -381,6 +381,52 @@ START_TEST(sharded_optimizer_state_gives_the_same_weights) {
 }
 END_TEST
 
+static nb_optim *make_fails_on_last(nb_params *shard, void *ctx) {
+    if (rank < size - 1) return make_adam(shard, ctx);
+    nb_report_error("no room for the moments (a test)");
+    return NULL;
+}
+
+static nb_optim *make_null_quietly(nb_params *shard, void *ctx) {
+    (void)shard, (void)ctx;
+    return NULL;
+}
+
+/* A shard optimizer that cannot be made on one rank is made on none, with
+ * that rank's message, and the nb_ddp takes one afterwards. */
+START_TEST(a_failed_shard_optimizer_fails_everywhere) {
+    mlp m;
+    mlp_init(&m, NB_F32, 3);
+    nb_ddp *d = nb_ddp_new(m.ps, NULL);
+    ck_assert_ptr_nonnull(d);
+    char want[256];
+    ck_assert_ptr_null(nb_ddp_shard_optimizer(d, make_fails_on_last, NULL));
+    snprintf(want, sizeof want, "nb_ddp_shard_optimizer: rank %d failed: no room for the moments "
+             "(a test)", size - 1);
+    ck_assert_str_eq(nb_last_error(), want);
+    ck_assert_ptr_null(nb_ddp_shard_optimizer(d, make_null_quietly, NULL));
+    ck_assert_str_eq(nb_last_error(), "nb_ddp_shard_optimizer: rank 0 failed: "
+                     "nb_ddp_shard_optimizer: make returned NULL without a message");
+    ck_assert_ptr_nonnull(nb_ddp_shard_optimizer(d, make_adam, NULL));
+    nb_ddp_free(d);
+    nb_params_free(m.ps);
+    /* one parameter for several ranks: the others would own nothing */
+    nb_params *one = nb_params_new();
+    nb_scope_begin();
+    ck_assert_ptr_nonnull(nb_params_add(one, "w", nb_zeros(NB_F32, NB_SHAPE(3))));
+    nb_scope_end();
+    d = nb_ddp_new(one, NULL);
+    ck_assert_ptr_nonnull(d);
+    ck_assert_ptr_null(nb_ddp_shard_optimizer(d, make_adam, NULL));
+    snprintf(want, sizeof want, "nb_ddp_shard_optimizer: rank 1 failed: nb_ddp_shard_optimizer: "
+             "rank 1 owns no parameter: 1 parameter(s) for %d ranks; use fewer ranks, or no "
+             "sharding", size);
+    ck_assert_str_eq(nb_last_error(), want);
+    nb_ddp_free(d);
+    nb_params_free(one);
+}
+END_TEST
+
 /* Before nb_mpi_init: a message, not a crash inside MPI. */
 START_TEST(use_before_init_is_reported) {
     ck_assert_str_eq(before_init, "nb_mpi_mean: MPI is not initialized (call nb_mpi_init first)");
@@ -412,6 +458,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, sharded_optimizer_state_gives_the_same_weights);
     tcase_add_test(tc, misuse_is_reported);
     tcase_add_test(tc, agree_gives_every_rank_the_failure);
+    tcase_add_test(tc, a_failed_shard_optimizer_fails_everywhere);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);
