@@ -167,20 +167,13 @@ static int parse(int argc, char **argv, options *o) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
-        if (!strcmp(a, "--shuffle")) {
-            o->shuffle = true;
-            continue;
-        }
-        if (!strcmp(a, "--eval")) {
-            o->eval = true;
-            continue;
-        }
-        if (!strcmp(a, "--dist")) {
-            o->dist = true;
-            continue;
-        }
-        if (!strcmp(a, "--zero")) {
-            o->zero = true;
+        bool *flag = !strcmp(a, "--shuffle") ? &o->shuffle
+                     : !strcmp(a, "--eval")  ? &o->eval
+                     : !strcmp(a, "--dist")  ? &o->dist
+                     : !strcmp(a, "--zero")  ? &o->zero
+                                             : NULL;
+        if (flag) {
+            *flag = true;
             continue;
         }
         const char **text = !strcmp(a, "--config") ? &o->config
@@ -619,9 +612,14 @@ static void find_default_data(run *r, const char *argv0) {
 /* ------------------------------------------------------------ optimizer */
 /* AdamW, decaying the linear weights only (nanoGPT's groups), over ps or a
  * part of it. */
+typedef struct {
+    const run *r;
+    const options *o;
+} adamw_ctx;
+
 static nb_optim *adamw(nb_params *ps, void *ctx) {
-    const run *r = ((void **)ctx)[0];
-    const options *o = ((void **)ctx)[1];
+    const run *r = ((const adamw_ctx *)ctx)->r;
+    const options *o = ((const adamw_ctx *)ctx)->o;
     nb_optim *opt = nb_adamw(ps, o->lr, 0.9, 0.95, 1e-8, 0.0);
     for (int i = 0; opt && i < nb_params_count(ps); i++) {
         const char *name;
@@ -638,11 +636,11 @@ static nb_optim *adamw(nb_params *ps, void *ctx) {
  * for --save/--load, an AdamW over everything that holds the whole state of
  * a checkpoint (it never steps). 0 or -1 with nabla's message. */
 static int make_optimizer(run *r, const options *o) {
-    void *ctx[2] = {r, (void *)o};
+    adamw_ctx ctx = {r, o};
     if (dist_attach(&r->ds, r->ps) != 0) return -1;
-    if (!o->zero) return (r->opt = adamw(r->ps, ctx)) ? 0 : -1;
-    if (!(r->opt = dist_shard(&r->ds, adamw, ctx))) return -1;
-    if ((o->save || o->load) && r->ds.rank == 0 && !(r->held = adamw(r->ps, ctx))) return -1;
+    if (!o->zero) return (r->opt = adamw(r->ps, &ctx)) ? 0 : -1;
+    if (!(r->opt = dist_shard(&r->ds, adamw, &ctx))) return -1;
+    if ((o->save || o->load) && r->ds.rank == 0 && !(r->held = adamw(r->ps, &ctx))) return -1;
     return 0;
 }
 

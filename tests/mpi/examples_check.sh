@@ -12,7 +12,7 @@
 #      printed (f32 rounding differs with the rank count);
 #   5. a failed --load (every rank reads) and a failed --save (rank 0
 #      writes, --zero gathers first) stop every rank with the failed rank's
-#      message, within 30 s.
+#      message, within 30 s; --zero without --dist is refused.
 build=$1
 mpirun=$2
 d=$(mktemp -d)
@@ -80,3 +80,7 @@ fails() { # expected message, np, example, args...
 fails "--load: rank 0 failed: nb_load: cannot open \"$d/none\"" 2 copy_task --load "$d/none"
 fails "--save: rank 0 failed: nb_save: cannot create a file next to \"$d/no/x\"" 4 gpt \
     $g --batch 2 --steps 2 --zero --save "$d/no/x"
+"$ex/gpt" --zero > "$d/fail.log" 2>&1 && die "gpt --zero without --dist succeeded"
+grep -q -F -e "gpt: --zero shards the optimizer over --dist's ranks: give --dist too" "$d/fail.log" ||
+    { cat "$d/fail.log"; die "gpt --zero without --dist: no message"; }
+say "gpt --zero without --dist: refused with a message"
