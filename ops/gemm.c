@@ -34,6 +34,8 @@
  * contraction off in GCC) on the paths that have FMA. */
 #include "gemm_internal.h"
 
+#include "../tensor/cpu_internal.h"
+
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -458,11 +460,12 @@ GEMM_DEFINE(f64_avx512, double, v8df, 8, 8, 256, 96, 512, 2, tr_f64, GEMM_AVX512
 
 static _Atomic int gemm_path = NBI_GEMM_AUTO;
 
+/* The best path the CPU has, capped by NABLA_ISA (tensor/cpu.c). */
 static int detect_path(void) {
 #if GEMM_X86
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return NBI_GEMM_AVX512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return NBI_GEMM_AVX2;
+    int isa = nbi_isa();
+    if (isa >= NBI_ISA_AVX512) return NBI_GEMM_AVX512;
+    if (isa >= NBI_ISA_AVX2) return NBI_GEMM_AVX2;
 #endif
     return NBI_GEMM_PORTABLE;
 }
