@@ -5,14 +5,16 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #include <sys/syscall.h>
-#include <unistd.h>
 #define CPU_X86 1
 #else
 #define CPU_X86 0
@@ -84,6 +86,177 @@ static void read_name(void) {
 }
 #endif
 
+/* ----------------------------------------------------------------- caches */
+/* One cache as either source describes it; l1d, l2 and l3 of *c take the
+ * data and unified ones (instruction caches and levels past 3 are left out). */
+static void put_cache(nbi_cpu *c, int level, int data, int64_t size, int ways, int64_t line,
+                      int sharing) {
+    if (!data || size <= 0) return;
+    int64_t *sz = level == 1 ? &c->l1d : level == 2 ? &c->l2 : level == 3 ? &c->l3 : NULL;
+    if (!sz) return;
+    int *w = level == 1 ? &c->l1d_ways : level == 2 ? &c->l2_ways : &c->l3_ways;
+    int *sh = level == 1 ? &c->l1d_sharing : level == 2 ? &c->l2_sharing : &c->l3_sharing;
+    *sz = size;
+    *w = ways > 0 && ways <= 1024 ? ways : 0;
+    *sh = sharing > 0 ? sharing : 0;
+    if (level == 1 && line >= 16 && line <= 1024) c->line = line;
+}
+
+/* *c with its cache fields cleared (the line to the default 64). */
+static nbi_cpu without_caches(const nbi_cpu *c) {
+    nbi_cpu t = *c;
+    t.l1d = t.l2 = t.l3 = 0;
+    t.l1d_ways = t.l2_ways = t.l3_ways = 0;
+    t.l1d_sharing = t.l2_sharing = t.l3_sharing = 0;
+    t.line = 64;
+    return t;
+}
+
+/* What put_cache wrote is believable: an L1d of 1 KiB to 16 MiB, and each
+ * further level, where known, larger than the one before. Otherwise the
+ * cache fields are cleared and -1 returned. */
+static int plausible(nbi_cpu *c) {
+    bool ok = c->l1d >= 1024 && c->l1d <= (16 << 20) && (c->l2 == 0 || c->l2 > c->l1d) &&
+              (c->l3 == 0 || c->l3 > (c->l2 ? c->l2 : c->l1d));
+    if (ok) return 0;
+    *c = without_caches(c);
+    return -1;
+}
+
+static int online_cpus(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > (1 << 20) ? 1 << 20 : (int)n;
+}
+
+#if CPU_X86
+/* Leaf 4 (Intel) and leaf 0x8000001D (AMD) have one layout: a subleaf per
+ * cache until type 0; EAX type (1 data, 2 instruction, 3 unified), level, and
+ * the logical CPUs sharing it - 1 (an upper bound: addressable IDs, capped
+ * here by the CPUs online); EBX ways - 1, partitions - 1, line - 1; ECX
+ * sets - 1. Returns how many data caches it found. */
+static int read_cache_leaf(nbi_cpu *c, unsigned leaf) {
+    int found = 0;
+    for (unsigned i = 0; i < 16; i++) {
+        unsigned a, b, cx, d;
+        __cpuid_count(leaf, i, a, b, cx, d);
+        int type = (int)(a & 31);
+        if (type == 0) break;
+        int level = (int)((a >> 5) & 7), sharing = (int)((a >> 14) & 0xfff) + 1;
+        int ways = (int)(b >> 22) + 1, parts = (int)((b >> 12) & 0x3ff) + 1;
+        int64_t line = (int64_t)(b & 0xfff) + 1, sets = (int64_t)cx + 1;
+        int64_t size = (int64_t)ways * parts * line * sets;
+        if (a & (1u << 9)) ways = 0; /* fully associative: no set conflicts to model */
+        int online = online_cpus();
+        bool data = type == 1 || type == 3;
+        put_cache(c, level, data, size, ways, line, sharing < online ? sharing : online);
+        found += data && level >= 1 && level <= 3;
+    }
+    return found;
+}
+#endif
+
+int nbi_cpu_caches_cpuid(nbi_cpu *c) {
+#if CPU_X86
+    nbi_cpu t = without_caches(c);
+    unsigned max = __get_cpuid_max(0, NULL), a, b, cx, d;
+    int found = max >= 4 ? read_cache_leaf(&t, 4) : 0; /* zeros on AMD */
+    if (!found && (unsigned)__get_cpuid_max(0x80000000, NULL) >= 0x8000001Du &&
+        __get_cpuid(0x80000001, &a, &b, &cx, &d) && (cx >> 22) & 1 /* topology extensions */)
+        found = read_cache_leaf(&t, 0x8000001D);
+    if (!found || plausible(&t)) return -1;
+    *c = t;
+    return 0;
+#else
+    (void)c;
+    return -1;
+#endif
+}
+
+/* The first line of root/name into buf; false when it cannot be read. */
+static bool read_line(const char *root, const char *name, char *buf, size_t n) {
+    char path[512];
+    if (snprintf(path, sizeof path, "%s/%s", root, name) >= (int)sizeof path) return false;
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    bool ok = fgets(buf, (int)n, f) != NULL;
+    fclose(f);
+    if (ok) buf[strcspn(buf, "\n")] = 0;
+    return ok;
+}
+
+/* "48K", "1024K", "32M", "4096": bytes, or -1. */
+static int64_t parse_size(const char *s) {
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (end == s || v < 0) return -1;
+    int shift = *end == 'K' || *end == 'k' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
+    if (shift) end++;
+    if (*end || v > ((long long)1 << 40) >> shift) return -1;
+    return (int64_t)v << shift;
+}
+
+/* The CPUs of a list like "0-3,8,10-11", or 0 when it is not one. */
+static int count_cpus(const char *s) {
+    int n = 0;
+    while (*s) {
+        char *end;
+        long lo = strtol(s, &end, 10), hi = lo;
+        if (end == s || lo < 0) return 0;
+        s = end;
+        if (*s == '-') {
+            hi = strtol(s + 1, &end, 10);
+            if (end == s + 1 || hi < lo) return 0;
+            s = end;
+        }
+        n += (int)(hi - lo + 1);
+        if (*s == ',') s++;
+        else if (*s) return 0;
+    }
+    return n;
+}
+
+int nbi_cpu_caches_sysfs(nbi_cpu *c, const char *root) {
+    nbi_cpu t = without_caches(c);
+    int found = 0;
+    for (int i = 0; i < 32 && root; i++) {
+        char dir[384], buf[256];
+        snprintf(dir, sizeof dir, "%s/index%d", root, i);
+        if (!read_line(dir, "level", buf, sizeof buf)) continue;
+        int level = atoi(buf);
+        if (!read_line(dir, "type", buf, sizeof buf)) continue;
+        bool data = !strcmp(buf, "Data") || !strcmp(buf, "Unified");
+        if (!read_line(dir, "size", buf, sizeof buf)) continue;
+        int64_t size = parse_size(buf);
+        int ways = read_line(dir, "ways_of_associativity", buf, sizeof buf) ? atoi(buf) : 0;
+        int64_t line = read_line(dir, "coherency_line_size", buf, sizeof buf) ? atoi(buf) : 0;
+        int sharing = read_line(dir, "shared_cpu_list", buf, sizeof buf) ? count_cpus(buf) : 0;
+        put_cache(&t, level, data, size, ways, line, sharing);
+        found += data && size > 0 && level >= 1 && level <= 3;
+    }
+    if (!found || plausible(&t)) return -1;
+    *c = t;
+    return 0;
+}
+
+/* CPUID first; sysfs for what it does not say (all of it on a CPU without
+ * the leaves, or in a VM that hides them; a missing level otherwise). */
+static void detect_caches(void) {
+    nbi_cpu s = cpu;
+    int from_sysfs = nbi_cpu_caches_sysfs(&s, "/sys/devices/system/cpu/cpu0/cache") == 0;
+    if (nbi_cpu_caches_cpuid(&cpu) == 0) {
+        cpu.cache_source = "cpuid";
+        if (from_sysfs && !cpu.l2 && s.l2 > cpu.l1d)
+            cpu.l2 = s.l2, cpu.l2_ways = s.l2_ways, cpu.l2_sharing = s.l2_sharing;
+        if (from_sysfs && !cpu.l3 && s.l3 > (cpu.l2 ? cpu.l2 : cpu.l1d))
+            cpu.l3 = s.l3, cpu.l3_ways = s.l3_ways, cpu.l3_sharing = s.l3_sharing;
+    } else if (from_sysfs) {
+        cpu = s;
+        cpu.cache_source = "sysfs";
+    } else {
+        cpu.cache_source = "none";
+    }
+}
+
 static int parse_isa(const char *s) {
     for (int i = 0; i < NBI_ISA_COUNT; i++)
         if (!strcasecmp(s, isa_names[i])) return i;
@@ -99,6 +272,7 @@ static void detect(void) {
 #else
     cpu.detected = NBI_ISA_PORTABLE;
 #endif
+    detect_caches();
     const char *e = getenv("NABLA_ISA");
     if (e && *e) {
         int v = parse_isa(e);

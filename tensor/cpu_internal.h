@@ -29,6 +29,10 @@ typedef struct nbi_cpu {
     int64_t l1d, l2, l3;
     int l1d_ways, l2_ways, l3_ways;
     int64_t line;        /* cache line bytes (64 when not known) */
+    /* Logical CPUs sharing each cache (0 when not known): more than one
+     * on l1d/l2 means SMT siblings; on l3 the package's or CCX's CPUs. */
+    int l1d_sharing, l2_sharing, l3_sharing;
+    const char *cache_source; /* "cpuid", "sysfs" or "none" (all 0 above) */
 } nbi_cpu;
 
 /* The CPU as detected (read once, thread-safe). */
@@ -41,5 +45,16 @@ int nbi_isa(void);
 int nbi_isa_force(int isa);
 /* "portable", "avx2", "avx512", "avx512bf16", "amx". */
 const char *nbi_isa_name(int isa);
+
+/* The caches as CPUID tells them (Intel's leaf 4, AMD's 0x8000001D with the
+ * topology extensions), or as the sysfs tree under `root` tells them
+ * (normally "/sys/devices/system/cpu/cpu0/cache": in each indexN folder, the
+ * files level, type, size, ways_of_associativity, coherency_line_size and
+ * shared_cpu_list). Each fills
+ * l1d, l2, l3, their ways, line and sharing of *c (leaving the other fields)
+ * and returns 0, or returns -1 when it found no data cache (nothing written).
+ * nbi_cpu_info reads CPUID first and sysfs when CPUID says nothing. */
+int nbi_cpu_caches_cpuid(nbi_cpu *c);
+int nbi_cpu_caches_sysfs(nbi_cpu *c, const char *root);
 
 #endif
