@@ -36,6 +36,7 @@
 
 #include "../tensor/cpu_internal.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,17 +60,24 @@ typedef float v16sf __attribute__((vector_size(64)));
 typedef double v8df __attribute__((vector_size(64)));
 #endif
 
+/* -------------------------------------------------------------- blocking */
+/* Each path's cache blocks, derived from the CPU's caches once, at the first
+ * product (gemm_blocks, after the paths below). */
+enum { GB_F32_PORT, GB_F64_PORT, GB_F32_AVX2, GB_F64_AVX2, GB_F32_AVX512, GB_F64_AVX512, GB_N };
+static const nbi_gemm_blocks *gemm_blocks(void);
+
 /* ------------------------------------------------------------- workspace */
 /* Buffers are 64-byte aligned blocks with a 64-byte header holding their size.
  * Released blocks are kept in a few slots (taken and given back with atomic
  * exchanges, so each pool thread can hold one and none is shared) for the
- * next product: small products then pay neither for the allocation nor for
- * faulting its pages in. Blocks above GEMM_CACHE_MAX are freed instead; the
- * slots are emptied at exit. */
+ * next product: products then pay neither for the allocation nor for
+ * faulting its pages in. Blocks above ws_keep_max (the largest workspace the
+ * blocks can ask for, at least 16 MiB) are freed instead; the slots are
+ * emptied at exit. */
 #define GEMM_HDR 64
-#define GEMM_CACHE_MAX ((size_t)16 << 20)
 #define GEMM_SLOTS 8
 static _Atomic(void *) ws_cache[GEMM_SLOTS];
+static size_t ws_keep_max = (size_t)16 << 20; /* set with the blocks */
 
 static size_t blk_cap(void *blk) {
     size_t cap;
@@ -80,7 +88,7 @@ static size_t blk_cap(void *blk) {
 void nbi_gemm_ws_free(nbi_gemm_ws *ws) {
     if (ws->buf) {
         void *blk = (char *)ws->buf - GEMM_HDR;
-        for (int i = 0; blk && ws->cap <= GEMM_CACHE_MAX && i < GEMM_SLOTS; i++) {
+        for (int i = 0; blk && ws->cap <= ws_keep_max && i < GEMM_SLOTS; i++) {
             void *empty = NULL;
             if (atomic_compare_exchange_strong(&ws_cache[i], &empty, blk)) blk = NULL;
         }
@@ -234,10 +242,12 @@ static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src
 
 /* -------------------------------------------------------- one ISA's gemm */
 /* P: name prefix; T: element type; V: vector of T, W elements wide; MR x 2W:
- * the register tile (two vectors per row); KC, MC, NC: cache blocks; TB, TR:
- * the transpose block (above); ATTR: the target attribute. */
-#define GEMM_DEFINE(P, T, V, W, MR, KC, MC, NC, TB, TR, ATTR)                                 \
-    enum { P##_NR = 2 * (W), P##_CH = 16 / (int)sizeof(T) };                                   \
+ * the register tile (two vectors per row); BLK: the path's entry of
+ * gemm_blk (its cache blocks KC, MC, NC, derived from the CPU's caches at
+ * the first product); TB, TR: the transpose block (above); ATTR: the target
+ * attribute. */
+#define GEMM_DEFINE(P, T, V, W, MR, BLK, TB, TR, ATTR)                                        \
+    enum { P##_NR = 2 * (W), P##_MR = (MR), P##_CH = 16 / (int)sizeof(T) };                    \
                                                                                                \
     /* The tile: c (rows x nv*W, row stride ldc) = (load ? c : 0) + a b over kc steps.      \
      * b: packed panel, row k at b + k*nv*W. a: element (r,k) at a[r*ars + k*aks] with       \
@@ -409,26 +419,28 @@ static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src
     static ATTR int P##_gemm(nbi_gemm_ws *ws, int64_t M, int64_t N, int64_t K, const T *a,     \
                              int64_t sam, int64_t sak, const T *b, int64_t sbk, int64_t sbn,   \
                              T *c, int64_t scm, int64_t scn) {                                 \
-        const int64_t kcap = GEMM_MIN((KC), K);                                                \
-        const int64_t mcap = (GEMM_MIN((MC), M) + (MR)-1) / (MR) * (MR);                       \
-        const int64_t ncap = (GEMM_MIN((NC), N) + P##_NR - 1) / P##_NR * P##_NR;               \
-        const int64_t asz = (mcap * kcap + 15) & ~(int64_t)15;                                 \
-        if (ws_reserve(ws, sizeof(T) * (size_t)(asz + ncap * kcap))) return -1;                \
-        T *pa = ws->buf, *pb = pa + asz;                                                       \
+        const nbi_gemm_blocks *bk = gemm_blocks();                                             \
+        const int64_t KC = bk[BLK].kc, MC = bk[BLK].mc, NC = bk[BLK].nc;                       \
         /* A in place when A^T is a row-major view (sam == 1) or A is row-major (sak == 1) */ \
         int amode = sam == 1 && sak != 1 ? 1 : sak == 1 ? 2 : 0;                               \
         if (M < (MR) / 2) amode = 0;                                                           \
-        for (int64_t jc = 0; jc < N; jc += (NC)) {                                             \
-            const int64_t nc = GEMM_MIN((NC), N - jc);                                         \
-            for (int64_t pc = 0; pc < K; pc += (KC)) {                                         \
-                const int64_t kc = GEMM_MIN((KC), K - pc);                                     \
+        const int64_t kcap = GEMM_MIN(KC, K);                                                  \
+        const int64_t mcap = (GEMM_MIN(MC, M) + (MR)-1) / (MR) * (MR);                         \
+        const int64_t ncap = (GEMM_MIN(NC, N) + P##_NR - 1) / P##_NR * P##_NR;                 \
+        const int64_t asz = amode ? 0 : (mcap * kcap + 15) & ~(int64_t)15;                     \
+        if (ws_reserve(ws, sizeof(T) * (size_t)(asz + ncap * kcap))) return -1;                \
+        T *pa = ws->buf, *pb = pa + asz;                                                       \
+        for (int64_t jc = 0; jc < N; jc += NC) {                                               \
+            const int64_t nc = GEMM_MIN(NC, N - jc);                                           \
+            for (int64_t pc = 0; pc < K; pc += KC) {                                           \
+                const int64_t kc = GEMM_MIN(KC, K - pc);                                       \
                 for (int64_t j = 0; j < nc; j += P##_NR) { /* B: panels of NR (or W) columns */ \
                     const int64_t nr = GEMM_MIN(P##_NR, nc - j);                               \
                     P##_pack(kc, nr, nr > (W) ? P##_NR : (W), b + pc * sbk + (jc + j) * sbn,   \
                              sbk, sbn, pb + j * kc);                                           \
                 }                                                                              \
-                for (int64_t ic = 0; ic < M; ic += (MC)) {                                     \
-                    const int64_t mc = GEMM_MIN((MC), M - ic);                                 \
+                for (int64_t ic = 0; ic < M; ic += MC) {                                       \
+                    const int64_t mc = GEMM_MIN(MC, M - ic);                                   \
                     const T *ablk = a + ic * sam + pc * sak;                                   \
                     for (int64_t i = 0; amode == 0 && i < mc; i += (MR)) /* A: MR rows */    \
                         P##_pack(kc, GEMM_MIN((MR), mc - i), (MR), ablk + i * sam, sak, sam,   \
@@ -445,18 +457,111 @@ static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src
 /* Register tiles: AVX-512 8 x 2 zmm (16 accumulators of 32 registers; 8 rows
  * measured as fast as 12 here and wastes less at the M edge), AVX2 6 x 2 ymm
  * (12 of 16), portable 4 x 2 xmm (8 of 16: without FMA the products need
- * registers too). Blocks: KC x NR of B stays in L1/L2 across a column of
- * tiles, MC x KC of A and KC x NC of B in L2 (f64: about half in columns). */
-GEMM_DEFINE(f32_port, float, v4sf, 4, 4, 256, 128, 2048, 4, tr_f32, )
-GEMM_DEFINE(f64_port, double, v2df, 2, 4, 256, 64, 1024, 2, tr_f64, )
+ * registers too). Cache blocks: nbi_gemm_blocking, below. */
+GEMM_DEFINE(f32_port, float, v4sf, 4, 4, GB_F32_PORT, 4, tr_f32, )
+GEMM_DEFINE(f64_port, double, v2df, 2, 4, GB_F64_PORT, 2, tr_f64, )
 #if GEMM_X86
 #define GEMM_AVX2 __attribute__((target("avx2,fma")))
 #define GEMM_AVX512 __attribute__((target("avx512f")))
-GEMM_DEFINE(f32_avx2, float, v8sf, 8, 6, 256, 120, 2048, 8, tr8_f32, GEMM_AVX2)
-GEMM_DEFINE(f64_avx2, double, v4df, 4, 6, 256, 60, 1024, 2, tr_f64, GEMM_AVX2)
-GEMM_DEFINE(f32_avx512, float, v16sf, 16, 8, 384, 96, 1024, 8, tr8_f32, GEMM_AVX512)
-GEMM_DEFINE(f64_avx512, double, v8df, 8, 8, 256, 96, 512, 2, tr_f64, GEMM_AVX512)
+GEMM_DEFINE(f32_avx2, float, v8sf, 8, 6, GB_F32_AVX2, 8, tr8_f32, GEMM_AVX2)
+GEMM_DEFINE(f64_avx2, double, v4df, 4, 6, GB_F64_AVX2, 2, tr_f64, GEMM_AVX2)
+GEMM_DEFINE(f32_avx512, float, v16sf, 16, 8, GB_F32_AVX512, 8, tr8_f32, GEMM_AVX512)
+GEMM_DEFINE(f64_avx512, double, v8df, 8, 8, GB_F64_AVX512, 2, tr_f64, GEMM_AVX512)
 #endif
+
+/* The blocks, after the analytical model of BLIS (Low, Igual, Smith and
+ * Quintana-Orti, "Analytical modeling is enough for high-performance BLIS",
+ * ACM TOMS 43(2), 2016), for a set-associative LRU cache of W ways of
+ * `way` = size / W bytes each:
+ *
+ *   KC  The kc x nr micro-panel of B is reused from L1 by every tile of a
+ *       column (the ir loop) while the tiles' mr x kc panels of A stream
+ *       through it. A's panel gets CA = floor((W1 - 1) mr / (mr + nr)) ways,
+ *       B's the nr/mr times more that follow, one way is left to C and the
+ *       rest: kc = CA way1 / (mr s) (s: element bytes), a multiple of 8.
+ *   MC  The mc x kc block of A stays in L2 while B's micro-panels pass
+ *       through it: of its W2 ways, one is left over and two go to B's
+ *       panels (the one in use and the next, which the prefetchers bring
+ *       in), each ceil(kc nr s / way2) ways; the rest holds A's block and
+ *       the mc x nr column of C that each B panel updates:
+ *       mc = (W2 - 1 - 2 Bways) way2 / ((kc + nr) s), a multiple of mr.
+ *   NC  The kc x nc block of B stays in this core's share of L3 while A's
+ *       blocks pass: of its W3 ways, one goes to C and ceil(mc kc s / way3)
+ *       to A: nc = (W3 - 1 - Aways) way3 / (kc s), a multiple of nr. The
+ *       share is the L3 over the CPUs sharing it, but at most 4 L2s: a VM
+ *       counts only its own CPUs as sharing (this 2-vCPU Zen 5 reports 2
+ *       where 8 cores share each 32 MiB), and no current x86 part gives a
+ *       core more (Zen 4/5: 4 MiB per 1 MiB L2; Sapphire Rapids: 1.9 MiB
+ *       per 2 MiB). Measured here, a 14 MiB block of B (the uncapped share)
+ *       made the 256 x 50257 x 768 product 11% slower than a 3 MiB one.
+ *
+ * A cache too small or too little associative for a level's rule gets half
+ * its bytes instead; what the CPU does not tell is taken as 32 KiB 8-way,
+ * 1 MiB 16-way and 8 MiB 16-way, 64-byte lines. The blocks change how the
+ * work is cut, never the order of a sum (see the top of the file). */
+static int64_t gb_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+nbi_gemm_blocks nbi_gemm_blocking(const nbi_cpu *cpu, int mr, int nr, int es) {
+    nbi_gemm_blocks r = {.mr = mr, .nr = nr};
+    const nbi_cpu none = {0};
+    if (!cpu) cpu = &none;
+    if (mr < 1) mr = r.mr = 1;
+    if (nr < 1) nr = r.nr = 1;
+    if (es < 1) es = 1;
+    const int64_t l1 = cpu->l1d > 0 ? cpu->l1d : (int64_t)32 << 10;
+    const int64_t l2 = cpu->l2 > 0 ? cpu->l2 : (int64_t)1 << 20;
+    const int64_t l3 = cpu->l3 > 0 ? cpu->l3 : (int64_t)8 << 20;
+    const int64_t w1 = cpu->l1d > 0 && cpu->l1d_ways > 0 ? cpu->l1d_ways : 8;
+    const int64_t w2 = cpu->l2 > 0 && cpu->l2_ways > 0 ? cpu->l2_ways : 16;
+    const int64_t w3 = cpu->l3 > 0 && cpu->l3_ways > 0 ? cpu->l3_ways : 16;
+    int64_t l3s = l3 / (cpu->l3 > 0 && cpu->l3_sharing > 1 ? cpu->l3_sharing : 1);
+    if (l3s > 4 * l2) l3s = 4 * l2;
+
+    const int64_t way1 = l1 / w1, ca = (w1 - 1) * mr / (mr + nr);
+    int64_t kc = ca >= 1 ? ca * way1 / ((int64_t)mr * es) : l1 / 2 / ((int64_t)(mr + nr) * es);
+    kc = kc / 8 * 8;
+    r.kc = kc < 8 ? 8 : kc;
+
+    const int64_t way2 = l2 / w2, cb = w2 - 1 - 2 * gb_cdiv(r.kc * nr * es, way2);
+    int64_t mc = (cb >= 1 ? cb * way2 : l2 / 2) / ((r.kc + nr) * es);
+    mc = mc / mr * mr;
+    r.mc = mc < mr ? mr : mc;
+
+    const int64_t way3 = l3s / w3, cn = w3 - 1 - gb_cdiv(r.mc * r.kc * es, way3 > 0 ? way3 : 1);
+    int64_t nc = (cn >= 1 ? cn * way3 : l3s / 2) / (r.kc * es);
+    nc = nc / nr * nr;
+    r.nc = nc < nr ? nr : nc;
+    return r;
+}
+
+static nbi_gemm_blocks gemm_blk[GB_N];
+static pthread_once_t gemm_blk_once = PTHREAD_ONCE_INIT;
+
+static void gemm_blocks_init(void) {
+    const nbi_cpu *c = nbi_cpu_info();
+    static const int tiles[GB_N][3] = {
+        {f32_port_MR, f32_port_NR, 4}, {f64_port_MR, f64_port_NR, 8},
+#if GEMM_X86
+        {f32_avx2_MR, f32_avx2_NR, 4}, {f64_avx2_MR, f64_avx2_NR, 8},
+        {f32_avx512_MR, f32_avx512_NR, 4}, {f64_avx512_MR, f64_avx512_NR, 8},
+#else
+        {4, 8, 4}, {4, 4, 8}, {4, 8, 4}, {4, 4, 8}, /* unused */
+#endif
+    };
+    size_t keep = ws_keep_max;
+    for (int i = 0; i < GB_N; i++) {
+        gemm_blk[i] = nbi_gemm_blocking(c, tiles[i][0], tiles[i][1], tiles[i][2]);
+        const nbi_gemm_blocks *b = &gemm_blk[i];
+        size_t ws = (size_t)tiles[i][2] * (size_t)(b->kc * (b->mc + 16 + b->nc)) + 2 * GEMM_HDR;
+        if (ws > keep) keep = ws;
+    }
+    ws_keep_max = keep;
+}
+
+static const nbi_gemm_blocks *gemm_blocks(void) {
+    pthread_once(&gemm_blk_once, gemm_blocks_init);
+    return gemm_blk;
+}
 
 static _Atomic int gemm_path = NBI_GEMM_AUTO;
 
@@ -484,6 +589,38 @@ static int current_path(void) {
         atomic_store_explicit(&gemm_path, p, memory_order_relaxed);
     }
     return p;
+}
+
+int nbi_gemm_blocks_force(int f64, const nbi_gemm_blocks *b) {
+    nbi_gemm_blocks *bk = (nbi_gemm_blocks *)gemm_blocks();
+    int i;
+    switch (current_path()) {
+#if GEMM_X86
+    case NBI_GEMM_AVX512: i = f64 ? GB_F64_AVX512 : GB_F32_AVX512; break;
+    case NBI_GEMM_AVX2: i = f64 ? GB_F64_AVX2 : GB_F32_AVX2; break;
+#endif
+    default: i = f64 ? GB_F64_PORT : GB_F32_PORT;
+    }
+    nbi_gemm_blocks d = nbi_gemm_blocking(nbi_cpu_info(), bk[i].mr, bk[i].nr, f64 ? 8 : 4);
+    if (b && (b->kc < 1 || b->mc < 1 || b->nc < 1)) return -1;
+    if (b) {
+        d.kc = b->kc;
+        d.mc = (b->mc + d.mr - 1) / d.mr * d.mr;
+        d.nc = (b->nc + d.nr - 1) / d.nr * d.nr;
+    }
+    bk[i] = d;
+    return 0;
+}
+
+nbi_gemm_blocks nbi_gemm_blocks_of(int f64) {
+    const nbi_gemm_blocks *b = gemm_blocks();
+    switch (current_path()) {
+#if GEMM_X86
+    case NBI_GEMM_AVX512: return b[f64 ? GB_F64_AVX512 : GB_F32_AVX512];
+    case NBI_GEMM_AVX2: return b[f64 ? GB_F64_AVX2 : GB_F32_AVX2];
+#endif
+    default: return b[f64 ? GB_F64_PORT : GB_F32_PORT];
+    }
 }
 
 /* Shapes with nothing to sum, and K == 0 (an empty sum is 0). */

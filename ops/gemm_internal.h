@@ -39,4 +39,22 @@ int nbi_gemm_f64(nbi_gemm_ws *ws, int64_t M, int64_t N, int64_t K, const double 
 enum { NBI_GEMM_AUTO = -1, NBI_GEMM_PORTABLE = 0, NBI_GEMM_AVX2 = 1, NBI_GEMM_AVX512 = 2 };
 int nbi_gemm_path(int force);
 
+/* Cache blocks (gemm.c): a path's register tile (mr rows x nr columns) and
+ * its blocks kc (k steps), mc (rows), nc (columns), derived from a CPU's
+ * caches (tensor/cpu_internal.h; fields 0 = not known) for elements of
+ * elem_bytes; a pure function. nbi_gemm_blocks_of: the tile and blocks
+ * nbi_gemm_f32 (f64 = 0) or nbi_gemm_f64 (f64 = 1) use now. */
+typedef struct nbi_gemm_blocks {
+    int mr, nr;
+    int64_t kc, mc, nc;
+} nbi_gemm_blocks;
+struct nbi_cpu;
+nbi_gemm_blocks nbi_gemm_blocking(const struct nbi_cpu *cpu, int mr, int nr, int elem_bytes);
+nbi_gemm_blocks nbi_gemm_blocks_of(int f64);
+/* Tests and benchmarks: the current path's blocks for f32 (f64 = 0) or f64
+ * set to b's kc, mc, nc (mc, nc rounded up to the tile), or derived again
+ * when b is NULL; not thread-safe against running products. 0, or -1 when
+ * a block is < 1. */
+int nbi_gemm_blocks_force(int f64, const nbi_gemm_blocks *b);
+
 #endif

@@ -117,9 +117,12 @@ static void mm_tasks(void *ctx, int64_t lo, int64_t hi) {
  * shared and whose a steps over its rows is one taller matrix. A single
  * product is cut into one task per thread along its longer side: along N
  * when N >= M (each task then packs only its columns of b; a is mostly read
- * in place), else along M. A task should be worth at least ~2 MFLOP, or the
- * pool's wake-up costs more than it saves. 0, or -1 (message set) when the
- * kernel's buffers cannot be allocated. */
+ * in place), else along M, in whole register tiles of the kernel's path
+ * (nbi_gemm_blocks_of). A task should be worth at least ~8 us of kernel time
+ * (2 MFLOP on the AVX-512 f32 path, 32 lanes of FMA per cycle on this Zen 5;
+ * proportionally fewer on narrower paths), or the pool's wake-up costs more
+ * than it saves. 0, or -1 (message set) when the kernel's buffers cannot be
+ * allocated. */
 static int matmul_batched(const mm_geom *g, const nb_tensor *a, const nb_tensor *b,
                           nb_tensor *c) {
     int64_t nbat = 1;
@@ -136,17 +139,19 @@ static int matmul_batched(const mm_geom *g, const nb_tensor *a, const nb_tensor 
     /* tasks per matrix: one per thread for a single product, else enough to
      * balance the batch */
     int64_t want = nbat == 1 ? threads : nbat >= 2 * threads ? 1 : (2 * threads + nbat - 1) / nbat;
-    int64_t by_work = (int64_t)(flops / 2e6);
+    const nbi_gemm_blocks bk = nbi_gemm_blocks_of(c->dtype == NB_F64);
+    const double min_flops = 2e6 * bk.nr / 32; /* the path's vector width: nr = 2 vectors */
+    int64_t by_work = (int64_t)(flops / min_flops);
     if (want > by_work) want = by_work > 1 ? by_work : 1;
     bool by_cols = nbat == 1 && g->N >= j.M && want > 1;
     j.tile = by_cols ? j.M : (j.M + want - 1) / want;
-    j.tile = (j.tile + 15) & ~(int64_t)15; /* whole register tiles of the f32 AVX-512 path */
+    j.tile = (j.tile + bk.mr - 1) / bk.mr * bk.mr; /* whole register tiles */
     j.tiles = (j.M + j.tile - 1) / j.tile;
     j.ctile = by_cols ? (g->N + want - 1) / want : g->N;
-    if (by_cols) j.ctile = (j.ctile + 63) & ~(int64_t)63; /* whole column panels of every path */
+    if (by_cols) j.ctile = (j.ctile + bk.nr - 1) / bk.nr * bk.nr; /* whole column panels */
     j.ctiles = (g->N + j.ctile - 1) / j.ctile;
     int64_t tasks = j.tiles * j.ctiles;
-    int64_t per_task = (int64_t)(2e6 / (flops / (double)tasks + 1.0)) + 1;
+    int64_t per_task = (int64_t)(min_flops / (flops / (double)tasks + 1.0)) + 1;
     nbi_parallel_for(nbat * tasks, per_task, mm_tasks, &j);
     if (atomic_load(&j.failed)) {
         nbi_error("%s: out of memory for the packing buffers of a %lld x %lld x %lld product", FN,
