@@ -533,16 +533,18 @@ NB_API void nb_free_with_owner(nb_tensor *t);
 NB_API int64_t nb_live_tensors(void); /* tensor objects alive (all threads) */
 /* Storage bytes (all threads), as torch.cuda.memory_allocated and friends:
  * in use now, the peak since the last reset, and held in the cache of freed
- * buffers that new tensors reuse (at most NABLA_CACHE_MB MiB, default 1024,
- * so fresh pages are not faulted in per op). nb_empty_cache returns the
- * cache to the system. */
+ * buffers that new tensors reuse (so fresh pages are not faulted in per op or
+ * per training step): at most NABLA_CACHE_MB MiB when that is set, else at
+ * most the larger of 1 GiB and the most bytes ever in use at once.
+ * nb_empty_cache returns the cache to the system. */
 NB_API int64_t nb_memory_allocated(void);
 NB_API int64_t nb_memory_peak(void);
 NB_API void nb_memory_reset_peak(void);
 NB_API int64_t nb_memory_cached(void);
 /* The cache's limit in bytes: NABLA_CACHE_MB MiB (a decimal count; unset,
- * empty or not a plain number means the default, 1024), read once per
- * process; -1 when the count is too large to be a byte size (no limit). */
+ * empty or not a plain number means the default, 1024, which the cache
+ * may pass up to the peak of bytes in use), read once per process; -1 when
+ * the count is too large to be a byte size (no limit). */
 NB_API int64_t nb_memory_cache_limit(void);
 NB_API void nb_empty_cache(void);
 
