@@ -3,8 +3,9 @@
  * after each of 5 steps in f64 (1e-12) and f32 (1e-6), parameters that get
  * their first gradient late (own step count), parameters without a gradient
  * left untouched, nb_optim_set_lr, gradient clipping above and below the
- * limit, the Noam schedule; a small regression problem that SGD and Adam
- * solve; bad hyperparameters; state allocation and no leaks. */
+ * limit (and the same bits on any thread count), the Noam schedule; a small
+ * regression problem that SGD and Adam solve; bad hyperparameters; state
+ * allocation and no leaks. */
 #include "test_util.h"
 
 #include <stdlib.h>
@@ -340,6 +341,70 @@ START_TEST(test_clip_grad_norm) {
 }
 END_TEST
 
+/* The norm is summed on the thread pool over a fixed partition (chunks of
+ * 16,384 elements, see nn/optim.c): the norm and the scaled gradients have
+ * the same bits on 1, 2 and 3 threads, and the norm is the exact one to
+ * double rounding. Sizes around the chunk's, f32 and f64 mixed. */
+static nb_params *clip_params(void) {
+    static const int64_t sizes[] = {16385, 3, 100003, 16384, 40000, 7};
+    nb_params *ps = nb_params_new();
+    nb_rng r = {17, 0};
+    for (int i = 0; i < 6; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "p%d", i);
+        nb_dtype dt = i == 4 ? NB_F64 : NB_F32;
+        nb_scope_begin();
+        nb_tensor *p = nb_params_add(ps, name, nb_zeros(dt, NB_SHAPE(sizes[i])));
+        CHECK_NOT_NULL(p);
+        nb_set_requires_grad(p, true);
+        add_grad(p, nb_randn(dt, NB_SHAPE(sizes[i]), &r));
+        nb_scope_end();
+    }
+    return ps;
+}
+
+START_TEST(test_clip_same_bits_any_threads) {
+    int saved = nb_num_threads();
+    double norms[3];
+    double *grads[3];
+    int64_t total = 0;
+    long double exact = 0;
+    for (int t = 0; t < 3; t++) {
+        nb_set_num_threads(t + 1);
+        nb_params *ps = clip_params();
+        int n = nb_params_count(ps);
+        if (t == 0)
+            for (int i = 0; i < n; i++) {
+                nb_tensor *g = nb_grad(nb_params_at(ps, i, NULL));
+                int64_t k = nb_numel(g);
+                double *v = malloc((size_t)k * sizeof *v);
+                nb_copy_to_f64(g, v);
+                for (int64_t j = 0; j < k; j++) exact += (long double)v[j] * v[j];
+                free(v);
+                total += k;
+            }
+        norms[t] = nb_clip_grad_norm(ps, 1.0); /* far below the norm: scaled */
+        grads[t] = malloc((size_t)total * sizeof(double));
+        int64_t at = 0;
+        for (int i = 0; i < n; i++) {
+            nb_tensor *g = nb_grad(nb_params_at(ps, i, NULL));
+            nb_copy_to_f64(g, grads[t] + at);
+            at += nb_numel(g);
+        }
+        nb_params_free(ps);
+    }
+    nb_set_num_threads(saved);
+    double want = sqrtl(exact);
+    ck_assert_msg(fabs(norms[0] - want) <= 1e-13 * want, "norm %.17g, exact %.17g", norms[0], want);
+    for (int t = 1; t < 3; t++) {
+        ck_assert_msg(!memcmp(&norms[0], &norms[t], sizeof(double)),
+                      "norm on %d threads %.17g, on 1 %.17g", t + 1, norms[t], norms[0]);
+        ck_assert(!memcmp(grads[0], grads[t], (size_t)total * sizeof(double)));
+    }
+    for (int t = 0; t < 3; t++) free(grads[t]);
+}
+END_TEST
+
 /* ------------------------------------------------------------ noam */
 START_TEST(test_noam_rate) {
     nb_tensor *steps = F("noam_steps");
@@ -581,6 +646,7 @@ Suite *suite_optim(void) {
     tcase_add_test(tc, test_state_outlives_scope);
     tcase_add_test(tc, test_param_without_grad_untouched);
     tcase_add_test(tc, test_clip_grad_norm);
+    tcase_add_test(tc, test_clip_same_bits_any_threads);
     tcase_add_test(tc, test_noam_rate);
     suite_add_tcase(s, tc);
     tc = tcase_create("behaviour");
