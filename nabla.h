@@ -579,7 +579,8 @@ NB_API void nb_manual_seed(uint64_t seed); /* the global generator */
  * several threads may draw from it at once, each getting other numbers). */
 NB_API nb_rng *nb_global_rng(void);
 /* The thread count for kernels (1..64; another n is an error, unchanged):
- * default NABLA_NUM_THREADS or the online CPUs. Kernels split work across a
+ * default NABLA_NUM_THREADS or the CPUs the process may run on (its affinity
+ * mask, all online CPUs unless a cpuset narrows it). Kernels split work across a
  * persistent pool only above a size where it pays; each output element is
  * always computed the same way, so results are bitwise identical for any count. */
 NB_API void nb_set_num_threads(int n);

@@ -8,20 +8,27 @@
  * of element kernels (whose grains are far larger) fall on the same elements
  * for any thread count too.
  *
- * Workers spin briefly after a job (back-to-back ops are common) and then
- * sleep on a condition variable. One job runs at a time: a call made while
+ * Workers spin for SPIN_NS after a job (back-to-back ops are common; timed
+ * by the clock, since a pause instruction lasts ~10 cycles on some CPUs and
+ * ~140 on others) and then sleep on a condition variable. The default
+ * thread count is the CPUs the process may run on (its affinity mask, which
+ * a container's or taskset's cpuset narrows), not all the CPUs online. One
+ * job runs at a time: a call made while
  * the pool is busy (from a worker, or from a second user thread) runs
  * serially on its caller. A forked child starts with no workers (Check forks
  * per test). The workers are joined at exit so leak checkers see no thread. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "tensor_internal.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_THREADS 64
-#define SPIN 2000 /* pause iterations (~50 µs here) before sleeping */
+#define SPIN_NS 50000 /* a worker spins this long for the next job before sleeping */
 
 /* A job is claimed range by range through one atomic word, the ticket:
  * generation << 16 | ranges << 8 | next range. Claiming with a compare-and-
@@ -65,15 +72,23 @@ static void run_chunks(void) {
     }
 }
 
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
 static void *worker(void *arg) {
     (void)arg;
     uint64_t seen = atomic_load(&pool.ticket) >> 16;
     for (;;) {
         uint64_t g;
-        int spins = 0;
-        while ((g = atomic_load_explicit(&pool.ticket, memory_order_acquire) >> 16) == seen &&
-               spins++ < SPIN)
+        const int64_t until = now_ns() + SPIN_NS;
+        for (int spins = 1; (g = atomic_load_explicit(&pool.ticket, memory_order_acquire) >> 16) ==
+                                seen; spins++) {
+            if (spins % 64 == 0 && now_ns() > until) break;
             cpu_relax();
+        }
         if (g == seen) {
             pthread_mutex_lock(&pool.mu);
             while ((g = atomic_load(&pool.ticket) >> 16) == seen && !pool.stop)
@@ -168,12 +183,25 @@ void nb_set_num_threads(int n) {
     atomic_store(&num_threads, n);
 }
 
+/* The CPUs this process may run on: its affinity mask, else those online. */
+static long usable_cpus(void) {
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+#ifdef CPU_COUNT
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        long n = CPU_COUNT(&set);
+        if (n >= 1 && (online < 1 || n < online)) return n;
+    }
+#endif
+    return online;
+}
+
 int nb_num_threads(void) {
     int n = atomic_load(&num_threads);
     if (n == 0) {
         const char *e = getenv("NABLA_NUM_THREADS");
         long v = e ? strtol(e, NULL, 10) : 0;
-        if (v < 1) v = sysconf(_SC_NPROCESSORS_ONLN);
+        if (v < 1) v = usable_cpus();
         n = v < 1 ? 1 : v > MAX_THREADS ? MAX_THREADS : (int)v;
         atomic_store(&num_threads, n);
     }
