@@ -94,6 +94,7 @@ Suite *suite_views(void);
 Suite *suite_elementwise(void);
 Suite *suite_reduce(void);
 Suite *suite_matmul(void);
+Suite *suite_cpu(void); /* test_cpu.c: caches read from the CPU, the GEMM blocks made from them */
 Suite *suite_softmax(void);
 Suite *suite_autograd(void);
 Suite *suite_function(void);

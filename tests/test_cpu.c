@@ -1,0 +1,359 @@
+/* test_cpu.c: what tensor/cpu.c reads about the CPU's caches and what
+ * ops/gemm.c derives from them. The caches found agree with Linux's sysfs
+ * where sysfs has them; the sysfs reader on made-up trees (a Sapphire
+ * Rapids-like one, a broken one, an implausible one); the cache blocks of
+ * every path satisfy the analytical model's invariants for several cache
+ * configurations (32K/256K, 48K/2M, 48K/1M, 64K/512K, little associativity,
+ * nothing known); and the products are bitwise the same whatever blocks
+ * they run with, on every kernel path the CPU has. Nothing here measures a
+ * speed. */
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ops/gemm_internal.h"
+#include "tensor/cpu_internal.h"
+#include "test_util.h"
+
+#define SYSFS "/sys/devices/system/cpu/cpu0/cache"
+
+/* ----------------------------------------------------------- detection */
+START_TEST(caches_agree_with_sysfs) {
+    const nbi_cpu *c = nbi_cpu_info();
+    ck_assert_ptr_nonnull(c->cache_source);
+    printf("cpu           %s: %s; L1d %lld KiB %d-way, L2 %lld KiB %d-way, L3 %lld KiB %d-way "
+           "shared by %d, line %lld (from %s)\n", c->name, nbi_isa_name(nbi_isa()),
+           (long long)c->l1d >> 10, c->l1d_ways, (long long)c->l2 >> 10, c->l2_ways,
+           (long long)c->l3 >> 10, c->l3_ways, c->l3_sharing, (long long)c->line,
+           c->cache_source);
+    ck_assert_int_ge(c->line, 16);
+    nbi_cpu s = {0};
+    if (nbi_cpu_caches_sysfs(&s, SYSFS) != 0) { /* no sysfs here: whatever was found is sane */
+        ck_assert(c->l1d == 0 || (c->l1d >= 1024 && (c->l2 == 0 || c->l2 > c->l1d)));
+        return;
+    }
+    ck_assert_int_gt(c->l1d, 0); /* sysfs alone would have given it */
+    ck_assert_int_eq(c->l1d, s.l1d);
+    if (s.l2 && c->l2) ck_assert_int_eq(c->l2, s.l2);
+    if (s.l3 && c->l3) ck_assert_int_eq(c->l3, s.l3);
+    if (s.l1d_ways && c->l1d_ways) ck_assert_int_eq(c->l1d_ways, s.l1d_ways);
+    if (s.l2_ways && c->l2_ways) ck_assert_int_eq(c->l2_ways, s.l2_ways);
+    if (s.l3_ways && c->l3_ways) ck_assert_int_eq(c->l3_ways, s.l3_ways);
+    ck_assert_int_eq(c->line, s.line);
+    /* a level sysfs knows is known */
+    ck_assert(!s.l2 || c->l2);
+    ck_assert(!s.l3 || c->l3);
+}
+END_TEST
+
+static void put(const char *dir, const char *name, const char *text) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    test_write_bytes(path, text, strlen(text));
+}
+
+/* One indexN folder of a made-up sysfs cache tree; NULL values are left out. */
+static void fake_index(const char *root, int i, const char *level, const char *type,
+                       const char *size, const char *ways, const char *line,
+                       const char *shared) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/index%d", root, i);
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    if (level) put(dir, "level", level);
+    if (type) put(dir, "type", type);
+    if (size) put(dir, "size", size);
+    if (ways) put(dir, "ways_of_associativity", ways);
+    if (line) put(dir, "coherency_line_size", line);
+    if (shared) put(dir, "shared_cpu_list", shared);
+}
+
+START_TEST(sysfs_reader_on_made_up_trees) {
+    test_make_tmp_dir("cpu");
+    char root[128];
+    snprintf(root, sizeof root, "%s/good", test_tmp_dir);
+    ck_assert_int_eq(mkdir(root, 0700), 0);
+    fake_index(root, 0, "1\n", "Data\n", "48K\n", "12\n", "64\n", "0,56\n");
+    fake_index(root, 1, "1\n", "Instruction\n", "32K\n", "8\n", "64\n", "0,56\n");
+    fake_index(root, 2, "2\n", "Unified\n", "2048K\n", "16\n", "64\n", "0,56\n");
+    fake_index(root, 3, "3\n", "Unified\n", "107520K\n", "15\n", "64\n", "0-55,112-167\n");
+    nbi_cpu c = {.detected = 7, .line = 1};
+    ck_assert_int_eq(nbi_cpu_caches_sysfs(&c, root), 0);
+    ck_assert_int_eq(c.detected, 7); /* only the cache fields are written */
+    ck_assert_int_eq(c.l1d, 48 << 10);
+    ck_assert_int_eq(c.l1d_ways, 12);
+    ck_assert_int_eq(c.l1d_sharing, 2);
+    ck_assert_int_eq(c.l2, 2 << 20);
+    ck_assert_int_eq(c.l2_ways, 16);
+    ck_assert_int_eq(c.l3, (int64_t)107520 << 10);
+    ck_assert_int_eq(c.l3_ways, 15);
+    ck_assert_int_eq(c.l3_sharing, 112);
+    ck_assert_int_eq(c.line, 64);
+
+    /* no data cache: nothing found, nothing written */
+    snprintf(root, sizeof root, "%s/icache", test_tmp_dir);
+    ck_assert_int_eq(mkdir(root, 0700), 0);
+    fake_index(root, 0, "1", "Instruction", "32K", "8", "64", "0");
+    fake_index(root, 1, "2", "Unified", NULL, "8", "64", "0"); /* no size */
+    nbi_cpu d = {.l1d = 5};
+    ck_assert_int_eq(nbi_cpu_caches_sysfs(&d, root), -1);
+    ck_assert_int_eq(d.l1d, 5);
+    /* an L2 smaller than the L1d, or a size that is not one: not believed */
+    snprintf(root, sizeof root, "%s/odd", test_tmp_dir);
+    ck_assert_int_eq(mkdir(root, 0700), 0);
+    fake_index(root, 0, "1", "Data", "64K", "8", "64", "0");
+    fake_index(root, 1, "2", "Unified", "32K", "8", "64", "0");
+    ck_assert_int_eq(nbi_cpu_caches_sysfs(&d, root), -1);
+    snprintf(root, sizeof root, "%s/junk", test_tmp_dir);
+    ck_assert_int_eq(mkdir(root, 0700), 0);
+    fake_index(root, 0, "1", "Data", "48Q", "12", "64", "0");
+    ck_assert_int_eq(nbi_cpu_caches_sysfs(&d, root), -1);
+    /* missing ways and sharing: 0 (not known), the sizes still read */
+    snprintf(root, sizeof root, "%s/bare", test_tmp_dir);
+    ck_assert_int_eq(mkdir(root, 0700), 0);
+    fake_index(root, 0, "1", "Data", "32K", NULL, NULL, NULL);
+    fake_index(root, 2, "2", "Unified", "1M", "0", "64", "x");
+    nbi_cpu e = {.line = 64};
+    ck_assert_int_eq(nbi_cpu_caches_sysfs(&e, root), 0);
+    ck_assert_int_eq(e.l1d, 32 << 10);
+    ck_assert_int_eq(e.l1d_ways, 0);
+    ck_assert_int_eq(e.l2, 1 << 20);
+    ck_assert_int_eq(e.l2_ways, 0);
+    ck_assert_int_eq(e.l2_sharing, 0);
+    ck_assert_int_eq(e.l3, 0);
+    ck_assert_int_eq(nbi_cpu_caches_sysfs(&e, "/nonexistent/cache"), -1);
+    ck_assert_int_eq(nbi_cpu_caches_sysfs(&e, NULL), -1);
+    test_remove_tmp_dir();
+}
+END_TEST
+
+/* ------------------------------------------------------------- blocking */
+typedef struct {
+    const char *name;
+    nbi_cpu c;
+} fake_cpu;
+
+#define KiB(x) ((int64_t)(x) << 10)
+#define MiB(x) ((int64_t)(x) << 20)
+static const fake_cpu fakes[] = {
+    {"32K/256K (Haswell)", {.l1d = KiB(32), .l1d_ways = 8, .l2 = KiB(256), .l2_ways = 8,
+                            .l3 = MiB(8), .l3_ways = 16, .l3_sharing = 8, .line = 64}},
+    {"48K/2M (Sapphire Rapids)", {.l1d = KiB(48), .l1d_ways = 12, .l2 = MiB(2), .l2_ways = 16,
+                                  .l3 = MiB(105), .l3_ways = 15, .l3_sharing = 2, .line = 64}},
+    {"48K/1M (Zen 5)", {.l1d = KiB(48), .l1d_ways = 12, .l2 = MiB(1), .l2_ways = 16,
+                        .l3 = MiB(32), .l3_ways = 16, .l3_sharing = 2, .line = 64}},
+    {"64K/512K", {.l1d = KiB(64), .l1d_ways = 4, .l2 = KiB(512), .l2_ways = 8, .l3 = MiB(16),
+                  .l3_ways = 16, .l3_sharing = 16, .line = 64}},
+    {"32K/1M, no L3", {.l1d = KiB(32), .l1d_ways = 8, .l2 = MiB(1), .l2_ways = 16, .line = 64}},
+    {"16K 2-way/64K 4-way", {.l1d = KiB(16), .l1d_ways = 2, .l2 = KiB(64), .l2_ways = 4,
+                             .l3 = KiB(256), .l3_ways = 2, .line = 64}},
+    {"unknown (0)", {0}},
+};
+#define NFAKES (int)(sizeof fakes / sizeof fakes[0])
+
+/* Every path's register tile: mr, nr, element bytes. */
+static const int tiles[][3] = {{4, 8, 4}, {4, 4, 8}, {6, 16, 4}, {6, 8, 8}, {8, 32, 4}, {8, 16, 8}};
+#define NTILES (int)(sizeof tiles / sizeof tiles[0])
+
+START_TEST(blocks_satisfy_the_model_for_fake_cpus) {
+    const fake_cpu *f = &fakes[_i];
+    /* what the model assumes where the CPU tells nothing */
+    const int64_t l1 = f->c.l1d ? f->c.l1d : KiB(32), l2 = f->c.l2 ? f->c.l2 : MiB(1);
+    const int64_t l3 = f->c.l3 ? f->c.l3 : MiB(8);
+    const int64_t w1 = f->c.l1d_ways ? f->c.l1d_ways : 8, w2 = f->c.l2_ways ? f->c.l2_ways : 16;
+    int64_t share = l3 / (f->c.l3_sharing > 1 ? f->c.l3_sharing : 1);
+    if (share > 4 * l2) share = 4 * l2;
+    for (int t = 0; t < NTILES; t++) {
+        const int mr = tiles[t][0], nr = tiles[t][1], s = tiles[t][2];
+        nbi_gemm_blocks b = nbi_gemm_blocking(&f->c, mr, nr, s);
+        printf("blocks        %-26s %dx%-2d %s: kc %4lld  mc %4lld  nc %5lld\n", f->name, mr, nr,
+               s == 4 ? "f32" : "f64", (long long)b.kc, (long long)b.mc, (long long)b.nc);
+        ck_assert_int_eq(b.mr, mr);
+        ck_assert_int_eq(b.nr, nr);
+        /* whole steps: kc in 8s, mc in tiles of rows, nc in panels of columns */
+        ck_assert_int_ge(b.kc, 8);
+        ck_assert_int_eq(b.kc % 8, 0);
+        ck_assert_int_ge(b.mc, mr);
+        ck_assert_int_eq(b.mc % mr, 0);
+        ck_assert_int_ge(b.nc, nr);
+        ck_assert_int_eq(b.nc % nr, 0);
+        /* L1: a micro-panel of B and one of A, with a way to spare (or, for
+         * a cache of few ways, half of it) */
+        int64_t panels = b.kc * (mr + nr) * s;
+        if (b.kc > 8) ck_assert_msg(panels <= l1 - l1 / w1 || panels <= l1 / 2,
+                                    "kc %lld: panels of %lld bytes in an L1 of %lld",
+                                    (long long)b.kc, (long long)panels, (long long)l1);
+        /* L2: the block of A, its column of C and two panels of B */
+        int64_t in_l2 = b.mc * (b.kc + nr) * s + 2 * b.kc * nr * s;
+        if (b.mc > mr) ck_assert_msg(in_l2 <= l2, "mc %lld: %lld bytes in an L2 of %lld",
+                                     (long long)b.mc, (long long)in_l2, (long long)l2);
+        /* L3: the block of B within the core's share, beside the block of A */
+        if (b.nc > nr) ck_assert_msg(b.kc * b.nc * s + b.mc * b.kc * s <= share,
+                                     "nc %lld: B block %lld bytes in a share of %lld",
+                                     (long long)b.nc, (long long)(b.kc * b.nc * s),
+                                     (long long)share);
+        /* the model uses what it is given: more L2 never means a smaller A block */
+        nbi_cpu bigger = f->c;
+        bigger.l2 = 2 * l2;
+        bigger.l2_ways = (int)w2;
+        if (!bigger.l1d) bigger.l1d = l1, bigger.l1d_ways = (int)w1;
+        nbi_gemm_blocks b2 = nbi_gemm_blocking(&bigger, mr, nr, s);
+        ck_assert_int_eq(b2.kc, b.kc);
+        ck_assert_int_ge(b2.mc, b.mc);
+    }
+}
+END_TEST
+
+START_TEST(unknown_caches_are_the_documented_defaults) {
+    const nbi_cpu def = {.l1d = KiB(32), .l1d_ways = 8, .l2 = MiB(1), .l2_ways = 16,
+                         .l3 = MiB(8), .l3_ways = 16, .line = 64};
+    const nbi_cpu none = {0};
+    for (int t = 0; t < NTILES; t++) {
+        nbi_gemm_blocks a = nbi_gemm_blocking(&none, tiles[t][0], tiles[t][1], tiles[t][2]);
+        nbi_gemm_blocks b = nbi_gemm_blocking(&def, tiles[t][0], tiles[t][1], tiles[t][2]);
+        nbi_gemm_blocks c = nbi_gemm_blocking(NULL, tiles[t][0], tiles[t][1], tiles[t][2]);
+        ck_assert(a.kc == b.kc && a.mc == b.mc && a.nc == b.nc);
+        ck_assert(c.kc == b.kc && c.mc == b.mc && c.nc == b.nc);
+    }
+}
+END_TEST
+
+/* The blocks in use are the model's for this CPU. */
+START_TEST(blocks_in_use_come_from_this_cpu) {
+    for (int f64 = 0; f64 <= 1; f64++) {
+        nbi_gemm_blocks u = nbi_gemm_blocks_of(f64);
+        nbi_gemm_blocks m = nbi_gemm_blocking(nbi_cpu_info(), u.mr, u.nr, f64 ? 8 : 4);
+        printf("blocks        in use (%s, %s): %dx%d tile, kc %lld  mc %lld  nc %lld\n",
+               f64 ? "f64" : "f32", nbi_isa_name(nbi_isa()), u.mr, u.nr, (long long)u.kc,
+               (long long)u.mc, (long long)u.nc);
+        ck_assert(u.kc == m.kc && u.mc == m.mc && u.nc == m.nc);
+    }
+}
+END_TEST
+
+/* ------------------------------------------- the same bits for any blocks */
+static void fill(void *p, int64_t n, int f64, uint64_t seed) {
+    for (int64_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005u + 1442695040888963407u;
+        double v = (double)(int64_t)(seed >> 11) / (double)((int64_t)1 << 52) - 1.0;
+        if (f64) ((double *)p)[i] = v;
+        else ((float *)p)[i] = (float)v;
+    }
+}
+
+/* C = A B for M x N x K with A row-major or transposed, B row-major or
+ * transposed, into c (M x N). */
+static void product(int f64, int64_t M, int64_t N, int64_t K, int at, int bt, const void *a,
+                    const void *b, void *c) {
+    nbi_gemm_ws ws = {0};
+    int64_t sam = at ? 1 : K, sak = at ? M : 1, sbk = bt ? 1 : N, sbn = bt ? K : 1;
+    int rc = f64 ? nbi_gemm_f64(&ws, M, N, K, a, sam, sak, b, sbk, sbn, c, N, 1)
+                 : nbi_gemm_f32(&ws, M, N, K, a, sam, sak, b, sbk, sbn, c, N, 1);
+    ck_assert_int_eq(rc, 0);
+    nbi_gemm_ws_free(&ws);
+}
+
+START_TEST(products_have_the_same_bits_for_any_blocks) {
+    static const int64_t shapes[][3] = {{37, 45, 529}, {130, 70, 300}, {9, 600, 77},
+                                        {3, 5, 1000}, {203, 97, 45}};
+    const int paths[] = {NBI_GEMM_PORTABLE, NBI_GEMM_AVX2, NBI_GEMM_AVX512};
+    int best = nbi_gemm_path(NBI_GEMM_AUTO);
+    for (int p = 0; p < 3 && paths[p] <= best; p++) {
+        nbi_gemm_path(paths[p]);
+        for (int f64 = 0; f64 <= 1; f64++) {
+            nbi_gemm_blocks u = nbi_gemm_blocks_of(f64);
+            /* the fake CPUs' blocks, and tiny ones that cut everything */
+            nbi_gemm_blocks alt[NFAKES + 2];
+            int nalt = 0;
+            for (int f = 0; f < NFAKES; f++)
+                alt[nalt++] = nbi_gemm_blocking(&fakes[f].c, u.mr, u.nr, f64 ? 8 : 4);
+            alt[nalt++] = (nbi_gemm_blocks){.kc = 8, .mc = 1, .nc = 1};
+            alt[nalt++] = (nbi_gemm_blocks){.kc = 24, .mc = 3 * u.mr, .nc = 2 * u.nr};
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+                int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+                size_t es = f64 ? 8 : 4;
+                void *a = malloc(es * M * K), *b = malloc(es * K * N);
+                void *c0 = malloc(es * M * N), *c1 = malloc(es * M * N);
+                ck_assert(a && b && c0 && c1);
+                fill(a, M * K, f64, 11 + s);
+                fill(b, K * N, f64, 29 + s);
+                for (int lay = 0; lay < 4; lay++) {
+                    int at = lay & 1, bt = lay >> 1;
+                    ck_assert_int_eq(nbi_gemm_blocks_force(f64, NULL), 0);
+                    product(f64, M, N, K, at, bt, a, b, c0);
+                    for (int k = 0; k < nalt; k++) {
+                        ck_assert_int_eq(nbi_gemm_blocks_force(f64, &alt[k]), 0);
+                        memset(c1, 0xff, es * M * N);
+                        product(f64, M, N, K, at, bt, a, b, c1);
+                        ck_assert_msg(!memcmp(c0, c1, es * M * N),
+                                      "%s path %d, %lldx%lldx%lld layout %d: blocks kc %lld mc "
+                                      "%lld nc %lld change the bits", f64 ? "f64" : "f32",
+                                      paths[p], (long long)M, (long long)N, (long long)K, lay,
+                                      (long long)alt[k].kc, (long long)alt[k].mc,
+                                      (long long)alt[k].nc);
+                    }
+                }
+                free(a), free(b), free(c0), free(c1);
+            }
+            ck_assert_int_eq(nbi_gemm_blocks_force(f64, NULL), 0);
+            nbi_gemm_blocks back = nbi_gemm_blocks_of(f64);
+            ck_assert(back.kc == u.kc && back.mc == u.mc && back.nc == u.nc);
+        }
+    }
+    nbi_gemm_path(NBI_GEMM_AUTO);
+    nbi_gemm_blocks bad = {.kc = 0, .mc = 8, .nc = 8};
+    ck_assert_int_eq(nbi_gemm_blocks_force(0, &bad), -1);
+}
+END_TEST
+
+/* ------------------------------------------------------------ the cache */
+/* Under valgrind, its preload library is in LD_PRELOAD. */
+static bool under_valgrind(void) {
+    const char *pre = getenv("LD_PRELOAD");
+    return pre && strstr(pre, "vgpreload");
+}
+
+/* Freed storage past NABLA_CACHE_MB's default 1 GiB is kept when the
+ * process has had that much in use at once: a step of 1.5 GiB of buffers
+ * finds them all again. The buffers are never written, so no page is
+ * touched. In a child (the cache is process-wide); not under sanitizers or
+ * valgrind (no recycling there, or their own bookkeeping of 1.5 GiB). */
+START_TEST(cache_keeps_what_the_peak_had) {
+    if (UNDER_ASAN || UNDER_TSAN || getenv("NABLA_CACHE_MB") || under_valgrind()) return;
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        nb_empty_cache();
+        nb_tensor *t[3];
+        for (int i = 0; i < 3; i++)
+            if (!(t[i] = nb_empty(NB_F32, NB_SHAPE(1 << 27)))) _exit(2); /* 512 MiB each */
+        for (int i = 0; i < 3; i++) nb_free(t[i]);
+        if (nb_memory_cached() != (int64_t)3 << 29) _exit(3); /* all 1.5 GiB kept */
+        for (int i = 0; i < 3; i++) /* and found again: nothing new from the system */
+            if (!(t[i] = nb_empty(NB_F32, NB_SHAPE(1 << 27)))) _exit(4);
+        if (nb_memory_cached() != 0) _exit(5);
+        for (int i = 0; i < 3; i++) nb_free(t[i]);
+        nb_empty_cache();
+        _exit(nb_memory_cached() == 0 ? 0 : 6);
+    }
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child: status %d",
+                  WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+}
+END_TEST
+
+Suite *suite_cpu(void) {
+    Suite *s = suite_create("cpu");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, caches_agree_with_sysfs);
+    tcase_add_test(tc, sysfs_reader_on_made_up_trees);
+    tcase_add_loop_test(tc, blocks_satisfy_the_model_for_fake_cpus, 0, NFAKES);
+    tcase_add_test(tc, unknown_caches_are_the_documented_defaults);
+    tcase_add_test(tc, blocks_in_use_come_from_this_cpu);
+    tcase_add_test(tc, products_have_the_same_bits_for_any_blocks);
+    tcase_add_test(tc, cache_keeps_what_the_peak_had);
+    suite_add_tcase(s, tc);
+    return s;
+}
