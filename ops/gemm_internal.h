@@ -39,6 +39,24 @@ int nbi_gemm_f64(nbi_gemm_ws *ws, int64_t M, int64_t N, int64_t K, const double 
 enum { NBI_GEMM_AUTO = -1, NBI_GEMM_PORTABLE = 0, NBI_GEMM_AVX2 = 1, NBI_GEMM_AVX512 = 2 };
 int nbi_gemm_path(int force);
 
+/* bf16: C (M,N) f32 = A (M,K) * B (K,N) with both operands in bf16 and f32
+ * accumulation (gemm_bf16.c). An operand is bf16 (uint16_t) data, or f32 data
+ * rounded to bf16 (nbi_bf16_from_f32) as it is packed (a_f32 / b_f32 = 1):
+ * what autocast uses, so no cast copy is ever made. Strides in elements, any
+ * layout (transposed, expanded with stride 0, narrowed views). c fully
+ * overwritten (K == 0: zeros). Each c[i][j] depends only on row i of A, column
+ * j of B and the path: never on M, N, the position of (i,j) in a tile, the
+ * blocking, or which part of C a call computes. 0, or -1 when the packing
+ * buffers cannot be allocated. */
+int nbi_gemm_bf16(nbi_gemm_ws *ws, int64_t M, int64_t N, int64_t K,
+                  const void *a, int a_f32, int64_t sam, int64_t sak,
+                  const void *b, int b_f32, int64_t sbk, int64_t sbn,
+                  float *c, int64_t scm, int64_t scn);
+/* The path nbi_gemm_bf16 takes now (from nbi_isa, tensor/cpu_internal.h):
+ * NBI_ISA_AVX512BF16 (vdpbf16ps), or the f32-FMA path it falls to
+ * (NBI_ISA_AVX512, NBI_ISA_AVX2, NBI_ISA_PORTABLE). */
+int nbi_gemm_bf16_path(void);
+
 /* Cache blocks (gemm.c): a path's register tile (mr rows x nr columns) and
  * its blocks kc (k steps), mc (rows), nc (columns), derived from a CPU's
  * caches (tensor/cpu_internal.h; fields 0 = not known) for elements of

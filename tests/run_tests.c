@@ -21,6 +21,7 @@ int main(void) {
     srunner_add_suite(sr, suite_elementwise());
     srunner_add_suite(sr, suite_reduce());
     srunner_add_suite(sr, suite_matmul());
+    srunner_add_suite(sr, suite_gemm_bf16());
     srunner_add_suite(sr, suite_cpu());
     srunner_add_suite(sr, suite_registry());
     srunner_add_suite(sr, suite_softmax());

@@ -94,6 +94,7 @@ Suite *suite_views(void);
 Suite *suite_elementwise(void);
 Suite *suite_reduce(void);
 Suite *suite_matmul(void);
+Suite *suite_gemm_bf16(void); /* test_gemm_bf16.c: the bf16 matrix-multiply kernel */
 Suite *suite_cpu(void); /* test_cpu.c: caches read from the CPU, the GEMM blocks made from them */
 Suite *suite_softmax(void);
 Suite *suite_autograd(void);
