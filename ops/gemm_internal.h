@@ -74,5 +74,13 @@ nbi_gemm_blocks nbi_gemm_blocks_of(int f64);
  * when b is NULL; not thread-safe against running products. 0, or -1 when
  * a block is < 1. */
 int nbi_gemm_blocks_force(int f64, const nbi_gemm_blocks *b);
+/* The rows of A's block (at most b->mc, a multiple of b->mr) when A is read
+ * in place: rows of A a stride apart (at = 0), or rows of A^T (at = 1), so
+ * that the stride does not put more of its lines in one L2 set than the
+ * block's share of ways; base: the block's first byte's offset within a line;
+ * M: the product's rows (b->mc when they fit). A function of the CPU's L2
+ * and these, remembered per thread. */
+int64_t nbi_gemm_mc_in_place(const struct nbi_cpu *cpu, const nbi_gemm_blocks *b,
+                             int elem_bytes, int at, int64_t stride, int64_t base, int64_t M);
 
 #endif

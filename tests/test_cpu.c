@@ -239,6 +239,58 @@ START_TEST(blocks_in_use_come_from_this_cpu) {
 }
 END_TEST
 
+/* A read in place at a stride: the rows kept per block leave no L2 set with
+ * more of A's lines than the block's share of ways, counted line by line
+ * here too, when some row count can (rows of A: unless mr rows already
+ * overflow; rows of A^T: unless the stride repeats within kc), and never
+ * more rows than the model's mc. */
+START_TEST(in_place_a_fits_the_l2_sets) {
+    static const int64_t strides[] = {1, 64, 512, 768, 1000, 1024, 2048, 2304, 3072, 4096,
+                                      50257, 65536};
+    const fake_cpu *f = &fakes[_i];
+    const int64_t line = 64, l2 = f->c.l2 ? f->c.l2 : MiB(1);
+    const int64_t w2 = f->c.l2 && f->c.l2_ways ? f->c.l2_ways : 16, way = l2 / w2;
+    const int64_t sets = way / line;
+    int *count = calloc((size_t)sets, sizeof *count);
+    ck_assert_ptr_nonnull(count);
+    for (int t = 0; t < NTILES; t++) {
+        const int mr = tiles[t][0], nr = tiles[t][1], s = tiles[t][2];
+        nbi_gemm_blocks b = nbi_gemm_blocking(&f->c, mr, nr, s);
+        int64_t bw = (b.kc * nr * s + way - 1) / way;
+        int64_t a_ways = (w2 - 1 - 2 * bw) * b.kc / (b.kc + nr);
+        for (size_t k = 0; k < sizeof strides / sizeof strides[0]; k++) {
+            for (int at = 0; at <= 1; at++) {
+                int64_t mc = nbi_gemm_mc_in_place(&f->c, &b, s, at, strides[k], 0, INT64_MAX);
+                ck_assert_int_le(mc, b.mc);
+                ck_assert_int_ge(mc, mr);
+                ck_assert_int_eq(mc % mr, 0);
+                if (a_ways < 1) continue;
+                /* runs of A's block: rows of A (mc of kc elements) or of A^T
+                 * (kc of mc), a stride apart, from an address 0 mod 4 KiB */
+                int64_t runs = at ? b.kc : mc, len = (at ? mc : b.kc) * s;
+                if (strides[k] * s < len) continue; /* runs overlap: not a layout of A */
+                memset(count, 0, (size_t)sets * sizeof *count);
+                int worst = 0;
+                for (int64_t r = 0; r < runs; r++) {
+                    int64_t first = r * strides[k] * s / line;
+                    int64_t last = (r * strides[k] * s + len - 1) / line;
+                    for (int64_t l = first; l <= last && l < first + sets; l++) {
+                        int c = ++count[l % sets];
+                        if (c > worst) worst = c;
+                    }
+                }
+                if ((mc < b.mc || !at) && mc > mr) /* mr rows: the fewest, fitting or not */
+                    ck_assert_msg(worst <= a_ways, "%s %dx%d %s stride %lld: mc %lld puts %d "
+                                  "lines in a set of %lld ways for A", f->name, mr, nr,
+                                  at ? "A^T" : "A", (long long)strides[k], (long long)mc, worst,
+                                  (long long)a_ways);
+            }
+        }
+    }
+    free(count);
+}
+END_TEST
+
 /* ------------------------------------------- the same bits for any blocks */
 static void fill(void *p, int64_t n, int f64, uint64_t seed) {
     for (int64_t i = 0; i < n; i++) {
@@ -356,6 +408,7 @@ Suite *suite_cpu(void) {
     tcase_add_loop_test(tc, blocks_satisfy_the_model_for_fake_cpus, 0, NFAKES);
     tcase_add_test(tc, unknown_caches_are_the_documented_defaults);
     tcase_add_test(tc, blocks_in_use_come_from_this_cpu);
+    tcase_add_loop_test(tc, in_place_a_fits_the_l2_sets, 0, NFAKES);
     tcase_add_test(tc, products_have_the_same_bits_for_any_blocks);
     tcase_add_test(tc, cache_keeps_what_the_peak_had);
     suite_add_tcase(s, tc);
