@@ -120,8 +120,8 @@ nb_tensor *nb_set_requires_grad(nb_tensor *t, bool requires_grad) {
         return nbi_error("%s: this tensor was made by %s and is not a leaf; use nb_detach to "
                          "stop gradients", fn, t->grad_fn->op);
     }
-    if (requires_grad && !nbi_is_float(t->dtype))
-        return nbi_error("%s: only floating tensors can require grad, got %s", fn,
+    if (requires_grad && !nbi_is_diff(t->dtype))
+        return nbi_error("%s: only floating tensors (f32, f64, bf16) can require grad, got %s", fn,
                          nb_dtype_name(t->dtype));
     t->requires_grad = requires_grad;
     return t;

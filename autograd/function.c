@@ -207,7 +207,7 @@ static int multi_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     for (int k = 0; rc == 0 && k < c->nout; k++) {
         const out_meta *o = &c->outs[k];
         if (c->gout[k]) gouts[k] = handle_on(c->gout[k]);
-        else if (nbi_is_float(o->dtype))
+        else if (nbi_is_diff(o->dtype))
             gouts[k] = nbi_new(c->name, o->dtype, o->ndim, o->shape, true);
         else continue;
         if (!gouts[k]) rc = -1;
@@ -346,7 +346,7 @@ static bool differentiable(const nb_function_ctx *c, const nb_tensor *returned,
                            const nb_tensor *y) {
     bool any = false;
     for (int i = 0; i < c->nin; i++) any = any || c->needs[i];
-    return any && nbi_is_float(y->dtype) && !marked(c, returned);
+    return any && nbi_is_diff(y->dtype) && !marked(c, returned);
 }
 
 nb_tensor *nb_function_apply(const nb_function *f, nb_tensor **inputs, int n, void *user) {

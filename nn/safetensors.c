@@ -21,13 +21,14 @@ static const struct {
     const char *name;
     nb_dtype dtype;
     size_t size;
-} dtypes[] = {{"F32", NB_F32, 4}, {"F64", NB_F64, 8}, {"I64", NB_I64, 8}, {"BOOL", NB_BOOL, 1}};
+} dtypes[] = {{"F32", NB_F32, 4}, {"F64", NB_F64, 8}, {"I64", NB_I64, 8}, {"BOOL", NB_BOOL, 1},
+                {"BF16", NB_BF16, 2}};
 
 /* The format's other dtypes: read (and skipped) only by nn_st_header_parse_any. */
 static const struct {
     const char *name;
     size_t size;
-} foreign_dtypes[] = {{"F16", 2}, {"BF16", 2}, {"I8", 1}, {"U8", 1}, {"I16", 2}, {"U16", 2},
+} foreign_dtypes[] = {{"F16", 2}, {"I8", 1}, {"U8", 1}, {"I16", 2}, {"U16", 2},
                       {"I32", 4}, {"U32", 4}, {"U64", 8}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
 
 static size_t foreign_size(const char *tag) {
@@ -369,7 +370,7 @@ static int tensor_field(json *j, const char *key, void *ctx) {
             return 0;
         }
         if (k == nd) {
-            snprintf(m, sizeof m, "unsupported dtype \"%.40s\" (nabla reads F32, F64, I64, BOOL)",
+            snprintf(m, sizeof m, "unsupported dtype \"%.40s\" (nabla reads F32, F64, BF16, I64, BOOL)",
                      s);
             free(s);
             return fail(j, m);

@@ -24,7 +24,7 @@ typedef enum { C_EQ, C_NE, C_LT, C_GT } cmpop;
 
 static nb_tensor *compare(const char *fn, cmpop op, nb_tensor *a, nb_tensor *b) {
     if (!nbi_arg(fn, a, 0) || !nbi_arg(fn, b, 1)) return NULL;
-    if (!nbi_check_same_dtype(fn, a, b)) return NULL;
+    if (!nbi_check_no_bf16(fn, a) || !nbi_check_same_dtype(fn, a, b)) return NULL;
     int nd;
     int64_t sh[NB_MAX_DIMS], sta[NB_MAX_DIMS], stb[NB_MAX_DIMS];
     if (!nbi_broadcast_shape(fn, a->ndim, a->shape, b->ndim, b->shape, &nd, sh)) return NULL;
@@ -43,6 +43,7 @@ static nb_tensor *compare(const char *fn, cmpop op, nb_tensor *a, nb_tensor *b) 
     case NB_F64: CMP_CASES(double) break;
     case NB_I64: CMP_CASES(int64_t) break;
     case NB_BOOL: CMP_CASES(bool) break;
+    case NB_BF16: break; /* refused by the checks above */
     }
     return y;
 }
@@ -99,6 +100,7 @@ static void where_into(nb_tensor *y, const nb_tensor *cond, const nb_tensor *a,
     case NB_F64: WHERE_ROWS(double) break;
     case NB_I64: WHERE_ROWS(int64_t) break;
     case NB_BOOL: WHERE_ROWS(bool) break;
+    case NB_BF16: break; /* refused by the checks above */
     }
 }
 
@@ -117,7 +119,9 @@ static int where_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 nb_tensor *nb_where(nb_tensor *cond, nb_tensor *a, nb_tensor *b) {
     const char *fn = "nb_where";
     if (!nbi_arg(fn, cond, 0) || !nbi_arg(fn, a, 1) || !nbi_arg(fn, b, 2)) return NULL;
-    if (!check_bool(fn, "cond", cond) || !nbi_check_same_dtype(fn, a, b)) return NULL;
+    if (!check_bool(fn, "cond", cond) || !nbi_check_no_bf16(fn, a) ||
+        !nbi_check_same_dtype(fn, a, b))
+        return NULL;
     int n1, n2;
     int64_t s1[NB_MAX_DIMS], s2[NB_MAX_DIMS];
     if (!nbi_broadcast_shape(fn, cond->ndim, cond->shape, a->ndim, a->shape, &n1, s1) ||

@@ -73,6 +73,7 @@ static void gather_into(nb_tensor *out, const int64_t *ist, const nb_tensor *idx
     case NB_F64: GATHER_ROWS(double) break;
     case NB_I64: GATHER_ROWS(int64_t) break;
     case NB_BOOL: GATHER_ROWS(bool) break;
+    case NB_BF16: break; /* refused by the checks above */
     }
 }
 
@@ -153,6 +154,7 @@ static nb_tensor *pick_op(const char *fn, nb_tensor *t, int dim, nb_tensor *inde
     if (!nbi_arg(fn, t, 0) || !nbi_arg(fn, index, 1)) return NULL;
     if (index->dtype != NB_I64)
         return nbi_error("%s: index must be i64, got %s", fn, nb_dtype_name(index->dtype));
+    if (!nbi_check_no_bf16(fn, t)) return NULL;
     if (t->ndim == 0) return nbi_error("%s: cannot index a 0-d tensor", fn);
     int d = nbi_dim(fn, dim, t->ndim);
     if (d < 0) return NULL;

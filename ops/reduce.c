@@ -222,6 +222,7 @@ static void max_kernel(const nb_tensor *t, reduction r, nb_tensor *vals, nb_tens
         case NB_F64: MAX_ROWS(double, <) break;
         case NB_I64: MAX_ROWS(int64_t, <) break;
         case NB_BOOL: MAX_ROWS(bool, <) break;
+        case NB_BF16: break; /* refused by the checks above */
         }
         return;
     }
@@ -230,10 +231,12 @@ static void max_kernel(const nb_tensor *t, reduction r, nb_tensor *vals, nb_tens
     case NB_F64: MAX_ROWS(double, >) break;
     case NB_I64: MAX_ROWS(int64_t, >) break;
     case NB_BOOL: MAX_ROWS(bool, >) break;
+    case NB_BF16: break; /* refused by the checks above */
     }
 }
 
 static int max_check(const char *fn, nb_tensor *t, int dim) {
+    if (!nbi_check_no_bf16(fn, t)) return -1;
     int d = nbi_dim(fn, dim, t->ndim);
     if (d >= 0 && t->ndim > 0 && t->shape[d] == 0)
         return (nbi_error("%s: cannot reduce over dim %d of size 0 (shape %s)", fn, dim,
@@ -600,6 +603,8 @@ nb_tensor *nb_cumsum(nb_tensor *t, int dim) {
 nb_tensor *nbi_sum_to(nb_tensor *g, int ndim, const int64_t *shape) {
     if (!g) return NULL;
     if (g->ndim == ndim && !memcmp(g->shape, shape, (size_t)ndim * sizeof *shape)) return g;
+    if (g->dtype == NB_BF16) /* summed in f32, rounded once */
+        return nb_to(nbi_sum_to(nb_to(g, NB_F32), ndim, shape), NB_BF16);
     int lead = g->ndim - ndim;
     nb_tensor *s = g;
     for (int i = 0; i < g->ndim && s; i++) {

@@ -25,6 +25,10 @@
  *                        (else within the tolerance of docs/numerics.md)
  *           NB_OP_CHEAP  an elementwise kernel cheap enough for the large
  *                        thread grain (NBI_GRAIN rather than NBI_GRAIN_HEAVY)
+ *           NB_OP_BF16   takes NB_BF16 inputs (a bf16 kernel, or a copy that
+ *                        moves 2-byte elements); every other op refuses bf16
+ *                        with a message naming it (test_registry.c checks
+ *                        both, against the op in f32 on bf16-rounded inputs)
  *   call    the call the tests and the fuzzer's seeds make, on inputs x[0..]
  *           (x is nb_tensor **; op_rng() is the includer's seeded generator).
  *           It must stay valid when dim 0 of every input grows (the thread
@@ -37,6 +41,7 @@
 #define NB_OP_DIFF 1u
 #define NB_OP_EXACT 2u
 #define NB_OP_CHEAP 4u
+#define NB_OP_BF16 8u
 
 /* ops/elementwise.c: one input and up to two scalars; kernel enum U_<name> */
 #define NB_OPS_ELEMENTWISE(X)                                                        \
@@ -90,7 +95,7 @@
     X(cumsum, "f", NB_OP_DIFF | NB_OP_EXACT, nb_cumsum(x[0], 1))
 
 /* ops/matmul.c */
-#define NB_OPS_MATMUL(X) X(matmul, "f:2x3x4 f:2x4x5", NB_OP_DIFF, nb_matmul(x[0], x[1]))
+#define NB_OPS_MATMUL(X) X(matmul, "f:2x3x4 f:2x4x5", NB_OP_DIFF | NB_OP_BF16, nb_matmul(x[0], x[1]))
 
 /* ops/softmax.c */
 #define NB_OPS_SOFTMAX(X)                                                            \
@@ -106,23 +111,23 @@
 
 /* ops/view.c: views (no copy) and reshape/contiguous */
 #define NB_OPS_VIEW(X)                                                               \
-    X(view, "f", NB_OP_DIFF | NB_OP_EXACT, nb_view(x[0], NB_SHAPE(-1, 1, 4)))         \
-    X(reshape, "f", NB_OP_DIFF | NB_OP_EXACT, nb_reshape(x[0], NB_SHAPE(-1, 6)))      \
-    X(transpose, "f", NB_OP_DIFF | NB_OP_EXACT, nb_transpose(x[0], 0, 1))            \
-    X(permute, "f:2x3x4", NB_OP_DIFF | NB_OP_EXACT,                                  \
+    X(view, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_view(x[0], NB_SHAPE(-1, 1, 4)))         \
+    X(reshape, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_reshape(x[0], NB_SHAPE(-1, 6)))      \
+    X(transpose, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_transpose(x[0], 0, 1))            \
+    X(permute, "f:2x3x4", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16,                                  \
       nb_permute(x[0], 3, (const int[]){2, 0, 1}))                                   \
-    X(unsqueeze, "f", NB_OP_DIFF | NB_OP_EXACT, nb_unsqueeze(x[0], 1))               \
-    X(squeeze, "f:3x1x4", NB_OP_DIFF | NB_OP_EXACT, nb_squeeze(x[0], 1))             \
-    X(expand, "f:3x1", NB_OP_DIFF | NB_OP_EXACT, nb_expand(x[0], NB_SHAPE(2, -1, 4))) \
-    X(narrow, "f", NB_OP_DIFF | NB_OP_EXACT, nb_narrow(x[0], 1, 1, 2))               \
-    X(select, "f", NB_OP_DIFF | NB_OP_EXACT, nb_select(x[0], 0, -1))                 \
-    X(contiguous, "f", NB_OP_DIFF | NB_OP_EXACT, nb_contiguous(x[0]))
+    X(unsqueeze, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_unsqueeze(x[0], 1))               \
+    X(squeeze, "f:3x1x4", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_squeeze(x[0], 1))             \
+    X(expand, "f:3x1", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_expand(x[0], NB_SHAPE(2, -1, 4))) \
+    X(narrow, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_narrow(x[0], 1, 1, 2))               \
+    X(select, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_select(x[0], 0, -1))                 \
+    X(contiguous, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_contiguous(x[0]))
 
 /* ops/shape.c: copies that move elements */
 #define NB_OPS_SHAPE(X)                                                              \
-    X(cat, "f f:2x4", NB_OP_DIFF | NB_OP_EXACT, nb_cat(x, 2, 0))                     \
-    X(stack, "f f", NB_OP_DIFF | NB_OP_EXACT, nb_stack(x, 2, 1))                     \
-    X(to, "f", NB_OP_DIFF | NB_OP_EXACT, nb_to(x[0], NB_F64))
+    X(cat, "f f:2x4", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_cat(x, 2, 0))                     \
+    X(stack, "f f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_stack(x, 2, 1))                     \
+    X(to, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_to(x[0], NB_F64))
 
 /* ops/index.c */
 #define NB_OPS_INDEX(X)                                                              \

@@ -121,12 +121,13 @@ static int to_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 nb_tensor *nb_to(nb_tensor *t, nb_dtype dtype) {
     const char *fn = "nb_to";
     if (!nbi_arg(fn, t, 0)) return NULL;
-    if ((unsigned)dtype > NB_BOOL) return nbi_error("%s: unknown dtype %d", fn, (int)dtype);
+    if ((unsigned)dtype > NB_BF16) return nbi_error("%s: unknown dtype %d", fn, (int)dtype);
     if (dtype == t->dtype) return nbi_alias(fn, t);
     nb_tensor *y = nbi_new(fn, dtype, t->ndim, t->shape, false);
     if (!y) return NULL;
     nbi_copy_strided(y, t->strides, t);
-    if (nbi_is_float(dtype) && nbi_needs_grad(1, &t) && !nbi_record(y, fn, to_backward, 1, &t))
+    if (nbi_is_diff(dtype) && nbi_is_diff(t->dtype) && nbi_needs_grad(1, &t) &&
+        !nbi_record(y, fn, to_backward, 1, &t))
         return nbi_discard(y);
     return y;
 }

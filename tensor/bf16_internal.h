@@ -1,6 +1,6 @@
-/* bf16_internal.h: bfloat16 <-> float, one element at a time, as PyTorch's
- * c10::BFloat16 converts (kernels with vector conversions must give the same
- * bits). A bf16 is the top 16 bits of an IEEE float: 1 sign, 8 exponent and
+/* bf16_internal.h: bfloat16 <-> float, one element at a time, bit for bit
+ * as PyTorch's CPU .to(torch.bfloat16) (kernels with vector conversions must
+ * give the same bits). A bf16 is the top 16 bits of an IEEE float: 1 sign, 8 exponent and
  * 7 mantissa bits. */
 #ifndef NABLA_BF16_INTERNAL_H
 #define NABLA_BF16_INTERNAL_H
@@ -8,12 +8,13 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Round to nearest, ties to even; every NaN becomes the quiet NaN 0x7fc0
- * (PyTorch's); overflow rounds to infinity. */
+/* Round to nearest, ties to even; overflow rounds to infinity; every NaN
+ * becomes 0xffff, the NaN PyTorch's vectorized conversion writes (its scalar
+ * one, used only for the tail of an f64 tensor, writes 0x7fc0). */
 static inline uint16_t nbi_bf16_from_f32(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0xffff;
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }

@@ -2,6 +2,8 @@
  * the default dtype. */
 #include "tensor_internal.h"
 
+#include "bf16_internal.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +34,11 @@ static void fill(nb_tensor *t, double v) {
     case NB_F64: for (int64_t i = 0; i < n; i++) ((double *)p)[i] = v; break;
     case NB_I64: for (int64_t i = 0; i < n; i++) ((int64_t *)p)[i] = (int64_t)v; break;
     case NB_BOOL: memset(p, v != 0, (size_t)n); break;
+    case NB_BF16: {
+        uint16_t h = nbi_bf16_from_f64(v);
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)p)[i] = h;
+        break;
+    }
     }
 }
 

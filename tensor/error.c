@@ -120,12 +120,22 @@ const char *nb_dtype_name(nb_dtype d) {
     case NB_F64: return "f64";
     case NB_I64: return "i64";
     case NB_BOOL: return "bool";
+    case NB_BF16: return "bf16";
     }
     return "unknown";
 }
 
+bool nbi_check_no_bf16(const char *fn, const nb_tensor *t) {
+    if (t->dtype != NB_BF16) return true;
+    nbi_error("%s: no bf16 kernel for this op; convert with nb_to(t, NB_F32) first (or keep "
+              "the model in f32 and run its products in bf16 under nb_autocast_begin(NB_BF16))",
+              fn);
+    return false;
+}
+
 bool nbi_check_float(const char *fn, const nb_tensor *t) {
     if (nbi_is_float(t->dtype)) return true;
+    if (!nbi_check_no_bf16(fn, t)) return false;
     nbi_error("%s: expected a floating tensor (f32 or f64), got %s", fn, nb_dtype_name(t->dtype));
     return false;
 }

@@ -2,6 +2,8 @@
  * the middle of long dims elided. */
 #include "tensor_internal.h"
 
+#include "bf16_internal.h"
+
 #include <math.h>
 
 #define EDGE 3 /* elements shown at each end of a long dim */
@@ -12,6 +14,7 @@ static void print_value(const nb_tensor *t, int64_t off) {
     case NB_F32: printf("%.4f", ((const float *)p)[off]); break;
     case NB_F64: printf("%.4f", ((const double *)p)[off]); break;
     case NB_I64: printf("%lld", (long long)((const int64_t *)p)[off]); break;
+    case NB_BF16: printf("%.4f", (double)nbi_bf16_to_f32(((const uint16_t *)p)[off])); break;
     case NB_BOOL: printf("%s", ((const bool *)p)[off] ? "True" : "False"); break;
     }
 }

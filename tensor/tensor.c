@@ -2,6 +2,8 @@
  * storage, reference counting, freeing, inspection and strided copies. */
 #include "tensor_internal.h"
 
+#include "bf16_internal.h"
+
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -15,6 +17,7 @@ size_t nbi_dtype_size(nb_dtype d) {
     case NB_F64: return 8;
     case NB_I64: return 8;
     case NB_BOOL: return 1;
+    case NB_BF16: return 2;
     }
     return 0;
 }
@@ -77,7 +80,7 @@ static bool check_shape(const char *fn, int ndim, const int64_t *shape, int64_t 
 }
 
 nb_tensor *nbi_new(const char *fn, nb_dtype dtype, int ndim, const int64_t *shape, bool zero) {
-    if ((unsigned)dtype > NB_BOOL) return nbi_error("%s: unknown dtype %d", fn, (int)dtype);
+    if ((unsigned)dtype > NB_BF16) return nbi_error("%s: unknown dtype %d", fn, (int)dtype);
     int64_t numel;
     if (!check_shape(fn, ndim, shape, &numel)) return NULL;
     size_t es = nbi_dtype_size(dtype);
@@ -331,6 +334,7 @@ static double load(nb_dtype d, const void *base, int64_t off) {
     case NB_F64: return ((const double *)base)[off];
     case NB_I64: return (double)((const int64_t *)base)[off];
     case NB_BOOL: return ((const bool *)base)[off];
+    case NB_BF16: return nbi_bf16_to_f32(((const uint16_t *)base)[off]);
     }
     return 0;
 }
@@ -345,6 +349,7 @@ static void store(nb_dtype d, void *base, int64_t off, double v) {
     case NB_F64: ((double *)base)[off] = v; break;
     case NB_I64: ((int64_t *)base)[off] = to_i64(v); break;
     case NB_BOOL: ((bool *)base)[off] = v != 0; break;
+    case NB_BF16: ((uint16_t *)base)[off] = nbi_bf16_from_f64(v); break;
     }
 }
 
@@ -398,7 +403,13 @@ static void copy_span(void *ctx, int64_t lo, int64_t hi) {
     size_t es = nbi_dtype_size(j->dd);
     NBI_FOR_SPAN(&j->it, lo, hi, c, jb, je) {
         int64_t od = c.off[0] + jb * sd, os = c.off[1] + jb * ss;
-        if (j->dd != j->sd)
+        if (j->dd == NB_BF16 && j->sd == NB_F32) /* one rounding, no detour through double */
+            for (int64_t k = 0; k < je - jb; k++)
+                ((uint16_t *)j->d)[od + k * sd] = nbi_bf16_from_f32(((const float *)j->s)[os + k * ss]);
+        else if (j->dd == NB_F32 && j->sd == NB_BF16) /* exact, NaN payloads kept */
+            for (int64_t k = 0; k < je - jb; k++)
+                ((float *)j->d)[od + k * sd] = nbi_bf16_to_f32(((const uint16_t *)j->s)[os + k * ss]);
+        else if (j->dd != j->sd)
             for (int64_t k = 0; k < je - jb; k++)
                 store(j->dd, j->d, od + k * sd, load(j->sd, j->s, os + k * ss));
         else if (sd == 1 && ss == 1)

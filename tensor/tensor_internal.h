@@ -93,7 +93,11 @@ const char *nbi_shape_str(int ndim, const int64_t *shape);
 #define NBI_SHAPE(t) nbi_shape_str((t)->ndim, (t)->shape)
 
 /* Argument checks: each sets the message and returns false on failure. */
+/* f32 or f64; bf16 gets nbi_check_no_bf16's message. */
 bool nbi_check_float(const char *fn, const nb_tensor *t);
+/* Refuses NB_BF16 in an op that has no bf16 kernel: the message names fn and
+ * says how to get there (nb_to to f32, or autocast). */
+bool nbi_check_no_bf16(const char *fn, const nb_tensor *t);
 bool nbi_check_same_dtype(const char *fn, const nb_tensor *a, const nb_tensor *b);
 /* Normalizes a possibly negative dim into [0, ndim); -1 and a message if bad. */
 int nbi_dim(const char *fn, int dim, int ndim);
@@ -106,6 +110,8 @@ void nbi_broadcast_strides(const nb_tensor *t, int ndim, const int64_t *shape, i
 
 size_t nbi_dtype_size(nb_dtype dtype);
 static inline bool nbi_is_float(nb_dtype d) { return d == NB_F32 || d == NB_F64; }
+/* The dtypes gradients flow through: f32, f64 and bf16. */
+static inline bool nbi_is_diff(nb_dtype d) { return nbi_is_float(d) || d == NB_BF16; }
 
 /* ---------------------------------------------------------- allocation */
 /* Storage buffers (alloc.c): 64-byte aligned, at least nbytes; *cap gets the

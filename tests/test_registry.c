@@ -455,6 +455,73 @@ static void registry_inputs_freed_before_backward(const reg_op *op) {
  * message names op and property): one fork per op rather than per property
  * keeps make asan's run short (each forked test costs more as Check's parent
  * grows). */
+/* ------------------------------------------------------------------- bf16 */
+/* t's values as f64, compared element by element (shapes must match). */
+static void expect_values_near(const char *what, const nb_tensor *got, const nb_tensor *want,
+                               double atol, double rtol) {
+    ck_assert_msg(nb_ndim(got) == nb_ndim(want), "%s: ndim %d, want %d", what, nb_ndim(got),
+                  nb_ndim(want));
+    ck_assert_int_eq(nb_numel(got), nb_numel(want));
+    for (int d = 0; d < nb_ndim(got); d++) ck_assert_int_eq(nb_shape(got)[d], nb_shape(want)[d]);
+    double *g = values(got), *w = values(want);
+    for (int64_t i = 0; i < nb_numel(got); i++)
+        ck_assert_msg(fabs(g[i] - w[i]) <= atol + rtol * fabs(w[i]) || (g[i] == w[i]),
+                      "%s: element %lld is %.9g, want %.9g", what, (long long)i, g[i], w[i]);
+    free(g);
+    free(w);
+}
+
+/* An op flagged NB_OP_BF16 takes bf16 inputs and gives what it gives in f32
+ * on the same (bf16-rounded) values, rounded to bf16: bit for bit for exact
+ * ops, within a bf16 rounding for matmul (f32 accumulation in another
+ * order); gradients flow back to bf16 inputs in bf16. Every other op refuses
+ * bf16 with a message naming it. */
+static void registry_bf16(const reg_op *op) {
+    spec s = parse_spec(op);
+    bool any_float = false;
+    for (int k = 0; k < s.n; k++) any_float = any_float || is_float_kind(s.kind[k]);
+    if (!any_float) return; /* nothing of it can be bf16 */
+    nb_scope_begin();
+    nb_tensor *x[MAX_IN], *h[MAX_IN], *r[MAX_IN];
+    make_inputs(op, &s, NB_F32, 1, LAYOUT_CONTIG, 11, x);
+    for (int k = 0; k < s.n; k++) {
+        h[k] = is_float_kind(s.kind[k]) ? nb_to(x[k], NB_BF16) : x[k];
+        r[k] = is_float_kind(s.kind[k]) ? nb_to(h[k], NB_F32) : x[k];
+        if (is_float_kind(s.kind[k])) nb_set_requires_grad(h[k], true);
+        if (is_float_kind(s.kind[k])) nb_set_requires_grad(r[k], true);
+    }
+    char want_name[64];
+    snprintf(want_name, sizeof want_name, "nb_%s:", op->name);
+    nb_tensor *got = op->call(h);
+    if (!(op->flags & NB_OP_BF16)) {
+        expect_error(got, want_name, "no bf16 kernel", "nb_to(t, NB_F32)");
+        nb_scope_end();
+        return;
+    }
+    ck_assert_msg(got != NULL, "%s on bf16: %s", op->name, nb_last_error());
+    nb_tensor *ref = op->call(r);
+    ck_assert_msg(ref != NULL, "%s on f32: %s", op->name, nb_last_error());
+    bool exact = op->flags & NB_OP_EXACT;
+    nb_dtype out_dt = nb_dtype_of(got);
+    ck_assert_msg(out_dt == (nb_dtype_of(ref) == NB_F32 ? NB_BF16 : nb_dtype_of(ref)),
+                  "%s: bf16 inputs gave %s", op->name, nb_dtype_name(out_dt));
+    nb_tensor *want = nb_to(ref, out_dt);
+    expect_values_near(op->name, got, want, exact ? 0 : 1e-2, exact ? 0 : 8e-3);
+    /* backward: the same upstream gradient (bf16-representable) through both */
+    nb_tensor *gr = nb_to(nb_to(nb_randn(NB_F32, nb_ndim(ref), nb_shape(ref), op_rng()), NB_BF16),
+                          nb_dtype_of(ref));
+    ck_assert_int_eq(nb_backward_with_grad(got, nb_to(gr, out_dt)), 0);
+    ck_assert_int_eq(nb_backward_with_grad(ref, gr), 0);
+    for (int k = 0; k < s.n; k++) {
+        if (!is_float_kind(s.kind[k])) continue;
+        nb_tensor *gh = nb_grad(h[k]), *gf = nb_grad(r[k]);
+        ck_assert_msg(gh && gf, "%s: input %d got no gradient", op->name, k);
+        ck_assert_int_eq(nb_dtype_of(gh), NB_BF16);
+        expect_values_near(op->name, gh, nb_to(gf, NB_BF16), exact ? 0 : 2e-2, exact ? 0 : 1.6e-2);
+    }
+    nb_scope_end();
+}
+
 START_TEST(registry_op) {
     const reg_op *op = &OPS[_i];
     registry_flags_match_behaviour(op);
@@ -463,6 +530,7 @@ START_TEST(registry_op) {
     registry_gradcheck(op);
     registry_thread_identity(op);
     registry_inputs_freed_before_backward(op);
+    registry_bf16(op);
 }
 END_TEST
 
@@ -478,13 +546,13 @@ static char *op_table(bool full) {
 #define PUT(...) len += (size_t)snprintf(s + len, cap - len, __VA_ARGS__)
     PUT("%s\n", OP_TABLE_BEGIN);
     if (full) {
-        PUT("| op | ops/ file | differentiable | vs PyTorch | the call the tests make |\n");
-        PUT("| --- | --- | --- | --- | --- |\n");
+        PUT("| op | ops/ file | differentiable | vs PyTorch | bf16 | the call the tests make |\n");
+        PUT("| --- | --- | --- | --- | --- | --- |\n");
         for (int i = 0; i < NOPS; i++)
-            PUT("| `nb_%s` | %s.c | %s | %s | `%s` |\n", OPS[i].name, OPS[i].family,
+            PUT("| `nb_%s` | %s.c | %s | %s | %s | `%s` |\n", OPS[i].name, OPS[i].family,
                 OPS[i].flags & NB_OP_DIFF ? "yes" : "no",
                 OPS[i].flags & NB_OP_EXACT ? "bit for bit" : "within tolerance",
-                OPS[i].call_text);
+                OPS[i].flags & NB_OP_BF16 ? "yes" : "refused", OPS[i].call_text);
     } else {
         PUT("| ops/ file | ops |\n| --- | --- |\n");
         for (int i = 0; i < NOPS; i++) {
