@@ -27,7 +27,8 @@
  * - Binary ops broadcast like NumPy/PyTorch; both operands must have the same
  *   dtype (no implicit promotion: use nb_to).
  * - Arithmetic ops take floating tensors (NB_F32, NB_F64); comparisons take any
- *   dtype and return NB_BOOL.
+ *   dtype but NB_BF16 and return NB_BOOL. NB_BF16 (bfloat16) is for storage and
+ *   products: see nb_dtype and nb_autocast_begin.
  * - Views (nb_view, nb_transpose, ...) share storage with their base; writing
  *   through one (nb_copy_into) is visible through the other.
  * - An op records its backward rule when grad mode is on and an input
@@ -61,8 +62,19 @@ extern "C" {
 #define NB_VERSION_PATCH 0
 #define NB_VERSION_STRING "0.8.0"
 NB_API const char *nb_version(void); /* the library's, e.g. "0.8.0" (a static string) */
+/* The vector instruction-set path the kernels take on this CPU, read once:
+ * "amx", "avx512bf16", "avx512", "avx2" or "portable". The environment
+ * variable NABLA_ISA (one of those names) caps it, so that any machine can
+ * run the paths below its best; results are bitwise the same for any thread
+ * count on a given path, and may differ between paths. */
+NB_API const char *nb_cpu_isa(void);
 
-typedef enum { NB_F32 = 0, NB_F64 = 1, NB_I64 = 2, NB_BOOL = 3 } nb_dtype;
+/* NB_BF16 is bfloat16 (2 bytes: the top half of an f32): a storage and
+ * product dtype. nb_to converts to and from it (round to nearest even, as
+ * PyTorch), views, copies, nb_cat/nb_stack, nb_matmul (f32 accumulation) and
+ * the I/O functions take it; every other op refuses it with a message naming
+ * the op (convert with nb_to, or compute in f32 under nb_autocast_begin). */
+typedef enum { NB_F32 = 0, NB_F64 = 1, NB_I64 = 2, NB_BOOL = 3, NB_BF16 = 4 } nb_dtype;
 
 typedef struct nb_tensor nb_tensor; /* opaque */
 
@@ -164,8 +176,10 @@ NB_API nb_tensor *nb_cat(nb_tensor *const *list, int n, int dim);
 /* torch.stack: the n >= 1 tensors of list (one shape, one dtype) joined along
  * a new dim, dim in [-(ndim+1), ndim] of the inputs' ndim; differentiable. */
 NB_API nb_tensor *nb_stack(nb_tensor *const *list, int n, int dim);
-/* A copy converted to dtype (to NB_I64 truncates, to NB_BOOL tests != 0), or a
- * view of t when dtype is t's; differentiable between floating dtypes. */
+/* A copy converted to dtype (to NB_I64 truncates, to NB_BOOL tests != 0, to
+ * NB_BF16 rounds to nearest even with NaN kept NaN and overflow to inf, f64
+ * through f32 first, bit for bit PyTorch's .to(torch.bfloat16)), or a view of
+ * t when dtype is t's; differentiable between f32, f64 and bf16. */
 NB_API nb_tensor *nb_to(nb_tensor *t, nb_dtype dtype);
 
 /* ------------------------------------------------- elementwise, broadcasting */
@@ -280,8 +294,28 @@ NB_API nb_tensor *nb_mean_all(nb_tensor *t);
 /* torch.matmul: 1-D x 1-D dot, 2-D product, batched with broadcast batch dims;
  * a 1-D operand gets a dim prepended (a) or appended (b), removed after.
  * a (..., M, K), b (..., K, N) -> (broadcast(...), M, N). Floating, one dtype;
- * errors: a 0-d operand, K mismatch, batch dims that do not broadcast. */
+ * errors: a 0-d operand, K mismatch, batch dims that do not broadcast.
+ * bf16 x bf16 gives bf16: products of bf16 values summed in f32, then rounded
+ * once (as PyTorch). Inside an NB_BF16 autocast region, f32 operands (and an
+ * f32 with a bf16 one) are rounded to bf16 as the kernel packs them (no cast
+ * copy is made) and the f32 sum is returned as f32, unrounded; its backward
+ * runs its products the same way. f64 is never cast. */
 NB_API nb_tensor *nb_matmul(nb_tensor *a, nb_tensor *b);
+
+/* Mixed precision, as torch.autocast("cpu", dtype=torch.bfloat16): between
+ * nb_autocast_begin(NB_BF16) and nb_autocast_end(), the matrix products of
+ * nb_matmul, nb_linear and attention run in bf16 with f32 accumulation (see
+ * nb_matmul); every other op, the losses, the optimizer and the parameters
+ * stay f32 (master weights; bf16 needs no loss scaling). Regions nest and are
+ * per thread; nb_autocast_begin(NB_F32) opens a region without autocast
+ * inside one. A backward recorded inside a region runs its products as the
+ * forward did, wherever nb_backward is called. 0, or -1 with a message (a
+ * dtype other than bf16/f32, more than 64 nested regions, an end without a
+ * begin). */
+NB_API int nb_autocast_begin(nb_dtype dtype);
+NB_API int nb_autocast_end(void);
+/* The innermost region's dtype on this thread: NB_BF16, or NB_F32 (none). */
+NB_API nb_dtype nb_autocast_dtype(void);
 /* Over dim of a floating t, same shape. Stable (row max subtracted). A slice
  * that is entirely -inf gives zeros (both), not NaN, and passes zero gradient. */
 NB_API nb_tensor *nb_softmax(nb_tensor *t, int dim);

@@ -13,7 +13,11 @@
  * shared and whose a steps over its rows is one taller product. Every output
  * element is a sum over k in increasing order from 0, accumulated in the
  * output's dtype (f32 in float, as PyTorch does; fused multiply-adds where the
- * CPU has them), so the result does not depend on blocking or tiling. */
+ * CPU has them), so the result does not depend on blocking or tiling.
+ *
+ * bf16 (gemm_bf16.c): bf16 x bf16 sums the exact products in f32 and rounds
+ * the result to bf16 once; under autocast f32 operands are rounded to bf16 as
+ * they are packed and the f32 sum is the result. */
 #include "gemm_internal.h"
 
 #include <stdatomic.h>
@@ -59,9 +63,19 @@ static bool fold_batch(const mm_geom *g, int64_t *rows, int64_t *stride) {
     return true;
 }
 
-static int gemm(nbi_gemm_ws *ws, nb_dtype dt, int64_t M, int64_t N, const mm_geom *g,
+/* The kernel for the operands' dtypes: f32 or f64 alike, or bf16 products
+ * (either operand bf16 or f32 rounded as packed) into an f32 c. */
+typedef struct {
+    nb_dtype a, b, c;
+    bool bf16;
+} mm_types;
+
+static int gemm(nbi_gemm_ws *ws, const mm_types *t, int64_t M, int64_t N, const mm_geom *g,
                 const void *a, int64_t sam, const void *b, void *c) {
-    if (dt == NB_F32)
+    if (t->bf16)
+        return nbi_gemm_bf16(ws, M, N, g->K, a, t->a == NB_F32, sam, g->sak, b, t->b == NB_F32,
+                             g->sbk, g->sbn, c, g->N, 1);
+    if (t->c == NB_F32)
         return nbi_gemm_f32(ws, M, N, g->K, a, sam, g->sak, b, g->sbk, g->sbn, c, g->N, 1);
     return nbi_gemm_f64(ws, M, N, g->K, a, sam, g->sak, b, g->sbk, g->sbn, c, g->N, 1);
 }
@@ -72,8 +86,8 @@ static int gemm(nbi_gemm_ws *ws, nb_dtype dt, int64_t M, int64_t N, const mm_geo
  * count never changes them. */
 typedef struct {
     const mm_geom *g;
-    nb_dtype dt;
-    size_t es;
+    mm_types t;
+    int64_t esa, esb, esc; /* element sizes */
     const char *pa, *pb;
     char *pc;
     int64_t M, sam;       /* rows per matrix and their stride in a */
@@ -106,8 +120,8 @@ static void mm_tasks(void *ctx, int64_t lo, int64_t hi) {
         aoff += r0 * j->sam;
         boff += c0 * j->g->sbn;
         int64_t coff = (bt * j->M + r0) * j->g->N + c0;
-        if (gemm(&ws, j->dt, rows, cols, j->g, j->pa + aoff * (int64_t)j->es, j->sam,
-                 j->pb + boff * (int64_t)j->es, j->pc + coff * (int64_t)j->es))
+        if (gemm(&ws, &j->t, rows, cols, j->g, j->pa + aoff * j->esa, j->sam,
+                 j->pb + boff * j->esb, j->pc + coff * j->esc))
             atomic_store(&j->failed, 1);
     }
     nbi_gemm_ws_free(&ws);
@@ -124,12 +138,14 @@ static void mm_tasks(void *ctx, int64_t lo, int64_t hi) {
  * than it saves. 0, or -1 (message set) when the kernel's buffers cannot be
  * allocated. */
 static int matmul_batched(const mm_geom *g, const nb_tensor *a, const nb_tensor *b,
-                          nb_tensor *c) {
+                          nb_tensor *c, bool bf16) {
     int64_t nbat = 1;
     for (int i = 0; i < g->nbatch; i++) nbat *= g->batch[i];
     if (g->M * g->N == 0 || nbat == 0) return 0;
-    mm_job j = {.g = g, .dt = c->dtype, .es = nbi_dtype_size(c->dtype), .pa = nbi_ptr(a),
-                .pb = nbi_ptr(b), .pc = nbi_ptr(c), .M = g->M, .sam = g->sam};
+    mm_job j = {.g = g, .t = {a->dtype, b->dtype, c->dtype, bf16},
+                .esa = (int64_t)nbi_dtype_size(a->dtype), .esb = (int64_t)nbi_dtype_size(b->dtype),
+                .esc = (int64_t)nbi_dtype_size(c->dtype), .pa = nbi_ptr(a), .pb = nbi_ptr(b),
+                .pc = nbi_ptr(c), .M = g->M, .sam = g->sam};
     if (nbat > 1 && fold_batch(g, &j.M, &j.sam)) nbat = 1;
     mm_geom flat = *g;
     if (nbat == 1) flat.nbatch = 0; /* one matrix: no batch offsets */
@@ -202,11 +218,58 @@ static int matmul_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     return 0;
 }
 
+/* A product recorded under autocast runs its backward's products the same
+ * way, in bf16 with f32 results, wherever nb_backward is called. */
+static int matmul_autocast_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    if (nb_autocast_begin(NB_BF16)) return -1;
+    int rc = matmul_backward(n, g, gin);
+    nb_autocast_end();
+    for (int k = 0; rc == 0 && k < 2; k++) /* a bf16 operand's gradient is bf16 */
+        if (gin[k] && gin[k]->dtype != n->in[k]->dtype && !(gin[k] = nb_to(gin[k], n->in[k]->dtype)))
+            rc = -1;
+    return rc;
+}
+
 /* ------------------------------------------------------------------ forward */
+/* The dtypes nb_matmul runs in: f32/f64 alike, bf16 x bf16 -> bf16, or under
+ * autocast f32 (or one bf16) operands -> f32 by the bf16 kernel (*bf16 set).
+ * Returns the result's dtype, or -1 with a message. */
+static int result_dtype(const nb_tensor *a, const nb_tensor *b, bool *bf16) {
+    nb_dtype da = a->dtype, db = b->dtype;
+    *bf16 = false;
+    bool autocast = nb_autocast_dtype() == NB_BF16;
+    if (autocast && (da == NB_F32 || da == NB_BF16) && (db == NB_F32 || db == NB_BF16) &&
+        !(da == NB_BF16 && db == NB_BF16)) {
+        *bf16 = true;
+        return NB_F32;
+    }
+    if (da == NB_BF16 && db == NB_BF16) {
+        *bf16 = true;
+        return NB_BF16;
+    }
+    if (!nbi_check_float(FN, a) || !nbi_check_float(FN, b)) return -1;
+    if (!nbi_check_same_dtype(FN, a, b)) return -1;
+    return da;
+}
+
+/* c (f32 or bf16) = a b by the kernels; a bf16 result is summed in an f32
+ * buffer and rounded once. */
+static int compute(const mm_geom *g, const nb_tensor *a, const nb_tensor *b, nb_tensor *c,
+                   bool bf16) {
+    if (c->dtype != NB_BF16) return matmul_batched(g, a, b, c, bf16);
+    nb_tensor *acc = nbi_new(FN, NB_F32, c->ndim, c->shape, false);
+    if (!acc) return -1;
+    int rc = matmul_batched(g, a, b, acc, true);
+    if (!rc) nbi_copy_strided(c, acc->strides, acc);
+    nb_free(acc);
+    return rc;
+}
+
 nb_tensor *nb_matmul(nb_tensor *a, nb_tensor *b) {
     if (!nbi_arg(FN, a, 0) || !nbi_arg(FN, b, 1)) return NULL;
-    if (!nbi_check_float(FN, a) || !nbi_check_float(FN, b)) return NULL;
-    if (!nbi_check_same_dtype(FN, a, b)) return NULL;
+    bool bf16;
+    int dt = result_dtype(a, b, &bf16);
+    if (dt < 0) return NULL;
     if (a->ndim == 0 || b->ndim == 0)
         return nbi_error("%s: both arguments must be at least 1-d, got shapes %s and %s", FN,
                          NBI_SHAPE(a), NBI_SHAPE(b));
@@ -236,14 +299,16 @@ nb_tensor *nb_matmul(nb_tensor *a, nb_tensor *b) {
     for (int i = 0; i < g.nbatch; i++) shape[i] = g.batch[i];
     if (!a1) shape[nd++] = g.M;
     if (!b1) shape[nd++] = g.N;
-    nb_tensor *c = nbi_new(FN, a->dtype, nd, shape, false);
+    nb_tensor *c = nbi_new(FN, (nb_dtype)dt, nd, shape, false);
     if (!c) return NULL;
     /* writes every element (zeros when K == 0) */
-    if (matmul_batched(&g, a, b, c)) return nbi_discard(c);
+    if (compute(&g, a, b, c, bf16)) return nbi_discard(c);
 
     nb_tensor *in[2] = {a, b};
     if (nbi_needs_grad(2, in)) {
-        nbi_node *node = nbi_record(c, FN, matmul_backward, 2, in);
+        bool autocast = bf16 && dt == NB_F32;
+        nbi_node *node = nbi_record(c, FN, autocast ? matmul_autocast_backward : matmul_backward,
+                                    2, in);
         if (!node) return nbi_discard(c);
         nbi_save(node, NBI_SAVE_IN(0) | NBI_SAVE_IN(1));
     }

@@ -111,6 +111,7 @@ Suite *suite_checkpoint(void);
 Suite *suite_handles(void);
 Suite *suite_soak(void);
 Suite *suite_registry(void);
+Suite *suite_bf16(void);
 /* test_registry.c: prints the op table of docs/ops.md ("full") or README.md */
 void print_op_table(const char *which);
 Suite *suite_edges(void);

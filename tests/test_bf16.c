@@ -1,0 +1,393 @@
+/* test_bf16.c: the bf16 dtype (conversions bit for bit against PyTorch, I/O,
+ * gradients through casts), bf16 products against PyTorch, and autocast
+ * (regions, products, a forward and backward against PyTorch's autocast).
+ * Which ops take bf16 and that the others refuse it is test_registry.c's. */
+#include "test_util.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "tensor/bf16_internal.h"
+#include "tensor/cpu_internal.h"
+
+/* The 16 bits of each element of a contiguous bf16 tensor. */
+static int64_t bits_at(nb_tensor *t, int64_t i) { return ((const uint16_t *)nb_data(t))[i]; }
+
+/* An f32 tensor (1-D) whose elements have the given 32-bit patterns. */
+static nb_tensor *f32_from_bits(const nb_tensor *bits) {
+    int64_t n = nb_numel(bits);
+    uint32_t *u = malloc((size_t)n * sizeof *u);
+    ck_assert_ptr_nonnull(u);
+    const int64_t *b = nb_data((nb_tensor *)bits);
+    for (int64_t i = 0; i < n; i++) u[i] = (uint32_t)b[i];
+    nb_tensor *t = nb_from_data(NB_F32, 1, &n, u);
+    free(u);
+    return t;
+}
+
+static void expect_bits(const char *what, nb_tensor *got, const nb_tensor *want) {
+    ck_assert_int_eq(nb_dtype_of(got), NB_BF16);
+    ck_assert_int_eq(nb_numel(got), nb_numel(want));
+    const int64_t *w = nb_data((nb_tensor *)want);
+    for (int64_t i = 0; i < nb_numel(got); i++)
+        ck_assert_msg(bits_at(got, i) == w[i], "%s: element %lld is 0x%04llx, PyTorch 0x%04llx",
+                      what, (long long)i, (long long)bits_at(got, i), (long long)w[i]);
+}
+
+/* ------------------------------------------------------------ conversions */
+START_TEST(bf16_from_f32_is_torchs) {
+    nb_scope_begin();
+    nb_tensor *x = f32_from_bits(fx("bf16.txt", "cv_f32_bits"));
+    expect_bits("f32 -> bf16", nb_to(x, NB_BF16), fx("bf16.txt", "cv_f32_out"));
+    /* the same bits from a strided (transposed) source */
+    int64_t n = nb_numel(x);
+    nb_tensor *m = nb_transpose(nb_view(x, NB_SHAPE(2, n / 2)), 0, 1);
+    nb_tensor *mt = nb_contiguous(nb_transpose(nb_to(m, NB_BF16), 0, 1));
+    expect_bits("f32 -> bf16, transposed", nb_view(mt, NB_SHAPE(-1)), fx("bf16.txt", "cv_f32_out"));
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(bf16_from_f64_is_torchs) {
+    nb_scope_begin();
+    nb_tensor *x = fx("bf16.txt", "cv_f64_x");
+    expect_bits("f64 -> bf16", nb_to(x, NB_BF16), fx("bf16.txt", "cv_f64_out"));
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(bf16_to_f32_and_f64_exact) {
+    nb_scope_begin();
+    const nb_tensor *bits = fx("bf16.txt", "cv_bf16_bits");
+    const nb_tensor *want = fx("bf16.txt", "cv_bf16_f32");
+    int64_t n = nb_numel(bits);
+    uint16_t *h = malloc((size_t)n * sizeof *h);
+    const int64_t *b = nb_data((nb_tensor *)bits);
+    for (int64_t i = 0; i < n; i++) h[i] = (uint16_t)b[i];
+    nb_tensor *t = nb_from_data(NB_BF16, 1, &n, h);
+    free(h);
+    nb_tensor *f = nb_to(t, NB_F32), *d = nb_to(t, NB_F64);
+    double *dv = values(d);
+    const int64_t *w = nb_data((nb_tensor *)want);
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, (const float *)nb_data(f) + i, 4);
+        ck_assert_msg(u == (uint32_t)w[i], "bf16 0x%04llx -> f32 0x%08x, PyTorch 0x%08llx",
+                      (long long)b[i], u, (long long)w[i]);
+        float wf;
+        uint32_t wu = (uint32_t)w[i];
+        memcpy(&wf, &wu, 4);
+        ck_assert(isnan(wf) ? isnan(dv[i]) : dv[i] == (double)wf);
+        /* and back: every bf16 value (NaN aside) survives f32 and f64 */
+        if (!isnan(wf)) ck_assert_int_eq(bits_at(nb_to(nb_to(t, NB_F64), NB_BF16), i), b[i]);
+    }
+    free(dv);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(bf16_creation_item_copy) {
+    nb_scope_begin();
+    nb_tensor *o = nb_full(NB_BF16, NB_SHAPE(2, 3), 1.0 / 3.0);
+    ck_assert_double_eq(nb_item(nb_select(nb_select(o, 0, 1), 0, 2)), 0.333984375);
+    ck_assert_int_eq(bits_at(o, 0), 0x3eab);
+    nb_tensor *z = nb_zeros(NB_BF16, NB_SHAPE(4));
+    ck_assert_int_eq(bits_at(z, 3), 0);
+    nb_tensor *a = nb_arange(NB_BF16, 300);
+    ck_assert_double_eq(nb_item(nb_select(a, 0, 257)), 256.0); /* 257 is not a bf16 */
+    double out[6];
+    ck_assert_int_eq(nb_copy_to_f64(nb_transpose(o, 0, 1), out), 0);
+    ck_assert_double_eq(out[5], 0.333984375);
+    /* nb_copy_into converts f32 into bf16 storage (broadcast) */
+    ck_assert_int_eq(nb_copy_into(o, nb_full(NB_F32, NB_SHAPE(3), 2.5f)), 0);
+    ck_assert_int_eq(bits_at(o, 4), 0x4020);
+    ck_assert_int_eq(nb_dtype_of(nb_empty(NB_BF16, NB_SHAPE(1))), NB_BF16);
+    ck_assert_str_eq(nb_dtype_name(NB_BF16), "bf16");
+    expect_error(nb_randn(NB_BF16, NB_SHAPE(2), NULL), "nb_randn", "bf16");
+    expect_error(nb_to(o, (nb_dtype)9), "nb_to: unknown dtype 9");
+    nb_set_default_dtype(NB_BF16);
+    ck_assert_int_eq(nb_default_dtype(), NB_F32);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "got bf16"));
+    nb_clear_error();
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(bf16_print) {
+    nb_scope_begin();
+    nb_tensor *t = nb_to(nb_from_data(NB_F32, NB_SHAPE(2), (const float[]){1.5f, -0.1f}), NB_BF16);
+    fflush(stdout);
+    char path[] = "/tmp/nabla-bf16-print-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    FILE *saved = fdopen(dup(fileno(stdout)), "w");
+    ck_assert_ptr_nonnull(freopen(path, "w", stdout));
+    nb_print(t);
+    fflush(stdout);
+    ck_assert_int_ge(dup2(fileno(saved), fileno(stdout)), 0);
+    fclose(saved);
+    FILE *f = fopen(path, "r");
+    char buf[256] = {0};
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    close(fd);
+    unlink(path);
+    buf[n] = 0;
+    ck_assert_msg(strstr(buf, "1.5000") && strstr(buf, "-0.1001") && strstr(buf, "bf16"),
+                  "nb_print of a bf16 tensor printed: %s", buf);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(bf16_save_load) {
+    test_make_tmp_dir("bf16");
+    nb_params *ps = nb_params_new(), *qs = nb_params_new();
+    nb_tensor *w = nb_to(nb_from_data(NB_F32, NB_SHAPE(3), (const float[]){1.f, -2.5f, 1e-3f}),
+                         NB_BF16);
+    ck_assert_ptr_nonnull(nb_params_add_buffer(ps, "w16", w));
+    ck_assert_ptr_nonnull(nb_params_add_buffer(qs, "w16", nb_zeros(NB_BF16, NB_SHAPE(3))));
+    const char *path = test_tmp_path("m.safetensors");
+    ck_assert_int_eq(nb_save(ps, path), 0);
+    /* the header says BF16 and the data are the 2-byte patterns */
+    FILE *f = fopen(path, "rb");
+    char buf[512] = {0};
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    ck_assert(n > 8 + 6);
+    ck_assert_ptr_nonnull(strstr(buf + 8, "\"dtype\":\"BF16\""));
+    ck_assert_int_eq(nb_load(qs, path), 0);
+    nb_tensor *r = nb_params_get(qs, "w16");
+    for (int i = 0; i < 3; i++) ck_assert_int_eq(bits_at(r, i), bits_at(w, i));
+    /* a bf16 file into an f32 buffer is refused by name and dtype */
+    nb_params *fs = nb_params_new();
+    ck_assert_ptr_nonnull(nb_params_add_buffer(fs, "w16", nb_zeros(NB_F32, NB_SHAPE(3))));
+    expect_error_rc(nb_load(fs, path), "w16", "BF16", "F32");
+    /* parameters stay f32 or f64 (the master weights of mixed precision) */
+    expect_error(nb_params_add(fs, "p", nb_zeros(NB_BF16, NB_SHAPE(2))), "must be f32 or f64",
+                 "bf16");
+    nb_params_free(ps);
+    nb_params_free(qs);
+    nb_params_free(fs);
+    test_remove_tmp_dir();
+}
+END_TEST
+
+/* Gradients cross the casts both ways; one used twice adds in bf16. */
+START_TEST(bf16_gradients_through_casts) {
+    nb_scope_begin();
+    nb_tensor *x = nb_set_requires_grad(nb_from_data(NB_F32, NB_SHAPE(3),
+                                                     (const float[]){1.f, 2.f, 3.f}), true);
+    nb_tensor *h = nb_to(x, NB_BF16);
+    nb_tensor *y = nb_to(nb_cat((nb_tensor *[]){h, h}, 2, 0), NB_F32); /* (6) */
+    nb_tensor *g = nb_from_data(NB_F32, NB_SHAPE(6), (const float[]){1, 2, 3, 0.5f, 0.25f, 1.f / 3});
+    ck_assert_int_eq(nb_backward_with_grad(y, g), 0);
+    double gx[3];
+    nb_copy_to_f64(nb_grad(x), gx);
+    ck_assert_double_eq(gx[0], 1.5);
+    ck_assert_double_eq(gx[1], 2.25);
+    /* 3 + bf16(1/3) = 3.333984375, rounded to bf16 (steps of 2^-6 there) */
+    ck_assert_double_eq(gx[2], 3.328125);
+    /* a bf16 leaf gets a bf16 gradient */
+    nb_tensor *l = nb_set_requires_grad(nb_zeros(NB_BF16, NB_SHAPE(2)), true);
+    ck_assert_int_eq(nb_backward_with_grad(nb_to(l, NB_F64), nb_full(NB_F64, NB_SHAPE(2), 0.1)), 0);
+    ck_assert_int_eq(nb_dtype_of(nb_grad(l)), NB_BF16);
+    ck_assert_int_eq(bits_at(nb_grad(l), 1), 0x3dcd);
+    nb_scope_end();
+}
+END_TEST
+
+/* ---------------------------------------------------------------- products */
+/* The ISA paths this CPU has, and the fallbacks below them. */
+static int paths_here(int *paths) {
+    int n = 0, best = nbi_isa_force(-1);
+    for (int p = NBI_ISA_PORTABLE; p <= best; p++) paths[n++] = p;
+    return n;
+}
+
+/* Case c of the fixtures against `which` ("out": PyTorch's bf16 product,
+ * "exact": the exact product rounded): at most one bf16 step apart (an f32
+ * sum in another order), and mostly equal. */
+static void check_product(const char *c, bool bt, const char *which) {
+    char an[32], bn[32], on[32];
+    snprintf(an, sizeof an, "mm_%s_a", c);
+    snprintf(bn, sizeof bn, "mm_%s_b", c);
+    snprintf(on, sizeof on, "mm_%s_%s", c, which);
+    nb_tensor *a = nb_to(fx("bf16.txt", an), NB_BF16), *b = nb_to(fx("bf16.txt", bn), NB_BF16);
+    if (bt) b = nb_transpose(b, 0, 1);
+    const nb_tensor *want = fx("bf16.txt", on);
+    nb_tensor *got = nb_matmul(a, b);
+    ck_assert_msg(got != NULL, "%s", nb_last_error());
+    ck_assert_int_eq(nb_dtype_of(got), NB_BF16);
+    ck_assert_int_eq(nb_numel(got), nb_numel(want));
+    /* f32 sums in another order: at most one bf16 step apart */
+    const int64_t *w = nb_data((nb_tensor *)want);
+    nb_tensor *gc = nb_contiguous(got);
+    int64_t off = 0;
+    for (int64_t i = 0; i < nb_numel(want); i++) {
+        int64_t d = llabs(bits_at(gc, i) - w[i]);
+        ck_assert_msg(d <= 1, "%s (%s): element %lld is 0x%04llx, PyTorch 0x%04llx", c,
+                      nbi_isa_name(nbi_isa()), (long long)i, (long long)bits_at(gc, i),
+                      (long long)w[i]);
+        off += d != 0;
+    }
+    ck_assert_msg(off * 10 <= nb_numel(want), "%s: %lld of %lld elements one step off", c,
+                  (long long)off, (long long)nb_numel(want));
+}
+
+START_TEST(bf16_matmul_is_torchs_on_every_path) {
+    int paths[NBI_ISA_COUNT], np = paths_here(paths);
+    for (int i = 0; i < np; i++) {
+        nb_scope_begin();
+        ck_assert_int_eq(nbi_isa_force(paths[i]), paths[i]);
+        check_product("plain", false, "out");
+        check_product("bt", true, "out");
+        check_product("batch", false, "out");
+        check_product("plain", false, "exact");
+        /* PyTorch 1.13 sums narrow products in bf16 (docs/numerics.md) */
+        check_product("narrow", false, "exact");
+        nb_scope_end();
+    }
+    nbi_isa_force(-1);
+}
+END_TEST
+
+/* Bitwise the same for 1 and 2 threads and for any cut, on each path. */
+START_TEST(bf16_matmul_thread_identity) {
+    int paths[NBI_ISA_COUNT], np = paths_here(paths);
+    int saved = nb_num_threads();
+    for (int i = 0; i < np; i++) {
+        nbi_isa_force(paths[i]);
+        nb_scope_begin();
+        nb_rng r;
+        nb_rng_seed(&r, 5);
+        nb_tensor *a = nb_to(nb_randn(NB_F32, NB_SHAPE(200, 300), &r), NB_BF16);
+        nb_tensor *b = nb_to(nb_randn(NB_F32, NB_SHAPE(300, 500), &r), NB_BF16);
+        nb_set_num_threads(1);
+        nb_tensor *c1 = nb_matmul(a, b);
+        nb_set_num_threads(2);
+        nb_tensor *c2 = nb_matmul(a, b);
+        ck_assert(c1 && c2);
+        ck_assert_msg(!memcmp(nb_data(c1), nb_data(c2), 200 * 500 * 2), "%s: 1 and 2 threads differ",
+                      nbi_isa_name(paths[i]));
+        nb_scope_end();
+    }
+    nb_set_num_threads(saved);
+    nbi_isa_force(-1);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- autocast */
+START_TEST(autocast_regions) {
+    ck_assert_int_eq(nb_autocast_dtype(), NB_F32);
+    ck_assert_int_eq(nb_autocast_begin(NB_BF16), 0);
+    ck_assert_int_eq(nb_autocast_dtype(), NB_BF16);
+    ck_assert_int_eq(nb_autocast_begin(NB_F32), 0);
+    ck_assert_int_eq(nb_autocast_dtype(), NB_F32);
+    ck_assert_int_eq(nb_autocast_end(), 0);
+    ck_assert_int_eq(nb_autocast_dtype(), NB_BF16);
+    ck_assert_int_eq(nb_autocast_end(), 0);
+    ck_assert_int_eq(nb_autocast_dtype(), NB_F32);
+    expect_error_rc(nb_autocast_end(), "nb_autocast_end: no autocast region is open");
+    expect_error_rc(nb_autocast_begin(NB_F64), "nb_autocast_begin", "got f64");
+    int i = 0;
+    while (i < 100 && nb_autocast_begin(NB_BF16) == 0) i++;
+    ck_assert_int_eq(i, 64);
+    expect_error_rc(-1, "more than 64 nested regions");
+    while (i-- > 0) ck_assert_int_eq(nb_autocast_end(), 0);
+}
+END_TEST
+
+/* Inside a region an f32 product is the bf16 product of the rounded
+ * operands, returned in f32 without rounding; f64 is left alone. */
+START_TEST(autocast_matmul) {
+    nb_scope_begin();
+    nb_rng r;
+    nb_rng_seed(&r, 9);
+    nb_tensor *a = nb_randn(NB_F32, NB_SHAPE(33, 70), &r), *b = nb_randn(NB_F32, NB_SHAPE(70, 19), &r);
+    nb_tensor *ab = nb_to(a, NB_BF16), *bb = nb_to(b, NB_BF16);
+    nb_tensor *want = nb_matmul(nb_to(ab, NB_F64), nb_to(bb, NB_F64));
+    ck_assert_int_eq(nb_autocast_begin(NB_BF16), 0);
+    nb_tensor *c = nb_matmul(a, b), *cm = nb_matmul(ab, b), *c64 = nb_matmul(nb_to(a, NB_F64),
+                                                                            nb_to(b, NB_F64));
+    nb_tensor *cb = nb_matmul(ab, bb);
+    ck_assert_int_eq(nb_autocast_end(), 0);
+    ck_assert_int_eq(nb_dtype_of(c), NB_F32);
+    ck_assert_int_eq(nb_dtype_of(cm), NB_F32);
+    ck_assert_int_eq(nb_dtype_of(c64), NB_F64);
+    ck_assert_int_eq(nb_dtype_of(cb), NB_BF16);
+    ck_assert(!memcmp(nb_data(c), nb_data(cm), 33 * 19 * 4));
+    expect_close(nb_to(c, NB_F64), want, 1e-4, 1e-5);
+    /* f64 in a region is exact f64 */
+    expect_close(c64, nb_matmul(nb_to(a, NB_F64), nb_to(b, NB_F64)), 0, 0);
+    /* outside, mixed dtypes are an error as before */
+    expect_error(nb_matmul(ab, b), "nb_matmul", "bf16");
+    nb_scope_end();
+}
+END_TEST
+
+typedef struct {
+    nb_tensor *x, *w1, *b1, *w2, *b2;
+} mlp;
+
+static nb_tensor *mlp_loss(const mlp *m) {
+    nb_tensor *h = nb_gelu(nb_linear(m->x, m->w1, m->b1));
+    nb_tensor *y = nb_linear(h, m->w2, m->b2);
+    return nb_mean_all(nb_mul(y, y));
+}
+
+/* torch.autocast's forward and backward of a small MLP: the same within
+ * bf16's precision (PyTorch rounds each product's result to bf16, nabla
+ * returns it in f32: the difference is one bf16 rounding per product). The
+ * backward runs in bf16 though it is called outside the region. */
+START_TEST(autocast_mlp_is_torchs) {
+    nb_scope_begin();
+    const char *names[5] = {"ac_x", "ac_w1", "ac_b1", "ac_w2", "ac_b2"};
+    nb_tensor *p[5];
+    for (int i = 0; i < 5; i++)
+        p[i] = nb_set_requires_grad(nb_contiguous(fx("bf16.txt", names[i])), true);
+    mlp m = {p[0], p[1], p[2], p[3], p[4]};
+    ck_assert_int_eq(nb_autocast_begin(NB_BF16), 0);
+    nb_tensor *loss = mlp_loss(&m);
+    ck_assert_int_eq(nb_autocast_end(), 0);
+    ck_assert_msg(loss != NULL, "%s", nb_last_error());
+    ck_assert_int_eq(nb_dtype_of(loss), NB_F32);
+    ck_assert_int_eq(nb_backward(loss), 0);
+    double want = nb_item(fx("bf16.txt", "ac_loss"));
+    ck_assert_msg(fabs(nb_item(loss) - want) <= 1e-2 * fabs(want), "loss %.6f, PyTorch %.6f",
+                  nb_item(loss), want);
+    const char *gn[5] = {"ac_gx", "ac_gw1", "ac_gb1", "ac_gw2", "ac_gb2"};
+    for (int i = 0; i < 5; i++) {
+        nb_tensor *g = nb_grad(p[i]);
+        ck_assert_int_eq(nb_dtype_of(g), NB_F32);
+        expect_close(g, fx("bf16.txt", gn[i]), 2e-3, 4e-2);
+    }
+    /* and unlike f32: the products really ran in bf16 */
+    nb_tensor *l32 = mlp_loss(&m);
+    ck_assert(fabs(nb_item(l32) - nb_item(loss)) > 1e-7 * fabs(nb_item(l32)));
+    nb_scope_end();
+}
+END_TEST
+
+/* fixtures are loaded outside any scope, once per (forked) test */
+static void load_fixtures(void) { fx("bf16.txt", "cv_f32_bits"); }
+
+Suite *suite_bf16(void) {
+    Suite *s = suite_create("bf16");
+    TCase *tc = tcase_create("bf16");
+    tcase_set_timeout(tc, 120);
+    tcase_add_checked_fixture(tc, load_fixtures, NULL);
+    tcase_add_test(tc, bf16_from_f32_is_torchs);
+    tcase_add_test(tc, bf16_from_f64_is_torchs);
+    tcase_add_test(tc, bf16_to_f32_and_f64_exact);
+    tcase_add_test(tc, bf16_creation_item_copy);
+    tcase_add_test(tc, bf16_print);
+    tcase_add_test(tc, bf16_save_load);
+    tcase_add_test(tc, bf16_gradients_through_casts);
+    tcase_add_test(tc, bf16_matmul_is_torchs_on_every_path);
+    tcase_add_test(tc, bf16_matmul_thread_identity);
+    tcase_add_test(tc, autocast_regions);
+    tcase_add_test(tc, autocast_matmul);
+    tcase_add_test(tc, autocast_mlp_is_torchs);
+    suite_add_tcase(s, tc);
+    return s;
+}
