@@ -21,7 +21,12 @@
  *       [--warmup 200] [--anneal 6] [--anneal-at 0.99] [--check 1000] [--seed 1]
  *       [--threads N] [--all-epochs]
  *       [--attn-map DIR] [--loss-plot FILE.svg] [--save FILE] [--load FILE]
- *       [--detect-anomaly]
+ *       [--detect-anomaly] [--dtype f32|bf16]
+ *
+ * --dtype bf16 runs the whole program inside nb_autocast_begin(NB_BF16): the
+ * matrix products (attention, linear layers, forward and backward) in
+ * bfloat16 with f32 accumulation; parameters, Adam, softmax, layer norm and
+ * the loss stay f32. It prints the same lines as f32.
  *
  * --attn-map DIR greedy-decodes the first fresh sequence after training and
  * writes every head's attention weights as SVG heatmaps, one file per layer
@@ -79,6 +84,7 @@ typedef struct {
     const char *attn_dir;  /* --attn-map DIR, or NULL */
     const char *loss_plot; /* --loss-plot FILE.svg, or NULL */
     const char *save, *load; /* --save FILE, --load FILE, or NULL */
+    const char *dtype;       /* --dtype f32 | bf16 (products under autocast), or NULL */
 } options;
 
 static double now(void) {
@@ -93,7 +99,7 @@ static void usage(const char *prog) {
             "          [--batches N] [--epochs N] [--dropout P] [--lr F] [--warmup N]\n"
             "          [--anneal EPOCHS] [--anneal-at FRACTION] [--seed N] [--threads N]\n"
             "          [--all-epochs] [--attn-map DIR] [--loss-plot FILE.svg] [--save FILE]\n"
-            "          [--load FILE] [--detect-anomaly] [--dist] [--check N]\n",
+            "          [--load FILE] [--detect-anomaly] [--dist] [--check N] [--dtype f32|bf16]\n",
             prog);
 }
 
@@ -118,6 +124,7 @@ static int parse(int argc, char **argv, options *o) {
                             : !strcmp(a, "--loss-plot") ? &o->loss_plot
                             : !strcmp(a, "--save")      ? &o->save
                             : !strcmp(a, "--load")      ? &o->load
+                            : !strcmp(a, "--dtype")     ? &o->dtype
                                                         : NULL;
         if (path) {
             *path = v;
@@ -146,6 +153,7 @@ static int parse(int argc, char **argv, options *o) {
     if (o->batch < 1 || o->batches < 1 || o->epochs < 1 || o->warmup < 1 ||
         o->anneal < 1 || !(o->anneal_at >= 0 && o->anneal_at <= 1) || o->check < 3)
         return -1;
+    if (o->dtype && strcmp(o->dtype, "f32") && strcmp(o->dtype, "bf16")) return -1;
     return 0;
 }
 
@@ -710,6 +718,7 @@ int main(int argc, char **argv) {
     char msg[512];
     if (dist_start(&r.ds, o.dist, &argc, &argv, msg, sizeof msg) != 0)
         return fail("%s", msg), 2;
+    if (o.dtype && !strcmp(o.dtype, "bf16")) nb_autocast_begin(NB_BF16); /* this thread's, to the end */
     int rc = o.attn_dir ? make_dirs(o.attn_dir) : 0; /* before training, which may be long */
     if (rc == 0) rc = setup(&r, &o);
     if (rc == 0 && (o.save || o.load)) rc = checkpoint_registry(&r);

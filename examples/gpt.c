@@ -30,6 +30,11 @@
  * --eval trains nothing: it prints "loss X", the mean cross-entropy of the
  * first batch in file order (tokens [0, B*T] of the file).
  *
+ * --dtype bf16 runs the forward passes (training, --eval, --sample) inside
+ * nb_autocast_begin(NB_BF16): the matrix products in bfloat16 with f32
+ * accumulation, their backward likewise; weights, AdamW, softmax, layer norm
+ * and the loss stay f32. It prints the same lines as f32.
+ *
  * --sample N generates N tokens at the end (nb_gpt_generate, which keeps a
  * key/value cache) from --prompt: text for a byte vocabulary (default: a
  * newline), token ids otherwise (e.g. "50256 464"; default 50256, GPT-2's
@@ -84,11 +89,12 @@ typedef struct {
     const char *config; /* named configuration, NULL: "char" (or --init's file) */
     int64_t n_layer, n_head, n_embd, block_size; /* overrides (0: the config's) */
     double dropout;
-    const char *init, *data, *save, *load, *prompt;
+    const char *init, *data, *save, *load, *prompt, *dtype;
     int64_t batch, seq, steps, threads, sample, top_k, save_every, warmup;
     double lr, temperature, weight_decay, clip;
     int64_t seed;
     bool shuffle, eval, dist, zero;
+    bool bf16; /* --dtype bf16: the products under nb_autocast_begin(NB_BF16) */
 } options;
 
 static const char *err(void) { return nb_last_error() ? nb_last_error() : "unknown error"; }
@@ -127,6 +133,9 @@ static void usage(FILE *f, const char *prog) {
             "  --weight-decay F   on the linear weights (default 0.1)\n"
             "  --clip F           gradient norm clipping (default 1; 0: none)\n"
             "  --threads K        kernel threads (default: NABLA_NUM_THREADS or the CPUs)\n"
+            "  --dtype D          f32 (the default) or bf16: matrix products in bfloat16\n"
+            "                     with f32 accumulation (autocast); weights, optimizer,\n"
+            "                     softmax, layer norm and the loss stay f32\n"
             "  --save FILE        checkpoint at the end (and every --save-every N steps)\n"
             "  --load FILE        resume from a checkpoint of a run with the same flags\n"
             "  --eval             no training: print \"loss X\" of the first batch in file order\n"
@@ -182,6 +191,7 @@ static int parse(int argc, char **argv, options *o) {
                             : !strcmp(a, "--save") ? &o->save
                             : !strcmp(a, "--load") ? &o->load
                             : !strcmp(a, "--prompt") ? &o->prompt
+                            : !strcmp(a, "--dtype") ? &o->dtype
                                                      : NULL;
         struct {
             const char *name;
@@ -227,6 +237,9 @@ static int parse(int argc, char **argv, options *o) {
         }
     }
     if (o->temperature <= 0) return fail("--temperature must be > 0");
+    if (o->dtype && strcmp(o->dtype, "f32") && strcmp(o->dtype, "bf16"))
+        return fail("--dtype must be f32 or bf16, got \"%s\"", o->dtype);
+    o->bf16 = o->dtype && !strcmp(o->dtype, "bf16");
     if (o->zero && !o->dist) return fail("--zero shards the optimizer over --dist's ranks: give --dist too");
     return 0;
 }
@@ -460,7 +473,9 @@ static double train_step(run *r, const options *o, int64_t B, int64_t T) {
     if (fill_batch(r, r->step, B, T, o->shuffle) == 0) {
         nb_tensor *x = nb_from_data(NB_I64, NB_SHAPE(B, T), r->xb);
         nb_tensor *y = nb_from_data(NB_I64, NB_SHAPE(B, T), r->yb);
+        if (o->bf16) nb_autocast_begin(NB_BF16);
         nb_tensor *loss = nb_gpt_loss(&r->model, x, y, true, &r->drop);
+        if (o->bf16) nb_autocast_end();
         int rc = loss && nb_backward(loss) == 0 ? 0 : -1;
         value = rc == 0 ? nb_item(loss) : NAN;
         rc = dist_sync(&r->ds, rc, &value); /* every rank, even after its own failure */
@@ -515,14 +530,16 @@ static int train(run *r, const options *o, int64_t B, int64_t T) {
 }
 
 /* The mean cross-entropy of the first batch in file order, no grad. */
-static int evaluate(run *r, int64_t B, int64_t T) {
+static int evaluate(run *r, const options *o, int64_t B, int64_t T) {
     double value = NAN;
     nb_scope_begin();
     nb_set_grad_enabled(false);
     if (fill_batch(r, 0, B, T, false) == 0) {
         nb_tensor *x = nb_from_data(NB_I64, NB_SHAPE(B, T), r->xb);
         nb_tensor *y = nb_from_data(NB_I64, NB_SHAPE(B, T), r->yb);
+        if (o->bf16) nb_autocast_begin(NB_BF16);
         nb_tensor *loss = nb_gpt_loss(&r->model, x, y, false, NULL);
+        if (o->bf16) nb_autocast_end();
         if (loss) value = nb_item(loss);
     }
     nb_set_grad_enabled(true);
@@ -588,8 +605,10 @@ static int sample(run *r, const options *o) {
     for (int64_t i = 0; i < n_prompt; i++)
         if (!(i == 0 && !o->prompt)) print_token(prompt[i], r); /* the default prompt unshown */
     nb_gpt_sample_opts so = {.temperature = o->temperature, .top_k = o->top_k};
+    if (o->bf16) nb_autocast_begin(NB_BF16);
     int64_t n = nb_gpt_generate(&r->model, prompt, n_prompt, o->sample, &so, &r->sampler, out,
                                 print_token, r);
+    if (o->bf16) nb_autocast_end();
     printf("\n");
     free(prompt);
     free(out);
@@ -687,7 +706,7 @@ static int run_all(run *r, const options *o) {
                                           (long long)B, (long long)T);
         if (load_data(r, o, T) != 0) return -1;
     }
-    if (o->eval && evaluate(r, B, T) != 0) return -1;
+    if (o->eval && evaluate(r, o, B, T) != 0) return -1;
     if (train_now) {
         printf("data %s: %lld tokens; batch %lld x %lld tokens (%s), AdamW lr %g, weight decay "
                "%g, %d thread(s); uniform guessing has loss ln %lld = %.4f\n",
