@@ -131,6 +131,38 @@ run-check: all
 	    echo "run-check: $$last ($$(grep '^held-out set' $(BUILD)/run-check.log | sed 's/.*; //'))"; \
 	  else cat $(BUILD)/run-check.log; echo "run-check: the copy task ended on \"$$last\""; exit 1; fi
 
+# make bf16-check: training in bf16 (autocast) against f32 on the examples:
+# the copy task must still end on exact match 100% (1000/1000), and make gpt's
+# run (char model, 1000 steps, --shuffle) must end within 2% of the f32 run's
+# loss (the mean of the last 10 steps, which the example prints).
+.PHONY: bf16-check
+bf16-check: all
+	@$(BUILD)/examples/copy_task --dtype bf16 > $(BUILD)/bf16-check.log && last=$$(tail -1 $(BUILD)/bf16-check.log) && \
+	  if [ "$$last" = "exact match 100% (1000/1000)" ]; then echo "bf16-check: copy_task --dtype bf16: $$last"; \
+	  else cat $(BUILD)/bf16-check.log; echo "bf16-check: copy_task --dtype bf16 ended on \"$$last\""; exit 1; fi
+	@for d in f32 bf16; do $(BUILD)/examples/gpt --steps 1000 --shuffle --dtype $$d | \
+	  sed -n 's/.*mean loss of the last 10 steps \([0-9.]*\).*/\1/p' > $(BUILD)/bf16-check.$$d || exit 1; done; \
+	awk -v a="$$(cat $(BUILD)/bf16-check.f32)" -v b="$$(cat $(BUILD)/bf16-check.bf16)" 'BEGIN { \
+	  r = (b - a) / a; if (r < 0) r = -r; ok = a != "" && b != "" && r <= 0.02; \
+	  printf "bf16-check: gpt (char, 1000 steps): mean loss of the last 10 steps %s in f32, %s in bf16 " \
+	  "(%.2f%% apart, at most 2%%): %s\n", a, b, 100 * r, ok ? "ok" : "FAIL"; exit !ok }'
+
+# make test-isa: the kernels' suites again with the vector path capped by
+# NABLA_ISA at each path below this CPU's best (the fallbacks every CPU may
+# take); the suites that iterate paths themselves (gemm_bf16, bf16) check each.
+ISA_SUITES ?= matmul bf16 attention nn threads
+.PHONY: test-isa
+test-isa: check-deps
+	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BIN)
+	@best=$$(env -u NABLA_ISA NB_TEST_PRINT_ISA=1 $(TEST_BIN)); \
+	for isa in portable avx2 avx512 avx512bf16 amx; do \
+	  [ "$$isa" = "$$best" ] && break; \
+	  for s in $(ISA_SUITES); do \
+	    out=$$(NABLA_ISA=$$isa CK_RUN_SUITE=$$s CK_VERBOSITY=silent $(TEST_BIN) 2>&1); rc=$$?; \
+	    [ $$rc = 0 ] || { echo "$$out"; echo "test-isa: suite $$s FAILED with NABLA_ISA=$$isa"; exit 1; }; \
+	  done; echo "test-isa: suites $(ISA_SUITES) pass with NABLA_ISA=$$isa"; \
+	done; echo "test-isa: this CPU's best path, $$best, is make test's"
+
 # make gpt: examples/gpt.c's character-level GPT (0.8M parameters) trained on
 # examples/data/kjv.txt for 1000 steps (about 15 s on 2 cores), then a sample.
 .PHONY: gpt
@@ -329,7 +361,8 @@ resume-check: $(BUILD)/examples/copy_task $(BUILD)/examples/gpt
 # from tests/fixtures/gen_gpt.py) on files that tests/gpt_files.h writes from a
 # seed into $(BUILD)/gpt-check (llm.c checkpoint, Hugging Face safetensors,
 # llm.c tokens; about 1 GB, no download): examples/gpt --eval on either file,
-# and one AdamW step (tests/tools/gpt_check.c), within 1e-4 relative. About
+# and one AdamW step (tests/tools/gpt_check.c), within 1e-4 relative; --eval
+# with --dtype bf16 (autocast) within 1e-2 of PyTorch's f32 loss. About
 # 2.5 GB of RAM. make gpt-fixture rewrites the fixture (Debian's python3-torch).
 .PHONY: gpt-check gpt-fixture
 GPT_FX := tests/fixtures/gpt_torch.txt
@@ -349,7 +382,13 @@ gpt-check: $(BUILD)/tests/gen_gpt_files $(BUILD)/tests/gpt_check $(BUILD)/exampl
 	  awk -v g="$$got" -v w="$$want" -v f="$$f" 'BEGIN {r = (g - w) / w; if (r < 0) r = -r; \
 	    ok = g != "" && r <= 1e-4; printf "gpt-check: gpt2 examples/gpt --eval on gpt2_%s, batch 4x64: " \
 	    "loss %s, torch %s (rel %.1e): %s\n", f, g == "" ? "(none)" : g, w, r, ok ? "ok" : "FAIL"; exit !ok}' || rc=1; \
-	done; $(BUILD)/tests/gpt_check --config gpt2 --fixture $(GPT_FX) --llmc $$d/gpt2_llmc.bin \
+	done; got=$$($(BUILD)/examples/gpt --config gpt2 --init $$d/gpt2_llmc.bin --data $$d/gpt2_tokens.bin \
+	    --batch 4 --seq 64 --eval --dtype bf16 | awk '$$1 == "loss" {print $$2}'); \
+	awk -v g="$$got" -v w="$$want" 'BEGIN {d = g - w; if (d < 0) d = -d; ok = g != "" && d <= 1e-2; \
+	  printf "gpt-check: gpt2 examples/gpt --eval --dtype bf16 on gpt2_llmc.bin, batch 4x64: loss %s, " \
+	  "torch f32 %s (diff %.1e, at most 1e-2): %s\n", g == "" ? "(none)" : g, w, d, ok ? "ok" : "FAIL"; \
+	  exit !ok}' || rc=1; \
+	$(BUILD)/tests/gpt_check --config gpt2 --fixture $(GPT_FX) --llmc $$d/gpt2_llmc.bin \
 	  --tokens $$d/gpt2_tokens.bin || rc=1; \
 	echo "gpt-check: $$([ $$rc = 0 ] && echo all checks passed || echo FAILED) in $$(($$(date +%s) - t0)) s"; exit $$rc
 gpt-fixture: $(BUILD)/tests/gen_gpt_files

@@ -6,6 +6,11 @@
 int main(void) {
     /* test_concurrency.c runs this binary to read the cache limit a value of
      * NABLA_CACHE_MB gives (read once per process) */
+    /* make test-isa: the vector path the kernels take here */
+    if (getenv("NB_TEST_PRINT_ISA")) {
+        printf("%s\n", nb_cpu_isa());
+        return 0;
+    }
     if (getenv("NB_TEST_PRINT_CACHE_LIMIT")) {
         printf("%lld\n", (long long)nb_memory_cache_limit());
         return 0;
