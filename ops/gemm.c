@@ -102,8 +102,7 @@ __attribute__((destructor)) static void free_ws_cache(void) {
     for (int i = 0; i < GEMM_SLOTS; i++) free(atomic_exchange(&ws_cache[i], NULL));
 }
 
-/* At least n bytes at ws->buf, 64-byte aligned; 0, or -1 when out of memory. */
-static int ws_reserve(nbi_gemm_ws *ws, size_t n) {
+int nbi_gemm_ws_reserve(nbi_gemm_ws *ws, size_t n) {
     if (n <= ws->cap) return 0;
     nbi_gemm_ws_free(ws);
     void *blk = NULL;
@@ -433,7 +432,7 @@ static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src
         const int64_t mcap = (GEMM_MIN(MC, M) + (MR)-1) / (MR) * (MR);                         \
         const int64_t ncap = (GEMM_MIN(NC, N) + P##_NR - 1) / P##_NR * P##_NR;                 \
         const int64_t asz = amode ? 0 : (mcap * kcap + 15) & ~(int64_t)15;                     \
-        if (ws_reserve(ws, sizeof(T) * (size_t)(asz + ncap * kcap))) return -1;                \
+        if (nbi_gemm_ws_reserve(ws, sizeof(T) * (size_t)(asz + ncap * kcap))) return -1;                \
         T *pa = ws->buf, *pb = pa + asz;                                                       \
         for (int64_t jc = 0; jc < N; jc += NC) {                                               \
             const int64_t nc = GEMM_MIN(NC, N - jc);                                           \

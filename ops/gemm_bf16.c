@@ -48,6 +48,7 @@
 #include "../tensor/cpu_internal.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -104,26 +105,6 @@ _Static_assert(BF_MR == 8 || BF_MR % 16 == 0, "A's panels: 8 lanes or whole vect
 #define BF_UNROLL _Pragma("GCC unroll 32")
 #define BF_MIN(x, y) ((x) < (y) ? (x) : (y))
 
-/* ------------------------------------------------------------- workspace */
-/* At least n bytes at ws->buf, 64-byte aligned; 0, or -1 when out of memory.
- * The block has gemm.c's format, since nbi_gemm_ws_free (gemm.c) releases it:
- * 64-byte aligned, its first 64 bytes holding the usable size (a size_t), the
- * buffer after. A buffer the workspace holds (gemm.c's too) is reused when
- * large enough; a larger one is allocated afresh (gemm.c's cache of released
- * buffers is private to it). */
-#define BF_HDR 64
-static int bf_reserve(nbi_gemm_ws *ws, size_t n) {
-    if (n <= ws->cap) return 0;
-    nbi_gemm_ws_free(ws);
-    n = (n + 63) & ~(size_t)63;
-    char *blk = n <= SIZE_MAX - BF_HDR ? aligned_alloc(64, n + BF_HDR) : NULL;
-    if (!blk) return -1;
-    memcpy(blk, &n, sizeof n);
-    ws->buf = blk + BF_HDR;
-    ws->cap = n;
-    return 0;
-}
-
 /* ------------------------------------------------------- paths, operands */
 /* An operand as lanes by k: element (j, k) at p[j*sj + k*sk], uint16_t (bf16)
  * or float (f32 = 1, rounded to bf16 when read). */
@@ -166,7 +147,7 @@ static int bf_run(const bf_path *P, nbi_gemm_ws *ws, int64_t M, int64_t N, int64
     const int64_t mpan = (BF_MIN(P->mc, M) + P->mr - 1) / P->mr; /* panels per block */
     const int64_t npan = (BF_MIN(P->nc, N) + P->nr - 1) / P->nr;
     const size_t asz = (size_t)(mpan * (krcap * P->mr + BF_SKEW)) * 4;
-    if (bf_reserve(ws, asz + (size_t)(npan * (krcap * P->nr + BF_SKEW)) * 4)) return -1;
+    if (nbi_gemm_ws_reserve(ws, asz + (size_t)(npan * (krcap * P->nr + BF_SKEW)) * 4)) return -1;
     char *pa = ws->buf, *pb = pa + asz;
     for (int64_t jc = 0; jc < N; jc += P->nc) {
         const int64_t nc = BF_MIN(P->nc, N - jc);
@@ -579,6 +560,34 @@ static const bf_path path_bf16 = {BF_MR, BF_NR,     BF_KC,     BF_MC,
                                   BF_NC, 2,         bf_pack_a, bf_pack_b, bf_block};
 #endif
 
+/* ------------------------------------------------------------- the blocks */
+/* A path's kc, mc, nc from the CPU's caches by gemm.c's model (BLIS's), for
+ * the bytes a packed k step takes per lane (2 on the bf16 path, 4 widened to
+ * f32), once per process and path; the constants above are what a build
+ * with BF_CONSTANT_BLOCKS uses. The last k block joins the one before when
+ * it is at most half a block: one pass over C fewer, which for a wide
+ * product (GPT-2's logits: C is 256 x 50257 f32, 51 MB) costs more than a
+ * panel of B spilling from L1. kc stays even (pairs). */
+static void sized_from_cpu(bf_path *p, int64_t K) {
+#ifndef BF_CONSTANT_BLOCKS
+    static nbi_gemm_blocks cache[NBI_ISA_COUNT];
+    static _Atomic int ready[NBI_ISA_COUNT];
+    const int i = nbi_gemm_bf16_path();
+    if (!atomic_load_explicit(&ready[i], memory_order_acquire)) {
+        cache[i] = nbi_gemm_blocking(nbi_cpu_info(), p->mr, p->nr, p->kstep == 2 ? 2 : 4);
+        atomic_store_explicit(&ready[i], 1, memory_order_release); /* same values if raced */
+    }
+    const nbi_gemm_blocks b = cache[i];
+    p->kc = b.kc & ~(int64_t)1;
+    p->mc = (b.mc + p->mr - 1) / p->mr * p->mr;
+    p->nc = (b.nc + p->nr - 1) / p->nr * p->nr;
+    if (K > p->kc && K <= p->kc + p->kc / 2) p->kc = (K + 1) & ~(int64_t)1;
+#else
+    (void)p;
+    (void)K;
+#endif
+}
+
 /* ------------------------------------------------------------------ entry */
 int nbi_gemm_bf16_path(void) {
 #if BF_X86
@@ -610,5 +619,7 @@ int nbi_gemm_bf16(nbi_gemm_ws *ws, int64_t M, int64_t N, int64_t K, const void *
 #endif
     default: break;
     }
-    return bf_run(P, ws, M, N, K, &A, &B, c, scm, scn);
+    bf_path p = *P;
+    sized_from_cpu(&p, K);
+    return bf_run(&p, ws, M, N, K, &A, &B, c, scm, scn);
 }

@@ -22,6 +22,10 @@ typedef struct nbi_gemm_ws {
 } nbi_gemm_ws;
 
 void nbi_gemm_ws_free(nbi_gemm_ws *ws);
+/* At least n bytes at ws->buf, 64-byte aligned, taken from the kept buffers
+ * when one is large enough (gemm.c and gemm_bf16.c share them); 0, or -1 when
+ * out of memory. */
+int nbi_gemm_ws_reserve(nbi_gemm_ws *ws, size_t n);
 
 /* a: element (i,k) at a[i*sam + k*sak]; b: (k,j) at b[k*sbk + j*sbn];
  * c: (i,j) at c[i*scm + j*scn], fully overwritten. Returns 0, or -1 when the
