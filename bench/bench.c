@@ -15,7 +15,8 @@
  *   7. nb_save / nb_load of the d_model 512 model with Adam's state, nb_load
  *      of 120,000 and 1,000,000 empty tensors (the cost of names alone), and
  *      the cost of anomaly mode on the d_model 64 step
- *   8. GPT-2 124M training step (B=4, T=64): ms/step, GFLOP/s, % of peak,
+ *   8. GPT-2 124M training step (B=4 T=64 and B=1 T=1024, f32 and bf16
+ *      autocast): ms/step, GFLOP/s, % of peak,
  *      the first step, peak RSS, on 1 thread and all CPUs (each a fresh
  *      process), and whether both give the same bits
  *   9. the process's peak RSS
@@ -84,7 +85,12 @@ static nb_tensor *need(nb_tensor *t, const char *what) {
 
 static nb_tensor *leaf_randn(nb_dtype dt, int ndim, const int64_t *shape, bool grad,
                              nb_rng *rng) {
-    nb_tensor *t = need(nb_randn(dt, ndim, shape, rng), "nb_randn");
+    nb_tensor *t = need(nb_randn(dt == NB_BF16 ? NB_F32 : dt, ndim, shape, rng), "nb_randn");
+    if (dt == NB_BF16) { /* drawn in f32, rounded */
+        nb_tensor *h = need(nb_to(t, NB_BF16), "nb_to");
+        nb_free(t);
+        t = h;
+    }
     if (grad) need(nb_set_requires_grad(t, true), "nb_set_requires_grad");
     return t;
 }
@@ -277,7 +283,33 @@ __attribute__((target("avx2,fma"))) static float fma_avx2(long iters) {
     _mm256_storeu_ps(out, s);
     return out[0] + out[7];
 }
+
+/* 16 zmm chains of vdpbf16ps: each is 16 lanes x 2 products x (mul + add) =
+ * 64 bf16 FLOPs. The bf16 peak of the AVX512_BF16 path. */
+__attribute__((target("avx512f,avx512bf16"))) static float dot_bf16(long iters) {
+    __m512 s = _mm512_setzero_ps();
+    __m512bh m = (__m512bh)_mm512_set1_epi16(0x3f80); /* bf16 1.0 */
+    __m512bh c = (__m512bh)_mm512_set1_epi16(0x3380); /* tiny */
+#undef DECL
+#undef STEP
+#undef SUM
+#define DECL(i) __m512 a##i = _mm512_set1_ps(fma_init + 0.01f * (float)(i));
+#define STEP(i) a##i = _mm512_dpbf16_ps(a##i, m, c);
+#define SUM(i) s = _mm512_add_ps(s, a##i);
+    REP16(DECL)
+    for (long i = 0; i < iters; i++) {
+        REP16(STEP)
+    }
+    REP16(SUM)
+    float out[16];
+    _mm512_storeu_ps(out, s);
+    return out[0] + out[15];
+}
 #endif
+
+/* bf16 peak for the %pk of bf16 products: the vdpbf16ps loop's on a path
+ * that uses it, else the f32 FMA peak (the fallback computes in f32). */
+static double peak_bf16_1t = NAN, peak_bf16_nt = NAN;
 
 typedef struct {
     fma_kernel kernel;
@@ -352,9 +384,21 @@ static void bench_peak(void) {
             printf("  (the peak for %%pk ratios; f64 peak taken as half)\n");
         }
     }
+    if (__builtin_cpu_supports("avx512f") && !strcmp(nb_cpu_isa(), "avx512bf16")) {
+        double g1 = peak_gflops(dot_bf16, 16 * 16 * 4, 1), gn = peak_gflops(dot_bf16, 16 * 16 * 4, ncpu);
+        printf("%-36s %10.1f %10.1f  (bf16 FLOPs: the bf16 peak)\n",
+               "AVX512_BF16, 16 zmm vdpbf16ps chains", g1, gn);
+        peak_bf16_1t = g1;
+        peak_bf16_nt = gn;
+    }
 #else
     printf("%-36s %10s %10s  (no x86-64 FMA loop for this target)\n", "-", "-", "-");
 #endif
+    if (isnan(peak_bf16_1t)) { /* the bf16 products' fallback computes in f32 */
+        peak_bf16_1t = peak_1t;
+        peak_bf16_nt = peak_nt;
+    }
+    printf("vector path of the kernels: %s (NABLA_ISA caps it)\n", nb_cpu_isa());
 }
 
 /* ------------------------------------------------------------- 2. matmul */
@@ -421,6 +465,10 @@ typedef struct {
 } mm_row;
 
 static void mm_measure(mm_row *r, bool blas) {
+    if (blas && r->dt == NB_BF16) { /* no BLAS for bf16 */
+        r->blas[0] = r->blas[1] = NAN;
+        return;
+    }
     nb_rng rng;
     nb_rng_seed(&rng, 42);
     mm_ctx c = {.dt = r->dt, .s = r->s, .trans = r->trans};
@@ -447,17 +495,21 @@ static void mm_print_row(const mm_row *r) {
     char shape[40];
     long long m = r->s.m, n = r->s.n, k = r->s.k;
     double pk = r->dt == NB_F32 ? 1.0 : 0.5; /* f64 peak = half the f32 one */
+    double pk1 = r->dt == NB_BF16 ? peak_bf16_1t : pk * peak_1t;
+    double pkn = r->dt == NB_BF16 ? peak_bf16_nt : pk * peak_nt;
     snprintf(shape, sizeof shape, "%s %lldx%lldx%lld", nb_dtype_name(r->dt), m, n, k);
     printf("%-20s %-4s", shape, r->trans ? "B^T" : "B");
     cell(r->nb[0], 8, 1);
-    cell(100 * ratio(r->nb[0], pk * peak_1t), 5, 0);
+    cell(100 * ratio(r->nb[0], pk1), 5, 0);
     cell(r->nb[1], 8, 1);
-    cell(100 * ratio(r->nb[1], pk * peak_nt), 5, 0);
+    cell(100 * ratio(r->nb[1], pkn), 5, 0);
     cell(ratio(r->nb[1], r->nb[0]), 7, 2);
-    double t1 = NAN, tn = NAN; /* PyTorch measured f32 with B contiguous */
-    if (r->dt == NB_F32 && !r->trans) {
-        t1 = ref("matmul_gflops_1t_%lldx%lldx%lld", m, n, k);
-        tn = ref("matmul_gflops_%dt_%lldx%lldx%lld", ncpu, m, n, k);
+    /* PyTorch: torch.matmul with B contiguous, or F.linear (B^T) */
+    const char *kind = r->trans ? "linear" : "matmul", *dt = r->dt == NB_BF16 ? "_bf16" : "";
+    double t1 = NAN, tn = NAN;
+    if (r->dt != NB_F64) {
+        t1 = ref("%s%s_gflops_1t_%lldx%lldx%lld", kind, dt, m, n, k);
+        tn = ref("%s%s_gflops_%dt_%lldx%lldx%lld", kind, dt, ncpu, m, n, k);
     }
     cell(t1, 8, 1);
     cell(ratio(r->nb[0], t1), 7, 1);
@@ -491,15 +543,25 @@ static void bench_matmul(void) {
     static const mnk shapes[] = {{64, 64, 64},    {128, 128, 128},   {256, 256, 256},
                                  {512, 512, 512}, {1024, 1024, 1024}, {2048, 2048, 2048},
                                  {128, 128, 64},  {512, 512, 64},    {512, 64, 512}};
-    enum { NSHAPES = sizeof shapes / sizeof shapes[0] };
-    mm_row rows[2 * NSHAPES + 2];
+    /* GPT-2 124M's linear layers at B*T = 256 rows (c_attn, mlp_proj, lm_head),
+     * B^T as nb_linear reads its weight */
+    static const mnk gpt[] = {{256, 2304, 768}, {256, 768, 3072}, {256, 50257, 768}};
+    enum { NSHAPES = sizeof shapes / sizeof shapes[0], NGPT = sizeof gpt / sizeof gpt[0] };
+    mm_row rows[2 * NSHAPES + 2 + 2 * NGPT + 4];
     int n = 0;
     for (int i = 0; i < NSHAPES; i++)
         for (int t = 0; t < 2; t++) rows[n++] = (mm_row){.s = shapes[i], .dt = NB_F32, .trans = t};
     for (int t = 0; t < 2; t++) rows[n++] = (mm_row){.s = {512, 512, 512}, .dt = NB_F64, .trans = t};
+    /* bf16 beside f32 (f32 accumulation; %pk of the bf16 peak of section 1) */
+    for (int t = 0; t < 2; t++) rows[n++] = (mm_row){.s = {1024, 1024, 1024}, .dt = NB_BF16, .trans = t};
+    for (int t = 0; t < 2; t++) rows[n++] = (mm_row){.s = {256, 256, 256}, .dt = NB_BF16, .trans = t};
+    for (int i = 0; i < NGPT; i++)
+        for (int d = 0; d < 2; d++)
+            rows[n++] = (mm_row){.s = gpt[i], .dt = d ? NB_BF16 : NB_F32, .trans = true};
 
     section("2. nb_matmul GFLOP/s = 2MNK / time; B contiguous (K,N), B^T = nb_transpose of "
-            "a contiguous (N,K); %pk of the FMA peak");
+            "a contiguous (N,K); %pk of the FMA peak (bf16: of the bf16 peak); PyTorch's B^T "
+            "rows are F.linear");
     for (int i = 0; i < n; i++) mm_measure(&rows[i], false);
 #ifdef NB_BENCH_BLAS
     /* After all of nabla's runs: OpenBLAS's idle threads spin for a while
@@ -939,14 +1001,15 @@ static void bench_checkpoint(void) {
 
 /* --------------------------------------------------- 8. GPT-2 124M training step */
 /* One training step of GPT-2 124M (NB_GPT2_CONFIG: tied, GELU tanh) on a
- * batch of B=4 rows of T=64 tokens, llm.c's defaults: nb_gpt_loss, backward,
- * AdamW (lr 1e-4, no weight decay), nb_optim_clear_grad. Each thread count
- * runs in a process of its own (this program run again with --gpt2-child),
- * so that its peak RSS is the model's alone. FLOPs per step: 6 x 124M
- * parameters x 256 tokens (the usual estimate, as llm.c and the issue count
- * them), so GFLOP/s and % of the FMA peak of section 1. */
-#define GPT_B 4
-#define GPT_T 64
+ * batch of B=4 rows of T=64 tokens, llm.c's defaults, and of B=1 row of
+ * T=1024 (GPT-2's context): nb_gpt_loss, backward, AdamW (lr 1e-4, no weight
+ * decay), nb_optim_clear_grad; in f32, and in bf16 (the forward inside
+ * nb_autocast_begin(NB_BF16), as --dtype bf16 does). Each run is a process
+ * of its own (this program run again with --gpt2-child), so that its peak RSS
+ * is the model's alone. FLOPs per step: 6 x 124M parameters x B*T tokens (the
+ * usual estimate, as llm.c and the issue count them; attention's own
+ * products, 12% more at T=1024, are not counted), so GFLOP/s and % of the
+ * FMA peak of section 1 (bf16: of the bf16 peak). */
 #define GPT_STEPS 6
 
 typedef struct {
@@ -971,7 +1034,7 @@ static double vm_hwm_mib(void) {
 }
 
 /* The child: measures, prints one line "gpt2 first median rss alloc hash". */
-static int gpt2_child(int threads) {
+static int gpt2_child(int threads, int64_t B, int64_t T, bool bf16) {
     nb_set_num_threads(threads);
     nb_GPTConfig cfg = NB_GPT2_CONFIG;
     nb_params *ps = nb_params_new();
@@ -980,15 +1043,17 @@ static int gpt2_child(int threads) {
     if (!ps || nb_gpt_init(&m, ps, &cfg, &init) != 0) die("nb_gpt_init");
     nb_optim *opt = nb_adamw(ps, 1e-4, 0.9, 0.999, 1e-8, 0.0);
     if (!opt) die("nb_adamw");
-    nb_tensor *tok = need(nb_to(nb_mul_scalar(nb_rand(NB_F64, NB_SHAPE(GPT_B, GPT_T + 1), &data),
+    nb_tensor *tok = need(nb_to(nb_mul_scalar(nb_rand(NB_F64, NB_SHAPE(B, T + 1), &data),
                                               (double)cfg.vocab_size - 1e-9), NB_I64), "tokens");
     double t[GPT_STEPS];
     uint64_t h = 1469598103934665603u;
     for (int s = 0; s < GPT_STEPS; s++) {
         double t0 = now();
         nb_scope_begin();
-        nb_tensor *x = nb_narrow(tok, 1, 0, GPT_T), *y = nb_narrow(tok, 1, 1, GPT_T);
+        nb_tensor *x = nb_narrow(tok, 1, 0, T), *y = nb_narrow(tok, 1, 1, T);
+        if (bf16) nb_autocast_begin(NB_BF16);
         nb_tensor *loss = nb_gpt_loss(&m, x, y, true, NULL);
+        if (bf16) nb_autocast_end();
         if (!loss || nb_backward(loss) != 0) die("GPT-2 step");
         nb_optim_step(opt);
         nb_optim_clear_grad(opt);
@@ -1011,9 +1076,11 @@ static int gpt2_child(int threads) {
     return 0;
 }
 
-static bool gpt2_run(const char *self, int threads, gpt_result *r) {
+static bool gpt2_run(const char *self, int threads, int64_t B, int64_t T, bool bf16,
+                     gpt_result *r) {
     char cmd[4200];
-    snprintf(cmd, sizeof cmd, "'%s' --gpt2-child %d", self, threads);
+    snprintf(cmd, sizeof cmd, "'%s' --gpt2-child %d %lld %lld %d", self, threads, (long long)B,
+             (long long)T, (int)bf16);
     FILE *p = popen(cmd, "r");
     char line[256];
     bool ok = false;
@@ -1029,22 +1096,25 @@ static bool gpt2_run(const char *self, int threads, gpt_result *r) {
 
 static char self_path[4096];
 
-static void bench_gpt2(void) {
-    section("8. GPT-2 124M training step (B=4, T=64, tied, f32; nb_gpt_loss, backward, AdamW, "
-            "nb_optim_clear_grad; each thread count in a fresh process)");
-    const double flops = 6.0 * 124439808.0 * GPT_B * GPT_T;
-    printf("%-6s %9s %8s %7s %10s %8s %9s %9s %8s %9s %9s\n", "thr", "ms/step", "GFLOP/s",
-           "% peak", "first ms", "first/st", "RSS MiB", "pt ms", "nb/pt", "pt first", "pt RSS");
+/* One configuration on 1 thread and on all CPUs; the f32 median ms of the
+ * B=4 T=64 1-thread run goes to *f32_ms (for the bf16 speed-up). */
+static void gpt2_config(int64_t B, int64_t T, bool bf16, double *base_ms) {
+    const double flops = 6.0 * 124439808.0 * (double)(B * T);
+    /* PyTorch's keys: gpt2[_bf16][_b1t1024]_{ms,first_ms,rss_mib}_{T}t */
+    char key[40];
+    snprintf(key, sizeof key, "gpt2%s%s", bf16 ? "_bf16" : "", T == 1024 ? "_b1t1024" : "");
     gpt_result r[2];
     int n = 0;
     for (int t = 1; t <= ncpu && n < 2; t = next_threads(t), n++) {
-        if (!gpt2_run(self_path, t, &r[n])) {
-            printf("%-6d (the child process failed)\n", t);
+        if (!gpt2_run(self_path, t, B, T, bf16, &r[n])) {
+            printf("%-4s B=%lld T=%-5lld %-3d (the child process failed)\n", bf16 ? "bf16" : "f32",
+                   (long long)B, (long long)T, t);
             return;
         }
-        double gf = flops / (r[n].median_ms * 1e-3) / 1e9, pk = t == 1 ? peak_1t : peak_nt;
-        double pt = ref("gpt2_ms_%dt", t);
-        printf("%-6d", t);
+        double pk = bf16 ? (t == 1 ? peak_bf16_1t : peak_bf16_nt) : t == 1 ? peak_1t : peak_nt;
+        double gf = flops / (r[n].median_ms * 1e-3) / 1e9;
+        double pt = ref("%s_ms_%dt", key, t);
+        printf("%-4s B=%lld T=%-5lld %-3d", bf16 ? "bf16" : "f32", (long long)B, (long long)T, t);
         cell(r[n].median_ms, 9, 0);
         cell(gf, 8, 1);
         cell(100 * gf / pk, 7, 1);
@@ -1053,16 +1123,34 @@ static void bench_gpt2(void) {
         cell(r[n].rss_mib, 9, 0);
         cell(pt, 9, 0);
         cell(ratio(r[n].median_ms, pt), 8, 2);
-        cell(ref("gpt2_first_ms_%dt", t), 9, 0);
-        cell(ref("gpt2_rss_mib_%dt", t), 9, 0);
+        cell(ref("%s_first_ms_%dt", key, t), 9, 0);
+        cell(ref("%s_rss_mib_%dt", key, t), 9, 0);
         printf("\n");
     }
     if (n == 2)
-        printf("%dt / 1t speed-up %.2fx; losses and weights after %d steps bitwise identical "
-               "for 1 and %d threads: %s\n", ncpu, r[0].median_ms / r[1].median_ms, GPT_STEPS,
-               ncpu, r[0].hash == r[1].hash ? "yes" : "NO");
-    printf("allocator peak (nb_memory_peak) %.0f MiB; llm.c's train_gpt2.c measured here: 2.46 "
-           "GiB RSS (the issue's figure)\n", r[0].alloc_peak_mib);
+        printf("    %dt/1t %.2fx; after %d steps losses and weights bitwise the same on 1 and %d "
+               "threads: %s; allocator peak %.0f MiB", ncpu, r[0].median_ms / r[1].median_ms,
+               GPT_STEPS, ncpu, r[0].hash == r[1].hash ? "yes" : "NO", r[0].alloc_peak_mib);
+    if (n == 2 && bf16 && base_ms[0] > 0)
+        printf("; bf16 / f32 speed-up 1t %.2fx, %dt %.2fx", base_ms[0] / r[0].median_ms, ncpu,
+               base_ms[1] / r[1].median_ms);
+    if (n == 2 && !bf16) base_ms[0] = r[0].median_ms, base_ms[1] = r[1].median_ms;
+    printf("\n");
+}
+
+static void bench_gpt2(void) {
+    section("8. GPT-2 124M training step (tied; nb_gpt_loss, backward, AdamW, "
+            "nb_optim_clear_grad; each run a fresh process; bf16 = autocast, f32 master weights)");
+    printf("%-4s %-13s %-3s %9s %8s %7s %10s %8s %9s %9s %8s %9s %9s\n", "", "shape", "thr",
+           "ms/step", "GFLOP/s", "% peak", "first ms", "first/st", "RSS MiB", "pt ms", "nb/pt",
+           "pt first", "pt RSS");
+    double base[2][2] = {{0, 0}, {0, 0}};
+    gpt2_config(4, 64, false, base[0]);
+    gpt2_config(4, 64, true, base[0]);
+    gpt2_config(1, 1024, false, base[1]);
+    gpt2_config(1, 1024, true, base[1]);
+    printf("PyTorch (pt): nanoGPT's model, f32 or torch.autocast(\"cpu\", torch.bfloat16) around "
+           "forward and loss; llm.c's train_gpt2.c (f32, B=4 T=64) measured here: 2.46 GiB RSS\n");
 }
 
 /* ------------------------------------------------------------------- main */
@@ -1089,7 +1177,8 @@ int main(int argc, char **argv) {
     static void (*const sections[8])(void) = {bench_peak,     bench_matmul, bench_attention,
                                               bench_mha,      bench_overhead, bench_copy,
                                               bench_checkpoint, bench_gpt2};
-    if (argc == 3 && !strcmp(argv[1], "--gpt2-child")) return gpt2_child(atoi(argv[2]));
+    if (argc == 6 && !strcmp(argv[1], "--gpt2-child"))
+        return gpt2_child(atoi(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]) != 0);
     double start = now();
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     ncpu = n < 1 ? 1 : n > 64 ? 64 : (int)n;

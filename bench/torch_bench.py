@@ -22,10 +22,16 @@ workloads as bench.c:
                                    no grad, recording, forward + backward
   copy_ms_{T}t_d{64,512}           one training step of The Annotated
                                    Transformer's copy task (ported below)
+  matmul_bf16_gflops_{T}t_{MxNxK}  torch.matmul of two bf16 tensors
+  linear[_bf16]_gflops_{T}t_{MxNxK} F.linear(x (M,K), w (N,K)) in f32, and in
+                                   bf16 (both operands bf16): GPT-2's shapes
   gpt2_{ms,first_ms,rss_mib}_{T}t  GPT-2 124M (nanoGPT's, tied) training step,
                                    B=4, T=64, AdamW: median of 5 steps after
                                    the first, the first, and the child
                                    process's peak RSS
+  gpt2[_bf16][_b1t1024]_...        the same in bf16 (torch.autocast("cpu",
+                                   torch.bfloat16) around forward and loss,
+                                   f32 weights and AdamW) and at B=1, T=1024
 
 The file holds `key value` lines and a first comment line naming torch's
 version, the date, the CPU and the BLAS library torch loaded (Debian's
@@ -69,6 +75,8 @@ THREADS = sorted({1, os.cpu_count() or 1})
 ATTN_SHAPES = [(8, 8, 128, 64), (4, 8, 512, 64), (1, 8, 1024, 64), (2, 4, 64, 32)]
 MATMUL_SHAPES = [(n, n, n) for n in (64, 128, 256, 512, 1024)] + \
                 [(128, 128, 64), (512, 512, 64), (512, 64, 512)]
+BF16_SHAPES = [(1024, 1024, 1024), (256, 256, 256)]
+LINEAR_SHAPES = [(256, 2304, 768), (256, 768, 3072), (256, 50257, 768)]  # GPT-2's, B*T = 256
 results = {}
 
 
@@ -146,6 +154,26 @@ def bench_matmul(t):
                 torch.matmul(a, b)
         ms = median_ms(run, 1, reps) / inner
         put(f"matmul_gflops_{t}t_{m}x{n}x{k}", flops / (ms * 1e6))
+
+
+def gflops(fn, flops):
+    inner = max(1, int(2e8 / flops))
+
+    def run():
+        for _ in range(inner):
+            fn()
+    return flops / (median_ms(run, 1, 5) / inner * 1e6)
+
+
+def bench_matmul_bf16(t):
+    for m, n, k in BF16_SHAPES:
+        a, b = torch.randn(m, k).bfloat16(), torch.randn(k, n).bfloat16()
+        put(f"matmul_bf16_gflops_{t}t_{m}x{n}x{k}", gflops(lambda: torch.matmul(a, b), 2.0 * m * n * k))
+    for m, n, k in LINEAR_SHAPES:
+        x, w = torch.randn(m, k), torch.randn(n, k)
+        put(f"linear_gflops_{t}t_{m}x{n}x{k}", gflops(lambda: F.linear(x, w), 2.0 * m * n * k))
+        xb, wb = x.bfloat16(), w.bfloat16()
+        put(f"linear_bf16_gflops_{t}t_{m}x{n}x{k}", gflops(lambda: F.linear(xb, wb), 2.0 * m * n * k))
 
 
 def bench_mha(t):
@@ -432,17 +460,19 @@ class GPT2(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def gpt2_child(t):
+def gpt2_child(t, b, seq, bf16):
     set_threads(t)
     torch.manual_seed(0)
     model = GPT2()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
-    tok = torch.randint(0, 50257, (4, 65))
-    x, y = tok[:, :64], tok[:, 1:]
+    tok = torch.randint(0, 50257, (b, seq + 1))
+    x, y = tok[:, :seq], tok[:, 1:]
     times = []
     for _ in range(6):
         t0 = time.perf_counter()
-        model(x, y).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(x, y)
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
@@ -450,14 +480,16 @@ def gpt2_child(t):
     print(f"gpt2 {1e3 * times[0]:.1f} {1e3 * statistics.median(times[1:]):.1f} {rss:.1f}")
 
 
-def bench_gpt2(t):
+def bench_gpt2(t, b=4, seq=64, bf16=False):
     import subprocess
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--gpt2-child", str(t)],
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--gpt2-child", str(t),
+                          str(b), str(seq), str(int(bf16))],
                          capture_output=True, text=True, check=True).stdout.split()
     first, median, rss = (float(v) for v in out[1:4])
-    put(f"gpt2_first_ms_{t}t", first)
-    put(f"gpt2_ms_{t}t", median)
-    put(f"gpt2_rss_mib_{t}t", rss)
+    key = "gpt2" + ("_bf16" if bf16 else "") + ("_b1t1024" if seq == 1024 else "")
+    put(f"{key}_first_ms_{t}t", first)
+    put(f"{key}_ms_{t}t", median)
+    put(f"{key}_rss_mib_{t}t", rss)
 
 
 # ---------------------------------------------------------------- main
@@ -527,6 +559,10 @@ def main():
         bench_mha(t)
         bench_copy(t)
         bench_gpt2(t)
+        bench_matmul_bf16(t)
+        bench_gpt2(t, bf16=True)
+        bench_gpt2(t, 1, 1024)
+        bench_gpt2(t, 1, 1024, bf16=True)
     version = ".".join(torch.__version__.split(".")[:2])
     header = (f"# torch {version}, {datetime.date.today().isoformat()}, {cpu_model()}, "
               f"{os.cpu_count()} CPUs, BLAS {blas_name()} (kernel {openblas_core()}), "
@@ -539,7 +575,7 @@ def main():
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--gpt2-child":
-        gpt2_child(int(sys.argv[2]))
+    if len(sys.argv) == 6 and sys.argv[1] == "--gpt2-child":
+        gpt2_child(*(int(v) for v in sys.argv[2:5]), sys.argv[5] == "1")
     else:
         main()
