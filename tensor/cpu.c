@@ -74,7 +74,7 @@ static int detect_isa(void) {
 
 static void read_name(void) {
     unsigned r[12];
-    if (__get_cpuid_max(0x80000000, NULL) < 0x80000004) return;
+    if ((unsigned)__get_cpuid_max(0x80000000, NULL) < 0x80000004u) return;
     for (unsigned i = 0; i < 3; i++)
         __cpuid(0x80000002 + i, r[4 * i], r[4 * i + 1], r[4 * i + 2], r[4 * i + 3]);
     char s[49];
