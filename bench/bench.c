@@ -384,7 +384,8 @@ static void bench_peak(void) {
             printf("  (the peak for %%pk ratios; f64 peak taken as half)\n");
         }
     }
-    if (__builtin_cpu_supports("avx512f") && !strcmp(nb_cpu_isa(), "avx512bf16")) {
+    const char *isa = nb_cpu_isa(); /* amx: no AMX kernel yet, its products take vdpbf16ps */
+    if (__builtin_cpu_supports("avx512f") && (!strcmp(isa, "avx512bf16") || !strcmp(isa, "amx"))) {
         double g1 = peak_gflops(dot_bf16, 16 * 16 * 4, 1), gn = peak_gflops(dot_bf16, 16 * 16 * 4, ncpu);
         printf("%-36s %10.1f %10.1f  (bf16 FLOPs: the bf16 peak)\n",
                "AVX512_BF16, 16 zmm vdpbf16ps chains", g1, gn);
