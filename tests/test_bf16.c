@@ -141,6 +141,7 @@ END_TEST
 
 START_TEST(bf16_save_load) {
     test_make_tmp_dir("bf16");
+    nb_scope_begin(); /* the registries keep handles of their own */
     nb_params *ps = nb_params_new(), *qs = nb_params_new();
     nb_tensor *w = nb_to(nb_from_data(NB_F32, NB_SHAPE(3), (const float[]){1.f, -2.5f, 1e-3f}),
                          NB_BF16);
@@ -165,6 +166,7 @@ START_TEST(bf16_save_load) {
     /* parameters stay f32 or f64 (the master weights of mixed precision) */
     expect_error(nb_params_add(fs, "p", nb_zeros(NB_BF16, NB_SHAPE(2))), "must be f32 or f64",
                  "bf16");
+    nb_scope_end();
     nb_params_free(ps);
     nb_params_free(qs);
     nb_params_free(fs);
