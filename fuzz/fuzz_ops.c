@@ -1,13 +1,15 @@
 /* fuzz_ops.c: libFuzzer target for the tensor ops, views and autograd.
  *
  * The input is a small program. Its first bytes pick the floating dtype (f32
- * or f64) and make 1-3 tensors (0-4 dims of size 0-5, values from the bytes,
- * some NB_BOOL, some requiring grad); each following byte picks an op: one
- * of ops/registry.h (every op of nabla, each with its decoder op_<name>
- * here, which the dispatch table made from the registry requires), or
- * nb_detach / nb_set_requires_grad. Its operands and arguments (dims, sizes,
- * starts, index tensors, dropout's p and seed) come from the next bytes, and
- * its result joins the pool of operands.
+ * or f64, and whether the first input and the others are bf16 instead) and
+ * make 1-3 tensors (0-4 dims of size 0-5, values from the bytes, some
+ * NB_BOOL, some requiring grad); each following byte picks an op: one of
+ * ops/registry.h (every op of nabla, each with its decoder op_<name> here,
+ * which the dispatch table made from the registry requires), or nb_detach /
+ * nb_set_requires_grad / nb_autocast_begin and _end. Its operands and
+ * arguments (dims, sizes, starts, index tensors, dropout's p and seed, nb_to's
+ * dtype, bf16 among them) come from the next bytes, and its result joins the
+ * pool of operands.
  *
  * Every call is judged by a slow reference written here on plain double
  * arrays (row-major values, explicit shapes, its own broadcast and index
@@ -23,10 +25,19 @@
  *   rounding errors for sums of n terms kept in the result's precision
  *   (matmul, softmax);
  *   NaN and +-Inf must agree in position;
+ * - bf16, as the registry's NB_OP_BF16 flag says (bf16_rule): a flagged op
+ *   (views, copies, cat, stack, nb_to, nb_matmul) is checked like the others,
+ *   its bf16 results bit for bit (the sign of 0, NaN as 0xffff; the
+ *   reference rounds to nearest even by its own arithmetic, f64 through f32
+ *   first), bf16 products within one bf16 rounding of the exact sum plus f32
+ *   accumulation (and, under autocast, f32 results of bf16-rounded operands);
+ *   any other op must refuse a bf16 operand, and a call valid but for bf16
+ *   with a message that says "bf16"; nb_to from bf16 is exact bit for bit;
+ *   nb_autocast_dtype follows the regions the program opens and closes;
  * - the operands' values are unchanged by the call;
  * - a floating result that requires grad backpropagates (nb_backward of its
- *   nb_sum_all) without error, and every leaf's gradient has the leaf's shape
- *   and dtype;
+ *   nb_sum_all; a bf16 one's nb_to to f32 first) without error, and every
+ *   leaf's gradient has the leaf's shape and dtype (bf16 for a bf16 leaf);
  * - everything runs in one scope, after which nb_live_tensors() is back to
  *   its value before the input.
  * A violation prints the op and its operands' shapes and aborts. Calls that
@@ -38,10 +49,12 @@
  * and that the same seed repeats it.
  *
  * Limits of the reference: results of more than MAX_NUMEL elements are not
- * computed (the call is skipped); f32 matmul values are not compared when an
- * operand holds a finite |x| > 1e15 (f64: 1e150), where float accumulation
- * may overflow where the double reference does not. Shapes stay small (sizes
- * up to 6), so int64 overflow of shapes is not explored here. */
+ * computed (the call is skipped); f32 and bf16 matmul values are not
+ * compared when an operand holds a finite |x| > 1e15 (f64: 1e150), where
+ * float accumulation may overflow where the double reference does not; bf16
+ * products allow for the AVX512_BF16 path's flushing of subnormal operands,
+ * products and sums (documented in ops/gemm_bf16.c). Shapes stay small
+ * (sizes up to 6), so int64 overflow of shapes is not explored here. */
 #include <float.h>
 #include <math.h>
 #include <stdarg.h>
@@ -52,7 +65,8 @@
 #include <string.h>
 
 #include "../nabla.h"
-#include "../ops/gemm_internal.h" /* nbi_gemm_path: each matmul kernel path, as tests do */
+#include "../ops/gemm_internal.h"   /* nbi_gemm_path: each matmul kernel path, as tests do */
+#include "../tensor/cpu_internal.h" /* nbi_isa_force: each bf16 product path, as tests do */
 #include "ops_program.h"
 
 #define MAX_NUMEL 4096
@@ -99,6 +113,47 @@ static double val_of(unsigned b) {
     case 245: return 1e-310; /* subnormal f64, 0 in f32 */
     default: return ((int)b - 123) / 8.0;
     }
+}
+
+/* ------------------------------------------------------------------ bf16 */
+/* bf16 values are held in doubles like the others (exactly: 8 significant
+ * bits). The reference rounds to bf16 by arithmetic, independently of the
+ * library's bit trick: round to nearest even at the bf16 quantum of x's
+ * binade (2^-133 below f32's normal range, as bf16 keeps f32's subnormals),
+ * overflow (past (2 - 2^-7) 2^127, ties to even included) to inf, and every
+ * NaN to the NaN whose bits are 0xffff. */
+#define BF16_MAX 0x1.fep127
+
+static double bf16_nan(void) {
+    uint32_t u = 0xffff0000u;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f; /* a quiet NaN: widening keeps its payload */
+}
+
+static double bf16_round(double f) { /* f: an f32 value (or +-inf, NaN) */
+    if (isnan(f)) return bf16_nan();
+    if (isinf(f) || f == 0) return f;
+    int e = ilogb(f);
+    double q = ldexp(1.0, (e < -126 ? -126 : e) - 7);
+    double v = nearbyint(f / q) * q; /* the default rounding mode: ties to even */
+    return fabs(v) > BF16_MAX ? copysign(INFINITY, f) : v;
+}
+
+/* The bf16 bits of a double holding a bf16 value (NaN payloads survive the
+ * round trip through float, as they are quiet). */
+static uint16_t bf16_bits(double d) {
+    float f = (float)d;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (uint16_t)(u >> 16);
+}
+
+static double bf16_value(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
 }
 
 /* ------------------------------------------------------- shapes, indexing */
@@ -183,7 +238,9 @@ static void vals_free(vals *a) {
     a->v = NULL;
 }
 
-static bool is_float(nb_dtype d) { return d == NB_F32 || d == NB_F64; }
+/* Floating: can require grad; bf16 included (which ops take it is the
+ * registry's NB_OP_BF16, see bf16_rule). */
+static bool is_float(nb_dtype d) { return d == NB_F32 || d == NB_F64 || d == NB_BF16; }
 
 /* t's values read through its shape, strides and data pointer. */
 static vals read_tensor(nb_tensor *t) {
@@ -210,6 +267,7 @@ static vals read_tensor(nb_tensor *t) {
         case NB_F32: a.v[i] = ((const float *)base)[off]; break;
         case NB_F64: a.v[i] = ((const double *)base)[off]; break;
         case NB_I64: a.v[i] = (double)((const int64_t *)base)[off]; break;
+        case NB_BF16: a.v[i] = bf16_value(((const uint16_t *)base)[off]); break;
         case NB_BOOL: {
             unsigned char c;
             memcpy(&c, base + off, 1);
@@ -255,6 +313,9 @@ typedef struct {
     double *mag;  /* per element: sum of |terms| (NULL: |v|) */
     int rule;
     double rtol;
+    bool bitwise;  /* EXACT down to the bits (NaN payloads, the sign of 0); bf16 always */
+    bool bf16_msg; /* refused for bf16 alone: the message must say "bf16" */
+    bool bf16_call; /* a bf16 operand or result, judged by the op's NB_OP_BF16 */
 } expect;
 
 static void expect_init(expect *e, const char *fn, nb_dtype dt) {
@@ -282,22 +343,56 @@ static void expect_free(expect *e) {
 }
 
 /* A double rounded to the result dtype (f32 rounds once, as the library's
- * float arithmetic of exactly rounded ops does). */
+ * float arithmetic of exactly rounded ops does; bf16 goes through f32 first,
+ * as nb_to from f64 does, and is f32's rounding for an f32 value). */
 static double round_to(double x, nb_dtype dt) {
-    if (dt == NB_F32) {
-        if (x > FLT_MAX * 2.0) return INFINITY; /* explicit: no out-of-range conversion */
-        if (x < -FLT_MAX * 2.0) return -INFINITY;
-        return (double)(float)x;
+    if (dt == NB_F32 || dt == NB_BF16) {
+        double f;
+        if (x > FLT_MAX * 2.0) f = INFINITY; /* explicit: no out-of-range conversion */
+        else if (x < -FLT_MAX * 2.0) f = -INFINITY;
+        else f = (double)(float)x;
+        return dt == NB_BF16 ? bf16_round(f) : f;
     }
     return x;
 }
 
+/* Whether two doubles holding values of dt have the same bits in dt. */
+static bool same_bits(double r, double l, nb_dtype dt) {
+    if (dt == NB_BF16) return bf16_bits(r) == bf16_bits(l);
+    if (dt == NB_F32) {
+        float a = (float)r, b = (float)l;
+        return !memcmp(&a, &b, sizeof a);
+    }
+    return !memcmp(&r, &l, sizeof r);
+}
+
+/* "library 0x.. vs reference 0x..", for a failure report */
+static const char *bits_str(double l, double r, nb_dtype dt) {
+    static char buf[80];
+    uint64_t a = 0, b = 0;
+    if (dt == NB_BF16) a = bf16_bits(l), b = bf16_bits(r);
+    else if (dt == NB_F32) {
+        float x = (float)l, y = (float)r;
+        uint32_t u, v;
+        memcpy(&u, &x, 4), memcpy(&v, &y, 4);
+        a = u, b = v;
+    } else memcpy(&a, &l, 8), memcpy(&b, &r, 8);
+    snprintf(buf, sizeof buf, "0x%llx vs 0x%llx", (unsigned long long)a, (unsigned long long)b);
+    return buf;
+}
+
 static void compare_values(const expect *e, const vals *got) {
-    double big = e->dt == NB_F32 ? 1e38 : 1e307;
+    bool bf = e->dt == NB_BF16;
+    double big = e->dt == NB_F64 ? 1e307 : 1e38;
     for (int64_t i = 0; i < got->n; i++) {
-        double r = is_float(e->dt) ? round_to(e->v[i], e->dt) : e->v[i], l = got->v[i];
+        /* bf16 products are judged against the exact sum, unrounded (the
+         * tolerance below holds the result's one rounding) */
+        double r = is_float(e->dt) && !(bf && e->rule == TOL) ? round_to(e->v[i], e->dt) : e->v[i];
+        double l = got->v[i];
         bool ok;
-        if (!is_float(e->dt) && isnan(r)) {
+        if ((bf || e->bitwise) && e->rule == EXACT) {
+            ok = same_bits(r, l, e->dt);
+        } else if (!is_float(e->dt) && isnan(r)) {
             ok = true; /* an unspecified integer (nb_to of NaN, Inf or out of range) */
         } else if (isnan(r) || isnan(l)) {
             ok = isnan(r) && isnan(l);
@@ -308,7 +403,8 @@ static void compare_values(const expect *e, const vals *got) {
             ok = r == l;
         } else {
             double m = e->mag ? e->mag[i] : fabs(r);
-            double tol = e->rtol * m + (e->dt == NB_F32 ? 1e-37 : 1e-300);
+            double tol = e->rtol * m + (e->dt == NB_F64 ? 1e-300 : 1e-37);
+            if (bf) tol += 0x1p-8 * (fabs(r) + tol); /* the f32 sum's rounding to bf16 */
             ok = !(fabs(l - r) > tol); /* a NaN or infinite tolerance accepts */
         }
         if (!ok) {
@@ -322,6 +418,10 @@ static void compare_values(const expect *e, const vals *got) {
             for (int d = 0; d < got->sh.nd; d++)
                 n += snprintf(where + n, sizeof where - (size_t)n, "%s%lld", d ? "," : "",
                               (long long)idx[d]);
+            if ((bf || e->bitwise) && e->rule == EXACT)
+                fail("element %lld [%s] of %s: library %.17g, reference %.17g; %s bits %s",
+                     (long long)i, where, shape_str(&got->sh), l, r, nb_dtype_name(e->dt),
+                     bits_str(l, r, e->dt));
             fail("element %lld [%s] of %s: library %.17g, reference %.17g (mag %.3g)",
                  (long long)i, where, shape_str(&got->sh), l, r, e->mag ? e->mag[i] : fabs(r));
         }
@@ -341,7 +441,14 @@ typedef struct {
     nb_tensor *leaves[MAX_LEAVES]; /* leaves that require grad */
     int n, nleaves, backwards;
     nb_dtype fdt;
+    unsigned bf16_inputs;     /* head bits 5-6: bit 0 the first input is bf16, bit 1 the others */
+    nb_dtype ac[MAX_OPS + 1]; /* the autocast regions this program opened, innermost last */
+    int nac;
 } pool;
+
+/* Whether nb_matmul multiplies f32 operands in bf16 now (the model of
+ * nb_autocast_begin's per-thread stack, which op_autocast checks). */
+static bool autocast_bf16(const pool *p) { return p->nac && p->ac[p->nac - 1] == NB_BF16; }
 
 static void pool_add(pool *p, nb_tensor *t, reader *r) {
     if (p->n < POOL) p->t[p->n++] = t;
@@ -356,10 +463,13 @@ static void pick_n(pool *p, reader *r, nb_tensor **ops, int n) {
 }
 
 /* Per opcode: calls that were valid and passed every check, calls refused
- * (as the reference said), and calls skipped as too big. replay.c reads the
- * first (fuzz_ops_succeeded); NABLA_FUZZ_STATS=1 prints all three at exit. */
-enum { SUCCEEDED, REFUSED, SKIPPED };
-static long stats[OP_COUNT][3];
+ * (as the reference said), calls skipped as too big, and of the first two
+ * those whose bf16 behaviour was checked (a bf16 operand or result: a flagged
+ * op's result, or another op's refusal of a call valid but for bf16).
+ * replay.c reads the first (fuzz_ops_succeeded), gen_seeds.c the last
+ * (fuzz_ops_bf16); NABLA_FUZZ_STATS=1 prints all four at exit. */
+enum { SUCCEEDED, REFUSED, SKIPPED, BF16, NSTATS };
+static long stats[OP_COUNT][NSTATS];
 static unsigned cur_op; /* the opcode being run */
 
 static bool verbose;
@@ -367,12 +477,35 @@ static bool verbose;
 static void count(int what) { stats[cur_op][what]++; }
 
 long fuzz_ops_succeeded(unsigned op) { return op < OP_COUNT ? stats[op][SUCCEEDED] : 0; }
+long fuzz_ops_bf16(unsigned op) { return op < OP_COUNT ? stats[op][BF16] : 0; }
 
 static void print_stats(void) {
-    fprintf(stderr, "fuzz_ops: calls per function (succeeded / refused / skipped):\n");
+    fprintf(stderr,
+            "fuzz_ops: calls per function (succeeded / refused / skipped / bf16 checked):\n");
     for (unsigned op = 0; op < OP_COUNT; op++)
-        fprintf(stderr, "  %-22s %10ld %10ld %8ld\n", fuzz_ops_name(op), stats[op][SUCCEEDED],
-                stats[op][REFUSED], stats[op][SKIPPED]);
+        fprintf(stderr, "  %-22s %10ld %10ld %8ld %10ld\n", fuzz_ops_name(op),
+                stats[op][SUCCEEDED], stats[op][REFUSED], stats[op][SKIPPED], stats[op][BF16]);
+}
+
+static bool op_takes_bf16(unsigned op); /* the registry's NB_OP_BF16 (program_ops below) */
+
+/* bf16, for every op alike, from the registry: an op flagged NB_OP_BF16 is
+ * judged by its own reference, which treats bf16 as a floating dtype like
+ * f32 and f64 (validity, the result's dtype, values rounded to bf16); any
+ * other op with a bf16 operand must refuse the call, and when the reference
+ * finds the call valid but for bf16 (as if bf16 were f32), the message must
+ * say "bf16". Called once the reference has decided, before the call. */
+static void bf16_rule(expect *e, const vals *in, int nops) {
+    bool any = e->ok && e->dt == NB_BF16;
+    for (int k = 0; k < nops; k++) any |= in[k].dt == NB_BF16;
+    if (!any) return;
+    if (op_takes_bf16(cur_op)) {
+        e->bf16_call = e->ok;
+    } else if (e->ok) {
+        e->ok = false;
+        e->skip = false; /* a refusal is cheap at any size */
+        e->bf16_msg = e->bf16_call = true;
+    }
 }
 
 /* Checks one call: result against the expectation, operands unchanged, then
@@ -395,8 +528,11 @@ static void check_call(pool *p, reader *r, expect *e, nb_tensor *res, nb_tensor 
         if (e->ok) fail("the library refused a call the reference accepts");
         if (!msg || strncmp(msg, e->fn, len) || msg[len] != ':')
             fail("error message does not start with \"%s:\"", e->fn);
+        if (e->bf16_msg && !strstr(msg, "bf16"))
+            fail("a call valid but for its bf16 operands was refused without saying \"bf16\"");
         nb_clear_error();
         count(REFUSED);
+        if (e->bf16_call) count(BF16);
         return;
     }
     if (!e->ok) fail("the library accepted a call the reference refuses");
@@ -409,10 +545,12 @@ static void check_call(pool *p, reader *r, expect *e, nb_tensor *res, nb_tensor 
     vals_free(&got);
     nb_clear_error();
 
-    /* backward through the new result */
+    /* backward through the new result (bf16 through nb_to to f32, as nb_sum_all
+     * refuses bf16: gradients still flow back through the bf16 ops) */
     if (is_float(got.dt) && nb_requires_grad(res) && p->backwards < MAX_BACKWARD) {
         p->backwards++;
-        nb_tensor *s = nb_sum_all(res);
+        nb_tensor *f = got.dt == NB_BF16 ? nb_to(res, NB_F32) : res;
+        nb_tensor *s = f ? nb_sum_all(f) : NULL;
         /* retained: later results share this graph and backpropagate through it again */
         nb_backward_opts keep = {.retain_graph = true};
         if (!s || nb_backward_with_opts(s, NULL, &keep) != 0)
@@ -430,6 +568,7 @@ static void check_call(pool *p, reader *r, expect *e, nb_tensor *res, nb_tensor 
         }
     }
     count(SUCCEEDED);
+    if (e->bf16_call) count(BF16);
     pool_add(p, res, r);
 }
 
@@ -453,6 +592,7 @@ static void end_call(vals *in, int nops, expect *e) {
 /* Runs the library call (unless the expectation says to skip it) and checks it. */
 #define RUN(p, r, e, ops, nops, in, CALL)                   \
     do {                                                    \
+        bf16_rule(&(e), in, nops);                          \
         if (!(e).skip) {                                    \
             nb_clear_error();                               \
             nb_tensor *res_ = (CALL);                       \
@@ -472,6 +612,8 @@ static int dim_arg(reader *r, int nd) {
 }
 
 /* -------------------------------------------------------- reference ops */
+/* The references' "floating operand" test: bf16 passes it, as though it were
+ * f32; bf16_rule then refuses it for every op not flagged NB_OP_BF16. */
 static bool float_ok(nb_dtype d) { return is_float(d); }
 
 /* + - * /: the library call and its reference on one pair of elements */
@@ -635,16 +777,28 @@ static void op_gelu_tanh(pool *p, reader *r, const char *fn) {
     unary(p, r, fn, nb_gelu_tanh, ref_gelu_tanh, TOL, REL_X);
 }
 
-/* torch.matmul */
+/* torch.matmul. bf16 x bf16 gives bf16: the exact products summed in f32,
+ * rounded once to bf16 (within that rounding of the f32 sum, see
+ * compare_values). Under autocast (op_autocast), f32 and bf16 operands but
+ * bf16 x bf16 are rounded to bf16 and summed in f32 into an f32 result; f64
+ * is never cast, and other mixtures are refused. On the AVX512_BF16 path a
+ * subnormal bf16 operand reads as 0 and subnormal products and partial sums
+ * flush to 0 (ops/gemm_bf16.c): the tolerance holds those terms and up to
+ * 2^-126 per step. */
 static void op_matmul(pool *p, reader *r, const char *fn) {
     nb_tensor *ops[2];
     pick_n(p, r, ops, 2);
     vals in[2];
     begin_call(fn, ops, 2, in);
+    if (autocast_bf16(p)) snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " (autocast)");
+    nb_dtype da = in[0].dt, db = in[1].dt;
+    bool bfa = da == NB_F32 || da == NB_BF16, bfb = db == NB_F32 || db == NB_BF16;
+    bool cast = autocast_bf16(p) && bfa && bfb && !(da == NB_BF16 && db == NB_BF16);
+    bool bf16 = cast || (da == NB_BF16 && db == NB_BF16); /* products of bf16 values */
     expect e;
-    expect_init(&e, fn, in[0].dt);
+    expect_init(&e, fn, cast ? NB_F32 : da);
     const shp *a = &in[0].sh, *b = &in[1].sh;
-    bool ok = float_ok(in[0].dt) && in[0].dt == in[1].dt && a->nd > 0 && b->nd > 0;
+    bool ok = (cast || (float_ok(da) && da == db)) && a->nd > 0 && b->nd > 0;
     bool a1 = a->nd == 1, b1 = b->nd == 1;
     int64_t M = 0, K = 0, N = 0;
     shp ba = {0}, bb = {0}, batch = {0};
@@ -665,8 +819,8 @@ static void op_matmul(pool *p, reader *r, const char *fn) {
         if (!b1) e.sh.s[e.sh.nd++] = N;
         expect_alloc(&e, true);
         e.rule = TOL;
-        e.rtol = acc_rtol(e.dt, K);
-        double big = e.dt == NB_F32 ? 1e15 : 1e150;
+        e.rtol = acc_rtol(bf16 ? NB_F32 : e.dt, K); /* bf16 products: an f32 sum */
+        double big = e.dt == NB_F64 ? 1e150 : 1e15;
         for (int k = 0; k < 2; k++)
             for (int64_t i = 0; i < in[k].n; i++)
                 if (isfinite(in[k].v[i]) && fabs(in[k].v[i]) > big) e.rule = NOVALS;
@@ -679,15 +833,20 @@ static void op_matmul(pool *p, reader *r, const char *fn) {
                 int64_t fb = bb.nd ? bcast_flat(&batch, bidx, &bb) : 0;
                 for (int64_t m = 0; m < M; m++)
                     for (int64_t n = 0; n < N; n++, out++) {
-                        double s = 0, mag = 0;
+                        double s = 0, mag = 0, flush = 0;
                         for (int64_t k = 0; k < K; k++) {
                             double x = in[0].v[(fa * M + m) * K + k];
                             double y = in[1].v[(fb * K + k) * N + n];
+                            if (bf16) { /* as packed: f32 rounded to bf16 (bf16 unchanged) */
+                                x = round_to(x, NB_BF16), y = round_to(y, NB_BF16);
+                                if (fabs(x) < 0x1p-126 || fabs(y) < 0x1p-126) flush += fabs(x * y);
+                            }
                             s += x * y;
                             mag += fabs(x * y);
                         }
+                        if (bf16) flush += (double)(K + 1) * 0x1p-126;
                         e.v[out] = s;
-                        e.mag[out] = mag;
+                        e.mag[out] = mag + flush / e.rtol; /* tol = rtol * mag + flush */
                     }
             } while (next_index(bidx, &batch));
         }
@@ -1083,6 +1242,7 @@ static void op_contiguous(pool *p, reader *r, const char *fn) {
     e.sh = in[0].sh;
     expect_alloc(&e, false);
     if (!e.skip) memcpy(e.v, in[0].v, (size_t)in[0].n * sizeof *e.v);
+    bf16_rule(&e, in, 1);
     nb_clear_error();
     if (!e.skip) {
         nb_tensor *res = nb_contiguous(ops[0]);
@@ -1389,10 +1549,16 @@ static void op_view(pool *p, reader *r, const char *fn) { view_shape(p, r, fn, f
 static void op_reshape(pool *p, reader *r, const char *fn) { view_shape(p, r, fn, true); }
 
 /* nb_to: any dtype to any; to I64 truncates (NaN, +-Inf and values out of
- * int64's range are not specified: any result is accepted) */
+ * int64's range are not specified: any result is accepted). To bf16 rounds
+ * to nearest even (f64 through f32 first: two roundings), overflow to inf,
+ * NaN to 0xffff, checked bit for bit; from bf16 to f32 and f64 is exact, NaN
+ * payloads and the sign of 0 kept, checked bit for bit too. The dtype byte:
+ * bf16 when its bits 2 and 3 are set, else byte % 4 (the dtypes before bf16,
+ * as before it existed). */
 static void op_to(pool *p, reader *r, const char *fn) {
     nb_tensor *ops[1] = {pick(p, r)};
-    nb_dtype to = (nb_dtype)(u8(r) % 4);
+    unsigned b = u8(r);
+    nb_dtype to = (b & 0x0c) == 0x0c ? NB_BF16 : (nb_dtype)(b % 4);
     vals in[1];
     begin_call(fn, ops, 1, in);
     snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " to %s", nb_dtype_name(to));
@@ -1400,6 +1566,7 @@ static void op_to(pool *p, reader *r, const char *fn) {
     expect_init(&e, fn, to);
     e.sh = in[0].sh;
     expect_alloc(&e, false);
+    e.bitwise = in[0].dt == NB_BF16 && (to == NB_F32 || to == NB_F64);
     for (int64_t i = 0; !e.skip && i < in[0].n; i++) {
         double x = in[0].v[i];
         switch (to) {
@@ -1407,6 +1574,7 @@ static void op_to(pool *p, reader *r, const char *fn) {
         case NB_F64: e.v[i] = x; break;
         case NB_I64: e.v[i] = isfinite(x) && fabs(x) < 9.2e18 ? trunc(x) : NAN; break;
         case NB_BOOL: e.v[i] = x != 0; break;
+        case NB_BF16: e.v[i] = round_to(x, NB_BF16); break;
         }
     }
     RUN(p, r, e, ops, 1, in, nb_to(ops[0], to));
@@ -1576,6 +1744,7 @@ static void op_detach(pool *p, reader *r, const char *fn) {
     expect_init(&e, fn, in[0].dt);
     e.sh = in[0].sh;
     expect_gather(&e, &in[0], NULL);
+    bf16_rule(&e, in, 1);
     if (!e.skip) {
         nb_clear_error();
         nb_tensor *res = nb_detach(ops[0]);
@@ -1609,6 +1778,43 @@ static void op_requires_grad(pool *p, reader *r, const char *fn) {
     if (res != t || !nb_requires_grad(t)) fail("a floating tensor does not require grad");
     if (leaf && !was && p->nleaves < MAX_LEAVES) p->leaves[p->nleaves++] = t;
     count(SUCCEEDED);
+    if (nb_dtype_of(t) == NB_BF16) count(BF16);
+}
+
+/* nb_autocast_begin / nb_autocast_end, by a byte: 0 opens a bf16 region, 1
+ * a plain one (NB_F32) inside, 2 ends the innermost, 3 asks for a dtype that
+ * is refused (f64, i64, bool). Ending with none open is refused. The model's
+ * stack (pool.ac) must agree with nb_autocast_dtype after each; the program's
+ * end closes what it left open. */
+static void op_autocast(pool *p, reader *r, const char *fn) {
+    (void)fn;
+    static const nb_dtype bad[] = {NB_F64, NB_I64, NB_BOOL};
+    unsigned b = u8(r), mode = b % 4;
+    nb_dtype dt = mode == 0 ? NB_BF16 : mode == 1 ? NB_F32 : bad[(b >> 2) % 3];
+    const char *name = mode == 2 ? "nb_autocast_end" : "nb_autocast_begin";
+    snprintf(ctx, sizeof ctx, "%s %s (%d regions open)", name, mode == 2 ? "" : nb_dtype_name(dt),
+             p->nac);
+    bool ok = mode == 2 ? p->nac > 0 : mode < 2; /* at most MAX_OPS deep: below the limit */
+    nb_clear_error();
+    int rc = mode == 2 ? nb_autocast_end() : nb_autocast_begin(dt);
+    if (verbose) fprintf(stderr, "fuzz_ops: %s -> %d\n", ctx, rc);
+    if (ok != (rc == 0)) fail("returned %d", rc);
+    if (rc) {
+        const char *msg = nb_last_error();
+        size_t len = strlen(name);
+        if (rc != -1 || !msg || strncmp(msg, name, len) || msg[len] != ':')
+            fail("a refusal that is not -1 with a message starting \"%s:\"", name);
+        nb_clear_error();
+        count(REFUSED);
+    } else {
+        if (mode == 2) p->nac--;
+        else p->ac[p->nac++] = dt;
+        count(SUCCEEDED);
+    }
+    nb_dtype want = autocast_bf16(p) ? NB_BF16 : NB_F32;
+    if (nb_autocast_dtype() != want)
+        fail("nb_autocast_dtype() is %s, the model's %s", nb_dtype_name(nb_autocast_dtype()),
+             nb_dtype_name(want));
 }
 
 /* ------------------------------------------------------------- dropout */
@@ -1682,6 +1888,7 @@ static void op_dropout(pool *p, reader *r, const char *fn) {
             e.v[i] = zeros ? in[0].v[i] * 0.0 : in[0].v[i];
         if (draws) e.rule = NOVALS; /* checked by check_dropped_or_scaled */
     }
+    bf16_rule(&e, in, 1);
     if (!e.skip) {
         nb_rng own, *rng = global ? NULL : &own;
         uint64_t offset;
@@ -1741,6 +1948,7 @@ static void op_multinomial(pool *p, reader *r, const char *fn) {
         expect_alloc(&e, false);
         e.rule = NOVALS;
     }
+    bf16_rule(&e, in, 1);
     if (!e.skip) {
         nb_rng own;
         nb_rng_seed(&own, seed);
@@ -1857,40 +2065,50 @@ static void op_index_select(pool *p, reader *r, const char *fn) { pick_op(p, r, 
 /* ------------------------------------------------------------- the program */
 /* The decoder of each opcode: one per registered op (a registry line
  * without its op_<name> here does not compile), then the fuzzer's own. */
+/* Each keeps its registry flags: NB_OP_BF16 says whether it takes bf16
+ * (bf16_rule). The fuzzer's own take bf16 (a view; a floating leaf; nothing
+ * of a tensor). */
 typedef void op_decoder(pool *p, reader *r, const char *fn);
 static const struct {
     op_decoder *run;
     const char *fn;
+    unsigned flags;
 } program_ops[OP_COUNT] = {
-#define X(name, inputs, flags, call) [OP_##name] = {op_##name, "nb_" #name},
+#define X(name, inputs, flags, call) [OP_##name] = {op_##name, "nb_" #name, flags},
     NB_OPS(X)
 #undef X
-    [OP_detach] = {op_detach, "nb_detach"},
-    [OP_requires_grad] = {op_requires_grad, "nb_set_requires_grad"},
+    [OP_detach] = {op_detach, "nb_detach", NB_OP_BF16},
+    [OP_requires_grad] = {op_requires_grad, "nb_set_requires_grad", NB_OP_BF16},
+    [OP_autocast] = {op_autocast, "nb_autocast_begin", NB_OP_BF16},
 };
 
 const char *fuzz_ops_name(unsigned op) { return op < OP_COUNT ? program_ops[op].fn : NULL; }
+
+static bool op_takes_bf16(unsigned op) { return program_ops[op].flags & NB_OP_BF16; }
 
 static void run_op(pool *p, reader *r, unsigned op) {
     cur_op = op;
     program_ops[op].run(p, r, program_ops[op].fn);
 }
 
-/* One input tensor: a byte of kind (ndim, bool, requires grad), sizes, values. */
-static void make_tensor(pool *p, reader *r) {
+/* One input tensor: a byte of kind (ndim, bool, requires grad), sizes, values.
+ * A floating one is bf16 when the head says so for input k (values rounded). */
+static void make_tensor(pool *p, reader *r, int k) {
     unsigned b = u8(r);
     int nd = (int)(b % 5);
     bool is_bool = (b >> 3) % 4 == 3, rg = (b >> 5) & 1;
     shp s = {.nd = nd};
     for (int i = 0; i < nd; i++) s.s[i] = (int64_t)(u8(r) % 6);
     int64_t n = numel(&s);
-    nb_dtype dt = is_bool ? NB_BOOL : p->fdt;
+    bool bf16 = p->bf16_inputs >> (k ? 1 : 0) & 1;
+    nb_dtype dt = is_bool ? NB_BOOL : bf16 ? NB_BF16 : p->fdt;
     void *data = malloc((size_t)(n ? n : 1) * 8);
     if (!data) abort();
     for (int64_t i = 0; i < n; i++) {
         unsigned c = u8(r);
         if (dt == NB_BOOL) ((bool *)data)[i] = c & 1;
         else if (dt == NB_F64) ((double *)data)[i] = val_of(c);
+        else if (dt == NB_BF16) ((uint16_t *)data)[i] = bf16_bits(round_to(val_of(c), NB_BF16));
         else ((float *)data)[i] = (float)round_to(val_of(c), NB_F32);
     }
     nb_tensor *t = nb_from_data(dt, s.nd, s.s, data);
@@ -1924,16 +2142,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     pool p = {.fdt = NB_F32};
     unsigned head = u8(&r);
     p.fdt = head & 1 ? NB_F64 : NB_F32;
+    p.bf16_inputs = head >> 5 & 3;
     int ntensors = 1 + (int)((head >> 1 & 3) % 3);
+    /* the kernel path of f32/f64 products and of bf16 ones (best: vdpbf16ps
+     * here; the others: the f32-FMA fallbacks); one the CPU lacks falls back */
     static const int paths[] = {NBI_GEMM_AUTO, NBI_GEMM_PORTABLE, NBI_GEMM_AVX2, NBI_GEMM_AVX512};
-    nbi_gemm_path(paths[head >> 3 & 3]); /* one the CPU lacks falls back to portable */
+    static const int isas[] = {-1, NBI_ISA_PORTABLE, NBI_ISA_AVX2, NBI_ISA_AVX512};
+    nbi_isa_force(isas[head >> 3 & 3]);
+    nbi_gemm_path(paths[head >> 3 & 3]);
     nb_clear_error();
     nb_scope_begin();
-    for (int i = 0; i < ntensors; i++) make_tensor(&p, &r);
+    for (int i = 0; i < ntensors; i++) make_tensor(&p, &r, i);
     for (last_ops = 0; last_ops < MAX_OPS && more(&r); last_ops++)
         run_op(&p, &r, u8(&r) % OP_COUNT);
     nb_scope_end();
     snprintf(ctx, sizeof ctx, "the end of the program");
+    for (; p.nac > 0; p.nac--)
+        if (nb_autocast_end() != 0) fail("nb_autocast_end failed with a region open");
+    if (nb_autocast_dtype() != NB_F32) fail("an autocast region is still open");
     if (nb_live_tensors() != live_baseline)
         fail("%lld tensors alive after the scope, %lld before", (long long)nb_live_tensors(),
              (long long)live_baseline);

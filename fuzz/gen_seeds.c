@@ -9,8 +9,11 @@
  *
  * fuzz_ops: one program per op of ops/registry.h, made from its registry line
  * (see registry_seed; linked with fuzz_ops.c, it runs the harness to check
- * them), and hand-made ones (ops_seeds' table): a few ops in a row, bad
- * calls, each matmul kernel path. */
+ * them), in f32, f64 and bf16 (its floating inputs bf16: the op's result
+ * checked, or its refusal of bf16, as its NB_OP_BF16 flag says), and
+ * hand-made ones (ops_seeds' tables): a few ops in a row, bad calls, each
+ * matmul kernel path, each again on bf16 inputs, and conversions to and from
+ * bf16, bf16 products and autocast regions. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -127,9 +130,10 @@ static char *edit(const char *h, const char *from, const char *to) {
 }
 
 /* ------------------------------------------------------ fuzz_ops programs */
-/* The program's first byte for n (1-3) input tensors; see ops_program.h. */
-static unsigned char head_byte(int f64, int ntensors, int path) {
-    return (unsigned char)(f64 | (ntensors - 1) << 1 | path << 3);
+/* The program's first byte for n (1-3) input tensors; see ops_program.h.
+ * bf16: bit 0 makes the first input bf16, bit 1 the others. */
+static unsigned char head_byte(int f64, int ntensors, int path, int bf16) {
+    return (unsigned char)(f64 | (ntensors - 1) << 1 | path << 3 | bf16 << 5);
 }
 
 /* A kind byte for an nd-d input (see ops_program.h): bool, or floating and
@@ -177,11 +181,13 @@ static int registry_inputs(const char *spec, unsigned char *b, size_t *n) {
     return count;
 }
 
-/* Whether fuzz_ops runs exactly one op on prog, successfully, as opcode op. */
-static bool runs_once(unsigned op, const unsigned char *prog, size_t n) {
-    long before = fuzz_ops_succeeded(op);
+/* Whether fuzz_ops runs exactly one op on prog, successfully, as opcode op
+ * (bf16: with its bf16 behaviour checked, a result or a refusal of bf16). */
+static bool runs_once(unsigned op, const unsigned char *prog, size_t n, bool bf16) {
+    long before = bf16 ? fuzz_ops_bf16(op) : fuzz_ops_succeeded(op);
     LLVMFuzzerTestOneInput(prog, n);
-    return fuzz_ops_last_ops() == 1 && fuzz_ops_succeeded(op) == before + 1;
+    long after = bf16 ? fuzz_ops_bf16(op) : fuzz_ops_succeeded(op);
+    return fuzz_ops_last_ops() == 1 && after == before + 1;
 }
 
 /* One seed per registered op: its registry inputs, its opcode, its operands
@@ -198,11 +204,18 @@ static const struct {
 #undef X
 };
 
-static void registry_seed(size_t k, int f64) {
+enum { SEED_F32, SEED_F64, SEED_BF16 };
+
+/* dtype: f32 or f64 inputs, the call valid; or bf16 inputs (its floating
+ * ones; none for an op of bool inputs only: no seed), the call's bf16
+ * behaviour checked: a result for an op flagged NB_OP_BF16, else a refusal
+ * of a call that is valid in f32. */
+static void registry_seed(size_t k, int dtype) {
+    if (dtype == SEED_BF16 && !strpbrk(registered[k].inputs, "fpa")) return;
     unsigned char b[512];
     size_t n = 1;
     int ntensors = registry_inputs(registered[k].inputs, b, &n);
-    b[0] = head_byte(f64, ntensors, 0);
+    b[0] = head_byte(dtype == SEED_F64, ntensors, 0, dtype == SEED_BF16 ? 3 : 0);
     b[n++] = (unsigned char)registered[k].op;
     for (int i = 0; i < ntensors; i++) b[n++] = (unsigned char)i;
     uint64_t x = 0x9E3779B97F4A7C15ULL;
@@ -215,25 +228,52 @@ static void registry_seed(size_t k, int f64) {
             b[n + (size_t)i] = t ? (unsigned char)(x >> 24) : 0;
         }
         for (size_t len = 0; len <= TAIL; len++)
-            if (runs_once(registered[k].op, b, n + len)) {
+            if (runs_once(registered[k].op, b, n + len, dtype == SEED_BF16)) {
                 char name[96];
-                snprintf(name, sizeof name, "op-%s-%s", registered[k].name, f64 ? "f64" : "f32");
+                snprintf(name, sizeof name, "op-%s-%s", registered[k].name,
+                         dtype == SEED_F64 ? "f64" : dtype == SEED_BF16 ? "bf16" : "f32");
                 put_file(name, b, n + len);
                 return;
             }
     }
-    fprintf(stderr, "gen_seeds: no valid program found for nb_%s\n", registered[k].name);
+    fprintf(stderr, "gen_seeds: no %s program found for nb_%s\n",
+            dtype == SEED_BF16 ? "bf16" : "valid", registered[k].name);
     exit(1);
 }
 
+/* Writes a hand-made program, "NAME-DTYPE[-PATH]": head, inputs, ops; and
+ * runs it (a mismatch aborts here, as in make test's replay). bf16: the head's
+ * bf16 bits (DTYPE bf16 when both are set: every floating input is bf16). */
+static void put_program(const char *name, int f64, int path, int bf16, const unsigned char *in,
+                        size_t nin, int ntensors, const unsigned char *prog, size_t len) {
+    unsigned char b[160];
+    size_t n = 0;
+    if (1 + nin + len > sizeof b) die("a hand-made program is too long");
+    b[n++] = head_byte(f64, ntensors, path, bf16);
+    memcpy(b + n, in, nin);
+    n += nin;
+    memcpy(b + n, prog, len);
+    n += len;
+    char file[96];
+    snprintf(file, sizeof file, "%s-%s%s", name, bf16 == 3 ? "bf16" : f64 ? "f64" : "f32",
+             path == 1   ? "-portable"
+             : path == 2 ? "-avx2"
+             : path == 3 ? "-avx512"
+                         : "");
+    put_file(file, b, n);
+    LLVMFuzzerTestOneInput(b, n);
+}
+
 /* fuzz_ops programs: three inputs, A (2,3) and B (3) requiring grad and a
- * bool C (2,3), then one op (or a few) per seed; see ops_program.h. */
+ * bool C (2,3), then one op (or a few) per seed; see ops_program.h. Each runs
+ * with A and B in f32, in f64, and in bf16; those whose name starts with
+ * "matmul" on each kernel path. Then bf16 programs with inputs of their own. */
 static void ops_seeds(void) {
     int argc = 0;
     char **argv = NULL;
     LLVMFuzzerInitialize(&argc, &argv); /* registry_seed runs the harness */
     for (size_t k = 0; k < sizeof registered / sizeof *registered; k++)
-        for (int f64 = 0; f64 < 2; f64++) registry_seed(k, f64);
+        for (int dtype = SEED_F32; dtype <= SEED_BF16; dtype++) registry_seed(k, dtype);
 
     static const unsigned char inputs[] = {
         32, 2, 3, 131, 139, 115, 127, 147, 119, /* A = [[1,2,-1],[.5,3,-.5]] */
@@ -318,24 +358,69 @@ static void ops_seeds(void) {
         {"bad-softmax-dim", P(OP_softmax, A, 255)},
 #undef P
     };
-    for (int f64 = 0; f64 < 2; f64++)
+    for (int dt = 0; dt < 3; dt++) /* f32, f64, bf16 */
         for (size_t i = 0; i < sizeof seeds / sizeof *seeds; i++)
             for (int path = 0; path < 4; path++) { /* matmul seeds on each kernel path */
                 if (path && strncmp(seeds[i].name, "matmul", 6)) continue;
-                unsigned char b[64];
-                size_t n = 0;
-                b[n++] = head_byte(f64, 3, path);
-                memcpy(b + n, inputs, sizeof inputs);
-                n += sizeof inputs;
-                memcpy(b + n, seeds[i].prog, seeds[i].len);
-                n += seeds[i].len;
-                char name[64];
-                snprintf(name, sizeof name, "%s-%s%s", seeds[i].name, f64 ? "f64" : "f32",
-                         path == 1   ? "-portable"
-                         : path == 2 ? "-avx2"
-                         : path == 3 ? "-avx512"
-                                     : "");
-                put_file(name, b, n);
+                put_program(seeds[i].name, dt == 1, path, dt == 2 ? 3 : 0, inputs,
+                            sizeof inputs, 3, seeds[i].prog, seeds[i].len);
+            }
+
+    /* bf16 with inputs of their own. BF: nb_to's dtype byte for bf16. */
+    enum { BF = 0x0c };
+    static const unsigned char specials[] = {
+        32, 3, 5,                /* S (3,5): */
+        255, 254, 253, 252, 251, /* NaN inf -inf -0 1e30 */
+        250, 249, 248, 247, 246, /* -1e-30 88.75 710 3e38 -1e300 */
+        245, 130, 160, 124, 0,   /* 1e-310 7/8 37/8 1/8 -123/8 */
+        36, 5, 131, 160, 130, 127, 200}; /* T (5): 1 37/8 7/8 .5 77/8 */
+    static const unsigned char tiny[] = {
+        32, 2, 3, 250, 123, 123, 130, 160, 124, /* U (2,3): [-1e-30 0 0] [7/8 37/8 1/8] */
+        36, 3, 244, 131, 123};                  /* V (3): 15.125 1 0 */
+    enum { S, T, S2 }; /* pool slots; S2 = the first result */
+    static const struct {
+        const char *name;
+        int bf16, f64s; /* head bf16 bits; f64s: also with f64 inputs */
+        const unsigned char *in;
+        size_t nin;
+        int ntensors;
+        unsigned char prog[48];
+        size_t len;
+    } bseeds[] = {
+#define P(...) {__VA_ARGS__}, sizeof((unsigned char[]){__VA_ARGS__})
+        /* to bf16 and back to each dtype, bf16 to bf16 (a view), a quotient's rounding */
+        {"to-bf16-and-back", 0, 1, inputs, sizeof inputs, 3,
+         P(OP_to, A, BF, OP_to, R, 0, OP_to, R, 1, OP_to, R, 2, OP_to, R, 3, OP_to, R, BF,
+           OP_div, A, B, OP_to, R + 6, BF, 4)},
+        /* specials: NaN to 0xffff, overflow, -0, subnormal, f64's two roundings; a tie
+         * (7/8 * 37/8 = 259/64 rounds to even, 260/64) */
+        {"to-bf16-specials", 0, 1, specials, sizeof specials, 2,
+         P(OP_to, S, BF, OP_to, S2, 0, OP_to, S2, 1, OP_to, S2, 2, OP_to, S2, 3, OP_mul, S, T,
+           OP_to, S2 + 5, BF, OP_to, S2 + 6, 1)},
+        /* A bf16, B f32: mixed products and sums refused, B converted then multiplied */
+        {"matmul-mixed", 1, 0, inputs, sizeof inputs, 3,
+         P(OP_matmul, A, B, OP_add, A, A, OP_to, B, BF, OP_matmul, A, R, OP_matmul, R + 1, R + 1)},
+        /* subnormal bf16 operands (-1e-39): the AVX512_BF16 path reads them as 0 */
+        {"matmul-subnormal", 0, 0, tiny, sizeof tiny, 2,
+         P(OP_mul_scalar, S, 8, OP_mul_scalar, S2, 8, OP_mul_scalar, S2 + 1, 8, OP_to, S2 + 2, BF,
+           OP_pow_scalar, T, 5, OP_pow_scalar, S2 + 4, 5, OP_to, S2 + 5, BF,
+           OP_matmul, S2 + 3, S2 + 6)},
+        /* autocast: f32 products in bf16, bf16 x f32 and bf16 x bf16 inside, a plain
+         * region inside, ends (one too many), a bad dtype, a region left open */
+        {"matmul-autocast", 0, 1, inputs, sizeof inputs, 3,
+         P(OP_autocast, 0, OP_matmul, A, B, OP_to, A, BF, OP_transpose, R + 1, 3, 4,
+           OP_matmul, R + 1, R + 2, OP_autocast, 1, OP_matmul, A, B, OP_autocast, 2,
+           OP_autocast, 2, OP_autocast, 2, OP_autocast, 3, OP_autocast, 0,
+           OP_matmul, R + 2, R + 1, OP_matmul, R + 1, B)},
+#undef P
+    };
+    for (int f64 = 0; f64 < 2; f64++)
+        for (size_t i = 0; i < sizeof bseeds / sizeof *bseeds; i++)
+            for (int path = 0; path < 4; path++) {
+                if ((f64 && !bseeds[i].f64s) || (path && strncmp(bseeds[i].name, "matmul", 6)))
+                    continue;
+                put_program(bseeds[i].name, f64, path, bseeds[i].bf16, bseeds[i].in,
+                            bseeds[i].nin, bseeds[i].ntensors, bseeds[i].prog, bseeds[i].len);
             }
 }
 
