@@ -312,7 +312,7 @@ nb_tensor *nb_min(nb_tensor *t, int dim, bool keepdim) {
 
 nb_tensor *nb_argmax(nb_tensor *t, int dim, bool keepdim) {
     const char *fn = "nb_argmax";
-    if (!nbi_arg(fn, t, 0)) return NULL;
+    if (!nbi_arg(fn, t, 0) || !nbi_check_no_bf16(fn, t)) return NULL;
     if (t->ndim == 0) return nbi_dim(fn, dim, 0) < 0 ? NULL : nb_zeros(NB_I64, 0, NULL);
     int d = max_check(fn, t, dim);
     if (d < 0) return NULL;
