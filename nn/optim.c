@@ -402,12 +402,19 @@ static const clip_grad *clip_find(const clip_job *j, int64_t c) {
     return &j->g[lo];
 }
 
+/* Chunk c: its gradient, and its first element and length there. */
+static const clip_grad *clip_chunk(const clip_job *j, int64_t c, int64_t *at, int64_t *n) {
+    const clip_grad *g = clip_find(j, c);
+    *at = (c - g->first) * CLIP_CHUNK;
+    *n = g->n - *at < CLIP_CHUNK ? g->n - *at : CLIP_CHUNK;
+    return g;
+}
+
 static void clip_sum_span(void *ctx, int64_t lo, int64_t hi) {
     clip_job *j = ctx;
     for (int64_t c = lo; c < hi; c++) {
-        const clip_grad *g = clip_find(j, c);
-        int64_t at = (c - g->first) * CLIP_CHUNK;
-        int64_t n = g->n - at < CLIP_CHUNK ? g->n - at : CLIP_CHUNK;
+        int64_t at, n;
+        const clip_grad *g = clip_chunk(j, c, &at, &n);
         j->partial[c] = g->f64 ? sumsq_double((const double *)g->data + at, n)
                                : sumsq_float((const float *)g->data + at, n);
     }
@@ -416,9 +423,8 @@ static void clip_sum_span(void *ctx, int64_t lo, int64_t hi) {
 static void clip_scale_span(void *ctx, int64_t lo, int64_t hi) {
     clip_job *j = ctx;
     for (int64_t c = lo; c < hi; c++) {
-        const clip_grad *g = clip_find(j, c);
-        int64_t at = (c - g->first) * CLIP_CHUNK;
-        int64_t n = g->n - at < CLIP_CHUNK ? g->n - at : CLIP_CHUNK;
+        int64_t at, n;
+        const clip_grad *g = clip_chunk(j, c, &at, &n);
         if (g->f64) {
             double *d = (double *)g->data + at, k = j->scale;
             for (int64_t i = 0; i < n; i++) d[i] *= k;
