@@ -48,7 +48,7 @@
 #include "../tensor/cpu_internal.h"
 
 #include <math.h>
-#include <stdatomic.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -568,16 +568,23 @@ static const bf_path path_bf16 = {BF_MR, BF_NR,     BF_KC,     BF_MC,
  * it is at most half a block: one pass over C fewer, which for a wide
  * product (GPT-2's logits: C is 256 x 50257 f32, 51 MB) costs more than a
  * panel of B spilling from L1. kc stays even (pairs). */
+static nbi_gemm_blocks sized[NBI_ISA_COUNT];
+static pthread_once_t sized_once = PTHREAD_ONCE_INIT;
+
+static void size_paths(void) {
+    const nbi_cpu *cpu = nbi_cpu_info();
+    sized[NBI_ISA_PORTABLE] = nbi_gemm_blocking(cpu, path_portable.mr, path_portable.nr, 4);
+#if BF_X86
+    sized[NBI_ISA_AVX2] = nbi_gemm_blocking(cpu, path_avx2.mr, path_avx2.nr, 4);
+    sized[NBI_ISA_AVX512] = nbi_gemm_blocking(cpu, path_avx512.mr, path_avx512.nr, 4);
+    sized[NBI_ISA_AVX512BF16] = nbi_gemm_blocking(cpu, path_bf16.mr, path_bf16.nr, 2);
+#endif
+}
+
 static void sized_from_cpu(bf_path *p, int64_t K) {
 #ifndef BF_CONSTANT_BLOCKS
-    static nbi_gemm_blocks cache[NBI_ISA_COUNT];
-    static _Atomic int ready[NBI_ISA_COUNT];
-    const int i = nbi_gemm_bf16_path();
-    if (!atomic_load_explicit(&ready[i], memory_order_acquire)) {
-        cache[i] = nbi_gemm_blocking(nbi_cpu_info(), p->mr, p->nr, p->kstep == 2 ? 2 : 4);
-        atomic_store_explicit(&ready[i], 1, memory_order_release); /* same values if raced */
-    }
-    const nbi_gemm_blocks b = cache[i];
+    pthread_once(&sized_once, size_paths);
+    const nbi_gemm_blocks b = sized[nbi_gemm_bf16_path()];
     p->kc = b.kc & ~(int64_t)1;
     p->mc = (b.mc + p->mr - 1) / p->mr * p->mr;
     p->nc = (b.nc + p->nr - 1) / p->nr * p->nr;
