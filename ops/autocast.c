@@ -32,5 +32,3 @@ int nb_autocast_end(void) {
 }
 
 nb_dtype nb_autocast_dtype(void) { return depth ? stack[depth - 1] : NB_F32; }
-
-int nbi_autocast_depth(void) { return depth; }

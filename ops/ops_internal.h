@@ -13,9 +13,6 @@
 #define NBI_GRAIN ((int64_t)1 << 12)
 #define NBI_GRAIN_HEAVY ((int64_t)1 << 10)
 
-/* How many autocast regions are open on this thread (autocast.c). */
-int nbi_autocast_depth(void);
-
 /* Sums g over broadcast dims so that it has (ndim, shape); g itself when it
  * already has that shape. */
 nb_tensor *nbi_sum_to(nb_tensor *g, int ndim, const int64_t *shape);

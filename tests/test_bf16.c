@@ -4,6 +4,8 @@
  * Which ops take bf16 and that the others refuse it is test_registry.c's. */
 #include "test_util.h"
 
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -122,22 +124,23 @@ END_TEST
 START_TEST(bf16_print) {
     nb_scope_begin();
     nb_tensor *t = nb_to(nb_from_data(NB_F32, NB_SHAPE(2), (const float[]){1.5f, -0.1f}), NB_BF16);
+    /* nb_print writes to stdout: point stdout's descriptor at a file for it */
+    test_make_tmp_dir("bf16-print");
+    const char *path = test_tmp_path("print.txt");
     fflush(stdout);
-    char path[] = "/tmp/nabla-bf16-print-XXXXXX";
-    int fd = mkstemp(path);
-    ck_assert_int_ge(fd, 0);
-    FILE *saved = fdopen(dup(fileno(stdout)), "w");
-    ck_assert_ptr_nonnull(freopen(path, "w", stdout));
+    int saved = dup(STDOUT_FILENO), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ck_assert(saved >= 0 && fd >= 0 && dup2(fd, STDOUT_FILENO) >= 0);
     nb_print(t);
     fflush(stdout);
-    ck_assert_int_ge(dup2(fileno(saved), fileno(stdout)), 0);
-    fclose(saved);
+    ck_assert_int_ge(dup2(saved, STDOUT_FILENO), 0);
+    close(saved);
+    close(fd);
     FILE *f = fopen(path, "r");
-    char buf[256] = {0};
+    ck_assert_ptr_nonnull(f);
+    char buf[256];
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
-    close(fd);
-    unlink(path);
+    test_remove_tmp_dir();
     buf[n] = 0;
     ck_assert_msg(strstr(buf, "1.5000") && strstr(buf, "-0.1001") && strstr(buf, "bf16"),
                   "nb_print of a bf16 tensor printed: %s", buf);
@@ -379,6 +382,99 @@ END_TEST
 /* fixtures are loaded outside any scope, once per (forked) test */
 static void load_fixtures(void) { fx("bf16.txt", "cv_f32_bits"); }
 
+/* ------------------------------------------------------ the user's code */
+/* A custom function over a bf16 input: y = 3 x in f32. Its backward gives
+ * the gradient in the input's dtype (bf16), or, when *user is set, wrongly
+ * in f32, which must be an error, not a silent conversion. */
+static nb_tensor *triple_fwd(nb_function_ctx *ctx, nb_tensor **in, int n, void *user) {
+    (void)ctx, (void)n, (void)user;
+    return nb_mul_scalar(nb_to(in[0], NB_F32), 3);
+}
+
+static int triple_bwd(nb_function_ctx *ctx, nb_tensor *g, nb_tensor **gin, void *user) {
+    (void)ctx;
+    nb_tensor *gx = nb_mul_scalar(g, 3);
+    gin[0] = *(const bool *)user ? gx : nb_to(gx, NB_BF16);
+    return gin[0] ? 0 : -1;
+}
+
+static nb_tensor *gc_triple(nb_tensor **in, int n, void *ctx) {
+    (void)n, (void)ctx;
+    return nb_mul_scalar(nb_to(in[0], NB_F64), 3);
+}
+
+START_TEST(bf16_custom_function) {
+    static const nb_function triple = {.name = "triple", .forward = triple_fwd,
+                                       .backward = triple_bwd};
+    for (int wrong = 0; wrong < 2; wrong++) {
+        nb_scope_begin();
+        bool w = wrong;
+        nb_tensor *x = nb_set_requires_grad(nb_full(NB_BF16, NB_SHAPE(3), 0.5), true);
+        nb_tensor *y = nb_function_apply(&triple, &x, 1, &w);
+        ck_assert_msg(y != NULL, "%s", nb_last_error());
+        ck_assert_int_eq(nb_dtype_of(y), NB_F32);
+        nb_tensor *g = nb_from_data(NB_F32, NB_SHAPE(3), (const float[]){1, 2, 1.0f / 3});
+        int rc = nb_backward_with_grad(y, g);
+        if (wrong) {
+            expect_error_rc(rc, "triple", "bf16", "f32");
+            ck_assert_ptr_null(nb_grad(x));
+        } else {
+            ck_assert_int_eq(rc, 0);
+            ck_assert_int_eq(nb_dtype_of(nb_grad(x)), NB_BF16);
+            double gx[3];
+            nb_copy_to_f64(nb_grad(x), gx);
+            ck_assert_double_eq(gx[0], 3.0);
+            ck_assert_double_eq(gx[1], 6.0);
+            ck_assert_double_eq(gx[2], 1.0); /* bf16(3 * f32(1/3)) */
+        }
+        nb_scope_end();
+    }
+    /* gradcheck is f64 only: a bf16 input is refused with its reason */
+    nb_scope_begin();
+    nb_tensor *x = nb_set_requires_grad(nb_full(NB_BF16, NB_SHAPE(2), 1.0), true);
+    nb_gradcheck_result r;
+    ck_assert(!nb_gradcheck(gc_triple, NULL, 1, &x, NULL, &r));
+    ck_assert_msg(strstr(nb_last_error(), "nb_gradcheck") && strstr(nb_last_error(), "f64"),
+                  "%s", nb_last_error());
+    nb_clear_error();
+    nb_scope_end();
+}
+END_TEST
+
+/* Autocast is the calling thread's: a region open here does not reach
+ * another thread, and one opened there ends there. */
+static void *other_thread(void *arg) {
+    nb_tensor *const *ab = arg;
+    static nb_dtype seen[3];
+    seen[0] = nb_autocast_dtype();
+    nb_scope_begin();
+    nb_tensor *c = nb_matmul(ab[0], ab[1]);
+    seen[1] = c ? nb_dtype_of(c) : (nb_dtype)-1;
+    nb_autocast_begin(NB_BF16);
+    seen[2] = nb_autocast_dtype();
+    nb_scope_end();
+    return seen; /* the region is left open: it dies with the thread */
+}
+
+START_TEST(autocast_is_per_thread) {
+    nb_tensor *ab[2] = {nb_ones(NB_F32, NB_SHAPE(2, 3)), nb_ones(NB_F32, NB_SHAPE(3, 2))};
+    ck_assert_int_eq(nb_autocast_begin(NB_BF16), 0);
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, other_thread, ab), 0);
+    void *ret;
+    ck_assert_int_eq(pthread_join(th, &ret), 0);
+    const nb_dtype *seen = ret;
+    ck_assert_int_eq(seen[0], NB_F32);  /* the main thread's region is not the other's */
+    ck_assert_int_eq(seen[1], NB_F32);
+    ck_assert_int_eq(seen[2], NB_BF16);
+    ck_assert_int_eq(nb_autocast_dtype(), NB_BF16); /* nor the other's ours */
+    ck_assert_int_eq(nb_autocast_end(), 0);
+    ck_assert_int_eq(nb_autocast_dtype(), NB_F32);
+    nb_free(ab[0]);
+    nb_free(ab[1]);
+}
+END_TEST
+
 Suite *suite_bf16(void) {
     Suite *s = suite_create("bf16");
     TCase *tc = tcase_create("bf16");
@@ -396,6 +492,8 @@ Suite *suite_bf16(void) {
     tcase_add_test(tc, autocast_regions);
     tcase_add_test(tc, autocast_matmul);
     tcase_add_test(tc, autocast_mlp_is_torchs);
+    tcase_add_test(tc, bf16_custom_function);
+    tcase_add_test(tc, autocast_is_per_thread);
     suite_add_tcase(s, tc);
     return s;
 }
