@@ -410,24 +410,138 @@ static int make_buckets(nb_ddp *d, int64_t bytes) {
     return 0;
 }
 
-nb_ddp *nb_ddp_new(nb_params *ps, const nb_ddp_opts *opts) {
-    const char *fn = "nb_ddp_new";
-    if (!need_init(fn)) return NULL;
-    if (!ps) return (nb_report_error("%s: ps is NULL", fn), NULL);
-    int64_t bytes = opts && opts->bucket_bytes > 0 ? opts->bucket_bytes : (int64_t)25 << 20;
-    nb_ddp *d = calloc(1, sizeof *d);
+/* ------------------------------------------- agreeing on the bucket layout */
+static uint64_t mix(uint64_t h, uint64_t v) { return (h ^ v) * 1099511628211ULL; }
+
+/* What each rank brings to nb_ddp_new's agreement: its effective
+ * bucket_bytes, its parameter count, its bucket count, and hashes of its
+ * parameters' sizes and dtypes (in registration order) and of its buckets'
+ * sizes and dtypes (in order). */
+enum { R_BYTES, R_PARAMS, R_BUCKETS, R_PARAM_HASH, R_BUCKET_HASH, R_N };
+#define REC(all, r, f) (all)[(size_t)(r) * R_N + (f)]
+
+/* The lowest rank whose field f differs from rank 0's, or world. */
+static int first_differing(const int64_t *all, int f) {
+    int r = 1;
+    while (r < world && REC(all, r, f) == REC(all, 0, f)) r++;
+    return r;
+}
+
+/* Called on every rank when the parameter hashes differ but not the counts:
+ * every rank's (numel, dtype) per parameter, gathered; the message names the
+ * first parameter that differs from rank 0's, and the lowest rank where. */
+static int name_differing_parameter(const char *fn, nb_ddp *d) {
+    int n = d->nslots;
+    int64_t *mine = malloc((size_t)(2 * n + 1) * sizeof *mine);
+    int64_t *every = malloc((size_t)world * (size_t)(2 * n + 1) * sizeof *every);
+    int status = mine && every ? 0 : (nb_report_error("%s: out of memory", fn), -1);
+    /* every rank takes part in the gather, or none: agree first */
+    if (agree(fn, status) != 0) return (free(mine), free(every), -1);
+    for (int i = 0; i < n; i++) {
+        mine[2 * i] = d->slots[i].numel;
+        mine[2 * i + 1] = (int64_t)nb_dtype_of(d->slots[i].p);
+    }
+    MPI_Request r;
+    int rc = MPI_Iallgather(mine, 2 * n, MPI_INT64_T, every, 2 * n, MPI_INT64_T, MPI_COMM_WORLD,
+                            &r);
+    int out = rc != MPI_SUCCESS ? mpi_fail(fn, "MPI_Iallgather", rc)
+                                : wait_all(fn, "agreeing on the parameters", 1, &r);
+    for (int i = 0; out == 0 && i < n; i++)
+        for (int q = 1; out == 0 && q < world; q++) {
+            const int64_t *a = &every[2 * i], *b = &every[(size_t)q * (size_t)(2 * n) + 2 * i];
+            if (a[0] == b[0] && a[1] == b[1]) continue;
+            if (a[1] != b[1])
+                nb_report_error("%s: the ranks disagree on the parameters: parameter %d (\"%s\") "
+                                "is %s on rank 0, %s on rank %d; the model must be built the "
+                                "same on every rank", fn, i, d->slots[i].name,
+                                nb_dtype_name((nb_dtype)a[1]), nb_dtype_name((nb_dtype)b[1]), q);
+            else
+                nb_report_error("%s: the ranks disagree on the parameters: parameter %d (\"%s\") "
+                                "has %lld elements on rank 0, %lld on rank %d; the model must be "
+                                "built the same on every rank", fn, i, d->slots[i].name,
+                                (long long)a[0], (long long)b[0], q);
+            out = -1;
+        }
+    if (out == 0) { /* the hashes differed, the values do not: cannot happen */
+        nb_report_error("%s: the ranks disagree on the parameters (sizes or dtypes); the model "
+                        "must be built the same on every rank", fn);
+        out = -1;
+    }
+    free(mine);
+    free(every);
+    return out;
+}
+
+/* Every rank's record (all) against rank 0's, the same on every rank: 0, or
+ * -1 with a message naming the first difference and the ranks. */
+static int compare_records(const char *fn, nb_ddp *d, const int64_t *all) {
+    int q;
+    if ((q = first_differing(all, R_PARAMS)) < world) {
+        nb_report_error("%s: the ranks disagree on the parameters: rank 0 has %lld parameter%s, "
+                        "rank %d has %lld; the model must be built the same on every rank", fn,
+                        (long long)REC(all, 0, R_PARAMS), REC(all, 0, R_PARAMS) == 1 ? "" : "s",
+                        q, (long long)REC(all, q, R_PARAMS));
+        return -1;
+    }
+    if (first_differing(all, R_PARAM_HASH) < world) return name_differing_parameter(fn, d);
+    if ((q = first_differing(all, R_BYTES)) < world) {
+        nb_report_error("%s: the ranks disagree on the gradient buckets: rank 0 has bucket_bytes "
+                        "%lld (%lld bucket%s), rank %d has %lld (%lld bucket%s); every rank must "
+                        "pass the same nb_ddp_opts", fn, (long long)REC(all, 0, R_BYTES),
+                        (long long)REC(all, 0, R_BUCKETS), REC(all, 0, R_BUCKETS) == 1 ? "" : "s",
+                        q, (long long)REC(all, q, R_BYTES), (long long)REC(all, q, R_BUCKETS),
+                        REC(all, q, R_BUCKETS) == 1 ? "" : "s");
+        return -1;
+    }
+    if ((q = first_differing(all, R_BUCKETS)) < world ||
+        (q = first_differing(all, R_BUCKET_HASH)) < world) {
+        /* the same parameters and bucket_bytes make the same buckets: not expected */
+        nb_report_error("%s: the ranks disagree on the gradient buckets: rank 0's %lld differ "
+                        "from rank %d's %lld, from the same parameters and bucket_bytes %lld",
+                        fn, (long long)REC(all, 0, R_BUCKETS), q,
+                        (long long)REC(all, q, R_BUCKETS), (long long)REC(all, 0, R_BYTES));
+        return -1;
+    }
+    return 0;
+}
+
+/* Before anything depends on the buckets, the ranks agree on them: a rank
+ * that failed to make its nb_ddp (status, its message set) still takes part,
+ * and then every rank fails with its message; otherwise every rank gathers
+ * every rank's record (R_*) and compares the same records, so every rank
+ * makes the same calls and all fail, with the same message, or none. */
+static int agree_on_layout(const char *fn, nb_ddp *d, int64_t bytes, int status) {
+    int64_t *all = malloc((size_t)world * R_N * sizeof *all);
+    if (!all && status == 0) status = (nb_report_error("%s: out of memory", fn), -1);
+    if (agree(fn, status) != 0) return (free(all), -1);
+    /* every rank has its nb_ddp and its buckets */
+    uint64_t ph = 1469598103934665603ULL, bh = ph;
+    for (int i = 0; i < d->nslots; i++)
+        ph = mix(mix(ph, (uint64_t)d->slots[i].numel), (uint64_t)nb_dtype_of(d->slots[i].p));
+    for (int k = 0; k < d->nb; k++) bh = mix(mix(bh, (uint64_t)d->b[k].n), (uint64_t)d->b[k].dt);
+    int64_t mine[R_N] = {[R_BYTES] = bytes, [R_PARAMS] = d->nslots, [R_BUCKETS] = d->nb,
+                         [R_PARAM_HASH] = (int64_t)ph, [R_BUCKET_HASH] = (int64_t)bh};
+    MPI_Request r;
+    int rc = MPI_Iallgather(mine, R_N, MPI_INT64_T, all, R_N, MPI_INT64_T, MPI_COMM_WORLD, &r);
+    int out = rc != MPI_SUCCESS ? mpi_fail(fn, "MPI_Iallgather", rc)
+                                : wait_all(fn, "agreeing on the gradient buckets", 1, &r);
+    if (out == 0) out = compare_records(fn, d, all);
+    free(all);
+    return out;
+}
+
+/* This rank's nb_ddp over ps, its buckets made (*out, to free, may be set
+ * on failure too). 0, or -1 with a message. */
+static int build(const char *fn, nb_params *ps, int64_t bytes, nb_ddp **out) {
+    nb_ddp *d = *out = calloc(1, sizeof *d);
+    if (!d) return (nb_report_error("%s: out of memory", fn), -1);
     int n = nb_params_count(ps);
-    if (d) {
-        d->phase1 = d->phase2 = MPI_COMM_NULL;
-        d->ps = ps;
-        d->nslots = n;
-        d->slots = calloc((size_t)(n > 0 ? n : 1), sizeof *d->slots);
-        d->ctx = calloc((size_t)(n > 0 ? n : 1), sizeof *d->ctx);
-    }
-    if (!d || !d->slots || !d->ctx) {
-        if (d) ddp_release(d);
-        return (nb_report_error("%s: out of memory", fn), NULL);
-    }
+    d->phase1 = d->phase2 = MPI_COMM_NULL;
+    d->ps = ps;
+    d->nslots = n;
+    d->slots = calloc((size_t)(n > 0 ? n : 1), sizeof *d->slots);
+    d->ctx = calloc((size_t)(n > 0 ? n : 1), sizeof *d->ctx);
+    if (!d->slots || !d->ctx) return (nb_report_error("%s: out of memory", fn), -1);
     for (int i = 0; i < n; i++) {
         nb_tensor *p = nb_params_at(ps, i, &d->slots[i].name);
         d->slots[i].p = p;
@@ -436,21 +550,32 @@ nb_ddp *nb_ddp_new(nb_params *ps, const nb_ddp_opts *opts) {
         if (nb_dtype_of(p) != NB_F32 && nb_dtype_of(p) != NB_F64) {
             nb_report_error("%s: parameter \"%s\" is %s; data parallelism averages f32 and f64 "
                             "gradients", fn, d->slots[i].name, nb_dtype_name(nb_dtype_of(p)));
-            ddp_release(d);
-            return NULL;
+            return -1;
         }
     }
     int mb = make_buckets(d, bytes);
-    if (mb != 0) {
-        ddp_release(d);
+    if (mb != 0)
         return (nb_report_error(mb > 0 ? "%s: a gradient bucket holds more than 2^31 - 1 "
                                          "elements (one MPI message); give a smaller "
                                          "bucket_bytes"
                                        : "%s: out of memory for the gradient buckets", fn),
-                NULL);
-    }
-    if (nb_mpi_broadcast_params(ps, 0) != 0) {
-        ddp_release(d);
+                -1);
+    return 0;
+}
+
+nb_ddp *nb_ddp_new(nb_params *ps, const nb_ddp_opts *opts) {
+    const char *fn = "nb_ddp_new";
+    if (!need_init(fn)) return NULL;
+    if (broken) return (nb_report_error("%s: an earlier MPI failure ended MPI", fn), NULL);
+    int64_t bytes = opts && opts->bucket_bytes > 0 ? opts->bucket_bytes : (int64_t)25 << 20;
+    nb_ddp *d = NULL;
+    /* a rank that fails here still takes part in the agreement (and makes
+     * every rank fail), instead of leaving the others in a collective */
+    int status = ps ? build(fn, ps, bytes, &d) : (nb_report_error("%s: ps is NULL", fn), -1);
+    /* first the layout (a different parameter list fails here, with the
+     * layout's message), then rank 0's weights */
+    if (agree_on_layout(fn, d, bytes, status) != 0 || nb_mpi_broadcast_params(ps, 0) != 0) {
+        if (d) ddp_release(d);
         return NULL;
     }
     int rc = MPI_Comm_dup(MPI_COMM_WORLD, &d->phase1);
@@ -460,7 +585,7 @@ nb_ddp *nb_ddp_new(nb_params *ps, const nb_ddp_opts *opts) {
         ddp_release(d);
         return NULL;
     }
-    for (int i = 0; i < n; i++) nb_set_grad_hook(d->slots[i].p, ddp_hook, &d->ctx[i]);
+    for (int i = 0; i < d->nslots; i++) nb_set_grad_hook(d->slots[i].p, ddp_hook, &d->ctx[i]);
     return d;
 }
 

@@ -83,7 +83,17 @@ typedef struct nb_ddp_opts {
 
 /* Data parallelism over ps's parameters: broadcasts ps from rank 0 (as
  * nb_mpi_broadcast_params) and sets a gradient-ready hook on every
- * parameter (replacing any hook of yours). opts NULL = defaults. */
+ * parameter (replacing any hook of yours). opts NULL = defaults. Every rank
+ * calls it, and first the ranks check that they agree: the same effective
+ * bucket_bytes, and the same number of parameters with the same sizes and
+ * dtypes in order (so the same buckets). When they do not, or nb_ddp_new
+ * failed on a rank, it returns NULL on every rank, having freed everything,
+ * with a message naming the difference and the ranks ("nb_ddp_new: the
+ * ranks disagree on the gradient buckets: rank 0 has bucket_bytes 64 (2
+ * buckets), rank 1 has 1048576 (1 bucket); every rank must pass the same
+ * nb_ddp_opts"; "... on the parameters: parameter 0 ("a.weight") has 12
+ * elements on rank 0, 15 on rank 1; ...") or the failed rank's ("nb_ddp_new:
+ * rank 1 failed: <its message>"). */
 NB_API nb_ddp *nb_ddp_new(nb_params *ps, const nb_ddp_opts *opts);
 /* After this rank's backward (status = its result: 0, or nonzero when the
  * rank's forward or backward failed): waits for every bucket and replaces

@@ -210,25 +210,152 @@ START_TEST(a_failed_rank_stops_every_rank) {
 }
 END_TEST
 
-/* Models that differ between ranks are refused on every rank, by name. */
+/* Models that differ between ranks are refused on every rank, by name: by
+ * nb_ddp_new's agreement on the layout when a parameter's size or dtype
+ * differs, by the broadcast's registry check when only its shape does. */
 START_TEST(different_models_are_refused) {
-    nb_params *ps = nb_params_new();
-    nb_rng r;
-    nb_rng_seed(&r, 1);
-    nb_Linear a;
-    ck_assert_int_eq(nb_linear_init(&a, ps, "a", 3, rank == size - 1 && size > 1 ? 5 : 4, true,
-                                    &r), 0);
-    nb_ddp *ddp = nb_ddp_new(ps, NULL);
+    for (int same_size = 0; same_size < 2; same_size++) {
+        nb_params *ps = nb_params_new();
+        nb_rng r;
+        nb_rng_seed(&r, 1);
+        nb_Linear a;
+        bool odd = rank == size - 1 && size > 1;
+        /* a.weight (4,3), and on the last rank (5,3), or (3,4) without a bias */
+        ck_assert_int_eq(nb_linear_init(&a, ps, "a", odd && same_size ? 4 : 3,
+                                        odd ? (same_size ? 3 : 5) : 4, !same_size, &r), 0);
+        int64_t live = nb_live_tensors();
+        nb_ddp *ddp = nb_ddp_new(ps, NULL);
+        if (size > 1) {
+            ck_assert_ptr_null(ddp);
+            char want[320];
+            if (same_size)
+                snprintf(want, sizeof want, "nb_mpi_broadcast_params: rank %d failed: its tensor "
+                         "0, \"a.weight\" (f32, 2 dims), differs from rank 0's (name, dtype or "
+                         "shape): the model must be built the same on every rank", size - 1);
+            else
+                snprintf(want, sizeof want, "nb_ddp_new: the ranks disagree on the parameters: "
+                         "parameter 0 (\"a.weight\") has 12 elements on rank 0, 15 on rank %d; "
+                         "the model must be built the same on every rank", size - 1);
+            ck_assert_str_eq(nb_last_error(), want);
+            ck_assert_int_eq(nb_live_tensors(), live);
+        }
+        nb_ddp_free(ddp);
+        nb_params_free(ps);
+    }
+    /* the same model in f64 on the last rank */
+    mlp m;
+    mlp_init(&m, rank == size - 1 ? NB_F64 : NB_F32, 1);
+    nb_ddp *ddp = nb_ddp_new(m.ps, NULL);
     if (size > 1) {
         ck_assert_ptr_null(ddp);
         char want[256];
-        snprintf(want, sizeof want, "nb_mpi_broadcast_params: rank %d failed: its tensor 0, "
-                 "\"a.weight\" (f32, 2 dims), differs from rank 0's (name, dtype or shape): "
-                 "the model must be built the same on every rank", size - 1);
+        snprintf(want, sizeof want, "nb_ddp_new: the ranks disagree on the parameters: parameter "
+                 "0 (\"l1.weight\") is f32 on rank 0, f64 on rank %d; the model must be built "
+                 "the same on every rank", size - 1);
         ck_assert_str_eq(nb_last_error(), want);
     }
     nb_ddp_free(ddp);
-    nb_params_free(ps);
+    nb_params_free(m.ps);
+}
+END_TEST
+
+/* One training step through d on this rank's rows: 0 or -1. */
+static int one_step(mlp *m, nb_ddp *d) {
+    int per = B / size;
+    nb_scope_begin();
+    nb_tensor *x, *y;
+    batch(NB_F32, 0, rank * per, (rank + 1) * per, &x, &y);
+    int rc = nb_ddp_sync(d, nb_backward(loss_of(m, x, y)));
+    nb_params_zero_grad(m->ps);
+    nb_scope_end();
+    return rc;
+}
+
+/* bucket_bytes that differ between ranks (issue 25, item 7: nb_ddp_new
+ * succeeded, then the first backward died with MPI_ERR_TRUNCATE) are refused
+ * by nb_ddp_new on every rank, naming both values; nothing is left behind
+ * (no tensor, no hook), and an nb_ddp_new with the same options on every
+ * rank then trains. */
+START_TEST(different_bucket_bytes_are_refused) {
+    mlp m;
+    mlp_init(&m, NB_F32, 21);
+    int64_t live = nb_live_tensors();
+    /* parameters of 35, 7, 7 and 1 floats: 64 bytes make 2 buckets, 1 MiB 1 */
+    int64_t bytes = rank == 0 ? 64 : (int64_t)1 << 20;
+    nb_ddp *ddp = nb_ddp_new(m.ps, &(nb_ddp_opts){.bucket_bytes = bytes});
+    if (size > 1) {
+        ck_assert_ptr_null(ddp);
+        ck_assert_str_eq(nb_last_error(), "nb_ddp_new: the ranks disagree on the gradient "
+                         "buckets: rank 0 has bucket_bytes 64 (2 buckets), rank 1 has 1048576 "
+                         "(1 bucket); every rank must pass the same nb_ddp_opts");
+        ck_assert_int_eq(nb_live_tensors(), live);
+        /* no hook is left on the parameters: a plain backward works */
+        nb_scope_begin();
+        nb_tensor *x, *y;
+        batch(NB_F32, 0, 0, B, &x, &y);
+        ck_assert_int_eq(nb_backward(loss_of(&m, x, y)), 0);
+        nb_params_zero_grad(m.ps);
+        nb_scope_end();
+    }
+    nb_ddp_free(ddp);
+    /* the same options everywhere: MPI is fine, the step works */
+    ddp = nb_ddp_new(m.ps, &(nb_ddp_opts){.bucket_bytes = 64});
+    ck_assert_msg(ddp != NULL, "%s", nb_last_error());
+    ck_assert_msg(one_step(&m, ddp) == 0, "%s", nb_last_error());
+    ck_assert_int_eq(nb_ddp_get_stats(ddp).buckets, 2);
+    ck_assert_int_eq(nb_ddp_get_stats(ddp).steps, 1);
+    nb_ddp_free(ddp);
+    /* 0 is the default, 25 MiB: the same bucket_bytes as 25 MiB given */
+    ddp = nb_ddp_new(m.ps, &(nb_ddp_opts){.bucket_bytes = rank == 0 ? 0 : (int64_t)25 << 20});
+    ck_assert_msg(ddp != NULL, "%s", nb_last_error());
+    ck_assert_msg(one_step(&m, ddp) == 0, "%s", nb_last_error());
+    nb_ddp_free(ddp);
+    nb_params_free(m.ps);
+}
+END_TEST
+
+/* A rank with more parameters than rank 0: refused on every rank with both
+ * counts. */
+START_TEST(different_parameter_counts_are_refused) {
+    mlp m;
+    mlp_init(&m, NB_F32, 22);
+    nb_Linear extra;
+    nb_rng r;
+    nb_rng_seed(&r, 2);
+    if (rank == size - 1 && size > 1)
+        ck_assert_int_eq(nb_linear_init(&extra, m.ps, "l3", 1, 2, true, &r), 0);
+    int64_t live = nb_live_tensors();
+    nb_ddp *ddp = nb_ddp_new(m.ps, NULL);
+    if (size > 1) {
+        ck_assert_ptr_null(ddp);
+        char want[256];
+        snprintf(want, sizeof want, "nb_ddp_new: the ranks disagree on the parameters: rank 0 "
+                 "has 4 parameters, rank %d has 6; the model must be built the same on every "
+                 "rank", size - 1);
+        ck_assert_str_eq(nb_last_error(), want);
+        ck_assert_int_eq(nb_live_tensors(), live);
+    }
+    nb_ddp_free(ddp);
+    nb_params_free(m.ps);
+}
+END_TEST
+
+/* nb_ddp_new failing on one rank (here ps is NULL there) fails on every
+ * rank with that rank's message, instead of the others waiting for it in
+ * the broadcast; the next nb_ddp_new works. */
+START_TEST(a_failed_nb_ddp_new_fails_everywhere) {
+    mlp m;
+    mlp_init(&m, NB_F32, 23);
+    int bad = size - 1;
+    ck_assert_ptr_null(nb_ddp_new(rank == bad ? NULL : m.ps, NULL));
+    char want[128];
+    snprintf(want, sizeof want, "nb_ddp_new: rank %d failed: nb_ddp_new: ps is NULL", bad);
+    ck_assert_str_eq(nb_last_error(), want);
+    nb_ddp *ddp = nb_ddp_new(m.ps, NULL);
+    ck_assert_msg(ddp != NULL, "%s", nb_last_error());
+    ck_assert_msg(one_step(&m, ddp) == 0, "%s", nb_last_error());
+    nb_ddp_free(ddp);
+    nb_params_free(m.ps);
 }
 END_TEST
 
@@ -455,6 +582,9 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, ddp_is_deterministic);
     tcase_add_test(tc, a_failed_rank_stops_every_rank);
     tcase_add_test(tc, different_models_are_refused);
+    tcase_add_test(tc, different_bucket_bytes_are_refused);
+    tcase_add_test(tc, different_parameter_counts_are_refused);
+    tcase_add_test(tc, a_failed_nb_ddp_new_fails_everywhere);
     tcase_add_test(tc, sharded_optimizer_state_gives_the_same_weights);
     tcase_add_test(tc, misuse_is_reported);
     tcase_add_test(tc, agree_gives_every_rank_the_failure);
