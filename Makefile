@@ -41,7 +41,7 @@ TEST_BIN := $(BUILD)/tests/run_tests
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm)
 
-.PHONY: all test run bench clean check-deps layers-check readme-check valgrind asan tsan error-table-check op-table install uninstall install-check resume-check \
+.PHONY: all test run bench clean check-deps layers-check readme-check valgrind asan tsan error-table-check op-table callback-table install uninstall install-check resume-check \
   fuzz fuzz-build fuzz-load fuzz-ops fuzz-gpt fuzz-regress fuzz-seeds fuzz-clean
 all: $(BUILD)/libnabla.a $(BUILD)/libnabla.so $(EXAMPLES)
 	@ln -sf $(BUILD)/libnabla.a libnabla.a
@@ -103,10 +103,11 @@ $(TEST_BIN): $(TEST_SRC) tests/test_util.h $(BUILD)/libnabla.a nabla.h | check-d
 # (fuzz/replay.c): every call checked against its reference, and every op of
 # ops/registry.h must have run successfully at least once.
 test: check-deps
-	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BIN) $(BUILD)/fuzz/replay
+	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BIN) $(BUILD)/fuzz/replay $(BUILD)/examples/gpt
 	$(TEST_BIN)
 	$(BUILD)/fuzz/replay fuzz/corpus/ops
 	@bash tests/layers_check.sh $(BUILD)
+	@sh tests/examples_check.sh $(BUILD)
 
 # The library's folders form layers, tensor < autograd < ops < nn, none
 # reaching up (by include or by symbol); make test runs this too.
@@ -248,6 +249,15 @@ op-table: check-deps
 	  awk -v tf=$(BUILD)/op-table.md '/^<!-- op table: /{while ((getline l < tf) > 0) print l; skip=1; next} \
 	    skip && /^<!-- end of op table -->/{skip=0; next} !skip' $$f > $(BUILD)/op-table.tmp && \
 	  cp $(BUILD)/op-table.tmp $$f && echo "op table of $$f: made from ops/registry.h"; done
+
+# The callback x misbehaviour table of docs/custom-functions.md rewritten
+# from tests/test_callbacks.c (whose suite fails when they differ).
+callback-table: check-deps
+	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BIN)
+	@NB_TEST_PRINT_CALLBACK_TABLE=1 $(TEST_BIN) > $(BUILD)/callback-table.md && \
+	  awk -v tf=$(BUILD)/callback-table.md '/^<!-- callback table: /{print; while ((getline l < tf) > 0) print l; skip=1; next} \
+	    skip && /^<!-- end of callback table -->/{skip=0} !skip' docs/custom-functions.md > $(BUILD)/callback-table.tmp && \
+	  cp $(BUILD)/callback-table.tmp docs/custom-functions.md && echo "callback table of docs/custom-functions.md: made from tests/test_callbacks.c"
 
 # The error tables of docs/errors.md ("Limits and errors") still match the sources.
 error-table-check:

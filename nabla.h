@@ -387,8 +387,9 @@ NB_API int nb_backward_with_opts(nb_tensor *out, nb_tensor *grad, const nb_backw
  * hook can start sending a gradient while the others are being computed
  * (nabla_mpi's data parallelism does). It runs on the thread that called
  * backward, with grad mode off, leaves in the order backward finishes them
- * (about the reverse of the forward's use); it may read nb_grad(leaf), but
- * must not free the leaf, clear its .grad or start another backward. It
+ * (about the reverse of the forward's use); it may read nb_grad(leaf), and
+ * follows the callback rule (see "callbacks": freeing the leaf or the loss
+ * there is deferred, a backward through the same graph is refused). It
  * returns 0, or -1 after nb_report_error: backward then stops with that
  * message (gradients accumulated so far stay, as for any failure).
  * nb_set_grad_hook(leaf, NULL, NULL) removes it; one hook per leaf (a new one
@@ -469,6 +470,34 @@ typedef struct nb_gradcheck_result {
 NB_API bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs,
                          const nb_gradcheck_opts *opts, nb_gradcheck_result *out);
 
+/* ------------------------------------------------------------ callbacks
+ * The one rule for user code nabla calls: a custom function's forward,
+ * backward and destroy (and their _multi forms), gradient hooks
+ * (nb_grad_hook), nb_gradcheck's function (nb_fn), nb_parallel_for's fn and
+ * nb_gpt_generate's on_token. A callback may call any nabla function, and:
+ * - What nabla is using while it runs cannot be destroyed under it. Freeing
+ *   it there is deferred: the handle dies at once, the object when nabla is
+ *   done (the root of a backward and every tensor of the graph being walked;
+ *   the model being generated from: nb_gpt_free in on_token stops generation
+ *   with an error and frees the model when nb_gpt_generate returns). Where
+ *   the caller would be left with a broken result it is refused instead: a
+ *   forward that frees one of its inputs, or nb_gradcheck's function that
+ *   frees one of the inputs, fails the call, naming the input. nb_free of a
+ *   borrowed handle (nb_grad, nb_function_saved) is refused with a message.
+ * - Scopes: it may open and close its own; nb_scope_end on a scope opened
+ *   before it ran is refused (the caller's scopes stay open), and scopes it
+ *   leaves open are closed when it returns. Either is an error of the call
+ *   that ran it: "nb_backward: rmsnorm's backward closed a scope it did not
+ *   open (...)", "... left 1 scope open (...)".
+ * - Grad mode is restored when it returns. Forward, backward and destroy of
+ *   custom functions and gradient hooks run with grad mode off, and
+ *   nb_set_grad_enabled(true) inside them (but destroy) is refused and an
+ *   error of the call ("... turned grad mode on ...").
+ * - It may start a backward through other graphs, not through the graph
+ *   being walked (an error naming the callback); on_token may not start a
+ *   second generation on the model being generated from.
+ * - Freed handles are errors inside callbacks, even during backward.
+ * docs/custom-functions.md has the table of every kind x misbehaviour. */
 /* ------------------------------------------------- custom functions (ops) */
 /* Your own differentiable op with a hand-written backward, as PyTorch's
  * torch.autograd.Function: nb_function_apply runs forward (grad mode off
@@ -479,8 +508,9 @@ NB_API bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs,
  * fails); a gradient of the wrong shape or dtype, a freed tensor returned,
  * or a backward that fails is an error of nb_backward naming the function
  * and the input; the context and what it saved are freed with the graph
- * (scope end, or after backward unless the graph is retained). Callbacks may
- * call any nabla function; they report errors with nb_report_error. Every
+ * (scope end, or after backward unless the graph is retained). Callbacks
+ * follow the rule above ("callbacks"); they report errors with
+ * nb_report_error. Every
  * message about the function names it by `name`. */
 typedef struct nb_function_ctx nb_function_ctx; /* opaque; valid during the callbacks */
 typedef struct nb_function {
@@ -546,11 +576,19 @@ NB_API int nb_function_mark_non_differentiable(nb_function_ctx *ctx, nb_tensor *
 NB_API void nb_scope_begin(void);
 NB_API void nb_scope_end(void);
 NB_API int nb_scope_depth(void);
+/* For code built on nabla that calls user code itself (nn/ does, for
+ * nb_gpt_generate's on_token): between nb_callback_begin(fn, who) and
+ * nb_callback_end() the callback rule (see "callbacks" below) holds as for
+ * nabla's own callbacks. nb_callback_end returns -1 with "fn: who ..." when
+ * the callback broke it (its scopes are closed, grad mode is restored), or
+ * when no nb_callback_begin is open at this level; 0 otherwise. */
+NB_API int nb_callback_begin(const char *fn, const char *who);
+NB_API int nb_callback_end(void);
 /* Hands t's values to the enclosing scope (persistent at depth 1 or 0):
  * returns a new detached tensor sharing t's storage, which survives this scope. */
 NB_API nb_tensor *nb_keep(nb_tensor *t);
 /* Frees a tensor now (persistent or scoped; a borrowed one is left to its
- * owner). Storage shared with views, or saved by a recorded graph for
+ * owner, with a message). Storage shared with views, or saved by a recorded graph for
  * backward, lives on until they are gone too (or, for the graph, until a
  * backward released it); a graph that only passes through t (no backward
  * rule reads it) lets its storage go at once. NULL is ok; a handle freed
@@ -960,9 +998,14 @@ typedef struct nb_gpt_sample_opts {
  * generation goes on, so the context holds between block_size/2 and
  * block_size tokens (nanoGPT crops to the last block_size tokens for every
  * new token instead, a whole-block forward per token). Draws from rng (NULL = global) through nb_multinomial.
- * opts NULL = temperature 1, top_k 0. on_token (may be NULL) is called after
- * each token with it and user, and may stop generation by returning false.
- * Returns the number of tokens written, or -1 with a message. The cache is
+ * opts NULL = temperature 1, top_k 0 (top_k is not checked when greedy). A
+ * temperature so small that the logits overflow is an error naming it.
+ * on_token (may be NULL) is called after each token with it and user, and
+ * may stop generation by returning false (the callback rule holds; see
+ * "callbacks"). out (may be NULL when on_token takes the tokens) gets them
+ * too. Memory does not grow with n_new: n_new = INT64_MAX means "until
+ * on_token stops". Returns the number of tokens made, or -1 with a message
+ * (tokens made before stay in out). The cache is
  * m's: one generation at a time per model (two threads need two models). */
 NB_API int64_t nb_gpt_generate(nb_GPT *m, const int64_t *prompt, int64_t n_prompt, int64_t n_new,
                                const nb_gpt_sample_opts *opts, nb_rng *rng, int64_t *out,

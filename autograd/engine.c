@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static _Thread_local bool grad_disabled;
 /* Every leaf's .grad is written under it (the walk, nb_zero_grad). Held
  * across fork, so that a child never inherits it locked. */
 static pthread_mutex_t grad_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -22,11 +21,14 @@ __attribute__((constructor)) static void grad_lock_atfork(void) {
     pthread_atfork(grad_lock, grad_unlock, grad_unlock);
 }
 
-void nb_set_grad_enabled(bool enabled) { grad_disabled = !enabled; }
-bool nb_grad_enabled(void) { return !grad_disabled; }
+void nb_set_grad_enabled(bool enabled) {
+    if (enabled && nbi_callback_refuses_grad_on()) return;
+    nbi_grad_off = !enabled;
+}
+bool nb_grad_enabled(void) { return !nbi_grad_off; }
 
 bool nbi_needs_grad(int n, nb_tensor *const *inputs) {
-    if (grad_disabled) return false;
+    if (nbi_grad_off) return false;
     for (int i = 0; i < n; i++)
         if (inputs[i] && inputs[i]->requires_grad) return true;
     return false;
@@ -244,13 +246,23 @@ static leaf_slot *leaf_slot_of(leaf_table *lt, nb_tensor *t, bool *added) {
     return &lt->v[h];
 }
 
-typedef struct {
+typedef struct walk {
     uint64_t id;         /* this walk's claim on the non-leaves it visits */
     tensor_list order;   /* post-order: inputs before the tensors made from them */
     leaf_table leaves;
+    struct walk *outer;  /* the walk this thread was in when this one began (a callback's) */
 } walk;
 
 static _Atomic uint64_t next_walk_id = 1;
+/* The walks running on this thread, innermost first: a callback of one may
+ * start another backward. */
+static _Thread_local walk *walks_here;
+
+static bool walking_here(uint64_t id) {
+    for (const walk *w = walks_here; w; w = w->outer)
+        if (w->id == id) return true;
+    return false;
+}
 
 /* The walk's hold on t: 1 newly claimed, 0 visited already, -1 held by
  * another walk (message set). */
@@ -258,6 +270,12 @@ static int claim(walk *w, nb_tensor *t) {
     uint64_t free_ = 0;
     if (atomic_compare_exchange_strong(&t->walker, &free_, w->id)) return 1;
     if (free_ == w->id) return 0;
+    const nbi_callback *cb = nbi_callback_current();
+    if (walking_here(free_))
+        return (nbi_error("nb_backward: %s started a backward through the graph that the backward "
+                          "running on this thread is walking (it met %s); a callback may "
+                          "backpropagate through other graphs only", cb ? cb->who : "a callback",
+                          t->grad_fn->op), -1);
     nbi_error("nb_backward: another thread is backpropagating through this graph (at %s) at "
               "the same time; a graph can be backpropagated by one thread at a time (leaves, "
               "such as parameters, may be shared)", t->grad_fn->op);
@@ -472,9 +490,10 @@ static int run_node(walk *w, nb_tensor *t, nb_tensor *g) {
         return (nbi_error("nb_backward: out of memory"), -1);
     int rc = 0;
     nb_scope_begin();
+    walk *outer = running;
     running = w;
     if (n->backward(n, g, gin) != 0 || !nbi_anomaly_backward(n, g, gin)) rc = -1;
-    running = NULL;
+    running = outer;
     for (int i = 0; rc == 0 && i < n->nin; i++) {
         nb_tensor *in = n->in[i];
         if (!gin[i] || !in->requires_grad) continue;
@@ -511,42 +530,58 @@ static int check_not_released(const tensor_list *order) {
 /* A leaf's gradient-ready hook; a failure without a message gets one. */
 static int run_grad_hook(nb_tensor *leaf) {
     uint64_t before = nbi_error_serial();
-    if (leaf->grad_hook(leaf, leaf->grad_hook_ctx) == 0) return 0;
+    nbi_callback cb;
+    nbi_callback_enter(&cb, "nb_backward", true, "the gradient hook of a leaf of shape %s",
+                       NBI_SHAPE(leaf));
+    int rc = leaf->grad_hook(leaf, leaf->grad_hook_ctx);
+    if (nbi_callback_leave(&cb) != 0) return -1;
+    if (rc == 0) return 0;
     if (nbi_error_serial() == before)
         nbi_error("nb_backward: the gradient-ready hook of a leaf of shape %s failed without "
                   "a message (report one with nb_report_error)", NBI_SHAPE(leaf));
     return -1;
 }
 
-static int run_backward(nb_tensor *root, nb_tensor *seed, bool retain_graph) {
-    walk w = {.id = atomic_fetch_add(&next_walk_id, 1)};
-    if (topo_order(&w, root) != 0 || check_not_released(&w.order) != 0) {
-        end_walk(&w);
-        return -1;
-    }
-    bool was_disabled = grad_disabled;
-    grad_disabled = true; /* backward rules record nothing */
-    nbi_trusted++;        /* and may read tensors whose handles were freed */
+/* Runs every node's rule, from the root down (the walk is ordered). */
+static int walk_graph(walk *w, nb_tensor *root, nb_tensor *seed, bool retain_graph) {
+    bool was_disabled = nbi_grad_off;
+    nbi_grad_off = true; /* backward rules record nothing */
+    nbi_trusted++;       /* and may read tensors whose handles were freed */
     nbi_ref(seed);
-    *incoming(&w, root) = seed;
+    *incoming(w, root) = seed;
     int rc = 0;
-    for (size_t k = w.order.n; k-- > 0 && rc == 0;) {
-        nb_tensor *t = w.order.v[k];
-        nb_tensor **in = incoming(&w, t), *g = *in;
+    for (size_t k = w->order.n; k-- > 0 && rc == 0;) {
+        nb_tensor *t = w->order.v[k];
+        nb_tensor **in = incoming(w, t), *g = *in;
         if (!g) continue;
         *in = NULL;
-        rc = t->grad_fn ? run_node(&w, t, g) : accumulate_leaf(t, g);
+        rc = t->grad_fn ? run_node(w, t, g) : accumulate_leaf(t, g);
         if (rc == 0 && !t->grad_fn && t->grad_hook) rc = run_grad_hook(t);
         if (rc == 0 && t->grad_fn && !retain_graph) release_node(t->grad_fn);
         nbi_unref(g);
     }
     /* the rest (nodes no gradient reached); after a failure, the failing
      * node and those after it keep what they saved, for a look or a retry */
-    for (size_t k = 0; rc == 0 && !retain_graph && k < w.order.n; k++)
-        if (w.order.v[k]->grad_fn) release_node(w.order.v[k]->grad_fn);
-    end_walk(&w);
+    for (size_t k = 0; rc == 0 && !retain_graph && k < w->order.n; k++)
+        if (w->order.v[k]->grad_fn) release_node(w->order.v[k]->grad_fn);
     nbi_trusted--;
-    grad_disabled = was_disabled;
+    nbi_grad_off = was_disabled;
+    return rc;
+}
+
+/* The root is held for the walk: a callback that frees it (or the scope
+ * holding the graph, which the callback rule refuses anyway) only drops the
+ * user's handle, and the graph goes when the walk is done. */
+static int run_backward(nb_tensor *root, nb_tensor *seed, bool retain_graph) {
+    walk w = {.id = atomic_fetch_add(&next_walk_id, 1), .outer = walks_here};
+    nbi_ref(root);
+    walks_here = &w;
+    int rc = -1;
+    if (topo_order(&w, root) == 0 && check_not_released(&w.order) == 0)
+        rc = walk_graph(&w, root, seed, retain_graph);
+    end_walk(&w);
+    walks_here = w.outer;
+    nbi_unref(root);
     return rc;
 }
 

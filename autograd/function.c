@@ -41,7 +41,12 @@ static void ctx_free(nb_function_ctx *c) {
     if (!c) return;
     for (int k = 0; k < c->nsaved; k++) nbi_unref(c->saved[k]);
     for (int k = 0; c->gout && k < c->nout; k++) nbi_unref(c->gout[k]);
-    if (c->f.destroy) c->f.destroy(c->user);
+    if (c->f.destroy) {
+        nbi_callback cb;
+        nbi_callback_enter(&cb, "nb_function", false, "%s's destroy", c->name);
+        c->f.destroy(c->user);
+        nbi_callback_leave(&cb); /* its message stays, for lack of a caller to fail */
+    }
     free(c->name);
     free(c->needs);
     free(c->saved);
@@ -153,11 +158,14 @@ static const char *reported(uint64_t serial) {
  * checks what it returned against the inputs. */
 static int call_backward(nb_function_ctx *c, nbi_node *n, nb_tensor **gouts, nb_tensor **gin) {
     uint64_t serial = nbi_error_serial();
-    int trusted = nbi_trusted;
-    nbi_trusted = 0;
+    nbi_callback cb;
+    nbi_callback_enter(&cb, "nb_backward", true, "%s's backward", c->name);
     int rc = c->nout ? c->f.backward_multi(c, gouts, c->nout, gin, c->user)
                      : c->f.backward(c, gouts[0], gin, c->user);
-    nbi_trusted = trusted;
+    if (nbi_callback_leave(&cb) != 0) {
+        for (int i = 0; i < n->nin; i++) gin[i] = NULL; /* they may be gone with its scopes */
+        return -1;
+    }
     if (rc != 0) {
         const char *why = reported(serial);
         if (why) nbi_error("nb_backward: the backward of %s failed: %s", c->name, why);
@@ -306,18 +314,29 @@ static int run_forward(nb_function_ctx *c, nb_tensor **inputs, int n, nb_tensor 
                        nb_tensor **ys) {
     int nout = c->nout ? c->nout : 1;
     uint64_t serial = nbi_error_serial();
-    bool was = nb_grad_enabled();
     nbi_scope *outer = nbi_scope_current();
     nb_scope_begin();
     nbi_scope *inner = nbi_scope_current();
-    nb_set_grad_enabled(false);
+    for (int i = 0; i < n; i++) nbi_ref(inputs[i]); /* a forward that frees one: see below */
+    nbi_callback cb;
+    nbi_callback_enter(&cb, "nb_function_apply", true, "%s's forward", c->name);
+    nbi_grad_off = true;
     c->in_forward = true;
     int rc = 0;
     if (c->nout) rc = c->f.forward_multi(c, inputs, n, ret, c->nout, c->user);
     else rc = (ret[0] = c->f.forward(c, inputs, n, c->user)) ? 0 : -1;
     c->in_forward = false;
-    nb_set_grad_enabled(was);
-    if (rc != 0) {
+    int fenced = nbi_callback_leave(&cb);
+    for (int i = 0; fenced == 0 && i < n; i++)
+        if (inputs[i]->freed)
+            fenced = (nbi_error("%s: forward freed its input %d (%s), which belongs to the caller; "
+                                "a forward must leave its inputs alive", c->name, i,
+                                inputs[i]->freed == NBI_FREED_BY_FREE ? "nb_free" : "with its owner"),
+                      -1);
+    if (fenced != 0) { /* the message is set; what it returned may be gone */
+        for (int k = 0; k < nout; k++) ret[k] = NULL;
+        rc = -1;
+    } else if (rc != 0) {
         const char *why = reported(serial);
         if (why) nbi_error("%s: forward failed: %s", c->name, why);
         else nbi_error("%s: forward failed without reporting an error (nb_report_error)", c->name);
@@ -331,6 +350,7 @@ static int run_forward(nb_function_ctx *c, nb_tensor **inputs, int n, nb_tensor 
             nbi_scope_hand_up(ys[k] = ret[k]);
     }
     nb_scope_end();
+    for (int i = 0; i < n; i++) nbi_unref(inputs[i]);
     for (int k = 0; rc == 0 && k < nout; k++) {
         nb_tensor *t = ret[k];
         if (!ys[k] && !(ys[k] = nbi_make_view(t, t->ndim, t->shape, t->strides, t->offset)))

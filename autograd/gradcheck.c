@@ -57,7 +57,15 @@ static bool check_inputs(int n, nb_tensor **in) {
 
 /* fn's output, checked: NULL + message when fn failed or returned junk. */
 static nb_tensor *call(const check *c) {
+    nbi_callback cb;
+    nbi_callback_enter(&cb, FN, false, "the function");
     nb_tensor *y = c->fn(c->in, c->n, c->ctx);
+    if (nbi_callback_leave(&cb) != 0) return NULL;
+    for (int i = 0; i < c->n; i++) /* the check holds them: still readable */
+        if (c->in[i]->freed)
+            return nbi_error("%s: the function freed input %d (%s); it must leave its inputs "
+                             "alive", FN, i, c->in[i]->freed == NBI_FREED_BY_FREE
+                                                 ? "nb_free" : "with its owner");
     if (!y) {
         const char *earlier = nbi_error_cause();
         if (earlier)
@@ -412,6 +420,7 @@ bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs, const nb_gradc
             rc = (nbi_error("%s: out of memory", FN), -1);
     }
     if (rc == 0) {
+        for (int i = 0; i < n; i++) nbi_ref(inputs[i]); /* the function may free one */
         for (int i = 0; i < n; i++) {
             nb_tensor *t = inputs[i];
             if (t->requires_grad) { /* put back afterwards */
@@ -428,6 +437,7 @@ bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs, const nb_gradc
         for (int i = 0; i < n; i++)
             if (!c.no_grad[i]) inputs[i]->grad = saved_grad[i];
         if (rc == 0 && !r.ok) nbi_error("%s", r.message);
+        for (int i = 0; i < n; i++) nbi_unref(inputs[i]);
     }
     if (rc != 0) { /* an error: the message says why, and so does the result */
         r.ok = false;

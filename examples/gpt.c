@@ -110,6 +110,27 @@ static int fail(const char *fmt, ...) {
     return -1;
 }
 
+/* --save's folder exists and takes files: checked before any step trains,
+ * not found out after the last one. */
+static int writable_dir(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char dir[4096];
+    int n = slash ? snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path)
+                  : snprintf(dir, sizeof dir, ".");
+    if (slash == path) snprintf(dir, sizeof dir, "/");
+    if (n < 0 || (size_t)n >= sizeof dir) return fail("--save: the path \"%s\" is too long", path);
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return fail("--save: cannot write \"%s\": its folder \"%s\": %s", path, dir,
+                    strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return fail("--save: cannot write \"%s\": \"%s\" is not a folder", path, dir);
+    if (access(dir, W_OK) != 0)
+        return fail("--save: cannot write \"%s\": its folder \"%s\": %s", path, dir,
+                    strerror(errno));
+    return 0;
+}
+
 static void usage(FILE *f, const char *prog) {
     fprintf(f,
             "usage: %s [options]\n"
@@ -241,6 +262,7 @@ static int parse(int argc, char **argv, options *o) {
         return fail("--dtype must be f32 or bf16, got \"%s\"", o->dtype);
     o->bf16 = o->dtype && !strcmp(o->dtype, "bf16");
     if (o->zero && !o->dist) return fail("--zero shards the optimizer over --dist's ranks: give --dist too");
+    if (o->save && writable_dir(o->save) != 0) return -1;
     return 0;
 }
 
@@ -595,23 +617,19 @@ static int64_t *prompt_tokens(const run *r, const options *o, int64_t *n) {
 static int sample(run *r, const options *o) {
     int64_t n_prompt = 0;
     int64_t *prompt = prompt_tokens(r, o, &n_prompt);
-    int64_t *out = prompt ? malloc((size_t)o->sample * sizeof *out) : NULL;
-    if (!out) {
-        free(prompt);
-        return prompt ? fail("out of memory") : -1;
-    }
+    if (!prompt) return -1;
     printf("sample (%lld tokens, temperature %g, top-k %lld):\n", (long long)o->sample,
            o->temperature, (long long)o->top_k);
     for (int64_t i = 0; i < n_prompt; i++)
         if (!(i == 0 && !o->prompt)) print_token(prompt[i], r); /* the default prompt unshown */
     nb_gpt_sample_opts so = {.temperature = o->temperature, .top_k = o->top_k};
     if (o->bf16) nb_autocast_begin(NB_BF16);
-    int64_t n = nb_gpt_generate(&r->model, prompt, n_prompt, o->sample, &so, &r->sampler, out,
+    /* print_token takes the tokens as they come: nothing holds all of them */
+    int64_t n = nb_gpt_generate(&r->model, prompt, n_prompt, o->sample, &so, &r->sampler, NULL,
                                 print_token, r);
     if (o->bf16) nb_autocast_end();
     printf("\n");
     free(prompt);
-    free(out);
     return n < 0 ? fail("%s", err()) : 0;
 }
 

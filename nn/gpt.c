@@ -14,6 +14,7 @@
  * a new token runs one position through the blocks, writes its k and v at
  * its position (nb_copy_into a narrowed view of the cache) and attends over
  * the positions so far. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,9 @@
 struct nb_gpt_cache {
     nb_tensor **k, **v; /* per layer (1, H, block_size, D), persistent */
     int64_t pos;        /* positions filled */
+    /* nb_gpt_generate is running on the model (on_token may call nabla), and
+     * nb_gpt_free was called meanwhile: it takes effect when generation ends */
+    bool generating, free_deferred;
 };
 
 /* ------------------------------------------------------------------ init */
@@ -167,6 +171,10 @@ static void cache_free(nb_GPT *m) {
 
 void nb_gpt_free(nb_GPT *m) {
     if (!m) return;
+    if (m->cache && m->cache->generating) { /* from on_token: generation stops, then frees */
+        m->cache->free_deferred = true;
+        return;
+    }
     cache_free(m);
     free(m->h);
     m->h = NULL;
@@ -433,6 +441,21 @@ static nb_tensor *feed(nb_GPT *m, const int64_t *tokens, int64_t n) {
     return logits;
 }
 
+/* The logits divided by the temperature, or NULL with a message naming the
+ * temperature when that overflows (a tiny temperature: softmax would then
+ * be inf - inf, NaN probabilities). */
+static nb_tensor *tempered(nb_tensor *logits, double temperature) {
+    nb_tensor *z = nb_mul_scalar(logits, 1.0 / temperature);
+    nb_tensor *big = nb_max(nb_abs(z), 0, false), *raw = nb_max(nb_abs(logits), 0, false);
+    if (!big || !raw) return NULL;
+    double zmax = nb_item(big), lmax = nb_item(raw);
+    if (isfinite(zmax) || !isfinite(lmax)) return z;
+    return nn_error("nb_gpt_generate: temperature %g is too small: the largest logit, %g, divided "
+                    "by it overflows %s; use a temperature of at least %.3g, or greedy decoding",
+                    temperature, lmax, nb_dtype_name(nb_dtype_of(z)),
+                    lmax / (nb_dtype_of(z) == NB_F64 ? DBL_MAX : FLT_MAX));
+}
+
 /* One token from logits (V) */
 static int64_t sample(nb_tensor *logits, const nb_gpt_sample_opts *o, nb_rng *rng) {
     nb_tensor *t;
@@ -440,7 +463,8 @@ static int64_t sample(nb_tensor *logits, const nb_gpt_sample_opts *o, nb_rng *rn
         t = nb_argmax(logits, 0, false);
         return t ? (int64_t)nb_item(t) : -1;
     }
-    nb_tensor *z = nb_mul_scalar(logits, 1.0 / o->temperature);
+    nb_tensor *z = tempered(logits, o->temperature);
+    if (!z) return -1;
     int64_t V = nb_numel(logits);
     if (o->top_k > 0 && o->top_k < V) { /* below the k-th largest: -inf */
         nb_tensor *kth = nb_narrow(nb_topk(z, o->top_k, 0, true, true, NULL), 0, o->top_k - 1, 1);
@@ -448,6 +472,47 @@ static int64_t sample(nb_tensor *logits, const nb_gpt_sample_opts *o, nb_rng *rn
     }
     t = nb_multinomial(nb_softmax(z, 0), 1, false, rng);
     return t ? (int64_t)nb_item(t) : -1;
+}
+
+/* The history: the last tokens, of which the model has cached [0, from);
+ * hist[from..len) is not cached yet. Holds at most 2 * block tokens: older
+ * ones are never fed again (a refill re-encodes at most block/2), so a
+ * generation of any length needs no more memory than that. */
+typedef struct {
+    int64_t *v, len, from, cap, block;
+} history;
+
+static void hist_push(history *h, int64_t tok) {
+    if (h->len == h->cap) { /* keep the last block tokens */
+        int64_t drop = h->len - h->block;
+        memmove(h->v, h->v + drop, (size_t)h->block * sizeof *h->v);
+        h->len -= drop;
+        h->from -= drop;
+    }
+    h->v[h->len++] = tok;
+}
+
+/* on_token, under the callback rule: 1 go on, 0 stop (asked), -1 failed
+ * (message set). */
+static int call_on_token(nb_GPT *m, bool (*on_token)(int64_t, void *), void *user, int64_t tok,
+                         int64_t done) {
+    if (!on_token) return 1;
+    nb_GPT before = *m;
+    if (nb_callback_begin("nb_gpt_generate", "on_token") != 0) return -1;
+    bool go_on = on_token(tok, user);
+    if (nb_callback_end() != 0) return -1;
+    if (m->cache != before.cache || m->h != before.h) { /* nb_gpt_init over it: ours goes */
+        before.cache->generating = false;
+        nb_gpt_free(&before);
+        nn_error("nb_gpt_generate: on_token re-initialized the model being generated from (after "
+                 "%lld tokens); generation stopped there", (long long)done);
+        return -1;
+    }
+    if (m->cache->free_deferred)
+        return (nn_error("nb_gpt_generate: on_token freed the model (nb_gpt_free) after %lld "
+                         "tokens; generation stopped there and the model is freed now",
+                         (long long)done), -1);
+    return go_on ? 1 : 0;
 }
 
 static int64_t gpt_generate_body(nb_GPT *m, const int64_t *prompt, int64_t n_prompt,
@@ -459,12 +524,12 @@ static int64_t gpt_generate_body(nb_GPT *m, const int64_t *prompt, int64_t n_pro
     if (!prompt || n_prompt < 1)
         return (nn_error("%s: the prompt must have at least 1 token, got %lld", fn,
                          (long long)n_prompt), -1);
-    if (n_new < 0 || (n_new > 0 && !out))
-        return (nn_error("%s: n_new must be >= 0 with room in out, got %lld%s", fn,
-                         (long long)n_new, out ? "" : " and out NULL"), -1);
+    if (n_new < 0 || (n_new > 0 && !out && !on_token))
+        return (nn_error("%s: n_new must be >= 0, and out or on_token must take the tokens; got "
+                         "n_new %lld, out NULL, on_token NULL", fn, (long long)n_new), -1);
     if (!o.greedy && !(o.temperature > 0 && isfinite(o.temperature)))
         return (nn_error("%s: temperature must be > 0 and finite, got %g", fn, o.temperature), -1);
-    if (o.top_k < 0)
+    if (!o.greedy && o.top_k < 0)
         return (nn_error("%s: top_k must be >= 0 (0 = all tokens), got %lld", fn,
                          (long long)o.top_k), -1);
     int64_t V = m->cfg.vocab_size, block = m->cfg.block_size;
@@ -473,40 +538,52 @@ static int64_t gpt_generate_body(nb_GPT *m, const int64_t *prompt, int64_t n_pro
             return (nn_error("%s: prompt token %lld at position %lld is out of range for "
                              "vocab_size %lld", fn, (long long)prompt[i], (long long)i,
                              (long long)V), -1);
+    if (m->cache && m->cache->generating)
+        return (nn_error("%s: the model is generating already (an on_token called "
+                         "nb_gpt_generate on it); one generation at a time per model", fn), -1);
     if (cache_make(m)) return -1;
-    /* the history: the prompt's last block tokens, then what is generated */
     int64_t keep0 = n_prompt < block ? n_prompt : block;
-    int64_t *hist = malloc((size_t)(keep0 + n_new) * sizeof *hist);
-    if (!hist) return (nn_error("%s: out of memory", fn), -1);
-    memcpy(hist, prompt + n_prompt - keep0, (size_t)keep0 * sizeof *hist);
-    int64_t len = keep0, done = 0, feed_from = 0; /* hist[feed_from..len) is not cached yet */
+    history h = {.v = malloc((size_t)(2 * block) * sizeof *h.v), .cap = 2 * block, .block = block};
+    if (!h.v) return (nn_error("%s: out of memory", fn), -1);
+    memcpy(h.v, prompt + n_prompt - keep0, (size_t)keep0 * sizeof *h.v);
+    h.len = keep0;
+    int64_t done = 0;
     bool was = nb_grad_enabled(), failed = false, stop = false;
-    nb_set_grad_enabled(false);
-    m->cache->pos = 0;
+    struct nb_gpt_cache *c = m->cache;
+    c->pos = 0;
+    c->generating = true;
+    nb_set_grad_enabled(false); /* on_token's changes are undone after each call */
     while (done < n_new && !stop) {
         nb_scope_begin();
-        if (m->cache->pos + (len - feed_from) > block) {
+        if (m->cache->pos + (h.len - h.from) > block) {
             /* full: the last half block is re-encoded from position 0, so
              * a refill costs block/2 positions once per block/2 tokens
              * (nanoGPT's crop would re-encode a whole block per token) */
             int64_t keep = block / 2 > 0 ? block / 2 : 1;
             m->cache->pos = 0;
-            feed_from = len - (keep < len ? keep : len);
+            h.from = h.len - (keep < h.len ? keep : h.len);
         }
-        nb_tensor *logits = feed(m, hist + feed_from, len - feed_from);
+        nb_tensor *logits = feed(m, h.v + h.from, h.len - h.from);
         int64_t tok = logits ? sample(logits, &o, rng) : -1;
         nb_scope_end();
         if (tok < 0) {
             failed = true;
             break;
         }
-        feed_from = len;
-        hist[len++] = tok;
-        out[done++] = tok;
-        if (on_token && !on_token(tok, user)) stop = true;
+        h.from = h.len;
+        hist_push(&h, tok);
+        if (out) out[done] = tok;
+        done++;
+        int go = call_on_token(m, on_token, user, tok, done);
+        failed = go < 0;
+        stop = go <= 0;
     }
     nb_set_grad_enabled(was);
-    free(hist);
+    free(h.v);
+    if (m->cache == c) { /* else re-initialized by on_token, and c freed then */
+        c->generating = false;
+        if (c->free_deferred) nb_gpt_free(m);
+    }
     return failed ? -1 : done;
 }
 

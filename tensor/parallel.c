@@ -166,13 +166,34 @@ void nbi_parallel_for(int64_t n, int64_t grain, nbi_range_fn fn, void *ctx) {
     atomic_flag_clear(&busy);
 }
 
+/* The user's fn runs under the callback rule on every thread, one range at
+ * a time; the first range that broke it gives the caller its message. */
+typedef struct {
+    void (*fn)(void *ctx, int64_t lo, int64_t hi);
+    void *ctx;
+    atomic_flag failed;
+    char msg[512];
+} user_job;
+
+static void user_range(void *p, int64_t lo, int64_t hi) {
+    user_job *j = p;
+    nbi_callback cb;
+    nbi_callback_enter(&cb, "nb_parallel_for", false, "fn (on range [%lld, %lld))",
+                       (long long)lo, (long long)hi);
+    j->fn(j->ctx, lo, hi);
+    if (nbi_callback_leave(&cb) != 0 && !atomic_flag_test_and_set(&j->failed))
+        snprintf(j->msg, sizeof j->msg, "%s", nb_last_error());
+}
+
 void nb_parallel_for(int64_t n, int64_t grain, void (*fn)(void *ctx, int64_t lo, int64_t hi),
                      void *ctx) {
     if (!fn) {
         nbi_error("nb_parallel_for: fn is NULL");
         return;
     }
-    nbi_parallel_for(n, grain, fn, ctx);
+    user_job j = {.fn = fn, .ctx = ctx, .failed = ATOMIC_FLAG_INIT};
+    nbi_parallel_for(n, grain, user_range, &j);
+    if (j.msg[0]) nbi_error("%s", j.msg);
 }
 
 void nb_set_num_threads(int n) {

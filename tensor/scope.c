@@ -72,6 +72,7 @@ void nb_scope_begin(void) {
 }
 
 void nb_scope_end(void) {
+    if (nbi_callback_refuses_scope_end()) return;
     if (unrecorded > 0) {
         unrecorded--;
         depth--;
@@ -83,14 +84,14 @@ void nb_scope_end(void) {
         return;
     }
     /* Newest first: a tensor's graph inputs are older, so they are still
-     * owned when it goes and the release never recurses deeply. */
-    nb_tensor *t = s->head;
-    while (t) {
-        nb_tensor *next = t->next;
-        t->scope = NULL;
-        t->prev = t->next = NULL;
+     * owned when it goes and the release never recurses deeply. One at a
+     * time from the head, through the list itself: code that runs as a
+     * tensor goes (a custom function's destroy) may free another tensor of
+     * this scope or make a new one, and the list reflects that. */
+    nb_tensor *t;
+    while ((t = s->head)) {
+        nbi_scope_release(t);
         nbi_release_owned(t, NBI_FREED_BY_SCOPE);
-        t = next;
     }
     top = s->parent;
     s->parent = spare;

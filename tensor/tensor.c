@@ -245,7 +245,11 @@ void nb_free(nb_tensor *t) {
         nbi_bad_arg("nb_free", t, 0);
         return;
     }
-    if (!t->owned) return; /* borrowed (a .grad): its owner frees it */
+    if (!t->owned) { /* borrowed: its owner frees it */
+        nbi_error("nb_free: input 0 is borrowed (a .grad, or a tensor saved by a custom "
+                  "function); its owner frees it, and it was left alone");
+        return;
+    }
     if (!nbi_scope_of_this_thread(t->scope)) {
         nbi_error("nb_free: input 0 belongs to a scope of another thread; only that thread "
                   "may free it (nb_free, or the end of its scope)");

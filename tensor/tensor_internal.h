@@ -88,6 +88,34 @@ static inline bool nbi_opt_arg(const char *fn, const nb_tensor *t, int i) {
  * were freed while a graph still holds them; inside, freed handles pass the
  * argument checks. User callbacks (custom functions) run untrusted. */
 extern _Thread_local int nbi_trusted;
+/* User code nabla calls (callback.c): nbi_callback_enter before the call,
+ * nbi_callback_leave after it, on the same thread, strictly nested. In
+ * between, nb_scope_end refuses to close scopes opened before the callback
+ * and, with grad_stays_off (inherited by nested callbacks),
+ * nb_set_grad_enabled(true) is refused; leave closes the scopes the callback
+ * left open, restores grad mode (and nbi_trusted, which is 0 inside: user
+ * code is never trusted) and returns -1 with a message "<fn>: <who>
+ * ..." when the callback did any of that, else 0. who is printf-formatted,
+ * e.g. "rmsnorm's forward". */
+typedef struct nbi_callback {
+    const char *fn;
+    char who[120];
+    int depth, trusted;
+    bool grad_was_off, grad_stays_off, public_;
+    int closed, grad_on; /* refused nb_scope_end and nb_set_grad_enabled(true) calls */
+    struct nbi_callback *prev;
+} nbi_callback;
+void nbi_callback_enter(nbi_callback *cb, const char *fn, bool grad_stays_off, const char *fmt,
+                        ...) __attribute__((format(printf, 4, 5)));
+int nbi_callback_leave(nbi_callback *cb);
+nbi_callback *nbi_callback_current(void); /* innermost running, or NULL */
+/* For nb_scope_end and nb_set_grad_enabled: true (message set, refusal
+ * counted) when the running callback may not do this. */
+bool nbi_callback_refuses_scope_end(void);
+bool nbi_callback_refuses_grad_on(void);
+/* Grad mode, per thread (autograd/ owns its meaning; kept here so that
+ * callbacks can restore it). */
+extern _Thread_local bool nbi_grad_off;
 /* Formats a shape as "(2,3)" into a small thread-local ring of buffers. */
 const char *nbi_shape_str(int ndim, const int64_t *shape);
 #define NBI_SHAPE(t) nbi_shape_str((t)->ndim, (t)->shape)

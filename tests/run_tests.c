@@ -15,6 +15,10 @@ int main(void) {
         printf("%lld\n", (long long)nb_memory_cache_limit());
         return 0;
     }
+    if (getenv("NB_TEST_PRINT_CALLBACK_TABLE")) { /* make callback-table */
+        print_callback_table(stdout);
+        return 0;
+    }
     /* make op-table: the registry's op tables, for docs/ops.md and README.md */
     const char *table = getenv("NB_TEST_PRINT_OP_TABLE");
     if (table) {
@@ -34,6 +38,7 @@ int main(void) {
     srunner_add_suite(sr, suite_edges());
     srunner_add_suite(sr, suite_autograd());
     srunner_add_suite(sr, suite_function());
+    srunner_add_suite(sr, suite_callbacks());
     srunner_add_suite(sr, suite_errors());
     srunner_add_suite(sr, suite_scope());
     srunner_add_suite(sr, suite_nn());

@@ -1050,9 +1050,10 @@ START_TEST(generate_errors) {
     expect_error_rc(nb_gpt_generate(&m, prompt, 3, 4, &k, NULL, out, NULL, NULL),
                     "nb_gpt_generate: top_k must be >= 0 (0 = all tokens), got -1");
     expect_error_rc(nb_gpt_generate(&m, prompt, 3, 4, &o, NULL, NULL, NULL, NULL),
-                    "nb_gpt_generate: n_new must be >= 0 with room in out, got 4 and out NULL");
+                    "nb_gpt_generate: n_new must be >= 0, and out or on_token must take the "
+                    "tokens; got n_new 4, out NULL, on_token NULL");
     expect_error_rc(nb_gpt_generate(&m, prompt, 3, -1, &o, NULL, out, NULL, NULL),
-                    "nb_gpt_generate: n_new must be >= 0 with room in out, got -1");
+                    "nb_gpt_generate: n_new must be >= 0", "got n_new -1");
     expect_error_rc(nb_gpt_generate(NULL, prompt, 3, 4, &o, NULL, out, NULL, NULL),
                     "nb_gpt_generate: model is NULL");
     nb_GPT blank = {0};
@@ -1062,6 +1063,8 @@ START_TEST(generate_errors) {
     ck_assert_ptr_null(m.cache); /* refused before the cache is made */
     /* greedy ignores temperature and top_k */
     nb_gpt_sample_opts g = {.greedy = true, .temperature = 0.0, .top_k = 0};
+    ck_assert_int_eq(nb_gpt_generate(&m, prompt, 3, 4, &g, NULL, out, NULL, NULL), 4);
+    g.top_k = -1; /* documented as unused there: not checked either */
     ck_assert_int_eq(nb_gpt_generate(&m, prompt, 3, 4, &g, NULL, out, NULL, NULL), 4);
     ck_assert(nb_grad_enabled());
     nb_gpt_free(&m);

@@ -99,6 +99,9 @@ Suite *suite_cpu(void); /* test_cpu.c: caches read from the CPU, the GEMM blocks
 Suite *suite_softmax(void);
 Suite *suite_autograd(void);
 Suite *suite_function(void);
+Suite *suite_callbacks(void); /* test_callbacks.c: user callbacks that misbehave */
+/* test_callbacks.c: the callback x misbehaviour table of docs/custom-functions.md */
+void print_callback_table(FILE *f);
 Suite *suite_errors(void);
 Suite *suite_scope(void);
 Suite *suite_nn(void);

@@ -1,0 +1,97 @@
+/* callback.c: the one rule for user code that nabla calls.
+ *
+ * nabla calls user code in several places (a custom function's forward,
+ * backward and destroy; gradient hooks; nb_gradcheck's function;
+ * nb_parallel_for's fn; nb_gpt_generate's on_token). Each call is bracketed
+ * by nbi_callback_enter/leave, which keep a per-thread stack of the
+ * callbacks running. While one runs:
+ * - nb_scope_end cannot close a scope opened before it (the call is refused
+ *   with a message and counted); scopes it leaves open are closed at leave;
+ * - grad mode is restored at leave to what it was at enter; where nabla runs
+ *   the callback with grad mode off (custom functions, hooks),
+ *   nb_set_grad_enabled(true) is refused and counted;
+ * and leave turns any of those into an error naming the callback. What the
+ * engine uses while a callback runs is kept alive by the engine's own
+ * references (see engine.c, function.c, gradcheck.c), so freeing it there
+ * is deferred, never a use after free. */
+#include "tensor_internal.h"
+
+#include <stdlib.h>
+
+_Thread_local bool nbi_grad_off;
+
+static _Thread_local nbi_callback *top;
+
+void nbi_callback_enter(nbi_callback *cb, const char *fn, bool grad_stays_off, const char *fmt,
+                        ...) {
+    cb->fn = fn;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cb->who, sizeof cb->who, fmt, ap);
+    va_end(ap);
+    cb->depth = nb_scope_depth();
+    cb->grad_was_off = nbi_grad_off;
+    cb->grad_stays_off = grad_stays_off || (top && top->grad_stays_off);
+    cb->closed = cb->grad_on = 0;
+    cb->trusted = nbi_trusted;
+    nbi_trusted = 0; /* user code: a freed handle is an error there, even inside backward */
+    cb->public_ = false;
+    cb->prev = top;
+    top = cb;
+}
+
+nbi_callback *nbi_callback_current(void) { return top; }
+
+int nbi_callback_leave(nbi_callback *cb) {
+    int left_open = nb_scope_depth() - cb->depth;
+    /* scopes the callback left open end here, while its fence still allows it */
+    for (int k = 0; k < left_open; k++) nb_scope_end();
+    top = cb->prev;
+    nbi_grad_off = cb->grad_was_off;
+    nbi_trusted = cb->trusted;
+    if (cb->closed)
+        return (nbi_error("%s: %s closed a scope it did not open (%d nb_scope_end too many); the "
+                          "caller's scopes were kept open", cb->fn, cb->who, cb->closed), -1);
+    if (left_open > 0)
+        return (nbi_error("%s: %s left %d scope%s open (nb_scope_begin without nb_scope_end); "
+                          "nabla closed %s", cb->fn, cb->who, left_open, left_open > 1 ? "s" : "",
+                          left_open > 1 ? "them" : "it"), -1);
+    if (cb->grad_on)
+        return (nbi_error("%s: %s turned grad mode on (nb_set_grad_enabled(true)); it runs with "
+                          "grad mode off, which nabla kept", cb->fn, cb->who), -1);
+    return 0;
+}
+
+bool nbi_callback_refuses_scope_end(void) {
+    if (!top || nb_scope_depth() > top->depth) return false;
+    top->closed++;
+    nbi_error("nb_scope_end: %s may close only the scopes it opened; this one was opened before "
+              "it ran and stays open", top->who);
+    return true;
+}
+
+bool nbi_callback_refuses_grad_on(void) {
+    if (!top || !top->grad_stays_off) return false;
+    top->grad_on++;
+    nbi_error("nb_set_grad_enabled: grad mode stays off inside %s", top->who);
+    return true;
+}
+
+/* ------------------------------------------------------- the public pair */
+int nb_callback_begin(const char *fn, const char *who) {
+    nbi_callback *cb = malloc(sizeof *cb);
+    if (!cb) return (nbi_error("nb_callback_begin: out of memory"), -1);
+    nbi_callback_enter(cb, fn ? fn : "nb_callback_begin", false, "%s", who ? who : "a callback");
+    cb->public_ = true;
+    return 0;
+}
+
+int nb_callback_end(void) {
+    nbi_callback *cb = top;
+    if (!cb || !cb->public_)
+        return (nbi_error("nb_callback_end: no nb_callback_begin is open %s",
+                          cb ? "in this callback" : "on this thread"), -1);
+    int rc = nbi_callback_leave(cb);
+    free(cb);
+    return rc;
+}
