@@ -231,7 +231,7 @@ asan: check-deps
 
 # ThreadSanitizer over the suites that run nabla on several threads at once
 # (the pool, user threads, concurrent backward), into build-tsan.
-TSAN_SUITES ?= threads concurrency registry
+TSAN_SUITES ?= threads concurrency registry callbacks
 tsan: check-deps
 	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build-tsan OPT="-O1 -g -fsanitize=thread" \
 	  LDLIBS="-fsanitize=thread -lm -lpthread" build-tsan/tests/run_tests

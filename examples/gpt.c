@@ -110,25 +110,28 @@ static int fail(const char *fmt, ...) {
     return -1;
 }
 
-/* --save's folder exists and takes files: checked before any step trains,
- * not found out after the last one. */
+/* --save's folder exists and takes files: checked (on the rank that writes)
+ * before the model is made and any step trains, not found out after the
+ * last one. 0, or -1 with nabla's message set. */
 static int writable_dir(const char *path) {
     const char *slash = strrchr(path, '/');
     char dir[4096];
     int n = slash ? snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path)
                   : snprintf(dir, sizeof dir, ".");
     if (slash == path) snprintf(dir, sizeof dir, "/");
-    if (n < 0 || (size_t)n >= sizeof dir) return fail("--save: the path \"%s\" is too long", path);
     struct stat st;
-    if (stat(dir, &st) != 0)
-        return fail("--save: cannot write \"%s\": its folder \"%s\": %s", path, dir,
-                    strerror(errno));
-    if (!S_ISDIR(st.st_mode))
-        return fail("--save: cannot write \"%s\": \"%s\" is not a folder", path, dir);
-    if (access(dir, W_OK) != 0)
-        return fail("--save: cannot write \"%s\": its folder \"%s\": %s", path, dir,
-                    strerror(errno));
-    return 0;
+    if (n < 0 || (size_t)n >= sizeof dir)
+        nb_report_error("--save: the path \"%s\" is too long", path);
+    else if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        nb_report_error("--save: \"%s\" is a folder; give a file name in it", path);
+    else if (stat(dir, &st) != 0 || (S_ISDIR(st.st_mode) && access(dir, W_OK) != 0))
+        nb_report_error("--save: cannot write \"%s\": its folder \"%s\": %s", path, dir,
+                        strerror(errno));
+    else if (!S_ISDIR(st.st_mode))
+        nb_report_error("--save: cannot write \"%s\": \"%s\" is not a folder", path, dir);
+    else
+        return 0;
+    return -1;
 }
 
 static void usage(FILE *f, const char *prog) {
@@ -262,7 +265,6 @@ static int parse(int argc, char **argv, options *o) {
         return fail("--dtype must be f32 or bf16, got \"%s\"", o->dtype);
     o->bf16 = o->dtype && !strcmp(o->dtype, "bf16");
     if (o->zero && !o->dist) return fail("--zero shards the optimizer over --dist's ranks: give --dist too");
-    if (o->save && writable_dir(o->save) != 0) return -1;
     return 0;
 }
 
@@ -697,6 +699,8 @@ static void teardown(run *r) {
 static int run_all(run *r, const options *o) {
     dist_threads(&r->ds, o->threads);
     if (o->threads > 0 && nb_num_threads() != o->threads) return fail("%s", err());
+    if (o->save && dist_agree(&r->ds, "--save", r->ds.rank == 0 ? writable_dir(o->save) : 0) != 0)
+        return fail("%s", err());
     if (make_model(r, o) != 0) return -1;
     int64_t B = o->batch, T = o->seq ? o->seq : r->cfg.block_size;
     if (T > r->cfg.block_size)

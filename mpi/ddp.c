@@ -714,9 +714,16 @@ nb_optim *nb_ddp_shard_optimizer(nb_ddp *d, nb_optim *(*make)(nb_params *shard, 
     nb_optim *opt = NULL;
     if (status == 0) {
         nb_clear_error(); /* so that a make failing without a message is seen */
-        if (!(opt = make(d->shard, ctx))) {
+        status = nb_callback_begin(fn, "make"); /* the callback rule of nabla.h */
+        if (status == 0) opt = make(d->shard, ctx);
+        if (status == 0 && nb_callback_end() != 0) status = -1;
+        else if (status == 0 && !opt) {
             if (!nb_last_error()) nb_report_error("%s: make returned NULL without a message", fn);
             status = -1;
+        }
+        if (status != 0) {
+            nb_optim_free(opt);
+            opt = NULL;
         }
     }
     if (agree(fn, status) != 0) { /* as before the call, on every rank */

@@ -115,7 +115,9 @@ NB_API void nb_ddp_free(nb_ddp *d); /* removes the hooks; NULL is ok */
  * rank, bit for bit the weights an unsharded optimizer would make, with
  * about 1/N of its state per rank. Every rank calls it: when make fails on
  * one (or a rank would own no parameter), it fails on every rank with that
- * rank's message, and the nb_ddp is as before.
+ * rank's message, and the nb_ddp is as before. make runs under nabla.h's
+ * callback rule (a scope it closes but did not open, or leaves open, fails
+ * the call: "nb_ddp_shard_optimizer: make left 1 scope open ...").
  * NULL / -1 with a message. */
 NB_API nb_optim *nb_ddp_shard_optimizer(nb_ddp *d, nb_optim *(*make)(nb_params *shard, void *ctx),
                                         void *ctx);

@@ -18,6 +18,10 @@ void *nn_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * that an inner function set, its name goes in front: "nb_linear: nb_matmul:
  * expected a floating tensor (f32 or f64), got i64". */
 void nn_enter(void);
+/* Around user code called from inside an nn function (on_token): the nn
+ * functions it calls name themselves as the outermost ones. */
+int nn_suspend(void);
+void nn_resume(int saved);
 void *nn_leave(const char *fn, void *result);
 int nn_leave_rc(const char *fn, int rc);
 /* Tensor argument i of fn (counted from 0) is live: true, or false with

@@ -25,6 +25,13 @@ static _Thread_local int depth; /* public nn functions running on this thread */
 
 void nn_enter(void) { depth++; }
 
+int nn_suspend(void) {
+    int d = depth;
+    depth = 0;
+    return d;
+}
+void nn_resume(int saved) { depth = saved; }
+
 /* The outermost function puts its name before a message that an inner one
  * set (its own messages start with its name already); when that message is
  * a NULL passed along after an earlier failure, the earlier failure is the

@@ -78,7 +78,7 @@ fails() { # expected message, np, example, args...
     say "$prog $* on $np ranks: every rank stopped with \"$want\" (${dt} s)"
 }
 fails "--load: rank 0 failed: nb_load: cannot open \"$d/none\"" 2 copy_task --load "$d/none"
-fails "--save: rank 0 failed: nb_save: cannot create a file next to \"$d/no/x\"" 4 gpt \
+fails "--save: rank 0 failed: --save: cannot write \"$d/no/x\": its folder \"$d/no\"" 4 gpt \
     $g --batch 2 --steps 2 --zero --save "$d/no/x"
 "$ex/gpt" --zero > "$d/fail.log" 2>&1 && die "gpt --zero without --dist succeeded"
 grep -q -F -e "gpt: --zero shards the optimizer over --dist's ranks: give --dist too" "$d/fail.log" ||

@@ -519,6 +519,12 @@ static nb_optim *make_null_quietly(nb_params *shard, void *ctx) {
     return NULL;
 }
 
+/* make under the callback rule: a scope it leaves open is closed and fails the call */
+static nb_optim *make_leaves_a_scope(nb_params *shard, void *ctx) {
+    nb_scope_begin();
+    return make_adam(shard, ctx);
+}
+
 /* A shard optimizer that cannot be made on one rank is made on none, with
  * that rank's message, and the nb_ddp takes one afterwards. */
 START_TEST(a_failed_shard_optimizer_fails_everywhere) {
@@ -534,6 +540,12 @@ START_TEST(a_failed_shard_optimizer_fails_everywhere) {
     ck_assert_ptr_null(nb_ddp_shard_optimizer(d, make_null_quietly, NULL));
     ck_assert_str_eq(nb_last_error(), "nb_ddp_shard_optimizer: rank 0 failed: "
                      "nb_ddp_shard_optimizer: make returned NULL without a message");
+    int depth = nb_scope_depth();
+    ck_assert_ptr_null(nb_ddp_shard_optimizer(d, make_leaves_a_scope, NULL));
+    ck_assert_str_eq(nb_last_error(), "nb_ddp_shard_optimizer: rank 0 failed: "
+                     "nb_ddp_shard_optimizer: make left 1 scope open (nb_scope_begin without "
+                     "nb_scope_end); nabla closed it");
+    ck_assert_int_eq(nb_scope_depth(), depth);
     ck_assert_ptr_nonnull(nb_ddp_shard_optimizer(d, make_adam, NULL));
     nb_ddp_free(d);
     nb_params_free(m.ps);
