@@ -504,23 +504,8 @@ void print_callback_table(FILE *f) {
     }
 }
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "cannot open %s", path);
-    ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
-    long size = ftell(f);
-    ck_assert(size > 0);
-    rewind(f);
-    char *src = malloc((size_t)size + 1);
-    ck_assert_ptr_nonnull(src);
-    ck_assert_int_eq(fread(src, 1, (size_t)size, f), (size_t)size);
-    src[size] = 0;
-    fclose(f);
-    return src;
-}
-
 START_TEST(the_docs_show_this_table) {
-    char *doc = slurp(NB_FIXTURE_DIR "/../../docs/custom-functions.md");
+    char *doc = test_read_file(NB_FIXTURE_DIR "/../../docs/custom-functions.md", NULL);
     const char *begin = "<!-- callback table: made from tests/test_callbacks.c by make "
                         "callback-table -->\n";
     char *a = strstr(doc, begin), *b = a ? strstr(a, "<!-- end of callback table -->") : NULL;
@@ -600,7 +585,7 @@ static void strip_comments(char *s) {
 }
 
 START_TEST(the_table_covers_every_callback_of_nabla_h) {
-    char *src = slurp(NB_FIXTURE_DIR "/../../nabla.h");
+    char *src = test_read_file(NB_FIXTURE_DIR "/../../nabla.h", NULL);
     strip_comments(src);
     int kinds = 0;
     for (char *p = strstr(src, "(*"); p; p = strstr(p + 2, "(*")) {

@@ -27,14 +27,9 @@ static const char *fixture_path(const char *name) {
 }
 
 static unsigned char *slurp(const char *path, long *n) {
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    *n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)*n + 1);
-    ck_assert_int_eq((long)fread(b, 1, (size_t)*n, f), *n);
-    fclose(f);
+    size_t len;
+    unsigned char *b = (unsigned char *)test_read_file(path, &len);
+    *n = (long)len;
     return b;
 }
 

@@ -423,22 +423,6 @@ typedef struct {
     bool takes_tensor[MAX_API];
 } api_list;
 
-static char *read_header(void) {
-    const char *path = NB_FIXTURE_DIR "/../../nabla.h";
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "cannot open %s", path);
-    ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
-    long size = ftell(f);
-    ck_assert(size > 0);
-    rewind(f);
-    char *src = malloc((size_t)size + 1);
-    ck_assert_ptr_nonnull(src);
-    ck_assert_int_eq(fread(src, 1, (size_t)size, f), (size_t)size);
-    src[size] = 0;
-    fclose(f);
-    return src;
-}
-
 /* Blanks out comments (newlines stay), so that only code is read. */
 static void strip_comments(char *s) {
     for (char *p = s; *p; p++) {
@@ -501,7 +485,7 @@ static int api_find(const api_list *api, const char *name) {
 
 START_TEST(the_table_covers_nabla_h) {
     usage u0 = usage_now();
-    char *src = read_header();
+    char *src = test_read_file(NB_FIXTURE_DIR "/../../nabla.h", NULL);
     strip_comments(src);
     static api_list api;
     read_api(src, &api);

@@ -200,6 +200,22 @@ const char *test_tmp_path(const char *name) {
     return path[k];
 }
 
+char *test_read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
+    long len = ftell(f);
+    ck_assert_msg(len >= 0, "cannot size %s", path);
+    rewind(f);
+    char *b = malloc((size_t)len + 1);
+    ck_assert_ptr_nonnull(b);
+    ck_assert_msg(fread(b, 1, (size_t)len, f) == (size_t)len, "cannot read %s", path);
+    b[len] = 0;
+    fclose(f);
+    if (n) *n = (size_t)len;
+    return b;
+}
+
 void test_write_bytes(const char *path, const void *data, size_t n) {
     FILE *f = fopen(path, "wb");
     ck_assert_ptr_nonnull(f);

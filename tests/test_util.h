@@ -52,6 +52,9 @@ extern char test_tmp_dir[64];
 void test_make_tmp_dir(const char *tag);
 const char *test_tmp_path(const char *name);
 void test_remove_tmp_dir(void);
+/* A whole file, malloc'ed and NUL-terminated (free it); *n gets its size
+ * when n is not NULL. Fails the test when it cannot be read. */
+char *test_read_file(const char *path, size_t *n);
 /* Writes n bytes of data to path (asserting every step). */
 void test_write_bytes(const char *path, const void *data, size_t n);
 
