@@ -271,8 +271,9 @@ static int full_check(const check *c) {
             return (nbi_error("%s: input %d (%lld elements) x output (%lld elements) is too large "
                               "for a full Jacobian; check a smaller case, or use fast_mode", FN, i,
                               (long long)c->in[i]->numel, (long long)m), -1);
-    double **A = calloc((size_t)n, sizeof *A), **N = calloc((size_t)n, sizeof *N);
-    double **rows = calloc((size_t)n, sizeof *rows);
+    size_t count = n > 0 ? (size_t)n : 1; /* n >= 1 (nb_gradcheck checked it) */
+    double **A = calloc(count, sizeof *A), **N = calloc(count, sizeof *N);
+    double **rows = calloc(count, sizeof *rows);
     int rc = (A && N && rows) ? 0 : -1;
     for (int i = 0; rc == 0 && i < n; i++) {
         if (c->no_grad[i]) continue;

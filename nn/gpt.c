@@ -200,6 +200,7 @@ static nb_tensor *then(nb_tensor *done, nb_tensor *next) {
  * the attention reads positions [0, pos + T). */
 static nb_tensor *attention(const nb_GPT *m, const nb_GPTBlock *b, nb_tensor *x, nb_tensor *keep,
                             bool training, nb_rng *rng, nb_tensor *kc, nb_tensor *vc, int64_t pos) {
+    if (!x) return NULL; /* an earlier step failed: its message stands */
     int64_t B = nb_shape(x)[0], T = nb_shape(x)[1], C = m->cfg.n_embd, H = m->cfg.n_head;
     nb_tensor *qkv = nb_linear_forward(&b->c_attn, x); /* (B,T,3C) */
     nb_tensor *hd[3];
@@ -510,6 +511,11 @@ static int call_on_token(nb_GPT *m, bool (*on_token)(int64_t, void *), void *use
                  "%lld tokens); generation stopped there", (long long)done);
         return -1;
     }
+    if (nb_check_input("nb_gpt_generate", m->wte.weight, 0) != 0 ||
+        nb_check_input("nb_gpt_generate", m->lm_head.weight, 0) != 0)
+        return (nn_error("nb_gpt_generate: on_token freed the model's parameters (nb_params_free "
+                         "on its registry) after %lld tokens; generation stopped there",
+                         (long long)done), -1);
     if (m->cache->free_deferred)
         return (nn_error("nb_gpt_generate: on_token freed the model (nb_gpt_free) after %lld "
                          "tokens; generation stopped there and the model is freed now",

@@ -26,7 +26,8 @@ typedef enum {
     FREE_INPUT,     /* nb_free an input of the op (a hook: its leaf) */
     FREE_SAVED,     /* nb_free a saved tensor, or a borrowed .grad */
     FREE_OUTPUT,    /* nb_free what it returns */
-    FREE_MODULE,    /* free the model or registry nabla is using */
+    FREE_MODULE,    /* free the model nabla is using */
+    FREE_REGISTRY,  /* free the registry that owns the parameters nabla is using */
     REINIT_MODEL,   /* nb_gpt_init over the model being generated from */
     MAKE_TENSOR,    /* make a tensor while its scope is being ended */
     CLOSE_SCOPE,    /* one nb_scope_end too many */
@@ -38,7 +39,7 @@ typedef enum {
 
 static const char *misdeed_name[] = {
     "free the root", "free an input", "free a saved tensor", "free its output",
-    "free the model", "re-initialize the model", "make a tensor", "close a scope", "open a scope", "flip grad mode",
+    "free the model", "free the registry", "re-initialize the model", "make a tensor", "close a scope", "open a scope", "flip grad mode",
     "start a backward", "return garbage"};
 
 /* ------------------------------------------------- the row being run */
@@ -238,7 +239,7 @@ static int hook(nb_tensor *leaf, void *ctx) {
     act_as("nb_grad_hook");
     if (now == FREE_INPUT) nb_free(leaf);
     if (now == FREE_SAVED) nb_free(nb_grad(leaf)), note_inner(0);
-    if (now == FREE_MODULE) nb_params_free(hook_ps);
+    if (now == FREE_REGISTRY) nb_params_free(hook_ps);
     if (now == RETURN_GARBAGE) return 5;
     misbehave();
     return 0;
@@ -246,7 +247,7 @@ static int hook(nb_tensor *leaf, void *ctx) {
 
 static int run_hook(void) {
     nb_tensor *x = leaf123(), *p = x;
-    if (row_misdeed == FREE_MODULE) { /* a parameter of a registry the hook frees */
+    if (row_misdeed == FREE_REGISTRY) { /* a parameter of a registry the hook frees */
         hook_ps = nb_params_new();
         p = nb_params_add(hook_ps, "w", x);
         ck_assert_ptr_nonnull(p);
@@ -254,7 +255,7 @@ static int run_hook(void) {
     ck_assert_int_eq(nb_set_grad_hook(p, hook, NULL), 0);
     root = nb_sum_all(nb_mul(p, p));
     int rc = nb_backward(root);
-    if (rc == 0 && row_misdeed != FREE_INPUT && row_misdeed != FREE_MODULE) expect_grad(p, 2.0);
+    if (rc == 0 && row_misdeed != FREE_INPUT && row_misdeed != FREE_REGISTRY) expect_grad(p, 2.0);
     return rc;
 }
 
@@ -310,6 +311,10 @@ static bool on_token(int64_t token, void *user) {
     act_as("on_token");
     tokens_seen++;
     if (now == FREE_MODULE) nb_gpt_free(gpt_model);
+    if (now == FREE_REGISTRY) {
+        nb_params_free(gpt_ps);
+        gpt_ps = NULL;
+    }
     if (now == REINIT_MODEL) {
         nb_GPTConfig cfg = {.vocab_size = 7, .block_size = 4, .n_layer = 1, .n_head = 1,
                             .n_embd = 4};
@@ -437,7 +442,7 @@ static const row table[] = {
     {"nb_grad_hook", FREE_ROOT, run_hook, "deferred (freed when the walk ends)", {NULL}, NULL},
     {"nb_grad_hook", FREE_INPUT, run_hook, "deferred (the graph holds the leaf)", {NULL}, NULL},
     {"nb_grad_hook", FREE_SAVED, run_hook, "refused (borrowed .grad)", {NULL}, BORROWED},
-    {"nb_grad_hook", FREE_MODULE, run_hook, "deferred (the graph holds the parameter)", {NULL}, NULL},
+    {"nb_grad_hook", FREE_REGISTRY, run_hook, "deferred (the graph holds the parameter)", {NULL}, NULL},
     {"nb_grad_hook", CLOSE_SCOPE, run_hook, "refused", {HOOK CLOSED}, NULL},
     {"nb_grad_hook", OPEN_SCOPE, run_hook, "refused (closed)", {HOOK LEFT}, NULL},
     {"nb_grad_hook", FLIP_GRAD, run_hook, "refused", {HOOK GRAD_ON}, NULL},
@@ -473,6 +478,9 @@ static const row table[] = {
     {"on_token", FREE_MODULE, run_on_token, "deferred (generation stops, then frees it)",
      {"nb_gpt_generate: on_token freed the model (nb_gpt_free) after 1 tokens; generation "
       "stopped there and the model is freed now"}, NULL},
+    {"on_token", FREE_REGISTRY, run_on_token, "refused (generation stops)",
+     {"nb_gpt_generate: on_token freed the model's parameters (nb_params_free on its registry) "
+      "after 1 tokens; generation stopped there"}, NULL},
     {"on_token", REINIT_MODEL, run_on_token, "refused (generation stops, the old model is freed)",
      {"nb_gpt_generate: on_token re-initialized the model being generated from (after 1 "
       "tokens)"}, NULL},
