@@ -480,19 +480,22 @@ NB_API bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs,
  *   done (the root of a backward and every tensor of the graph being walked;
  *   the model being generated from: nb_gpt_free in on_token stops generation
  *   with an error and frees the model when nb_gpt_generate returns). Where
- *   the caller would be left with a broken result it is refused instead: a
- *   forward that frees one of its inputs, or nb_gradcheck's function that
- *   frees one of the inputs, fails the call, naming the input. nb_free of a
- *   borrowed handle (nb_grad, nb_function_saved) is refused with a message.
+ *   the caller would be left with a broken result the call fails instead (the
+ *   handle is freed, as asked): a forward that frees one of its inputs, or
+ *   nb_gradcheck's function that frees or writes one of the inputs (written
+ *   values are put back). nb_free of a borrowed handle (nb_grad,
+ *   nb_function_saved) is refused with a message.
  * - Scopes: it may open and close its own; nb_scope_end on a scope opened
  *   before it ran is refused (the caller's scopes stay open), and scopes it
  *   leaves open are closed when it returns. Either is an error of the call
  *   that ran it: "nb_backward: rmsnorm's backward closed a scope it did not
- *   open (...)", "... left 1 scope open (...)".
+ *   open (...)", "... left 1 scope open (...)"; the same for callback frames
+ *   (nb_callback_begin without its end).
  * - Grad mode is restored when it returns. Forward, backward and destroy of
  *   custom functions and gradient hooks run with grad mode off, and
  *   nb_set_grad_enabled(true) inside them (but destroy) is refused and an
- *   error of the call ("... turned grad mode on ...").
+ *   error of the call ("... turned grad mode on ..."); nabla's own functions
+ *   called there (nb_gradcheck) may still use grad mode.
  * - It may start a backward through other graphs, not through the graph
  *   being walked (an error naming the callback); on_token may not start a
  *   second generation on the model being generated from.
@@ -577,13 +580,15 @@ NB_API void nb_scope_begin(void);
 NB_API void nb_scope_end(void);
 NB_API int nb_scope_depth(void);
 /* For code built on nabla that calls user code itself (nn/ does, for
- * nb_gpt_generate's on_token): between nb_callback_begin(fn, who) and
- * nb_callback_end() the callback rule (see "callbacks" below) holds as for
- * nabla's own callbacks. nb_callback_end returns -1 with "fn: who ..." when
- * the callback broke it (its scopes are closed, grad mode is restored), or
- * when no nb_callback_begin is open at this level; 0 otherwise. */
+ * nb_gpt_generate's on_token): between token = nb_callback_begin(fn, who)
+ * and nb_callback_end(token) the callback rule (see "callbacks" below)
+ * holds as for nabla's own callbacks. begin returns a token > 0 (or -1 with
+ * a message). nb_callback_end returns -1 with "fn: who ..." when the
+ * callback broke the rule (its scopes and callback frames are closed, grad
+ * mode is restored), or when token is not that of a begin open in the
+ * callback running now; 0 otherwise. */
 NB_API int nb_callback_begin(const char *fn, const char *who);
-NB_API int nb_callback_end(void);
+NB_API int nb_callback_end(int token);
 /* Hands t's values to the enclosing scope (persistent at depth 1 or 0):
  * returns a new detached tensor sharing t's storage, which survives this scope. */
 NB_API nb_tensor *nb_keep(nb_tensor *t);
@@ -659,7 +664,8 @@ NB_API void nb_set_num_threads(int n);
 NB_API int nb_num_threads(void);
 /* Runs fn(ctx, lo, hi) over contiguous ranges covering [0, n), each of at
  * least `grain` items (but the last), on the pool, and returns when all are
- * done. fn must handle each item wholly within its range (then results do
+ * done. Each range runs in a scope of its own (tensors fn makes are freed
+ * when the range ends, on any thread) under the callback rule. fn must handle each item wholly within its range (then results do
  * not depend on the thread count). A call made from inside fn, or while
  * another thread uses the pool, runs serially on its caller. n <= 0 runs
  * nothing; a NULL fn is an error. */
@@ -682,6 +688,11 @@ typedef struct nb_params nb_params; /* opaque, ordered by registration */
 typedef struct nb_optim nb_optim;   /* opaque: an optimizer (see nn: optimizers) */
 NB_API nb_params *nb_params_new(void); /* empty; the caller's, freed by nb_params_free */
 NB_API void nb_params_free(nb_params *ps); /* frees its tensors too; NULL is ok */
+/* For code that keeps using a registry while calling user code that might
+ * free it (nabla_mpi gives its shard to make): while held, nb_params_free
+ * only marks it, and the last nb_params_release frees it (exactly once). */
+NB_API void nb_params_hold(nb_params *ps);
+NB_API void nb_params_release(nb_params *ps);
 /* Registers t's values under name: the registry keeps its own persistent
  * handle on t's storage (requires grad) and returns it (borrowed); t itself
  * stays the caller's (freed by its scope, or by nb_free). NULL for a

@@ -283,13 +283,13 @@ static int full_check(const check *c) {
         if (!A[i] || !N[i]) rc = -1;
     }
     if (rc != 0) nbi_error("%s: out of memory", FN);
-    bool was_enabled = nb_grad_enabled();
-    nb_set_grad_enabled(false);
+    bool was_off = nbi_grad_off; /* set directly: nabla's own, allowed in any callback */
+    nbi_grad_off = true;
     for (int i = 0; rc == 0 && i < n; i++)
         if (A[i]) rc = numeric(c, i, N[i]);
-    nb_set_grad_enabled(true);
+    nbi_grad_off = false;
     for (int64_t j = 0; rc == 0 && j < m; j++) rc = analytic_row(c, j, A, rows);
-    nb_set_grad_enabled(was_enabled);
+    nbi_grad_off = was_off;
     if (rc == 0) {
         entry first_bad = {0};
         c->r->ok = true;
@@ -369,14 +369,14 @@ static int fast_check(const check *c) {
     if (rc != 0) nbi_error("%s: out of memory", FN);
     entry first_bad = {0};
     c->r->ok = true;
-    bool was_enabled = nb_grad_enabled();
+    bool was_off = nbi_grad_off;
     for (int p = 0; rc == 0 && p < probes; p++) {
         unit_vector(v, m, &rng);
         for (int i = 0; i < n; i++)
             if (u[i]) unit_vector(u[i], c->in[i]->numel, &rng);
-        nb_set_grad_enabled(true);
+        nbi_grad_off = false;
         rc = backward_twice(c, seed_from, v, G, 1); /* G[i] = v^T J_i */
-        nb_set_grad_enabled(false);
+        nbi_grad_off = true;
         for (int i = 0; rc == 0 && i < n; i++) {
             if (!u[i]) continue;
             double a = 0, nu = 0;
@@ -385,7 +385,7 @@ static int fast_check(const check *c) {
             if (rc == 0) compare_one(c->r, &c->o, &first_bad, i, -1, -1, a, nu);
         }
     }
-    nb_set_grad_enabled(was_enabled);
+    nbi_grad_off = was_off;
     if (rc == 0) summarize(c, &first_bad, true);
     for (int i = 0; i < n; i++) {
         if (u) free(u[i]);
@@ -395,6 +395,37 @@ static int fast_check(const check *c) {
     free(G);
     free(v);
     return rc;
+}
+
+/* The inputs' values at the start, to find out whether fn wrote them (the
+ * numbers would then be void) and to put them back. */
+static double **snapshot(int n, nb_tensor **in) {
+    double **v = calloc((size_t)n, sizeof *v);
+    for (int i = 0; v && i < n; i++) {
+        if (!(v[i] = malloc((size_t)in[i]->numel * sizeof **v + 1))) {
+            for (int k = 0; k < i; k++) free(v[k]);
+            free(v);
+            return NULL;
+        }
+        for (int64_t e = 0; e < in[i]->numel; e++) v[i][e] = nbi_get_flat(in[i], e);
+    }
+    return v;
+}
+
+/* Puts the values back; the first input found changed, or -1. */
+static int restore(int n, nb_tensor **in, double **v) {
+    int changed = -1;
+    for (int i = 0; i < n; i++) {
+        for (int64_t e = 0; e < in[i]->numel; e++) {
+            double now = nbi_get_flat(in[i], e);
+            if (memcmp(&now, &v[i][e], sizeof now) == 0) continue;
+            nbi_set_flat(in[i], e, v[i][e]);
+            if (changed < 0) changed = i;
+        }
+        free(v[i]);
+    }
+    free(v);
+    return changed;
 }
 
 bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs, const nb_gradcheck_opts *opts,
@@ -420,6 +451,8 @@ bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs, const nb_gradc
         if (!saved_grad || !c.grad_before || !c.grad_version || !c.no_grad)
             rc = (nbi_error("%s: out of memory", FN), -1);
     }
+    double **before = NULL;
+    if (rc == 0 && !(before = snapshot(n, inputs))) rc = (nbi_error("%s: out of memory", FN), -1);
     if (rc == 0) {
         for (int i = 0; i < n; i++) nbi_ref(inputs[i]); /* the function may free one */
         for (int i = 0; i < n; i++) {
@@ -437,6 +470,11 @@ bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs, const nb_gradc
         else rc = o.fast_mode ? fast_check(&c) : full_check(&c);
         for (int i = 0; i < n; i++)
             if (!c.no_grad[i]) inputs[i]->grad = saved_grad[i];
+        int changed = restore(n, inputs, before);
+        if (changed >= 0)
+            rc = (nbi_error("%s: the function changed the values of input %d (wrote it in place); "
+                            "they were put back, and the check is void: the function must "
+                            "leave its inputs as they are", FN, changed), -1);
         if (rc == 0 && !r.ok) nbi_error("%s", r.message);
         for (int i = 0; i < n; i++) nbi_unref(inputs[i]);
     }

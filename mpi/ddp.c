@@ -364,6 +364,7 @@ static int ddp_hook(nb_tensor *leaf, void *arg) {
 static void ddp_release(nb_ddp *d) {
     nb_optim_free(d->shard_opt);
     nb_params_free(d->shard);
+    nb_params_release(d->shard);
     free(d->owner);
     if (d->phase1 != MPI_COMM_NULL) MPI_Comm_free(&d->phase1);
     if (d->phase2 != MPI_COMM_NULL) MPI_Comm_free(&d->phase2);
@@ -686,6 +687,7 @@ static int assign_owners(const char *fn, nb_ddp *d) {
     int64_t *load = calloc((size_t)world, sizeof *load);
     d->owner = calloc((size_t)(d->nslots > 0 ? d->nslots : 1), sizeof *d->owner);
     d->shard = nb_params_new();
+    nb_params_hold(d->shard); /* make may free it: then it goes with the nb_ddp */
     int rc = load && d->owner && d->shard ? 0 : (nb_report_error("%s: out of memory", fn), -1);
     for (int i = 0; rc == 0 && i < d->nslots; i++) {
         int best = 0;
@@ -714,9 +716,10 @@ nb_optim *nb_ddp_shard_optimizer(nb_ddp *d, nb_optim *(*make)(nb_params *shard, 
     nb_optim *opt = NULL;
     if (status == 0) {
         nb_clear_error(); /* so that a make failing without a message is seen */
-        status = nb_callback_begin(fn, "make"); /* the callback rule of nabla.h */
+        int frame = nb_callback_begin(fn, "make"); /* the callback rule of nabla.h */
+        status = frame > 0 ? 0 : -1;
         if (status == 0) opt = make(d->shard, ctx);
-        if (status == 0 && nb_callback_end() != 0) status = -1;
+        if (status == 0 && nb_callback_end(frame) != 0) status = -1;
         else if (status == 0 && !opt) {
             if (!nb_last_error()) nb_report_error("%s: make returned NULL without a message", fn);
             status = -1;
@@ -729,6 +732,7 @@ nb_optim *nb_ddp_shard_optimizer(nb_ddp *d, nb_optim *(*make)(nb_params *shard, 
     if (agree(fn, status) != 0) { /* as before the call, on every rank */
         nb_optim_free(opt);
         nb_params_free(d->shard);
+        nb_params_release(d->shard);
         free(d->owner);
         d->shard = NULL;
         d->owner = NULL;

@@ -499,11 +499,12 @@ static int call_on_token(nb_GPT *m, bool (*on_token)(int64_t, void *), void *use
                          int64_t done) {
     if (!on_token) return 1;
     nb_GPT before = *m;
-    if (nb_callback_begin("nb_gpt_generate", "on_token") != 0) return -1;
+    int frame = nb_callback_begin("nb_gpt_generate", "on_token");
+    if (frame < 0) return -1;
     int nest = nn_suspend();
     bool go_on = on_token(tok, user);
     nn_resume(nest);
-    if (nb_callback_end() != 0) return -1;
+    if (nb_callback_end(frame) != 0) return -1;
     if (m->cache != before.cache || m->h != before.h) { /* nb_gpt_init over it: ours goes */
         before.cache->generating = false;
         nb_gpt_free(&before);

@@ -129,6 +129,8 @@ typedef struct {
 struct nb_params {
     list params, buffers;
     nn_index index;
+    int holds;         /* nb_params_hold minus nb_params_release */
+    bool free_pending; /* nb_params_free while held: done at the last release */
 };
 
 nb_params *nb_params_new(void) {
@@ -145,8 +147,21 @@ static void list_free(list *l) {
     free(l->v);
 }
 
+void nb_params_hold(nb_params *ps) {
+    if (ps) ps->holds++;
+}
+
+void nb_params_release(nb_params *ps) {
+    if (!ps || ps->holds <= 0) return;
+    if (--ps->holds == 0 && ps->free_pending) nb_params_free(ps);
+}
+
 void nb_params_free(nb_params *ps) {
     if (!ps) return;
+    if (ps->holds > 0) { /* in use by its holder (a callback freed it): at the last release */
+        ps->free_pending = true;
+        return;
+    }
     list_free(&ps->params);
     list_free(&ps->buffers);
     nn_index_free(&ps->index);

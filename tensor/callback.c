@@ -24,6 +24,7 @@ static _Thread_local nbi_callback *top;
 
 void nbi_callback_enter(nbi_callback *cb, const char *fn, bool grad_stays_off, const char *fmt,
                         ...) {
+    cb->level = top ? top->level + 1 : 1;
     cb->fn = fn;
     va_list ap;
     va_start(ap, fmt);
@@ -31,7 +32,9 @@ void nbi_callback_enter(nbi_callback *cb, const char *fn, bool grad_stays_off, c
     va_end(ap);
     cb->depth = nb_scope_depth();
     cb->grad_was_off = nbi_grad_off;
-    cb->grad_stays_off = grad_stays_off || (top && top->grad_stays_off);
+    /* not inherited: nabla's own functions called inside (nb_gradcheck)
+     * may run their callbacks with grad mode on */
+    cb->grad_stays_off = grad_stays_off;
     cb->closed = cb->grad_on = 0;
     cb->trusted = nbi_trusted;
     nbi_trusted = 0; /* user code: a freed handle is an error there, even inside backward */
@@ -42,13 +45,31 @@ void nbi_callback_enter(nbi_callback *cb, const char *fn, bool grad_stays_off, c
 
 nbi_callback *nbi_callback_current(void) { return top; }
 
+/* Frames the callback opened with nb_callback_begin and left open: dropped
+ * (they sit above cb on the stack). Their count. */
+static int drop_frames_above(const nbi_callback *cb) {
+    int n = 0;
+    while (top && top != cb) {
+        nbi_callback *x = top;
+        top = x->prev;
+        if (x->public_) free(x);
+        n++;
+    }
+    return n;
+}
+
 int nbi_callback_leave(nbi_callback *cb) {
+    int frames = drop_frames_above(cb);
     int left_open = nb_scope_depth() - cb->depth;
     /* scopes the callback left open end here, while its fence still allows it */
     for (int k = 0; k < left_open; k++) nb_scope_end();
     top = cb->prev;
     nbi_grad_off = cb->grad_was_off;
     nbi_trusted = cb->trusted;
+    if (frames)
+        return (nbi_error("%s: %s left %d callback frame%s open (nb_callback_begin without "
+                          "nb_callback_end); nabla closed %s", cb->fn, cb->who, frames,
+                          frames > 1 ? "s" : "", frames > 1 ? "them" : "it"), -1);
     if (cb->closed)
         return (nbi_error("%s: %s closed a scope it did not open (%d nb_scope_end too many); the "
                           "caller's scopes were kept open", cb->fn, cb->who, cb->closed), -1);
@@ -83,14 +104,19 @@ int nb_callback_begin(const char *fn, const char *who) {
     if (!cb) return (nbi_error("nb_callback_begin: out of memory"), -1);
     nbi_callback_enter(cb, fn ? fn : "nb_callback_begin", false, "%s", who ? who : "a callback");
     cb->public_ = true;
-    return 0;
+    return cb->level;
 }
 
-int nb_callback_end(void) {
+int nb_callback_end(int token) {
+    /* the frame begun with this token: above it only frames its callback
+     * left open; a frame of nabla's own in between means the token is not
+     * this callback's to end */
     nbi_callback *cb = top;
-    if (!cb || !cb->public_)
-        return (nbi_error("nb_callback_end: no nb_callback_begin is open %s",
-                          cb ? "in this callback" : "on this thread"), -1);
+    while (cb && cb->public_ && cb->level > token) cb = cb->prev;
+    if (!cb || !cb->public_ || cb->level != token)
+        return (nbi_error("nb_callback_end: %d is not the token of an nb_callback_begin open in "
+                          "this callback (%s)", token, top ? top->who : "none runs on this thread"),
+                -1);
     int rc = nbi_callback_leave(cb);
     free(cb);
     return rc;

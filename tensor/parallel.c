@@ -175,14 +175,19 @@ typedef struct {
     char msg[512];
 } user_job;
 
+/* Each range in a scope of its own, on whichever thread runs it, so that
+ * tensors fn makes go when the range ends, whatever the thread count (a
+ * worker has no scope of the caller's to put them in). */
 static void user_range(void *p, int64_t lo, int64_t hi) {
     user_job *j = p;
+    nb_scope_begin();
     nbi_callback cb;
     nbi_callback_enter(&cb, "nb_parallel_for", false, "fn (on range [%lld, %lld))",
                        (long long)lo, (long long)hi);
     j->fn(j->ctx, lo, hi);
     if (nbi_callback_leave(&cb) != 0 && !atomic_flag_test_and_set(&j->failed))
         snprintf(j->msg, sizeof j->msg, "%s", nb_last_error());
+    nb_scope_end();
 }
 
 void nb_parallel_for(int64_t n, int64_t grain, void (*fn)(void *ctx, int64_t lo, int64_t hi),

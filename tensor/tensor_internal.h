@@ -91,8 +91,9 @@ extern _Thread_local int nbi_trusted;
 /* User code nabla calls (callback.c): nbi_callback_enter before the call,
  * nbi_callback_leave after it, on the same thread, strictly nested. In
  * between, nb_scope_end refuses to close scopes opened before the callback
- * and, with grad_stays_off (inherited by nested callbacks),
- * nb_set_grad_enabled(true) is refused; leave closes the scopes the callback
+ * and, with grad_stays_off (for this callback only),
+ * nb_set_grad_enabled(true) is refused; leave drops callback frames (of
+ * nb_callback_begin) it left open, closes the scopes the callback
  * left open, restores grad mode (and nbi_trusted, which is 0 inside: user
  * code is never trusted) and returns -1 with a message "<fn>: <who>
  * ..." when the callback did any of that, else 0. who is printf-formatted,
@@ -100,6 +101,7 @@ extern _Thread_local int nbi_trusted;
 typedef struct nbi_callback {
     const char *fn;
     char who[120];
+    int level; /* 1 + the callbacks running around it on this thread */
     int depth, trusted;
     bool grad_was_off, grad_stays_off, public_;
     int closed, grad_on; /* refused nb_scope_end and nb_set_grad_enabled(true) calls */

@@ -34,13 +34,16 @@ typedef enum {
     OPEN_SCOPE,     /* an nb_scope_begin without its end */
     FLIP_GRAD,      /* grad mode on (where it is off) or off (where it is on) */
     START_BACKWARD, /* nb_backward (or a second generation) through what is running */
+    LEAVE_FRAME,    /* an nb_callback_begin without its nb_callback_end */
+    WRITE_INPUT,    /* write an input in place */
     RETURN_GARBAGE, /* a failure code without a message, NULL, a freed tensor */
 } misdeed;
 
 static const char *misdeed_name[] = {
     "free the root", "free an input", "free a saved tensor", "free its output",
-    "free the model", "free the registry", "re-initialize the model", "make a tensor", "close a scope", "open a scope", "flip grad mode",
-    "start a backward", "return garbage"};
+    "free the model", "free the registry", "re-initialize the model", "make a tensor",
+    "close a scope", "open a scope", "flip grad mode", "start a backward", "leave a callback frame", "write an input in place",
+    "return garbage"};
 
 /* ------------------------------------------------- the row being run */
 static misdeed row_misdeed;
@@ -61,16 +64,18 @@ static void note_inner(int rc) {
 }
 
 /* The misdeeds every kind of callback can commit the same way. */
-static void misbehave(void) {
-    switch (now) {
+static void misbehave_as(int what) {
+    switch (what) {
     case CLOSE_SCOPE: nb_scope_end(); break;
     case OPEN_SCOPE: nb_scope_begin(); break;
     case FLIP_GRAD: nb_set_grad_enabled(!nb_grad_enabled()); break;
     case FREE_ROOT: nb_free(root); break;
     case START_BACKWARD: note_inner(nb_backward(root)); break;
+    case LEAVE_FRAME: nb_callback_begin("test", "a frame"); break;
     default: break;
     }
 }
+static void misbehave(void) { misbehave_as(now); }
 
 /* ------------------------------------------------------ a custom function */
 /* sq(x) = x^2 (saves x), and split(x) = (2x, 3x). */
@@ -267,6 +272,7 @@ static nb_tensor *checked(nb_tensor **in, int n, void *ctx) {
     if (now == FREE_INPUT) nb_free(in[0]);
     if (now == RETURN_GARBAGE) return NULL;
     misbehave();
+    if (now == WRITE_INPUT) nb_copy_into(in[0], nb_add_scalar(nb_detach(in[0]), 1.0));
     nb_tensor *y = nb_mul(in[0], in[0]);
     if (now == FREE_OUTPUT) nb_free(y);
     if (now == START_BACKWARD) note_inner(nb_backward(nb_sum_all(y)));
@@ -281,7 +287,10 @@ static int run_gradcheck(bool fast) {
     bool ok = nb_gradcheck(checked, NULL, 1, &x, &o, &r);
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", nb_last_error() ? nb_last_error() : "");
-    if (row_misdeed != FREE_INPUT) ck_assert(nb_grad(x) == NULL); /* restored, as it was */
+    if (row_misdeed != FREE_INPUT) {
+        ck_assert(nb_grad(x) == NULL); /* restored, as it was */
+        for (int i = 0; i < 3; i++) ck_assert_double_eq(nb_item(nb_select(x, 0, i)), i + 1);
+    }
     if (!ok) nb_report_error("%s", msg);
     return ok ? 0 : -1;
 }
@@ -292,8 +301,10 @@ static int run_gradcheck_fast(void) { return run_gradcheck(true); }
 static void range_fn(void *ctx, int64_t lo, int64_t hi) {
     (void)ctx;
     (void)hi;
-    act_as("fn");
-    if (lo == 0) misbehave(); /* the first range: on the caller or a worker */
+    /* ranges run on several threads: nothing shared is written here */
+    bool mine = strcmp(row_kind, "fn") == 0;
+    if (mine && row_misdeed == MAKE_TENSOR) nb_ones(NB_F64, NB_SHAPE(16)); /* every range */
+    if (lo == 0 && mine) misbehave_as((int)row_misdeed);
 }
 
 static int run_parallel_for(void) {
@@ -325,7 +336,8 @@ static bool on_token(int64_t token, void *user) {
         int64_t p = 1, o[2];
         note_inner((int)nb_gpt_generate(gpt_model, &p, 1, 2, NULL, NULL, o, NULL, NULL));
     }
-    if (now == CLOSE_SCOPE || now == OPEN_SCOPE || now == FLIP_GRAD) misbehave();
+    if (now == CLOSE_SCOPE || now == OPEN_SCOPE || now == FLIP_GRAD || now == LEAVE_FRAME)
+        misbehave();
     return true;
 }
 
@@ -390,6 +402,8 @@ static const row table[] = {
     {"forward", OPEN_SCOPE, run_forward, "refused (closed)", {FWD LEFT}, NULL},
     {"forward", FLIP_GRAD, run_forward, "refused", {FWD GRAD_ON}, NULL},
     {"forward", START_BACKWARD, run_forward, "allowed (another graph)", {NULL}, NULL},
+    {"forward", LEAVE_FRAME, run_forward, "refused (closed)",
+     {FWD "left 1 callback frame open (nb_callback_begin without nb_callback_end)"}, NULL},
     {"forward", RETURN_GARBAGE, run_forward, "refused",
      {"sq: forward failed without reporting an error"}, NULL},
 
@@ -448,6 +462,8 @@ static const row table[] = {
     {"nb_grad_hook", FLIP_GRAD, run_hook, "refused", {HOOK GRAD_ON}, NULL},
     {"nb_grad_hook", START_BACKWARD, run_hook, "refused (same graph)", {NULL},
      "nb_backward: the gradient hook of a leaf of shape (3) " SAME_GRAPH},
+    {"nb_grad_hook", LEAVE_FRAME, run_hook, "refused (closed)",
+     {HOOK "left 1 callback frame open"}, NULL},
     {"nb_grad_hook", RETURN_GARBAGE, run_hook, "refused",
      {"nb_backward: the gradient-ready hook of a leaf of shape (3) failed without a message"}, NULL},
 
@@ -467,13 +483,21 @@ static const row table[] = {
      {"nb_gradcheck: MISMATCH"}, NULL},
     {"nb_fn", START_BACKWARD, run_gradcheck_full, "refused (by the graph it released)",
      {"the graph was already backpropagated through nb_mul"}, NULL},
+    {"nb_fn", WRITE_INPUT, run_gradcheck_full, "refused (the values are put back)",
+     {"nb_gradcheck: the function changed the values of input 0 (wrote it in place); they were "
+      "put back"}, NULL},
+    {"nb_fn", WRITE_INPUT, run_gradcheck_fast, "refused (fast mode; put back)",
+     {"nb_gradcheck: the function changed the values of input 0"}, NULL},
     {"nb_fn", RETURN_GARBAGE, run_gradcheck_full, "refused",
      {"nb_gradcheck: the function returned NULL"}, NULL},
 
 #define PFOR "nb_parallel_for: fn (on range [0, "
+    {"fn", MAKE_TENSOR, run_parallel_for, "allowed (freed when its range ends)", {NULL}, NULL},
     {"fn", CLOSE_SCOPE, run_parallel_for, "refused", {PFOR, CLOSED}, NULL},
     {"fn", OPEN_SCOPE, run_parallel_for, "refused (closed)", {PFOR, LEFT}, NULL},
     {"fn", FLIP_GRAD, run_parallel_for, "restored", {NULL}, NULL},
+    {"fn", LEAVE_FRAME, run_parallel_for, "refused (closed)", {PFOR, "left 1 callback frame open"},
+     NULL},
 
     {"on_token", FREE_MODULE, run_on_token, "deferred (generation stops, then frees it)",
      {"nb_gpt_generate: on_token freed the model (nb_gpt_free) after 1 tokens; generation "
@@ -488,6 +512,8 @@ static const row table[] = {
     {"on_token", OPEN_SCOPE, run_on_token, "refused (closed)",
      {"nb_gpt_generate: on_token " LEFT}, NULL},
     {"on_token", FLIP_GRAD, run_on_token, "restored", {NULL}, NULL},
+    {"on_token", LEAVE_FRAME, run_on_token, "refused (closed)",
+     {"nb_gpt_generate: on_token left 1 callback frame open"}, NULL},
     {"on_token", START_BACKWARD, run_on_token, "refused (a second generation)", {NULL},
      "nb_gpt_generate: the model is generating already (an on_token called nb_gpt_generate "
      "on it)"},
@@ -626,13 +652,81 @@ END_TEST
 /* A hook freeing the root under valgrind's eye: the release build used to
  * return 0 over freed nodes; now the graph goes once, after the walk. */
 START_TEST(nb_callback_begin_end_pairs) {
-    ck_assert_int_eq(nb_callback_begin("my_lib", "my_callback"), 0);
+    int depth = nb_scope_depth();
+    int a = nb_callback_begin("my_lib", "my_callback");
+    ck_assert_int_gt(a, 0);
     nb_scope_end(); /* not opened inside */
-    expect_error_rc(nb_callback_end(), "my_lib: my_callback closed a scope it did not open");
-    expect_error_rc(nb_callback_end(), "nb_callback_end: no nb_callback_begin is open on this "
-                                       "thread");
-    ck_assert_int_eq(nb_callback_begin("my_lib", "cb"), 0);
-    ck_assert_int_eq(nb_callback_end(), 0);
+    expect_error_rc(nb_callback_end(a), "my_lib: my_callback closed a scope it did not open");
+    expect_error_rc(nb_callback_end(a), "nb_callback_end: 1 is not the token of an "
+                                        "nb_callback_begin open in this callback (none runs on "
+                                        "this thread)");
+    /* a frame the callback left open is closed with its own */
+    a = nb_callback_begin("my_lib", "outer");
+    int b = nb_callback_begin("my_lib", "inner");
+    ck_assert_int_eq(b, a + 1);
+    nb_scope_begin();
+    expect_error_rc(nb_callback_end(a), "my_lib: outer left 1 callback frame open "
+                                        "(nb_callback_begin without nb_callback_end)");
+    ck_assert_int_eq(nb_scope_depth(), depth);
+    a = nb_callback_begin("my_lib", "cb");
+    ck_assert_int_eq(nb_callback_end(a), 0);
+    ck_assert_int_eq(nb_scope_depth(), depth);
+}
+END_TEST
+
+/* nabla's own functions that need grad mode on (nb_gradcheck) work inside
+ * callbacks that run with it off: the refusal is for the callback's own
+ * nb_set_grad_enabled(true), not for what nabla does inside. */
+static nb_tensor *cube(nb_tensor **in, int n, void *ctx) {
+    (void)n;
+    (void)ctx;
+    return nb_mul(nb_mul(in[0], in[0]), in[0]);
+}
+static int checks_ok;
+static void gradcheck_here(void) {
+    nb_tensor *z = nb_set_requires_grad(nb_from_data(NB_F64, NB_SHAPE(2), (double[]){1, -2}), true);
+    nb_gradcheck_result r;
+    checks_ok += nb_gradcheck(cube, NULL, 1, &z, NULL, &r) && r.checked == 4;
+    ck_assert_msg(!nb_grad_enabled(), "grad mode on after nb_gradcheck in a callback");
+    nb_free(z);
+}
+static int hook_gradchecks(nb_tensor *leaf, void *ctx) {
+    (void)leaf;
+    (void)ctx;
+    gradcheck_here();
+    return 0;
+}
+static nb_tensor *forward_gradchecks(nb_function_ctx *c, nb_tensor **in, int n, void *user) {
+    (void)c;
+    (void)n;
+    (void)user;
+    gradcheck_here();
+    return nb_mul_scalar(in[0], 2.0);
+}
+static int double_backward(nb_function_ctx *c, nb_tensor *g, nb_tensor **gin, void *user) {
+    (void)c;
+    (void)user;
+    gradcheck_here();
+    gin[0] = nb_mul_scalar(g, 2.0);
+    return 0;
+}
+
+START_TEST(gradcheck_inside_callbacks) {
+    int64_t live = nb_live_tensors();
+    const nb_function twice = {.name = "twice", .forward = forward_gradchecks,
+                               .backward = double_backward};
+    nb_tensor *x = leaf123();
+    ck_assert_int_eq(nb_set_grad_hook(x, hook_gradchecks, NULL), 0);
+    checks_ok = 0;
+    nb_scope_begin();
+    nb_tensor *y = nb_function_apply(&twice, &x, 1, NULL);
+    ck_assert_msg(y != NULL, "%s", nb_last_error());
+    ck_assert_msg(nb_backward(nb_sum_all(y)) == 0, "%s", nb_last_error());
+    ck_assert_int_eq(checks_ok, 3); /* in forward, in backward, in the hook */
+    for (int i = 0; i < 3; i++) ck_assert_double_eq(nb_item(nb_select(nb_grad(x), 0, i)), 2.0);
+    nb_scope_end();
+    nb_free(x);
+    ck_assert_int_eq(nb_live_tensors(), live);
 }
 END_TEST
 
@@ -700,6 +794,7 @@ Suite *suite_callbacks(void) {
     tcase_add_test(tc, the_docs_show_this_table);
     tcase_add_loop_test(tc, callback_misbehaves, 0, NROWS);
     tcase_add_test(tc, nb_callback_begin_end_pairs);
+    tcase_add_test(tc, gradcheck_inside_callbacks);
     tcase_add_test(tc, generate_huge_n_new);
     tcase_add_test(tc, generate_tiny_temperature);
     suite_add_tcase(s, tc);

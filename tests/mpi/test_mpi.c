@@ -519,6 +519,13 @@ static nb_optim *make_null_quietly(nb_params *shard, void *ctx) {
     return NULL;
 }
 
+/* make that frees the shard it was given: deferred, the shard goes with the nb_ddp */
+static nb_optim *make_frees_shard(nb_params *shard, void *ctx) {
+    nb_optim *o = make_adam(shard, ctx);
+    nb_params_free(shard);
+    return o;
+}
+
 /* make under the callback rule: a scope it leaves open is closed and fails the call */
 static nb_optim *make_leaves_a_scope(nb_params *shard, void *ctx) {
     nb_scope_begin();
@@ -548,6 +555,20 @@ START_TEST(a_failed_shard_optimizer_fails_everywhere) {
     ck_assert_int_eq(nb_scope_depth(), depth);
     ck_assert_ptr_nonnull(nb_ddp_shard_optimizer(d, make_adam, NULL));
     nb_ddp_free(d);
+    /* a make that frees the shard: the shard optimizer still steps */
+    int64_t live = nb_live_tensors();
+    d = nb_ddp_new(m.ps, NULL);
+    ck_assert_ptr_nonnull(d);
+    ck_assert_ptr_nonnull(nb_ddp_shard_optimizer(d, make_frees_shard, NULL));
+    nb_scope_begin();
+    nb_tensor *x, *y;
+    batch(NB_F32, 0, 0, B, &x, &y);
+    ck_assert_int_eq(nb_ddp_sync(d, nb_backward(loss_of(&m, x, y))), 0);
+    ck_assert_msg(nb_ddp_shard_step(d) == 0, "%s", nb_last_error());
+    nb_scope_end();
+    nb_ddp_free(d);
+    nb_params_zero_grad(m.ps);
+    ck_assert_int_le(nb_live_tensors(), live + nb_params_count(m.ps)); /* at most the .grads */
     nb_params_free(m.ps);
     /* one parameter for several ranks: the others would own nothing */
     nb_params *one = nb_params_new();
