@@ -665,7 +665,8 @@ NB_API int nb_num_threads(void);
 /* Runs fn(ctx, lo, hi) over contiguous ranges covering [0, n), each of at
  * least `grain` items (but the last), on the pool, and returns when all are
  * done. Each range runs in a scope of its own (tensors fn makes are freed
- * when the range ends, on any thread) under the callback rule. fn must handle each item wholly within its range (then results do
+ * when the range ends, on any thread; nb_keep out of it is refused, as a
+ * worker has no scope to hand them to) under the callback rule. fn must handle each item wholly within its range (then results do
  * not depend on the thread count). A call made from inside fn, or while
  * another thread uses the pool, runs serially on its caller. n <= 0 runs
  * nothing; a NULL fn is an error. */
@@ -692,7 +693,7 @@ NB_API void nb_params_free(nb_params *ps); /* frees its tensors too; NULL is ok 
  * free it (nabla_mpi gives its shard to make): while held, nb_params_free
  * only marks it, and the last nb_params_release frees it (exactly once). */
 NB_API void nb_params_hold(nb_params *ps);
-NB_API void nb_params_release(nb_params *ps);
+NB_API void nb_params_release(nb_params *ps); /* without a hold: a message, nothing done */
 /* Registers t's values under name: the registry keeps its own persistent
  * handle on t's storage (requires grad) and returns it (borrowed); t itself
  * stays the caller's (freed by its scope, or by nb_free). NULL for a

@@ -61,11 +61,16 @@ static nb_tensor *call(const check *c) {
     nbi_callback_enter(&cb, FN, false, "the function");
     nb_tensor *y = c->fn(c->in, c->n, c->ctx);
     if (nbi_callback_leave(&cb) != 0) return NULL;
-    for (int i = 0; i < c->n; i++) /* the check holds them: still readable */
+    for (int i = 0; i < c->n; i++) { /* the check holds them: still readable */
         if (c->in[i]->freed)
             return nbi_error("%s: the function freed input %d (%s); it must leave its inputs "
                              "alive", FN, i, c->in[i]->freed == NBI_FREED_BY_FREE
                                                  ? "nb_free" : "with its owner");
+        if (c->in[i]->requires_grad == c->no_grad[i]) /* put back at the end */
+            return nbi_error("%s: the function changed requires_grad of input %d (turned it "
+                             "%s); it must leave its inputs as they are", FN, i,
+                             c->no_grad[i] ? "on" : "off");
+    }
     if (!y) {
         const char *earlier = nbi_error_cause();
         if (earlier)
@@ -468,8 +473,15 @@ bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs, const nb_gradc
         }
         if ((c.m = probe(&c)) < 0) rc = -1;
         else rc = o.fast_mode ? fast_check(&c) : full_check(&c);
-        for (int i = 0; i < n; i++)
-            if (!c.no_grad[i]) inputs[i]->grad = saved_grad[i];
+        for (int i = 0; i < n; i++) {
+            inputs[i]->requires_grad = !c.no_grad[i]; /* as it was, whatever fn did */
+            if (!c.no_grad[i]) {
+                inputs[i]->grad = saved_grad[i];
+            } else if (!c.grad_before[i] && inputs[i]->grad) { /* one fn's flip let in */
+                nbi_unref(inputs[i]->grad);
+                inputs[i]->grad = NULL;
+            }
+        }
         int changed = restore(n, inputs, before);
         if (changed >= 0)
             rc = (nbi_error("%s: the function changed the values of input %d (wrote it in place); "

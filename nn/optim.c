@@ -12,6 +12,7 @@
  * does not advance, as in torch. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "nn_internal.h"
 
@@ -29,7 +30,7 @@ struct nb_optim {
     int64_t **steps;    /* per parameter: steps that found a gradient (0-d i64 data; at
                          * most NN_MAX_STEP from nb_load, so ++ cannot overflow) */
     double *wd_of;      /* per parameter: its weight decay (nb_optim_set_weight_decay) */
-    const char **names; /* per parameter: its registry name (borrowed, as params) */
+    char **names;       /* per parameter: its registry name (a copy: the registry may go first) */
     nn_index index;     /* name -> parameter */
     nb_params *state;
 };
@@ -46,6 +47,7 @@ void nb_optim_free(nb_optim *o) {
     free(o->v);
     free(o->steps);
     free(o->wd_of);
+    for (int i = 0; o->names && i < o->n; i++) free(o->names[i]);
     free(o->names);
     nn_index_free(&o->index);
     free(o);
@@ -153,9 +155,13 @@ static nb_optim *make(opt_kind kind, nb_params *ps, double lr, double momentum, 
     for (int i = 0; i < n; i++) {
         const char *name = "";
         o->params[i] = nb_params_at(ps, i, &name);
-        o->names[i] = name;
+        if (!(o->names[i] = malloc(strlen(name) + 1))) {
+            nb_optim_free(o);
+            return nn_error("%s: out of memory", fn);
+        }
+        strcpy(o->names[i], name);
         o->wd_of[i] = wd;
-        nn_index_put(&o->index, name, i);
+        nn_index_put(&o->index, o->names[i], i);
         if (make_state(o, i, name) != 0) {
             nb_optim_free(o);
             return NULL;

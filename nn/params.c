@@ -152,7 +152,11 @@ void nb_params_hold(nb_params *ps) {
 }
 
 void nb_params_release(nb_params *ps) {
-    if (!ps || ps->holds <= 0) return;
+    if (!ps) return;
+    if (ps->holds <= 0) {
+        nn_error("nb_params_release: the registry is not held (nb_params_hold first)");
+        return;
+    }
     if (--ps->holds == 0 && ps->free_pending) nb_params_free(ps);
 }
 

@@ -284,6 +284,7 @@ static void quarantine_to_graveyard(void);
 
 /* Runs on a thread that used nabla as it exits: its caches go back too. */
 static void flush_at_thread_exit(void *arg) {
+    nbi_callback_thread_exit(); /* callback frames left open: their fences go first */
     nbi_scope_thread_exit(); /* first: ending open scopes frees tensors */
     quarantine_to_graveyard();
     flush_lists(arg);

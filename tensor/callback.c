@@ -16,7 +16,9 @@
  * is deferred, never a use after free. */
 #include "tensor_internal.h"
 
+#include <limits.h>
 #include <stdlib.h>
+#include <string.h>
 
 _Thread_local bool nbi_grad_off;
 
@@ -39,6 +41,8 @@ void nbi_callback_enter(nbi_callback *cb, const char *fn, bool grad_stays_off, c
     cb->trusted = nbi_trusted;
     nbi_trusted = 0; /* user code: a freed handle is an error there, even inside backward */
     cb->public_ = false;
+    cb->no_keep = false;
+    cb->token = 0;
     cb->prev = top;
     top = cb;
 }
@@ -99,12 +103,23 @@ bool nbi_callback_refuses_grad_on(void) {
 }
 
 /* ------------------------------------------------------- the public pair */
+/* Tokens are never reused on a thread (stale ones match nothing) and start
+ * far from small numbers (a guessed 1 matches nothing either). */
+static _Thread_local int next_token;
+
 int nb_callback_begin(const char *fn, const char *who) {
-    nbi_callback *cb = malloc(sizeof *cb);
+    fn = fn ? fn : "nb_callback_begin";
+    size_t n = strlen(fn) + 1;
+    nbi_callback *cb = malloc(sizeof *cb + n);
     if (!cb) return (nbi_error("nb_callback_begin: out of memory"), -1);
-    nbi_callback_enter(cb, fn ? fn : "nb_callback_begin", false, "%s", who ? who : "a callback");
+    char *fn_copy = (char *)(cb + 1); /* the caller's string may go before the end */
+    memcpy(fn_copy, fn, n);
+    nbi_thread_register(); /* a thread that exits with the frame open frees it */
+    nbi_callback_enter(cb, fn_copy, false, "%s", who ? who : "a callback");
     cb->public_ = true;
-    return cb->level;
+    if (next_token <= 0 || next_token == INT_MAX) next_token = 0x4e420000; /* "NB" */
+    cb->token = next_token++;
+    return cb->token;
 }
 
 int nb_callback_end(int token) {
@@ -112,12 +127,20 @@ int nb_callback_end(int token) {
      * left open; a frame of nabla's own in between means the token is not
      * this callback's to end */
     nbi_callback *cb = top;
-    while (cb && cb->public_ && cb->level > token) cb = cb->prev;
-    if (!cb || !cb->public_ || cb->level != token)
+    while (cb && cb->public_ && cb->token != token) cb = cb->prev;
+    if (!cb || !cb->public_ || token <= 0)
         return (nbi_error("nb_callback_end: %d is not the token of an nb_callback_begin open in "
                           "this callback (%s)", token, top ? top->who : "none runs on this thread"),
                 -1);
     int rc = nbi_callback_leave(cb);
     free(cb);
     return rc;
+}
+
+void nbi_callback_thread_exit(void) {
+    while (top) {
+        nbi_callback *x = top;
+        top = x->prev;
+        if (x->public_) free(x);
+    }
 }

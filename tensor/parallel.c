@@ -182,8 +182,9 @@ static void user_range(void *p, int64_t lo, int64_t hi) {
     user_job *j = p;
     nb_scope_begin();
     nbi_callback cb;
-    nbi_callback_enter(&cb, "nb_parallel_for", false, "fn (on range [%lld, %lld))",
+    nbi_callback_enter(&cb, "nb_parallel_for", false, "fn on range [%lld, %lld)",
                        (long long)lo, (long long)hi);
+    cb.no_keep = true;
     j->fn(j->ctx, lo, hi);
     if (nbi_callback_leave(&cb) != 0 && !atomic_flag_test_and_set(&j->failed))
         snprintf(j->msg, sizeof j->msg, "%s", nb_last_error());

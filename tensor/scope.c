@@ -115,6 +115,11 @@ void nbi_scope_thread_exit(void) {
 
 nb_tensor *nb_keep(nb_tensor *t) {
     if (!nbi_arg("nb_keep", t, 0)) return NULL;
+    const nbi_callback *cb = nbi_callback_current();
+    if (cb && cb->no_keep && depth <= cb->depth) /* would leave the range: persistent on a worker */
+        return nbi_error("nb_keep: there is no scope to hand a tensor to out of nb_parallel_for's "
+                         "ranges, which run on several threads (this is %s); write results into "
+                         "memory the caller owns", cb->who);
     nb_tensor *k = nbi_make_view(t, t->ndim, t->shape, t->strides, t->offset);
     if (!k || !top) return k;
     nbi_scope_release(k);

@@ -44,7 +44,7 @@ struct nb_tensor {
     _Atomic int refs;
     _Atomic int edges;       /* graph nodes that have it as an input (part of refs) */
     _Atomic int holds;       /* those of them whose backward reads its data */
-    bool owned;
+    _Atomic bool owned;      /* atomic, as freed: another thread may free a tensor a backward reads */
     bool held;               /* persistent, held by an owner that lends it out (a registry) */
     nbi_scope *scope;        /* scope that owns it; NULL = persistent */
     nb_tensor *prev, *next;  /* membership list of that scope (alloc.c's quarantine, once dead) */
@@ -54,7 +54,7 @@ struct nb_tensor {
      * it), and once destroyed it sits in a quarantine (alloc.c) for at least
      * NB_HANDLE_WINDOW tensor allocations before its memory is reused, so
      * a stale handle is reported, not read. */
-    uint8_t freed;
+    _Atomic uint8_t freed;
     uint64_t freed_at; /* quarantine: the allocation count when destroyed */
 };
 enum { NBI_LIVE = 0, NBI_FREED_BY_FREE, NBI_FREED_BY_SCOPE, NBI_FREED_WITH_OWNER, NBI_FREED_CLEARED };
@@ -104,6 +104,8 @@ typedef struct nbi_callback {
     int level; /* 1 + the callbacks running around it on this thread */
     int depth, trusted;
     bool grad_was_off, grad_stays_off, public_;
+    bool no_keep; /* nb_parallel_for's fn: no scope outside its range to hand tensors to */
+    int token;    /* public frames: what nb_callback_begin returned */
     int closed, grad_on; /* refused nb_scope_end and nb_set_grad_enabled(true) calls */
     struct nbi_callback *prev;
 } nbi_callback;
@@ -161,6 +163,7 @@ int64_t nbi_tensor_objs_live(void);
  * scopes, the destruction queue) when it exits. */
 void nbi_thread_register(void);
 void nbi_scope_thread_exit(void);
+void nbi_callback_thread_exit(void);
 void nbi_tensor_thread_exit(void);
 void nbi_obj_free(int kind, void *p);
 /* A new contiguous tensor in the current scope, uninitialized (zeroed when
