@@ -14,6 +14,8 @@
  * cannot be added without rows. */
 #include "test_util.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -405,7 +407,7 @@ typedef struct {
 #define BORROWED "nb_free: input 0 is borrowed"
 
 static const row table[] = {
-    {"forward", FREE_INPUT, run_forward, "refused",
+    {"forward", FREE_INPUT, run_forward, "the apply fails (the handle is freed, as asked)",
      {"sq: forward freed its input 0 (nb_free), which belongs to the caller"}, NULL},
     {"forward", FREE_SAVED, run_forward, "allowed (the ctx keeps its own handle)", {NULL}, NULL},
     {"forward", FREE_OUTPUT, run_forward, "refused",
@@ -439,7 +441,7 @@ static const row table[] = {
     {"destroy", FLIP_GRAD, run_destroy, "restored", {NULL}, NULL},
     {"destroy", START_BACKWARD, run_destroy, "allowed (another graph)", {NULL}, NULL},
 
-    {"forward_multi", FREE_INPUT, run_forward_multi, "refused",
+    {"forward_multi", FREE_INPUT, run_forward_multi, "the apply fails (the handle is freed)",
      {"split: forward freed its input 0 (nb_free)"}, NULL},
     {"forward_multi", FREE_OUTPUT, run_forward_multi, "refused",
      {"split: forward returned a freed tensor as output 1"}, NULL},
@@ -479,9 +481,9 @@ static const row table[] = {
     {"nb_grad_hook", RETURN_GARBAGE, run_hook, "refused",
      {"nb_backward: the gradient-ready hook of a leaf of shape (3) failed without a message"}, NULL},
 
-    {"nb_fn", FREE_INPUT, run_gradcheck_full, "refused",
+    {"nb_fn", FREE_INPUT, run_gradcheck_full, "the check fails (the handle is freed)",
      {"nb_gradcheck: the function freed input 0 (nb_free); it must leave its inputs alive"}, NULL},
-    {"nb_fn", FREE_INPUT, run_gradcheck_fast, "refused (fast mode)",
+    {"nb_fn", FREE_INPUT, run_gradcheck_fast, "the check fails (fast mode)",
      {"nb_gradcheck: the function freed input 0 (nb_free)"}, NULL},
     {"nb_fn", FREE_OUTPUT, run_gradcheck_full, "refused",
      {"nb_gradcheck: the function returned a freed tensor"}, NULL},
@@ -790,6 +792,55 @@ START_TEST(gradcheck_inside_callbacks) {
 }
 END_TEST
 
+/* Two threads backpropagate at once, and each one's hook frees the other's
+ * leaf and a tensor in the middle of the other's graph (persistent ones, so
+ * any thread may free them): the objects wait for the walks; TSan (make
+ * tsan runs this suite) sees no race on the handles' flags. */
+#define CHAIN 60
+static nb_tensor *xleaf[2], *xchain[2][CHAIN + 2];
+static _Atomic int xready;
+static int free_the_others(nb_tensor *l, void *c) {
+    (void)l;
+    int other = 1 - (int)(intptr_t)c;
+    nb_free(xleaf[other]);
+    nb_free(xchain[other][CHAIN / 2]);
+    return 0;
+}
+static void *walk_mine(void *a) {
+    int me = (int)(intptr_t)a;
+    nb_tensor *h = xleaf[me];
+    for (int i = 0; i < CHAIN; i++) xchain[me][i] = h = nb_tanh(h);
+    xchain[me][CHAIN] = nb_sum_all(xchain[me][CHAIN + 1] = nb_mul(h, xleaf[me]));
+    xready++;
+    while (xready < 2) {
+    }
+    return (void *)(intptr_t)nb_backward(xchain[me][CHAIN]);
+}
+
+START_TEST(hooks_free_what_another_thread_walks) {
+    int64_t live = nb_live_tensors();
+    for (int rep = 0; rep < 4; rep++) {
+        xready = 0;
+        for (int i = 0; i < 2; i++) {
+            xleaf[i] = nb_set_requires_grad(nb_full(NB_F64, NB_SHAPE(64), 0.1), true);
+            ck_assert_int_eq(nb_set_grad_hook(xleaf[i], free_the_others, (void *)(intptr_t)i), 0);
+        }
+        pthread_t t[2];
+        for (int i = 0; i < 2; i++)
+            ck_assert_int_eq(pthread_create(&t[i], NULL, walk_mine, (void *)(intptr_t)i), 0);
+        for (int i = 0; i < 2; i++) {
+            void *rc;
+            pthread_join(t[i], &rc);
+            ck_assert_int_eq((int)(intptr_t)rc, 0);
+        }
+        for (int i = 0; i < 2; i++)
+            for (int k = 0; k <= CHAIN + 1; k++)
+                if (k != CHAIN / 2) nb_free(xchain[i][k]);
+    }
+    ck_assert_int_eq(nb_live_tensors(), live);
+}
+END_TEST
+
 /* n_new means "until on_token stops" when it is huge: no allocation of
  * n_new tokens, out may be NULL. */
 static int64_t stop_after;
@@ -856,6 +907,7 @@ Suite *suite_callbacks(void) {
     tcase_add_test(tc, nb_callback_begin_end_pairs);
     tcase_add_test(tc, registries_held_and_freed_under_an_optimizer);
     tcase_add_test(tc, gradcheck_inside_callbacks);
+    tcase_add_test(tc, hooks_free_what_another_thread_walks);
     tcase_add_test(tc, generate_huge_n_new);
     tcase_add_test(tc, generate_tiny_temperature);
     suite_add_tcase(s, tc);
