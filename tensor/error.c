@@ -70,7 +70,7 @@ bool nbi_bad_arg(const char *fn, const nb_tensor *t, int i) {
         return false;
     }
     if (!t->freed || nbi_trusted) return true;
-    switch (t->freed) {
+    switch ((int)t->freed) {
     case NBI_FREED_BY_FREE:
         nbi_error("%s: input %d was freed (by nb_free) and cannot be used", fn, i);
         break;
