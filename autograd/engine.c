@@ -171,7 +171,7 @@ void nb_clear_grad(nb_tensor *t) {
     t->grad = NULL;
     pthread_mutex_unlock(&grad_mu);
     if (!g) return;
-    g->freed = NBI_FREED_CLEARED;
+    atomic_store_explicit(&g->freed, NBI_FREED_CLEARED, memory_order_relaxed);
     nbi_unref(g);
 }
 
@@ -274,7 +274,7 @@ static int claim(walk *w, nb_tensor *t) {
     if (walking_here(free_))
         return (nbi_error("nb_backward: %s started a backward through the graph that the backward "
                           "running on this thread is walking (it met %s); a callback may "
-                          "backpropagate through other graphs only", cb ? cb->who : "a callback",
+                          "backpropagate through other graphs only", cb ? nbi_callback_who(cb) : "a callback",
                           t->grad_fn->op), -1);
     nbi_error("nb_backward: another thread is backpropagating through this graph (at %s) at "
               "the same time; a graph can be backpropagated by one thread at a time (leaves, "
@@ -530,9 +530,8 @@ static int check_not_released(const tensor_list *order) {
 /* A leaf's gradient-ready hook; a failure without a message gets one. */
 static int run_grad_hook(nb_tensor *leaf) {
     uint64_t before = nbi_error_serial();
-    nbi_callback cb;
-    nbi_callback_enter(&cb, "nb_backward", true, "the gradient hook of a leaf of shape %s",
-                       NBI_SHAPE(leaf));
+    nbi_callback cb = {.who_fmt = "the gradient hook of a leaf of shape %s", .who_t = leaf};
+    nbi_callback_enter(&cb, "nb_backward", true);
     int rc = leaf->grad_hook(leaf, leaf->grad_hook_ctx);
     if (nbi_callback_leave(&cb) != 0) return -1;
     if (rc == 0) return 0;

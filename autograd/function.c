@@ -42,8 +42,8 @@ static void ctx_free(nb_function_ctx *c) {
     for (int k = 0; k < c->nsaved; k++) nbi_unref(c->saved[k]);
     for (int k = 0; c->gout && k < c->nout; k++) nbi_unref(c->gout[k]);
     if (c->f.destroy) {
-        nbi_callback cb;
-        nbi_callback_enter(&cb, "nb_function", false, "%s's destroy", c->name);
+        nbi_callback cb = {.who_fmt = "%s's destroy", .who_s = c->name};
+        nbi_callback_enter(&cb, "nb_function", false);
         c->f.destroy(c->user);
         nbi_callback_leave(&cb); /* its message stays, for lack of a caller to fail */
     }
@@ -158,8 +158,8 @@ static const char *reported(uint64_t serial) {
  * checks what it returned against the inputs. */
 static int call_backward(nb_function_ctx *c, nbi_node *n, nb_tensor **gouts, nb_tensor **gin) {
     uint64_t serial = nbi_error_serial();
-    nbi_callback cb;
-    nbi_callback_enter(&cb, "nb_backward", true, "%s's backward", c->name);
+    nbi_callback cb = {.who_fmt = "%s's backward", .who_s = c->name};
+    nbi_callback_enter(&cb, "nb_backward", true);
     int rc = c->nout ? c->f.backward_multi(c, gouts, c->nout, gin, c->user)
                      : c->f.backward(c, gouts[0], gin, c->user);
     if (nbi_callback_leave(&cb) != 0) {
@@ -318,8 +318,8 @@ static int run_forward(nb_function_ctx *c, nb_tensor **inputs, int n, nb_tensor 
     nb_scope_begin();
     nbi_scope *inner = nbi_scope_current();
     for (int i = 0; i < n; i++) nbi_ref(inputs[i]); /* a forward that frees one: see below */
-    nbi_callback cb;
-    nbi_callback_enter(&cb, "nb_function_apply", true, "%s's forward", c->name);
+    nbi_callback cb = {.who_fmt = "%s's forward", .who_s = c->name};
+    nbi_callback_enter(&cb, "nb_function_apply", true);
     nbi_grad_off = true;
     c->in_forward = true;
     int rc = 0;

@@ -57,8 +57,8 @@ static bool check_inputs(int n, nb_tensor **in) {
 
 /* fn's output, checked: NULL + message when fn failed or returned junk. */
 static nb_tensor *call(const check *c) {
-    nbi_callback cb;
-    nbi_callback_enter(&cb, FN, false, "the function");
+    nbi_callback cb = {.who_fmt = "the function"};
+    nbi_callback_enter(&cb, FN, false);
     nb_tensor *y = c->fn(c->in, c->n, c->ctx);
     if (nbi_callback_leave(&cb) != 0) return NULL;
     for (int i = 0; i < c->n; i++) { /* the check holds them: still readable */

@@ -745,22 +745,39 @@ typedef struct {
     int mode; /* 0 no grad, 1 recording, 2 forward + backward */
 } chain_ctx;
 
+/* y * 1.0001 as a custom function (nb_function): what the callback rule and
+ * the context cost beside a built-in op */
+static nb_tensor *scale_forward(nb_function_ctx *ctx, nb_tensor **in, int n, void *user) {
+    (void)ctx, (void)n, (void)user;
+    return nb_mul_scalar(in[0], 1.0001);
+}
+static int scale_backward(nb_function_ctx *ctx, nb_tensor *g, nb_tensor **gin, void *user) {
+    (void)ctx, (void)user;
+    gin[0] = nb_mul_scalar(g, 1.0001);
+    return 0;
+}
+static const nb_function scale_fn = {.name = "scale", .forward = scale_forward,
+                                     .backward = scale_backward};
+
 static void chain_run(void *p) {
     chain_ctx *c = p;
     if (c->mode == 0) nb_set_grad_enabled(false);
     nb_scope_begin();
     nb_tensor *y = c->x;
-    for (int i = 0; i < CHAIN; i++) y = i % 2 == 0 ? nb_mul_scalar(y, 1.0001) : nb_add(y, c->x);
+    for (int i = 0; i < CHAIN; i++)
+        y = i % 2 == 1       ? nb_add(y, c->x)
+            : c->mode == 3 ? nb_function_apply(&scale_fn, &y, 1, NULL)
+                           : nb_mul_scalar(y, 1.0001);
     if (!y) die("op chain");
-    if (c->mode == 2 && nb_backward(nb_sum_all(y)) != 0) die("op chain backward");
+    if (c->mode >= 2 && nb_backward(nb_sum_all(y)) != 0) die("op chain backward");
     nb_scope_end(); /* freeing the tensors and graph is part of the cost */
     nb_set_grad_enabled(true);
 }
 
 static void bench_overhead(void) {
-    static const char *names[3] = {"forward, grad mode off", "forward, recording",
-                                   "forward + backward"};
-    static const char *keys[3] = {"nograd", "record", "fb"};
+    static const char *names[4] = {"forward, grad mode off", "forward, recording",
+                                   "forward + backward", "the same, custom mul_scalar"};
+    static const char *keys[4] = {"nograd", "record", "fb", "fb_custom"};
     section("5. autograd overhead: chain of 10,000 ops (mul_scalar / add alternating) on (4,4) "
             "f32, requires grad, 1 thread");
     printf("%-26s %9s %9s %7s\n", "", "ns/op", "pt ns/op", "nb/pt");
@@ -768,7 +785,7 @@ static void bench_overhead(void) {
     nb_rng rng;
     nb_rng_seed(&rng, 3);
     chain_ctx c = {leaf_randn(NB_F32, NB_SHAPE(4, 4), true, &rng), 0};
-    for (int m = 0; m < 3; m++) {
+    for (int m = 0; m < 4; m++) { /* 3: every mul_scalar an nb_function (forward, backward) */
         c.mode = m;
         double ns = 1e9 * median_time(chain_run, &c, 2, 15) / CHAIN;
         double pt = ref("op_ns_%s_1t", keys[m]);

@@ -434,7 +434,7 @@ nb_tensor *nbi_tensor_obj_alloc(void) {
 
 void nbi_tensor_obj_free(nb_tensor *t) {
     if (!t) return;
-    if (!t->freed) t->freed = NBI_FREED_WITH_OWNER;
+    if (!t->freed) atomic_store_explicit(&t->freed, NBI_FREED_WITH_OWNER, memory_order_relaxed);
     uint64_t now = atomic_load_explicit(&tensor_allocs, memory_order_relaxed);
     t->freed_at = now;
     atomic_fetch_add(&tensor_frees, 1);

@@ -24,14 +24,9 @@ _Thread_local bool nbi_grad_off;
 
 static _Thread_local nbi_callback *top;
 
-void nbi_callback_enter(nbi_callback *cb, const char *fn, bool grad_stays_off, const char *fmt,
-                        ...) {
+void nbi_callback_enter(nbi_callback *cb, const char *fn, bool grad_stays_off) {
     cb->level = top ? top->level + 1 : 1;
     cb->fn = fn;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cb->who, sizeof cb->who, fmt, ap);
-    va_end(ap);
     cb->depth = nb_scope_depth();
     cb->grad_was_off = nbi_grad_off;
     /* not inherited: nabla's own functions called inside (nb_gradcheck)
@@ -48,6 +43,18 @@ void nbi_callback_enter(nbi_callback *cb, const char *fn, bool grad_stays_off, c
 }
 
 nbi_callback *nbi_callback_current(void) { return top; }
+
+const char *nbi_callback_who(const nbi_callback *cb) {
+    static _Thread_local char ring[2][160];
+    static _Thread_local int k;
+    char *b = ring[k ^= 1];
+    const char *f = cb->who_fmt ? cb->who_fmt : "a callback";
+    if (cb->who_t) snprintf(b, sizeof ring[0], f, NBI_SHAPE(cb->who_t));
+    else if (cb->who_s) snprintf(b, sizeof ring[0], f, cb->who_s);
+    else if (strstr(f, "%lld")) snprintf(b, sizeof ring[0], f, cb->who_lo, cb->who_hi);
+    else snprintf(b, sizeof ring[0], "%s", f);
+    return b;
+}
 
 /* Frames the callback opened with nb_callback_begin and left open: dropped
  * (they sit above cb on the stack). Their count. */
@@ -72,18 +79,18 @@ int nbi_callback_leave(nbi_callback *cb) {
     nbi_trusted = cb->trusted;
     if (frames)
         return (nbi_error("%s: %s left %d callback frame%s open (nb_callback_begin without "
-                          "nb_callback_end); nabla closed %s", cb->fn, cb->who, frames,
+                          "nb_callback_end); nabla closed %s", cb->fn, nbi_callback_who(cb), frames,
                           frames > 1 ? "s" : "", frames > 1 ? "them" : "it"), -1);
     if (cb->closed)
         return (nbi_error("%s: %s closed a scope it did not open (%d nb_scope_end too many); the "
-                          "caller's scopes were kept open", cb->fn, cb->who, cb->closed), -1);
+                          "caller's scopes were kept open", cb->fn, nbi_callback_who(cb), cb->closed), -1);
     if (left_open > 0)
         return (nbi_error("%s: %s left %d scope%s open (nb_scope_begin without nb_scope_end); "
-                          "nabla closed %s", cb->fn, cb->who, left_open, left_open > 1 ? "s" : "",
+                          "nabla closed %s", cb->fn, nbi_callback_who(cb), left_open, left_open > 1 ? "s" : "",
                           left_open > 1 ? "them" : "it"), -1);
     if (cb->grad_on)
         return (nbi_error("%s: %s turned grad mode on (nb_set_grad_enabled(true)); it runs with "
-                          "grad mode off, which nabla kept", cb->fn, cb->who), -1);
+                          "grad mode off, which nabla kept", cb->fn, nbi_callback_who(cb)), -1);
     return 0;
 }
 
@@ -91,14 +98,14 @@ bool nbi_callback_refuses_scope_end(void) {
     if (!top || nb_scope_depth() > top->depth) return false;
     top->closed++;
     nbi_error("nb_scope_end: %s may close only the scopes it opened; this one was opened before "
-              "it ran and stays open", top->who);
+              "it ran and stays open", nbi_callback_who(top));
     return true;
 }
 
 bool nbi_callback_refuses_grad_on(void) {
     if (!top || !top->grad_stays_off) return false;
     top->grad_on++;
-    nbi_error("nb_set_grad_enabled: grad mode stays off inside %s", top->who);
+    nbi_error("nb_set_grad_enabled: grad mode stays off inside %s", nbi_callback_who(top));
     return true;
 }
 
@@ -109,13 +116,16 @@ static _Thread_local int next_token;
 
 int nb_callback_begin(const char *fn, const char *who) {
     fn = fn ? fn : "nb_callback_begin";
-    size_t n = strlen(fn) + 1;
-    nbi_callback *cb = malloc(sizeof *cb + n);
+    who = who ? who : "a callback";
+    size_t nf = strlen(fn) + 1, nw = strlen(who) + 1;
+    nbi_callback *cb = malloc(sizeof *cb + nf + nw);
     if (!cb) return (nbi_error("nb_callback_begin: out of memory"), -1);
-    char *fn_copy = (char *)(cb + 1); /* the caller's string may go before the end */
-    memcpy(fn_copy, fn, n);
+    char *copies = (char *)(cb + 1); /* the caller's strings may go before the end */
+    memcpy(copies, fn, nf);
+    memcpy(copies + nf, who, nw);
     nbi_thread_register(); /* a thread that exits with the frame open frees it */
-    nbi_callback_enter(cb, fn_copy, false, "%s", who ? who : "a callback");
+    *cb = (nbi_callback){.who_fmt = "%s", .who_s = copies + nf};
+    nbi_callback_enter(cb, copies, false);
     cb->public_ = true;
     if (next_token <= 0 || next_token == INT_MAX) next_token = 0x4e420000; /* "NB" */
     cb->token = next_token++;
@@ -130,7 +140,7 @@ int nb_callback_end(int token) {
     while (cb && cb->public_ && cb->token != token) cb = cb->prev;
     if (!cb || !cb->public_ || token <= 0)
         return (nbi_error("nb_callback_end: %d is not the token of an nb_callback_begin open in "
-                          "this callback (%s)", token, top ? top->who : "none runs on this thread"),
+                          "this callback (%s)", token, top ? nbi_callback_who(top) : "none runs on this thread"),
                 -1);
     int rc = nbi_callback_leave(cb);
     free(cb);

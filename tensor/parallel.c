@@ -181,9 +181,8 @@ typedef struct {
 static void user_range(void *p, int64_t lo, int64_t hi) {
     user_job *j = p;
     nb_scope_begin();
-    nbi_callback cb;
-    nbi_callback_enter(&cb, "nb_parallel_for", false, "fn on range [%lld, %lld)",
-                       (long long)lo, (long long)hi);
+    nbi_callback cb = {.who_fmt = "fn on range [%lld, %lld)", .who_lo = lo, .who_hi = hi};
+    nbi_callback_enter(&cb, "nb_parallel_for", false);
     cb.no_keep = true;
     j->fn(j->ctx, lo, hi);
     if (nbi_callback_leave(&cb) != 0 && !atomic_flag_test_and_set(&j->failed))

@@ -2,6 +2,8 @@
  * the scope drops them all. The stack is per thread. */
 #include "tensor_internal.h"
 
+#include <stdatomic.h>
+
 #include <stdlib.h>
 
 struct nbi_scope {
@@ -29,7 +31,7 @@ static void link_into(nbi_scope *s, nb_tensor *t) {
 
 void nbi_scope_adopt(nb_tensor *t) {
     t->refs = 1;
-    t->owned = true;
+    atomic_store_explicit(&t->owned, true, memory_order_relaxed);
     link_into(top, t);
 }
 
@@ -119,7 +121,7 @@ nb_tensor *nb_keep(nb_tensor *t) {
     if (cb && cb->no_keep && depth <= cb->depth) /* would leave the range: persistent on a worker */
         return nbi_error("nb_keep: there is no scope to hand a tensor to out of nb_parallel_for's "
                          "ranges, which run on several threads (this is %s); write results into "
-                         "memory the caller owns", cb->who);
+                         "memory the caller owns", nbi_callback_who(cb));
     nb_tensor *k = nbi_make_view(t, t->ndim, t->shape, t->strides, t->offset);
     if (!k || !top) return k;
     nbi_scope_release(k);

@@ -233,8 +233,10 @@ static void destroy(nb_tensor *x) {
 }
 
 void nbi_release_owned(nb_tensor *t, int how) {
-    t->owned = false;
-    t->freed = (uint8_t)how;
+    /* relaxed: atomic only so that another thread's read is defined; the
+     * object's life is the reference count's business */
+    atomic_store_explicit(&t->owned, false, memory_order_relaxed);
+    atomic_store_explicit(&t->freed, (uint8_t)how, memory_order_relaxed);
     if (t->refs > 1) nbi_drop_unneeded_data(t);
     nbi_unref(t);
 }
@@ -284,7 +286,7 @@ void *nbi_discard(nb_tensor *t) {
 nb_tensor *nbi_unscoped(nb_tensor *t) {
     if (!t) return NULL;
     nbi_scope_release(t);
-    t->owned = false; /* the caller holds the one reference */
+    atomic_store_explicit(&t->owned, false, memory_order_relaxed); /* the caller holds the one reference */
     return t;
 }
 

@@ -95,12 +95,16 @@ extern _Thread_local int nbi_trusted;
  * nb_set_grad_enabled(true) is refused; leave drops callback frames (of
  * nb_callback_begin) it left open, closes the scopes the callback
  * left open, restores grad mode (and nbi_trusted, which is 0 inside: user
- * code is never trusted) and returns -1 with a message "<fn>: <who>
- * ..." when the callback did any of that, else 0. who is printf-formatted,
- * e.g. "rmsnorm's forward". */
+ * code is never trusted) and returns -1 with a message "<fn>: <who> ..."
+ * when the callback did any of that, else 0. The caller fills in who_*
+ * first; who is formatted only for a message (a callback runs often):
+ * who_fmt with who_s (a %s), or the shape of who_t (a %s), or who_lo and
+ * who_hi (two %lld), or nothing. */
 typedef struct nbi_callback {
+    const char *who_fmt, *who_s;
+    const nb_tensor *who_t;
+    long long who_lo, who_hi;
     const char *fn;
-    char who[120];
     int level; /* 1 + the callbacks running around it on this thread */
     int depth, trusted;
     bool grad_was_off, grad_stays_off, public_;
@@ -109,10 +113,11 @@ typedef struct nbi_callback {
     int closed, grad_on; /* refused nb_scope_end and nb_set_grad_enabled(true) calls */
     struct nbi_callback *prev;
 } nbi_callback;
-void nbi_callback_enter(nbi_callback *cb, const char *fn, bool grad_stays_off, const char *fmt,
-                        ...) __attribute__((format(printf, 4, 5)));
+void nbi_callback_enter(nbi_callback *cb, const char *fn, bool grad_stays_off);
 int nbi_callback_leave(nbi_callback *cb);
 nbi_callback *nbi_callback_current(void); /* innermost running, or NULL */
+/* "rmsnorm's forward": who, formatted (a small thread-local ring of buffers). */
+const char *nbi_callback_who(const nbi_callback *cb);
 /* For nb_scope_end and nb_set_grad_enabled: true (message set, refusal
  * counted) when the running callback may not do this. */
 bool nbi_callback_refuses_scope_end(void);
