@@ -274,8 +274,8 @@ static int claim(walk *w, nb_tensor *t) {
     if (walking_here(free_))
         return (nbi_error("nb_backward: %s started a backward through the graph that the backward "
                           "running on this thread is walking (it met %s); a callback may "
-                          "backpropagate through other graphs only", cb ? nbi_callback_who(cb) : "a callback",
-                          t->grad_fn->op), -1);
+                          "backpropagate through other graphs only",
+                          cb ? nbi_callback_who(cb) : "a callback", t->grad_fn->op), -1);
     nbi_error("nb_backward: another thread is backpropagating through this graph (at %s) at "
               "the same time; a graph can be backpropagated by one thread at a time (leaves, "
               "such as parameters, may be shared)", t->grad_fn->op);

@@ -331,8 +331,7 @@ static int run_forward(nb_function_ctx *c, nb_tensor **inputs, int n, nb_tensor 
         if (inputs[i]->freed)
             fenced = (nbi_error("%s: forward freed its input %d (%s), which belongs to the caller; "
                                 "a forward must leave its inputs alive", c->name, i,
-                                inputs[i]->freed == NBI_FREED_BY_FREE ? "nb_free" : "with its owner"),
-                      -1);
+                                nbi_freed_how(inputs[i])), -1);
     if (fenced != 0) { /* the message is set; what it returned may be gone */
         for (int k = 0; k < nout; k++) ret[k] = NULL;
         rc = -1;

@@ -64,8 +64,7 @@ static nb_tensor *call(const check *c) {
     for (int i = 0; i < c->n; i++) { /* the check holds them: still readable */
         if (c->in[i]->freed)
             return nbi_error("%s: the function freed input %d (%s); it must leave its inputs "
-                             "alive", FN, i, c->in[i]->freed == NBI_FREED_BY_FREE
-                                                 ? "nb_free" : "with its owner");
+                             "alive", FN, i, nbi_freed_how(c->in[i]));
         if (c->in[i]->requires_grad == c->no_grad[i]) /* put back at the end */
             return nbi_error("%s: the function changed requires_grad of input %d (turned it "
                              "%s); it must leave its inputs as they are", FN, i,

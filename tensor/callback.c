@@ -56,8 +56,9 @@ const char *nbi_callback_who(const nbi_callback *cb) {
     return b;
 }
 
-/* Frames the callback opened with nb_callback_begin and left open: dropped
- * (they sit above cb on the stack). Their count. */
+/* Frames above cb (those its callback opened with nb_callback_begin and left
+ * open; all of them when cb is NULL, as the thread exits): dropped. Their
+ * count. */
 static int drop_frames_above(const nbi_callback *cb) {
     int n = 0;
     while (top && top != cb) {
@@ -147,10 +148,4 @@ int nb_callback_end(int token) {
     return rc;
 }
 
-void nbi_callback_thread_exit(void) {
-    while (top) {
-        nbi_callback *x = top;
-        top = x->prev;
-        if (x->public_) free(x);
-    }
-}
+void nbi_callback_thread_exit(void) { drop_frames_above(NULL); }

@@ -81,6 +81,10 @@ bool nbi_bad_arg(const char *fn, const nb_tensor *t, int i);
 static inline bool nbi_arg(const char *fn, const nb_tensor *t, int i) {
     return (t && !t->freed) || nbi_bad_arg(fn, t, i);
 }
+/* How a freed handle went, in a word for messages: "nb_free" or "with its owner". */
+static inline const char *nbi_freed_how(const nb_tensor *t) {
+    return t->freed == NBI_FREED_BY_FREE ? "nb_free" : "with its owner";
+}
 static inline bool nbi_opt_arg(const char *fn, const nb_tensor *t, int i) {
     return !t || !t->freed || nbi_bad_arg(fn, t, i);
 }
