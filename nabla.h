@@ -481,25 +481,28 @@ NB_API bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs,
  *   the model being generated from: nb_gpt_free in on_token stops generation
  *   with an error and frees the model when nb_gpt_generate returns). Where
  *   the caller would be left with a broken result the call fails instead (the
- *   handle is freed, as asked): a forward that frees one of its inputs, or
- *   nb_gradcheck's function that frees or writes one of the inputs (written
- *   values are put back). nb_free of a borrowed handle (nb_grad,
- *   nb_function_saved) is refused with a message.
+ *   handle is freed, as asked): a forward that frees one of its inputs;
+ *   nb_gradcheck's function that frees or writes one of the inputs, or
+ *   changes its requires_grad (values and flags are put back); on_token that
+ *   re-initializes the model or frees its registry. nb_free of a borrowed
+ *   handle (nb_grad, nb_function_saved) is refused with a message.
  * - Scopes: it may open and close its own; nb_scope_end on a scope opened
  *   before it ran is refused (the caller's scopes stay open), and scopes it
  *   leaves open are closed when it returns. Either is an error of the call
  *   that ran it: "nb_backward: rmsnorm's backward closed a scope it did not
  *   open (...)", "... left 1 scope open (...)"; the same for callback frames
  *   (nb_callback_begin without its end).
- * - Grad mode is restored when it returns. Forward, backward and destroy of
- *   custom functions and gradient hooks run with grad mode off, and
- *   nb_set_grad_enabled(true) inside them (but destroy) is refused and an
- *   error of the call ("... turned grad mode on ..."); nabla's own functions
- *   called there (nb_gradcheck) may still use grad mode.
+ * - Grad mode is restored when it returns. A custom function's forward and
+ *   backward and gradient hooks run with grad mode off, and
+ *   nb_set_grad_enabled(true) there is refused and an error of the call
+ *   ("... turned grad mode on ..."); nabla's own functions called there
+ *   (nb_gradcheck) may still use grad mode.
  * - It may start a backward through other graphs, not through the graph
  *   being walked (an error naming the callback); on_token may not start a
  *   second generation on the model being generated from.
- * - Freed handles are errors inside callbacks, even during backward.
+ * - Freed handles are errors inside callbacks, even during backward. A
+ *   callback on one thread may free a persistent tensor another thread's
+ *   backward is walking (the object waits for that walk).
  * docs/custom-functions.md has the table of every kind x misbehaviour. */
 /* ------------------------------------------------- custom functions (ops) */
 /* Your own differentiable op with a hand-written backward, as PyTorch's
@@ -666,8 +669,9 @@ NB_API int nb_num_threads(void);
  * least `grain` items (but the last), on the pool, and returns when all are
  * done. Each range runs in a scope of its own (tensors fn makes are freed
  * when the range ends, on any thread; nb_keep out of it is refused, as a
- * worker has no scope to hand them to) under the callback rule. fn must handle each item wholly within its range (then results do
- * not depend on the thread count). A call made from inside fn, or while
+ * worker has no scope to hand them to) under the callback rule. fn must
+ * handle each item wholly within its range (then results do not depend on
+ * the thread count). A call made from inside fn, or while
  * another thread uses the pool, runs serially on its caller. n <= 0 runs
  * nothing; a NULL fn is an error. */
 NB_API void nb_parallel_for(int64_t n, int64_t grain,
@@ -975,7 +979,10 @@ typedef struct nb_GPT {
  * dividing n_embd, dropout outside [0, 1]); on error m is freed and what was
  * registered stays in ps. Free with nb_gpt_free (the parameters are ps's). */
 NB_API int nb_gpt_init(nb_GPT *m, nb_params *ps, const nb_GPTConfig *cfg, nb_rng *rng);
-NB_API void nb_gpt_free(nb_GPT *m); /* the blocks and the cache, not the parameters; NULL ok */
+/* The blocks and the cache, not the parameters; NULL ok. Called from the
+ * on_token of a generation from m, it is deferred: generation stops with an
+ * error and m is freed when nb_gpt_generate returns. */
+NB_API void nb_gpt_free(nb_GPT *m);
 /* idx NB_I64 (B, T), T <= block_size, tokens in [0, vocab_size) -> logits
  * (B, T, vocab_size). Dropout only when training, from rng (NULL = global). */
 NB_API nb_tensor *nb_gpt_forward(nb_GPT *m, nb_tensor *idx, bool training, nb_rng *rng);
