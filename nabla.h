@@ -376,10 +376,27 @@ NB_API int nb_backward(nb_tensor *loss);
 NB_API int nb_backward_with_grad(nb_tensor *out, nb_tensor *grad);
 typedef struct nb_backward_opts {
     bool retain_graph; /* keep what backward reads, so it may run again (gradients add up) */
+    /* Record the gradients themselves, so they can be differentiated again
+     * (second derivatives, Hessian-vector products, gradient penalties);
+     * implies retain_graph, as in PyTorch. The rules then run with grad mode
+     * on and are made of recorded ops; a leaf's .grad becomes a tensor with
+     * a graph, replaced (not added to in place) by later backwards. */
+    bool create_graph;
 } nb_backward_opts;
 /* nb_backward (grad NULL: out must have one element) or nb_backward_with_grad,
  * with options (NULL = defaults, as theirs). */
 NB_API int nb_backward_with_opts(nb_tensor *out, nb_tensor *grad, const nb_backward_opts *opts);
+/* torch.autograd.grad: the gradients of outputs[0..n_outputs) weighted by
+ * grad_outputs (NULL, or NULL entries: 1 for a one-element output) with
+ * respect to inputs[0..n_inputs) (each must require grad; leaves or not),
+ * returned in grads[0..n_inputs) as new tensors in the current scope (NULL
+ * where an input does not reach any output). No .grad is touched and no
+ * gradient hook runs; only the rules on a path to an input run. opts may be
+ * NULL; with create_graph the gradients are recorded (and the graph kept).
+ * 0, or -1 with a message (grads all NULL). */
+NB_API int nb_autograd_grad(nb_tensor *const *outputs, int n_outputs, nb_tensor *const *grad_outputs,
+                            nb_tensor *const *inputs, int n_inputs, const nb_backward_opts *opts,
+                            nb_tensor **grads);
 /* Gradient-ready hook (PyTorch's register_post_accumulate_grad_hook): fn(leaf,
  * ctx) runs once per backward for each leaf that backward reaches, right
  * after its .grad holds this backward's whole contribution (every path summed
@@ -439,7 +456,11 @@ typedef struct nb_gradcheck_opts {
     double nondet_tol; /* 0: the two backward passes must agree exactly */
     bool fast_mode;    /* false: full Jacobian */
     int fast_probes;   /* fast mode: random (v, u) pairs; 0 means 1 */
-    uint64_t seed;     /* fast mode: seed of v and u */
+    uint64_t seed;     /* fast mode: seed of v and u; nb_gradgradcheck: of its v */
+    /* Also compare the Jacobian forward mode gives (nb_jvp, column by
+     * column; fast mode: v^T (J u)) with the numeric one, as PyTorch's
+     * check_forward_ad. */
+    bool check_forward_ad;
 } nb_gradcheck_opts;
 /* The defaults, to start from: nb_gradcheck_opts o = NB_GRADCHECK_DEFAULTS; */
 #define NB_GRADCHECK_DEFAULTS {.eps = 1e-6, .atol = 1e-5, .rtol = 1e-3}
@@ -469,6 +490,24 @@ typedef struct nb_gradcheck_result {
  * and .grad are restored afterwards. */
 NB_API bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs,
                          const nb_gradcheck_opts *opts, nb_gradcheck_result *out);
+/* torch.autograd.gradgradcheck: nb_gradcheck of the function
+ * (inputs, v) -> v^T d fn/d(inputs) (the gradients nb_autograd_grad makes
+ * with create_graph, flattened and concatenated), with v, the output
+ * gradient, drawn from opts->seed uniform in [-1, 1) and checked as an
+ * input too: so fn's double backward is compared with finite differences
+ * of its backward. Same options, result and errors as nb_gradcheck; the
+ * messages say "second-order". */
+NB_API bool nb_gradgradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs,
+                             const nb_gradcheck_opts *opts, nb_gradcheck_result *out);
+/* torch.func.jvp, forward mode: out = fn(inputs) and out_tangent = J . tangents,
+ * the directional derivative along tangents[i] for input i (NULL: zero), each
+ * of its input's shape and dtype. fn runs once; every op it runs pushes the
+ * tangents through its tangent rule (no backward runs). fn follows the
+ * callback rule; its inputs are handed to it as views with no history. out
+ * (with no history) and out_tangent are new tensors in the current scope.
+ * 0, or -1 with a message (an op fn ran has no tangent rule: its name). */
+NB_API int nb_jvp(nb_fn fn, void *ctx, int n, nb_tensor **inputs, nb_tensor **tangents,
+                  nb_tensor **out, nb_tensor **out_tangent);
 
 /* ------------------------------------------------------------ callbacks
  * The one rule for user code nabla calls: a custom function's forward,
@@ -548,6 +587,12 @@ typedef struct nb_function {
                          int nout, void *user);
     int (*backward_multi)(nb_function_ctx *ctx, nb_tensor **grad_outputs, int nout,
                           nb_tensor **grad_inputs, void *user);
+    /* Optional, forward mode (nb_jvp; one output): the output's tangent from
+     * the inputs' tangents (NULL for an input whose tangent is zero), of the
+     * output's shape and dtype; NULL after nb_report_error. Runs with grad
+     * mode off; may read nb_function_saved. Without it, nb_jvp through the
+     * function is an error naming it. */
+    nb_tensor *(*jvp)(nb_function_ctx *ctx, nb_tensor **input_tangents, int n, void *user);
 } nb_function;
 /* Applies f to inputs[0..n-1] (live tensors; n >= 0): the output, in the
  * current scope, or NULL with a message naming f (forward failed or returned

@@ -8,12 +8,18 @@
 /* --------------------------------------------------------------- autograd */
 #define NBI_NODE_INLINE 3
 typedef int (*nbi_backward_fn)(nbi_node *n, nb_tensor *gout, nb_tensor **gin);
+/* Forward mode (nb_jvp): the tangent of n's output, given its inputs'
+ * tangents tin[0..nin) (NULL: zero, or not floating), of the output's shape
+ * and dtype, in the current scope; NULL with a message on error. Runs with
+ * grad mode off and reads values as backward does, through nbi_saved_in/out. */
+typedef nb_tensor *(*nbi_jvp_fn)(nbi_node *n, nb_tensor *const *tin);
 /* bits of nbi_node.saved: which tensors backward reads (version-checked) */
 #define NBI_SAVE_IN(i) (1u << (i))
 #define NBI_SAVE_OUT (1u << 31)
 struct nbi_node {
     const char *op;          /* public name of the op, for messages */
     nbi_backward_fn backward;
+    nbi_jvp_fn jvp;          /* NULL: the op has no tangent rule (nb_jvp names it) */
     nb_tensor *out;          /* the tensor this node made (not referenced) */
     int nin;
     nb_tensor **in;          /* inputs, referenced */
@@ -70,6 +76,23 @@ nb_tensor *nbi_saved_out(const nbi_node *n);
  * what it would return (the same sums, then one addition per element), so
  * the bits match the path that returns a gradient. */
 nb_tensor *nbi_grad_sink(const nbi_node *n, int i);
+/* True while a rule runs in a backward with create_graph: grad mode is on,
+ * and the gradients it returns must be made of recorded ops (public ones,
+ * or internal ones that record a node), so that they can be differentiated
+ * again. A fused kernel that records nothing is for the plain case only. */
+static inline bool nbi_create_graph(void) { return !nbi_grad_off; }
+/* For a rule that has no recorded form: -1, with the message
+ * "nb_backward: <op> has no double backward (create_graph) ...". */
+int nbi_no_double_backward(const nbi_node *n);
+/* The tangent when every input's is zero or the rule has nothing to add:
+ * zeros of the output's shape and dtype. */
+nb_tensor *nbi_zero_tangent(const nbi_node *n);
+/* A copy of g in the current scope; when grad mode is on and g requires
+ * grad, recorded (gradient identity), so the copy keeps g's history. */
+nb_tensor *nbi_grad_copy(const char *fn, nb_tensor *g);
+/* A new handle (a view) on t in the current scope; recorded the same way,
+ * so it keeps t's history. */
+nb_tensor *nbi_recorded_alias(nb_tensor *t);
 /* Whether backward should compute the gradient of input i. */
 static inline bool nbi_wants(const nbi_node *n, int i) {
     return n->in[i]->requires_grad;

@@ -251,6 +251,15 @@ typedef struct walk {
     tensor_list order;   /* post-order: inputs before the tensors made from them */
     leaf_table leaves;
     struct walk *outer;  /* the walk this thread was in when this one began (a callback's) */
+    bool create_graph;   /* rules run with grad mode on; sums are recorded */
+    bool retain;         /* keep what the rules read */
+    /* nb_autograd_grad: the gradients of want[0..n_want) go to got[], no
+     * leaf's .grad is touched, and only rules on a path to a wanted tensor
+     * run (reach: the tensors that lead to one) */
+    int n_want;
+    nb_tensor *const *want;
+    nb_tensor **got;
+    leaf_table reach;
 } walk;
 
 static _Atomic uint64_t next_walk_id = 1;
@@ -301,7 +310,8 @@ typedef struct {
 
 static int topo_order(walk *w, nb_tensor *root) {
     if (!root->grad_fn) return visit(w, root) < 0 ? -1 : 0; /* backward of a leaf */
-    if (claim(w, root) < 0) return -1;
+    int c = claim(w, root);
+    if (c <= 0) return c; /* visited already (one of several roots), or an error */
     frame *stack = malloc(64 * sizeof *stack);
     size_t n = 0, cap = 64;
     int rc = stack ? 0 : -1;
@@ -357,15 +367,24 @@ static void end_walk(walk *w) {
     }
     for (size_t k = 0; k < w->leaves.cap; k++) nbi_unref(w->leaves.v[k].g);
     free(w->leaves.v);
+    free(w->reach.v);
     free(w->order.v);
 }
 
-/* Adds g into *acc, which the walk holds by one reference. */
+/* Adds g into *acc, which the walk holds by one reference. Under
+ * create_graph a sum involving a recorded gradient is recorded too. */
 static int accumulate(nb_tensor **acc_p, nb_tensor *g) {
     nb_tensor *acc = *acc_p;
     if (!acc) {
         nbi_ref(g);
         *acc_p = g;
+        return 0;
+    }
+    if (nbi_create_graph() && (acc->requires_grad || g->requires_grad)) {
+        nb_tensor *sum = nb_add(acc, g);
+        if (!sum) return -1;
+        *acc_p = nbi_unscoped(sum);
+        nbi_unref(acc);
         return 0;
     }
     if (acc->refs == 1 && acc->storage->refs == 1 && nb_is_contiguous(acc)) {
@@ -394,7 +413,32 @@ static bool adoptable(const nb_tensor *g) {
 /* Leaves' .grad: under grad_mu, so that walks on several threads sharing a
  * leaf add up (PyTorch's rule), and nb_zero_grad does not tear a sum. No
  * allocation happens under the lock, so it never nests in the allocator's. */
+/* A leaf's .grad that has a graph (a create_graph backward made it), or
+ * one that becomes one, is replaced by the sum, never added to in place:
+ * its graph's saved values must stay as they were. */
+static int replace_leaf_grad(nb_tensor *leaf, nb_tensor *g) {
+    pthread_mutex_lock(&grad_mu);
+    nb_tensor *old = leaf->grad;
+    if (old) nbi_ref(old);
+    pthread_mutex_unlock(&grad_mu);
+    nb_tensor *sum = old ? nb_add(old, g) : nbi_grad_copy("nb_backward", g);
+    nbi_unref(old);
+    if (!sum) return -1;
+    nbi_unscoped(sum);
+    pthread_mutex_lock(&grad_mu);
+    old = leaf->grad;
+    leaf->grad = sum;
+    pthread_mutex_unlock(&grad_mu);
+    if (old) {
+        atomic_store_explicit(&old->freed, NBI_FREED_CLEARED, memory_order_relaxed);
+        nbi_unref(old);
+    }
+    return 0;
+}
+
 static int accumulate_leaf(nb_tensor *leaf, nb_tensor *g) {
+    if (g->requires_grad || (leaf->grad && leaf->grad->requires_grad))
+        return replace_leaf_grad(leaf, g);
     pthread_mutex_lock(&grad_mu);
     bool has = leaf->grad != NULL;
     if (has) {
@@ -413,6 +457,7 @@ static int accumulate_leaf(nb_tensor *leaf, nb_tensor *g) {
             return -1;
         nbi_copy_strided(copy, g->strides, g);
     }
+    copy->from_backward = true;
     nbi_unscoped(copy);
     pthread_mutex_lock(&grad_mu);
     if (!leaf->grad) { /* another walk may have made it meanwhile */
@@ -541,87 +586,263 @@ static int run_grad_hook(nb_tensor *leaf) {
     return -1;
 }
 
-/* Runs every node's rule, from the root down (the walk is ordered). */
-static int walk_graph(walk *w, nb_tensor *root, nb_tensor *seed, bool retain_graph) {
+/* nb_autograd_grad: marks the tensors on a path to a wanted one (the
+ * order has inputs first), so that rules leading elsewhere never run. */
+static int mark_reach(walk *w) {
+    for (size_t k = 0; k < w->order.n; k++) {
+        nb_tensor *t = w->order.v[k];
+        bool r = false;
+        for (int i = 0; i < w->n_want && !r; i++) r = w->want[i] == t;
+        for (int i = 0; t->grad_fn && !r && i < t->grad_fn->nin; i++) {
+            nb_tensor *in = t->grad_fn->in[i];
+            bool added;
+            if (!in->requires_grad) continue;
+            leaf_slot *s = leaf_slot_of(&w->reach, in, &added);
+            if (!s) return (nbi_error("nb_autograd_grad: out of memory ordering the graph"), -1);
+            r = s->g != NULL;
+        }
+        bool added;
+        leaf_slot *s = r ? leaf_slot_of(&w->reach, t, &added) : NULL;
+        if (r && !s) return (nbi_error("nb_autograd_grad: out of memory ordering the graph"), -1);
+        if (s) s->g = t; /* any non-NULL mark */
+    }
+    return 0;
+}
+
+static bool reaches(walk *w, nb_tensor *t) {
+    bool added;
+    leaf_slot *s = leaf_slot_of(&w->reach, t, &added);
+    return s && s->g;
+}
+
+/* nb_autograd_grad: the whole gradient flowing into t, for each place t
+ * is wanted. */
+static void capture(walk *w, nb_tensor *t, nb_tensor *g) {
+    for (int i = 0; i < w->n_want; i++) {
+        if (w->want[i] != t) continue;
+        nbi_ref(g);
+        w->got[i] = g;
+    }
+}
+
+/* Runs every node's rule, from the roots down (the walk is ordered). */
+static int walk_graph(walk *w) {
     bool was_disabled = nbi_grad_off;
-    nbi_grad_off = true; /* backward rules record nothing */
+    nbi_grad_off = !w->create_graph; /* plain rules record nothing */
     nbi_trusted++;       /* and may read tensors whose handles were freed */
-    nbi_ref(seed);
-    *incoming(w, root) = seed;
     int rc = 0;
     for (size_t k = w->order.n; k-- > 0 && rc == 0;) {
         nb_tensor *t = w->order.v[k];
         nb_tensor **in = incoming(w, t), *g = *in;
         if (!g) continue;
         *in = NULL;
-        rc = t->grad_fn ? run_node(w, t, g) : accumulate_leaf(t, g);
-        if (rc == 0 && !t->grad_fn && t->grad_hook) rc = run_grad_hook(t);
-        if (rc == 0 && t->grad_fn && !retain_graph) release_node(t->grad_fn);
+        if (w->want) {
+            capture(w, t, g);
+            if (t->grad_fn && reaches(w, t)) rc = run_node(w, t, g);
+        } else {
+            rc = t->grad_fn ? run_node(w, t, g) : accumulate_leaf(t, g);
+            if (rc == 0 && !t->grad_fn && t->grad_hook) rc = run_grad_hook(t);
+        }
+        if (rc == 0 && t->grad_fn && !w->retain) release_node(t->grad_fn);
         nbi_unref(g);
     }
     /* the rest (nodes no gradient reached); after a failure, the failing
      * node and those after it keep what they saved, for a look or a retry */
-    for (size_t k = 0; rc == 0 && !retain_graph && k < w->order.n; k++)
+    for (size_t k = 0; rc == 0 && !w->retain && k < w->order.n; k++)
         if (w->order.v[k]->grad_fn) release_node(w->order.v[k]->grad_fn);
     nbi_trusted--;
     nbi_grad_off = was_disabled;
     return rc;
 }
 
-/* The root is held for the walk: a callback that frees it (or the scope
+/* The roots are held for the walk: a callback that frees one (or the scope
  * holding the graph, which the callback rule refuses anyway) only drops the
- * user's handle, and the graph goes when the walk is done. */
-static int run_backward(nb_tensor *root, nb_tensor *seed, bool retain_graph) {
-    walk w = {.id = atomic_fetch_add(&next_walk_id, 1), .outer = walks_here};
-    nbi_ref(root);
-    walks_here = &w;
-    int rc = -1;
-    if (topo_order(&w, root) == 0 && check_not_released(&w.order) == 0)
-        rc = walk_graph(&w, root, seed, retain_graph);
-    end_walk(&w);
-    walks_here = w.outer;
-    nbi_unref(root);
+ * user's handle, and the graph goes when the walk is done. seeds[k] is
+ * root k's gradient. */
+static int run_backward(walk *w, int n, nb_tensor *const *roots, nb_tensor *const *seeds) {
+    w->id = atomic_fetch_add(&next_walk_id, 1);
+    w->outer = walks_here;
+    for (int k = 0; k < n; k++) nbi_ref(roots[k]);
+    walks_here = w;
+    int rc = 0;
+    for (int k = 0; rc == 0 && k < n; k++) rc = topo_order(w, roots[k]);
+    if (rc == 0) rc = check_not_released(&w->order);
+    if (rc == 0 && w->want) rc = mark_reach(w);
+    bool was_disabled = nbi_grad_off;
+    nbi_grad_off = !w->create_graph; /* several seeds of one root add up, recorded or not */
+    for (int k = 0; rc == 0 && k < n; k++) rc = accumulate(incoming(w, roots[k]), seeds[k]);
+    nbi_grad_off = was_disabled;
+    if (rc == 0) rc = walk_graph(w);
+    end_walk(w);
+    walks_here = w->outer;
+    for (int k = 0; k < n; k++) nbi_unref(roots[k]);
     return rc;
 }
 
 static int check_root(const char *fn, nb_tensor *t) {
     if (!nbi_arg(fn, t, 0)) return -1;
-    if (!t->requires_grad)
-        return (nbi_error("%s: the tensor does not require grad and has no graph (did an input "
-                          "get nb_set_requires_grad, with grad mode on?)", fn), -1);
-    return 0;
+    if (t->requires_grad) return 0;
+    if (t->from_backward)
+        return (nbi_error("%s: the tensor is a gradient made by a backward without "
+                          "create_graph, so it has no graph and cannot be differentiated; to "
+                          "differentiate a gradient again, make it with create_graph: "
+                          "nb_backward_with_opts(loss, NULL, &(nb_backward_opts){.create_graph "
+                          "= true}) or nb_autograd_grad with the same option", fn), -1);
+    return (nbi_error("%s: the tensor does not require grad and has no graph: no input it was "
+                      "made from requires grad (nb_set_requires_grad on a leaf, with grad mode "
+                      "on), or it was made from a gradient of a backward without create_graph "
+                      "(gradients are recorded only with nb_backward_opts.create_graph)", fn),
+            -1);
 }
 
-static int backward_from(const char *fn, nb_tensor *out, nb_tensor *grad, bool retain_graph) {
-    if (check_root(fn, out) != 0) return -1;
+/* The gradient of out (NULL: a one-element out gets 1), checked. */
+static nb_tensor *seed_for(const char *fn, nb_tensor *out, nb_tensor *grad, int k) {
     if (!grad) {
         if (out->numel != 1)
-            return (nbi_error("%s: the loss must have one element, got shape %s; use "
-                              "nb_backward_with_grad for other outputs", fn, NBI_SHAPE(out)), -1);
+            return nbi_error("%s: output %d must have one element to get the gradient 1 by "
+                             "default, got shape %s; pass its gradient", fn, k, NBI_SHAPE(out));
         nb_tensor *seed = nbi_new(fn, out->dtype, out->ndim, out->shape, false);
-        if (!seed) return -1;
+        if (!seed) return NULL;
         nbi_set_flat(seed, 0, 1.0);
-        nbi_unscoped(seed);
-        int rc = run_backward(out, seed, retain_graph);
-        nbi_unref(seed);
-        return rc;
+        return seed;
     }
-    if (!nbi_arg(fn, grad, 1)) return -1;
+    if (!nbi_arg(fn, grad, k)) return NULL;
     if (!nbi_same_shape(out, grad) || out->dtype != grad->dtype)
-        return (nbi_error("%s: grad of shape %s %s does not match the output's %s %s", fn,
-                          NBI_SHAPE(grad), nb_dtype_name(grad->dtype), NBI_SHAPE(out),
-                          nb_dtype_name(out->dtype)), -1);
-    if (!nbi_anomaly_seed(fn, grad)) return -1;
-    return run_backward(out, grad, retain_graph);
+        return nbi_error("%s: grad of shape %s %s does not match the output's %s %s", fn,
+                         NBI_SHAPE(grad), nb_dtype_name(grad->dtype), NBI_SHAPE(out),
+                         nb_dtype_name(out->dtype));
+    if (!nbi_anomaly_seed(fn, grad)) return NULL;
+    return grad;
 }
 
-int nb_backward(nb_tensor *loss) { return backward_from("nb_backward", loss, NULL, false); }
+static int backward_from(const char *fn, nb_tensor *out, nb_tensor *grad,
+                         const nb_backward_opts *o) {
+    if (check_root(fn, out) != 0) return -1;
+    if (!grad && out->numel != 1)
+        return (nbi_error("%s: the loss must have one element, got shape %s; use "
+                          "nb_backward_with_grad for other outputs", fn, NBI_SHAPE(out)), -1);
+    nb_scope_begin();
+    nb_tensor *seed = seed_for(fn, out, grad, 1);
+    walk w = {.create_graph = o && o->create_graph,
+              .retain = o && (o->retain_graph || o->create_graph)};
+    int rc = seed ? run_backward(&w, 1, &out, &seed) : -1;
+    nb_scope_end();
+    return rc;
+}
+
+int nb_backward(nb_tensor *loss) { return backward_from("nb_backward", loss, NULL, NULL); }
 
 int nb_backward_with_grad(nb_tensor *out, nb_tensor *grad) {
     if (!grad) return (nbi_arg("nb_backward_with_grad", grad, 1), -1);
-    return backward_from("nb_backward_with_grad", out, grad, false);
+    return backward_from("nb_backward_with_grad", out, grad, NULL);
 }
 
 int nb_backward_with_opts(nb_tensor *out, nb_tensor *grad, const nb_backward_opts *opts) {
-    return backward_from("nb_backward_with_opts", out, grad, opts && opts->retain_graph);
+    return backward_from("nb_backward_with_opts", out, grad, opts);
+}
+
+/* ------------------------------------------------------ nb_autograd_grad */
+static int grad_args(const char *fn, nb_tensor *const *outputs, int n_outputs,
+                     nb_tensor *const *inputs, int n_inputs, nb_tensor **grads) {
+    if (!grads) return (nbi_error("%s: grads is NULL", fn), -1);
+    for (int i = 0; i < n_inputs; i++) grads[i] = NULL;
+    if (n_outputs < 1 || !outputs || n_inputs < 1 || !inputs)
+        return (nbi_error("%s: needs at least one output and one input (n_outputs %d, n_inputs "
+                          "%d)", fn, n_outputs, n_inputs), -1);
+    for (int k = 0; k < n_outputs; k++) {
+        if (!nbi_arg(fn, outputs[k], k)) return -1;
+        if (!outputs[k]->requires_grad)
+            return (nbi_error("%s: output %d does not require grad and has no graph%s", fn, k,
+                              outputs[k]->from_backward
+                                  ? " (it is a gradient made without create_graph)" : ""), -1);
+    }
+    for (int i = 0; i < n_inputs; i++) {
+        if (!inputs[i])
+            return (nbi_error("%s: inputs[%d] is NULL", fn, i), -1);
+        if (inputs[i]->freed)
+            return (nbi_error("%s: inputs[%d] was freed (%s)", fn, i,
+                              nbi_freed_how(inputs[i])), -1);
+        if (!inputs[i]->requires_grad)
+            return (nbi_error("%s: inputs[%d] (shape %s) does not require grad, so no gradient "
+                              "flows to it", fn, i, NBI_SHAPE(inputs[i])), -1);
+    }
+    return 0;
+}
+
+int nb_autograd_grad(nb_tensor *const *outputs, int n_outputs, nb_tensor *const *grad_outputs,
+                     nb_tensor *const *inputs, int n_inputs, const nb_backward_opts *opts,
+                     nb_tensor **grads) {
+    const char *fn = "nb_autograd_grad";
+    if (grad_args(fn, outputs, n_outputs, inputs, n_inputs, grads) != 0) return -1;
+    nb_tensor **got = calloc((size_t)n_inputs, sizeof *got);
+    nb_tensor **seeds = calloc((size_t)n_outputs, sizeof *seeds);
+    if (!got || !seeds) {
+        free(got);
+        free(seeds);
+        return (nbi_error("%s: out of memory", fn), -1);
+    }
+    nb_scope_begin();
+    int rc = 0;
+    for (int k = 0; rc == 0 && k < n_outputs; k++)
+        if (!(seeds[k] = seed_for(fn, outputs[k], grad_outputs ? grad_outputs[k] : NULL, k)))
+            rc = -1;
+    walk w = {.create_graph = opts && opts->create_graph,
+              .retain = opts && (opts->retain_graph || opts->create_graph),
+              .n_want = n_inputs, .want = inputs, .got = got};
+    if (rc == 0) rc = run_backward(&w, n_outputs, outputs, seeds);
+    nb_scope_end();
+    /* the caller's handles: copies (recorded under create_graph) */
+    bool was_disabled = nbi_grad_off;
+    nbi_grad_off = !w.create_graph;
+    for (int i = 0; rc == 0 && i < n_inputs; i++) {
+        if (!got[i]) continue;
+        if (!(grads[i] = nbi_grad_copy(fn, got[i]))) rc = -1;
+        else if (!grads[i]->requires_grad) grads[i]->from_backward = true;
+    }
+    nbi_grad_off = was_disabled;
+    for (int i = 0; i < n_inputs; i++) {
+        nbi_unref(got[i]);
+        if (rc != 0) grads[i] = nbi_discard(grads[i]);
+    }
+    free(got);
+    free(seeds);
+    return rc;
+}
+
+/* ------------------------------------------------- helpers of the rules */
+int nbi_no_double_backward(const nbi_node *n) {
+    nbi_error("nb_backward: %s has no double backward: its gradient cannot be recorded "
+              "(create_graph) to be differentiated again", n->op);
+    return -1;
+}
+
+static int grad_copy_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    (void)n;
+    gin[0] = g;
+    return 0;
+}
+
+static nb_tensor *grad_copy_jvp(nbi_node *n, nb_tensor *const *tin) {
+    (void)n;
+    return tin[0] ? nbi_grad_copy("nb_jvp", tin[0]) : NULL;
+}
+
+nb_tensor *nbi_recorded_alias(nb_tensor *t) {
+    nb_tensor *v = nbi_make_view(t, t->ndim, t->shape, t->strides, t->offset);
+    if (!v || !nbi_needs_grad(1, &t)) return v;
+    nbi_node *n = nbi_record_unchecked(v, "identity", grad_copy_backward, 1, &t);
+    if (!n) return nbi_discard(v);
+    n->jvp = grad_copy_jvp;
+    return v;
+}
+
+nb_tensor *nbi_grad_copy(const char *fn, nb_tensor *g) {
+    nb_tensor *c = nbi_new(fn, g->dtype, g->ndim, g->shape, false);
+    if (!c) return NULL;
+    nbi_copy_strided(c, g->strides, g);
+    if (!nbi_needs_grad(1, &g)) return c;
+    nbi_node *n = nbi_record_unchecked(c, "identity", grad_copy_backward, 1, &g);
+    if (!n) return nbi_discard(c);
+    n->jvp = grad_copy_jvp;
+    return c;
 }

@@ -20,6 +20,8 @@ typedef struct {
     int64_t shape[NB_MAX_DIMS];
 } out_meta;
 
+enum { SAVED_OTHER = -1, SAVED_OUTPUT = -2 };
+
 struct nb_function_ctx {
     nb_function f; /* a copy: the caller's struct may live on its stack */
     char *name;    /* a copy too, for messages while the node lives */
@@ -27,6 +29,13 @@ struct nb_function_ctx {
     int nin;
     bool *needs;         /* needs_input_grad, per input */
     nb_tensor **saved;   /* handles of their own (views with no history), held */
+    int *saved_src;      /* what each saved tensor is: input i (>= 0), the output
+                          * (SAVED_OUTPUT) or something else (SAVED_OTHER) */
+    const nb_tensor **saved_obj; /* in forward: the tensor saved (compared, never read) */
+    nb_tensor **fwd_in;  /* in forward: the inputs, to recognise them when saved */
+    nbi_node *node;      /* single output: the node, once recorded */
+    bool create_graph;   /* in backward: the gradients are being recorded */
+    nbi_callback *cb;    /* in backward: its callback frame (raw reads are noted there) */
     uint32_t *saved_ver; /* storage versions when saved */
     int nsaved, capsaved;
     bool in_forward, released;
@@ -50,6 +59,8 @@ static void ctx_free(nb_function_ctx *c) {
     free(c->name);
     free(c->needs);
     free(c->saved);
+    free(c->saved_src);
+    free(c->saved_obj);
     free(c->saved_ver);
     free(c->nondiff);
     free(c->outs);
@@ -90,12 +101,18 @@ int nb_function_save(nb_function_ctx *c, nb_tensor *t) {
     if (!c->in_forward)
         return (nbi_error("%s: tensors can be saved only in forward", fn), -1);
     if (!nbi_arg(fn, t, 0)) return -1;
-    int cap = c->capsaved;
+    int cap = c->capsaved, cap2 = c->capsaved, cap3 = c->capsaved;
     if (!grow((void **)&c->saved, &cap, c->nsaved + 1, sizeof *c->saved) ||
+        !grow((void **)&c->saved_src, &cap2, c->nsaved + 1, sizeof *c->saved_src) ||
+        !grow((void **)&c->saved_obj, &cap3, c->nsaved + 1, sizeof *c->saved_obj) ||
         !grow((void **)&c->saved_ver, &c->capsaved, c->nsaved + 1, sizeof *c->saved_ver))
         return (nbi_error("%s: out of memory", fn), -1);
     nb_tensor *h = nbi_make_view(t, t->ndim, t->shape, t->strides, t->offset);
     if (!h) return -1;
+    c->saved_src[c->nsaved] = SAVED_OTHER;
+    for (int i = 0; c->fwd_in && i < c->nin; i++)
+        if (c->fwd_in[i] == t) c->saved_src[c->nsaved] = i;
+    c->saved_obj[c->nsaved] = t; /* the output is known when forward returns: saved_output */
     c->saved[c->nsaved] = nbi_unscoped(h); /* the ctx holds its one reference */
     c->saved_ver[c->nsaved++] = t->storage->version;
     return 0;
@@ -109,7 +126,23 @@ nb_tensor *nb_function_saved(nb_function_ctx *c, int i) {
     if (i < 0 || i >= c->nsaved)
         return nbi_error("nb_function_saved: %s: index %d is out of range (%d saved)", c->name,
                          i, c->nsaved);
+    if (!c->create_graph) return c->saved[i];
+    /* the gradients are being recorded: an input or the output comes with
+     * its history; anything else made in forward has none, and what the
+     * backward computes from it could not be differentiated again */
+    if (c->saved_src[i] >= 0) return nbi_recorded_alias(c->node->in[c->saved_src[i]]);
+    if (c->saved_src[i] == SAVED_OUTPUT) return nbi_recorded_alias(c->node->out);
+    if (nbi_is_diff(c->saved[i]->dtype)) c->cb->raw_read = true;
     return c->saved[i];
+}
+
+/* After forward: which saved tensor is the output it returned. */
+static void saved_output(nb_function_ctx *c, const nb_tensor *returned) {
+    for (int k = 0; k < c->nsaved; k++) {
+        if (c->saved_src[k] == SAVED_OTHER && c->saved_obj[k] == returned)
+            c->saved_src[k] = SAVED_OUTPUT;
+        c->saved_obj[k] = NULL;
+    }
 }
 
 bool nb_function_needs_input_grad(nb_function_ctx *c, int i) {
@@ -154,14 +187,84 @@ static const char *reported(uint64_t serial) {
     return nbi_error_serial() != serial ? nb_last_error() : NULL;
 }
 
+/* ------------------------------------------------- once differentiable */
+/* A backward that read raw values of a tensor that requires grad (nb_data,
+ * nb_item, nb_copy_to_f64, or a tensor it saved in forward that is neither
+ * an input nor the output) under create_graph gives gradients that are
+ * right but not differentiable: each is handed on through a node whose
+ * backward and tangent rule are errors naming the function, as PyTorch's
+ * once_differentiable, so a second derivative through it fails instead of
+ * silently missing terms. */
+static int refuse_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    (void)g;
+    (void)gin;
+    nbi_error("nb_backward: the gradient made by the backward of %s cannot be differentiated "
+              "again: that backward computes on raw values (nb_data, nb_item or "
+              "nb_copy_to_f64 of a tensor that requires grad, or a tensor saved in forward that "
+              "is neither an input nor the output), as PyTorch's once_differentiable; write it "
+              "with nabla ops on its inputs, output and grad_output to differentiate it twice",
+              (const char *)n->fn_ctx);
+    return -1;
+}
+
+static nb_tensor *refuse_jvp(nbi_node *n, nb_tensor *const *tin) {
+    (void)tin;
+    return nbi_error("nb_jvp: the gradient made by the backward of %s has no tangent: that "
+                     "backward computes on raw values (once differentiable)",
+                     (const char *)n->fn_ctx);
+}
+
+static void free_name(nbi_node *n, bool all) {
+    if (!all) return;
+    free(n->fn_ctx);
+    n->fn_ctx = NULL;
+}
+
+static int once_differentiable(nb_function_ctx *c, nbi_node *n, nb_tensor **gouts,
+                               nb_tensor **gin) {
+    int nout = c->nout ? c->nout : 1;
+    for (int i = 0; i < n->nin; i++) {
+        nb_tensor *g = gin[i];
+        if (!g) continue;
+        /* its inputs: the gradient, the function's inputs and output gradients */
+        int k = 0;
+        nb_tensor **from = malloc((size_t)(1 + n->nin + nout) * sizeof *from);
+        if (!from) return (nbi_error("nb_backward: out of memory"), -1);
+        from[k++] = g;
+        for (int j = 0; j < n->nin; j++) from[k++] = n->in[j];
+        for (int j = 0; j < nout; j++)
+            if (gouts[j]) from[k++] = gouts[j];
+        nb_tensor *v = nbi_make_view(g, g->ndim, g->shape, g->strides, g->offset);
+        nbi_node *r = v ? nbi_record_unchecked(v, c->name, refuse_backward, k, from) : NULL;
+        free(from);
+        char *name = r ? malloc(strlen(c->name) + 1) : NULL;
+        if (!name) {
+            nbi_discard(v);
+            return (nbi_error("nb_backward: out of memory"), -1);
+        }
+        strcpy(name, c->name);
+        r->fn_ctx = name;
+        r->fn_release = free_name;
+        r->jvp = refuse_jvp;
+        gin[i] = v;
+    }
+    return 0;
+}
+
 /* Runs the user's backward (untrusted: freed handles are errors there) and
  * checks what it returned against the inputs. */
 static int call_backward(nb_function_ctx *c, nbi_node *n, nb_tensor **gouts, nb_tensor **gin) {
     uint64_t serial = nbi_error_serial();
     nbi_callback cb = {.who_fmt = "%s's backward", .who_s = c->name};
-    nbi_callback_enter(&cb, "nb_backward", true);
+    bool cg = nbi_create_graph(); /* grad mode stays on, as PyTorch's create_graph */
+    nbi_callback_enter(&cb, "nb_backward", !cg);
+    cb.watch_raw = cg;
+    c->create_graph = cg;
+    c->cb = &cb;
     int rc = c->nout ? c->f.backward_multi(c, gouts, c->nout, gin, c->user)
                      : c->f.backward(c, gouts[0], gin, c->user);
+    c->create_graph = false;
+    c->cb = NULL;
     if (nbi_callback_leave(&cb) != 0) {
         for (int i = 0; i < n->nin; i++) gin[i] = NULL; /* they may be gone with its scopes */
         return -1;
@@ -189,7 +292,7 @@ static int call_backward(nb_function_ctx *c, nbi_node *n, nb_tensor **gouts, nb_
                               nb_dtype_name(g->dtype), i, NBI_SHAPE(in),
                               nb_dtype_name(in->dtype)), -1);
     }
-    return 0;
+    return cg && cb.raw_read ? once_differentiable(c, n, gouts, gin) : 0;
 }
 
 /* A live handle on an engine tensor, in the node's scope: the engine's own
@@ -201,7 +304,7 @@ static nb_tensor *handle_on(nb_tensor *g) {
 static int single_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     nb_function_ctx *c = n->fn_ctx;
     if (!saved_intact(c)) return -1;
-    nb_tensor *go = handle_on(g);
+    nb_tensor *go = nbi_create_graph() ? nbi_recorded_alias(g) : handle_on(g);
     return go ? call_backward(c, n, &go, gin) : -1;
 }
 
@@ -214,7 +317,8 @@ static int multi_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     int rc = gouts ? 0 : (nbi_error("nb_backward: out of memory"), -1);
     for (int k = 0; rc == 0 && k < c->nout; k++) {
         const out_meta *o = &c->outs[k];
-        if (c->gout[k]) gouts[k] = handle_on(c->gout[k]);
+        if (c->gout[k])
+            gouts[k] = nbi_create_graph() ? nbi_recorded_alias(c->gout[k]) : handle_on(c->gout[k]);
         else if (nbi_is_diff(o->dtype))
             gouts[k] = nbi_new(c->name, o->dtype, o->ndim, o->shape, true);
         else continue;
@@ -239,6 +343,38 @@ static int output_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     nb_tensor *h = n->in[0];
     gin[0] = nbi_new(c->name, h->dtype, h->ndim, h->shape, false);
     return gin[0] ? 0 : -1;
+}
+
+/* ------------------------------------------------------------ forward mode */
+/* The node's tangent rule: the user's jvp, under the callback rule. */
+static nb_tensor *fn_jvp(nbi_node *n, nb_tensor *const *tin) {
+    nb_function_ctx *c = n->fn_ctx;
+    uint64_t serial = nbi_error_serial();
+    nb_tensor **t = calloc((size_t)n->nin + 1, sizeof *t);
+    if (!t) return nbi_error("nb_jvp: out of memory");
+    for (int i = 0; i < n->nin; i++)
+        if (tin[i] && !(t[i] = handle_on(tin[i]))) {
+            free(t);
+            return NULL;
+        }
+    nbi_callback cb = {.who_fmt = "%s's jvp", .who_s = c->name};
+    nbi_callback_enter(&cb, "nb_jvp", true);
+    nb_tensor *r = c->f.jvp(c, t, n->nin, c->user);
+    int fenced = nbi_callback_leave(&cb);
+    free(t);
+    if (fenced != 0) return NULL;
+    if (!r) {
+        const char *why = reported(serial);
+        if (why) return nbi_error("nb_jvp: the jvp of %s failed: %s", c->name, why);
+        return nbi_error("nb_jvp: the jvp of %s returned NULL without reporting an error "
+                         "(nb_report_error)", c->name);
+    }
+    if (r->freed) return nbi_error("nb_jvp: the jvp of %s returned a freed tensor", c->name);
+    if (!nbi_same_shape(r, n->out) || r->dtype != n->out->dtype)
+        return nbi_error("nb_jvp: the jvp of %s returned a tangent of shape %s %s for an output "
+                         "of shape %s %s", c->name, NBI_SHAPE(r), nb_dtype_name(r->dtype),
+                         NBI_SHAPE(n->out), nb_dtype_name(n->out->dtype));
+    return r;
 }
 
 /* ------------------------------------------------------------------- apply */
@@ -322,10 +458,12 @@ static int run_forward(nb_function_ctx *c, nb_tensor **inputs, int n, nb_tensor 
     nbi_callback_enter(&cb, "nb_function_apply", true);
     nbi_grad_off = true;
     c->in_forward = true;
+    c->fwd_in = inputs;
     int rc = 0;
     if (c->nout) rc = c->f.forward_multi(c, inputs, n, ret, c->nout, c->user);
     else rc = (ret[0] = c->f.forward(c, inputs, n, c->user)) ? 0 : -1;
     c->in_forward = false;
+    c->fwd_in = NULL;
     int fenced = nbi_callback_leave(&cb);
     for (int i = 0; fenced == 0 && i < n; i++)
         if (inputs[i]->freed)
@@ -376,6 +514,7 @@ nb_tensor *nb_function_apply(const nb_function *f, nb_tensor **inputs, int n, vo
         ctx_free(c);
         return NULL;
     }
+    saved_output(c, out);
     if (!differentiable(c, out, y)) {
         ctx_free(c); /* no node: nothing will read the ctx again */
         return y;
@@ -387,6 +526,8 @@ nb_tensor *nb_function_apply(const nb_function *f, nb_tensor **inputs, int n, vo
     }
     node->fn_ctx = c;
     node->fn_release = node_release;
+    if (c->f.jvp) node->jvp = fn_jvp;
+    c->node = node;
     return y;
 }
 

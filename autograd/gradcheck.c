@@ -10,7 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *FN = "nb_gradcheck";
+/* The public function running (nb_gradcheck, or nb_gradgradcheck around
+ * it), for messages; set on entry, put back on return (checks may nest). */
+static _Thread_local const char *FN = "nb_gradcheck";
 
 /* What a check needs throughout. */
 typedef struct {
@@ -21,6 +23,10 @@ typedef struct {
     int64_t m; /* output elements */
     nb_gradcheck_opts o;
     nb_gradcheck_result *r;
+    const char *order; /* "first-order", "second-order": what the backward checks */
+    nb_tensor **want;  /* the inputs that require grad, */
+    int *want_at;      /* and where each sits in in[] (-1: none) */
+    int n_want;
     /* inputs that did not require grad at the start (fn may flip the flag):
      * their .grad and its version then */
     bool *no_grad;
@@ -142,19 +148,65 @@ static int check_no_grad_inputs(const check *c) {
     return 0;
 }
 
-/* Detaches the inputs' fresh gradients, for the next backward. */
-static void drop_grads(const check *c) {
-    for (int i = 0; i < c->n; i++) {
-        if (c->no_grad[i]) continue;
-        nbi_unref(c->in[i]->grad);
-        c->in[i]->grad = NULL;
+/* The same values as g in another layout: dims reversed (a transposed
+ * upstream gradient), or every other element of a buffer twice as long for
+ * one dim; the rule must read either as it reads g. */
+static nb_tensor *relaid(nb_tensor *g) {
+    if (g->ndim >= 2) {
+        int perm[NB_MAX_DIMS];
+        int64_t shape[NB_MAX_DIMS];
+        for (int d = 0; d < g->ndim; d++) perm[d] = g->ndim - 1 - d, shape[d] = g->shape[perm[d]];
+        nb_tensor *t = nb_zeros(NB_F64, g->ndim, shape);
+        nb_tensor *v = t ? nb_permute(t, g->ndim, perm) : NULL;
+        if (v) nbi_copy_strided(v, g->strides, g);
+        return v;
     }
+    if (g->ndim == 1 && g->numel > 1) {
+        nb_tensor *t = nb_zeros(NB_F64, 1, (const int64_t[]){2 * g->numel});
+        nb_tensor *v = t ? nbi_make_view(t, 1, g->shape, (const int64_t[]){2}, 0) : NULL;
+        if (v) nbi_copy_strided(v, g->strides, g);
+        return v;
+    }
+    return g;
+}
+
+/* d(y)/d(wanted inputs) . g into G[i] at stride `stride` (zeros where none
+ * flows); no .grad is touched. */
+static int vjp(const check *c, nb_tensor *y, nb_tensor *g, bool retain, double **G,
+               int64_t stride, bool compare) {
+    nb_tensor *gr_inline[8], **gr = c->n_want <= 8 ? gr_inline : calloc((size_t)c->n_want, sizeof *gr);
+    if (!gr) return (nbi_error("%s: out of memory", FN), -1);
+    nb_backward_opts o = {.retain_graph = retain};
+    int rc = nb_autograd_grad(&y, 1, &g, c->want, c->n_want, &o, gr);
+    for (int w = 0; rc == 0 && w < c->n_want; w++) {
+        int i = c->want_at[w];
+        nb_tensor *t = c->in[i];
+        for (int64_t e = 0; rc == 0 && e < t->numel; e++) {
+            double v = gr[w] ? nbi_get_flat(gr[w], e) : 0.0;
+            if (!compare) {
+                G[i][e * stride] = v;
+                continue;
+            }
+            double first = G[i][e * stride];
+            if (fabs(v - first) <= c->o.nondet_tol || (v != v && first != first)) continue;
+            nbi_error("%s: %s: backward is not deterministic: two backward passes from the same "
+                      "output gradient (laid out contiguously, then %s) gave %.17g, then %.17g "
+                      "for input %d element %lld (nondet_tol %g)", FN, c->order,
+                      g->ndim >= 2 ? "transposed" : "strided", first, v, i, (long long)e,
+                      c->o.nondet_tol);
+            rc = -1;
+        }
+    }
+    for (int w = 0; rc == 0 && w < c->n_want; w++) nb_free(gr[w]);
+    if (gr != gr_inline) free(gr);
+    return rc;
 }
 
 /* Backward from fn's output with gradient seed (filled by make_seed on a
  * zeroed tensor of the output's shape), twice: the gradient of input i goes
  * to G[i] at stride `stride` (NULL rows for inputs that do not require grad,
- * zeros where there is no gradient), and the second pass must agree. */
+ * zeros where there is no gradient), and the second pass, from the same
+ * values in another layout, must agree. */
 typedef void (*seed_fn)(nb_tensor *g, void *arg);
 static int backward_twice(const check *c, seed_fn make_seed, void *arg, double **G,
                           int64_t stride) {
@@ -168,35 +220,12 @@ static int backward_twice(const check *c, seed_fn make_seed, void *arg, double *
         rc = 0;
     } else if (g) {
         make_seed(g, arg);
-        rc = 0;
-        for (int pass = 0; rc == 0 && pass < 2; pass++) {
-            nb_backward_opts keep = {.retain_graph = pass == 0};
-            rc = nb_backward_with_opts(y, g, &keep);
-            if (rc == 0) rc = check_no_grad_inputs(c);
-            for (int i = 0; rc == 0 && i < c->n; i++) {
-                if (!G[i]) continue;
-                nb_tensor *gr = c->in[i]->grad;
-                for (int64_t e = 0; rc == 0 && e < c->in[i]->numel; e++) {
-                    double v = gr ? nbi_get_flat(gr, e) : 0.0;
-                    if (pass == 0) {
-                        G[i][e * stride] = v;
-                        continue;
-                    }
-                    double first = G[i][e * stride];
-                    if (fabs(v - first) <= c->o.nondet_tol || (v != v && first != first))
-                        continue;
-                    nbi_error("%s: backward is not deterministic: two backward passes from the "
-                              "same output gradient gave %.17g, then %.17g for input %d element "
-                              "%lld (nondet_tol %g)", FN, first, v, i, (long long)e,
-                              c->o.nondet_tol);
-                    rc = -1;
-                }
-            }
-            drop_grads(c);
-        }
+        rc = vjp(c, y, g, true, G, stride, false);
+        nb_tensor *g2 = rc == 0 ? relaid(g) : NULL;
+        if (rc == 0) rc = g2 ? vjp(c, y, g2, false, G, stride, true) : -1;
+        if (rc == 0) rc = check_no_grad_inputs(c);
     }
     nb_scope_end();
-    drop_grads(c);
     return rc;
 }
 
@@ -245,26 +274,129 @@ static void compare_one(nb_gradcheck_result *r, const nb_gradcheck_opts *o, entr
     r->checked++;
 }
 
-static void summarize(const check *c, const entry *first_bad, bool fast) {
-    nb_gradcheck_result *r = c->r;
-    char where[160], also[200] = "";
+/* "(1, 2) (flat 6)": element e of t, as a position and a flat index. */
+static const char *position(const nb_tensor *t, int64_t e, char *buf, size_t len) {
+    int64_t idx[NB_MAX_DIMS], rest = e;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        idx[d] = t->shape[d] ? rest % t->shape[d] : 0;
+        rest = t->shape[d] ? rest / t->shape[d] : 0;
+    }
+    size_t k = (size_t)snprintf(buf, len, "(");
+    for (int d = 0; d < t->ndim && k < len; d++)
+        k += (size_t)snprintf(buf + k, len - k, "%s%lld", d ? ", " : "", (long long)idx[d]);
+    if (k < len) snprintf(buf + k, len - k, ") (flat %lld)", (long long)e);
+    return buf;
+}
+
+static void summarize(const check *c, nb_gradcheck_result *r, const entry *first_bad, bool fast,
+                      const char *order) {
+    char where[200], also[260] = "", p1[96], p2[96];
     if (fast)
         snprintf(where, sizeof where, "input %d, projection v^T J u", r->input);
     else
-        snprintf(where, sizeof where, "input %d element %lld, output element %lld", r->input,
-                 (long long)r->index, (long long)r->output_index);
+        snprintf(where, sizeof where, "input %d at %s, output element %lld", r->input,
+                 position(c->in[r->input], r->index, p1, sizeof p1), (long long)r->output_index);
     bool same = first_bad->input == r->input && first_bad->index == r->index &&
                 first_bad->output_index == r->output_index;
     if (first_bad->any && !same && !fast)
-        snprintf(also, sizeof also, "; first outside tolerance: input %d element %lld, output "
-                 "element %lld: analytic %.10g vs numeric %.10g", first_bad->input,
-                 (long long)first_bad->index, (long long)first_bad->output_index,
-                 first_bad->analytic, first_bad->numeric);
+        snprintf(also, sizeof also, "; first outside tolerance: input %d at %s, output element "
+                 "%lld: analytic %.10g vs numeric %.10g", first_bad->input,
+                 position(c->in[first_bad->input], first_bad->index, p2, sizeof p2),
+                 (long long)first_bad->output_index, first_bad->analytic, first_bad->numeric);
     snprintf(r->message, sizeof r->message,
-             "%s: %s: %lld of %lld %s outside tolerance; worst: %s: analytic %.10g vs numeric "
-             "%.10g (|diff| %.3g)%s", FN, r->ok ? "ok" : "MISMATCH", (long long)r->mismatched,
-             (long long)r->checked, fast ? "projections" : "entries", where, r->analytic,
-             r->numeric, r->max_abs_err, also);
+             "%s: %s: %s: %lld of %lld %s outside tolerance; worst: %s: analytic %.10g vs "
+             "numeric %.10g (|diff| %.3g)%s", FN, order, r->ok ? "ok" : "MISMATCH",
+             (long long)r->mismatched, (long long)r->checked, fast ? "projections" : "entries",
+             where, r->analytic, r->numeric, r->max_abs_err, also);
+}
+
+/* One backward from an output gradient of ones read through stride 0
+ * everywhere (an expanded scalar, as nb_sum's backward hands on) must give
+ * the sum of the Jacobian's rows. */
+static int stride0_check(const check *c, double **A) {
+    int rc = -1;
+    nb_scope_begin();
+    nb_tensor *y = call(c);
+    if (y && !y->requires_grad) rc = 0;
+    else if (y) {
+        nb_tensor *one = nb_full(NB_F64, 0, NULL, 1.0);
+        nb_tensor *g = one ? nb_expand(one, y->ndim, y->shape) : NULL;
+        double **S = calloc((size_t)c->n, sizeof *S);
+        rc = g && S ? 0 : -1;
+        for (int i = 0; rc == 0 && i < c->n; i++)
+            if (A[i] && !(S[i] = malloc((size_t)c->in[i]->numel * sizeof **S + 1))) rc = -1;
+        if (rc == 0) rc = vjp(c, y, g, false, S, 1, false);
+        for (int i = 0; rc == 0 && i < c->n; i++) {
+            for (int64_t e = 0; A[i] && rc == 0 && e < c->in[i]->numel; e++) {
+                double want = 0;
+                for (int64_t j = 0; j < c->m; j++) want += A[i][e * c->m + j];
+                if (fabs(S[i][e] - want) <= c->o.atol + c->o.rtol * fabs(want) ||
+                    (want != want && S[i][e] != S[i][e]))
+                    continue;
+                char p[96];
+                nbi_error("%s: %s backward from an output gradient of ones read through stride "
+                          "0 gave %.10g for input %d at %s, where the Jacobian's rows sum to "
+                          "%.10g: a rule reads an expanded upstream gradient wrongly", FN,
+                          c->order, S[i][e], i, position(c->in[i], e, p, sizeof p), want);
+                rc = -1;
+            }
+        }
+        for (int i = 0; S && i < c->n; i++) free(S[i]);
+        free(S);
+    }
+    nb_scope_end();
+    return rc;
+}
+
+/* ---------------------------------------------------------- forward mode */
+/* J_i u as nb_jvp computes it, with u the tangent of input i (others zero):
+ * m values into out. */
+static int jvp_column(const check *c, int i, const double *u, double *out) {
+    int rc = -1;
+    nb_scope_begin();
+    nb_tensor **tan = calloc((size_t)c->n, sizeof *tan);
+    nb_tensor *t = tan ? nbi_new(FN, NB_F64, c->in[i]->ndim, c->in[i]->shape, false) : NULL;
+    if (t) {
+        for (int64_t e = 0; e < t->numel; e++) nbi_set_flat(t, e, u[e]);
+        tan[i] = t;
+        nb_tensor *y = NULL, *ty = NULL;
+        rc = nb_jvp(c->fn, c->ctx, c->n, c->in, tan, &y, &ty);
+        if (rc == 0 && ty->numel != c->m)
+            rc = (nbi_error("%s: output size changed between calls", FN), -1);
+        if (rc == 0) rc = nb_copy_to_f64(ty, out);
+    } else {
+        nbi_error("%s: out of memory", FN);
+    }
+    free(tan);
+    nb_scope_end();
+    return rc;
+}
+
+/* Forward mode against the numeric Jacobian N (full: column by column). */
+static int forward_full(const check *c, double **N) {
+    entry first_bad = {0};
+    nb_gradcheck_result r = {.ok = true, .input = -1, .index = -1, .output_index = -1};
+    nb_gradcheck_result *saved = c->r;
+    int rc = 0;
+    double *col = malloc((size_t)c->m * sizeof *col + 1);
+    for (int i = 0; rc == 0 && i < c->n; i++) {
+        if (!N[i]) continue;
+        double *u = calloc((size_t)c->in[i]->numel + 1, sizeof *u);
+        if (!u || !col) rc = (nbi_error("%s: out of memory", FN), -1);
+        for (int64_t e = 0; rc == 0 && e < c->in[i]->numel; e++) {
+            u[e] = 1;
+            rc = jvp_column(c, i, u, col);
+            u[e] = 0;
+            for (int64_t j = 0; rc == 0 && j < c->m; j++)
+                compare_one(&r, &c->o, &first_bad, i, e, j, col[j], N[i][e * c->m + j]);
+        }
+        free(u);
+    }
+    free(col);
+    if (rc != 0) return rc;
+    summarize(c, &r, &first_bad, false, "forward-mode");
+    if (!r.ok) *saved = r; /* the forward-mode mismatch is the result */
+    return 0;
 }
 
 static int full_check(const check *c) {
@@ -293,6 +425,7 @@ static int full_check(const check *c) {
         if (A[i]) rc = numeric(c, i, N[i]);
     nbi_grad_off = false;
     for (int64_t j = 0; rc == 0 && j < m; j++) rc = analytic_row(c, j, A, rows);
+    if (rc == 0) rc = stride0_check(c, A);
     nbi_grad_off = was_off;
     if (rc == 0) {
         entry first_bad = {0};
@@ -300,8 +433,9 @@ static int full_check(const check *c) {
         for (int i = 0; i < n; i++)
             for (int64_t k = 0; A[i] && k < c->in[i]->numel * m; k++)
                 compare_one(c->r, &c->o, &first_bad, i, k / m, k % m, A[i][k], N[i][k]);
-        summarize(c, &first_bad, false);
+        summarize(c, c->r, &first_bad, false, c->order);
     }
+    if (rc == 0 && c->r->ok && c->o.check_forward_ad) rc = forward_full(c, N);
     for (int i = 0; i < n; i++) {
         if (A) free(A[i]);
         if (N) free(N[i]);
@@ -371,8 +505,10 @@ static int fast_check(const check *c) {
         if (!u[i] || !G[i]) rc = -1;
     }
     if (rc != 0) nbi_error("%s: out of memory", FN);
-    entry first_bad = {0};
+    entry first_bad = {0}, fwd_bad = {0};
     c->r->ok = true;
+    nb_gradcheck_result fwd = {.ok = true, .input = -1, .index = -1, .output_index = -1};
+    double *fwd_col = NULL;
     bool was_off = nbi_grad_off;
     for (int p = 0; rc == 0 && p < probes; p++) {
         unit_vector(v, m, &rng);
@@ -387,10 +523,22 @@ static int fast_check(const check *c) {
             for (int64_t e = 0; e < c->in[i]->numel; e++) a += G[i][e] * u[i][e];
             rc = numeric_projection(c, i, u[i], v, &nu);
             if (rc == 0) compare_one(c->r, &c->o, &first_bad, i, -1, -1, a, nu);
+            if (rc != 0 || !c->o.check_forward_ad) continue;
+            double f = 0; /* v . (J_i u) in forward mode */
+            if (!fwd_col && !(fwd_col = malloc((size_t)m * sizeof *fwd_col + 1)))
+                rc = (nbi_error("%s: out of memory", FN), -1);
+            if (rc == 0) rc = jvp_column(c, i, u[i], fwd_col);
+            for (int64_t j = 0; rc == 0 && j < m; j++) f += v[j] * fwd_col[j];
+            if (rc == 0) compare_one(&fwd, &c->o, &fwd_bad, i, -1, -1, f, nu);
         }
     }
     nbi_grad_off = was_off;
-    if (rc == 0) summarize(c, &first_bad, true);
+    free(fwd_col);
+    if (rc == 0) summarize(c, c->r, &first_bad, true, c->order);
+    if (rc == 0 && c->r->ok && c->o.check_forward_ad) {
+        summarize(c, &fwd, &fwd_bad, true, "forward-mode");
+        if (!fwd.ok) *c->r = fwd;
+    }
     for (int i = 0; i < n; i++) {
         if (u) free(u[i]);
         if (G) free(G[i]);
@@ -432,11 +580,12 @@ static int restore(int n, nb_tensor **in, double **v) {
     return changed;
 }
 
-bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs, const nb_gradcheck_opts *opts,
-                  nb_gradcheck_result *out) {
+static bool gradcheck_as(const char *order, nb_fn fn, void *ctx, int n, nb_tensor **inputs,
+                         const nb_gradcheck_opts *opts, nb_gradcheck_result *out) {
     nb_gradcheck_result r = {.input = -1, .index = -1, .output_index = -1};
     nb_gradcheck_opts o = opts ? *opts : (nb_gradcheck_opts)NB_GRADCHECK_DEFAULTS;
-    check c = {.fn = fn, .ctx = ctx, .n = n, .in = inputs, .m = -1, .o = o, .r = &r};
+    check c = {.fn = fn, .ctx = ctx, .n = n, .in = inputs, .m = -1, .o = o, .r = &r,
+               .order = order};
     nb_tensor **saved_grad = NULL;
     int rc = -1;
     if (!fn || !inputs || n <= 0)
@@ -452,8 +601,13 @@ bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs, const nb_gradc
         c.grad_before = calloc((size_t)n, sizeof *c.grad_before);
         c.grad_version = calloc((size_t)n, sizeof *c.grad_version);
         c.no_grad = calloc((size_t)n, sizeof *c.no_grad);
-        if (!saved_grad || !c.grad_before || !c.grad_version || !c.no_grad)
+        c.want = calloc((size_t)n, sizeof *c.want);
+        c.want_at = calloc((size_t)n, sizeof *c.want_at);
+        if (!saved_grad || !c.grad_before || !c.grad_version || !c.no_grad || !c.want ||
+            !c.want_at)
             rc = (nbi_error("%s: out of memory", FN), -1);
+        for (int i = 0; rc == 0 && i < n; i++)
+            if (inputs[i]->requires_grad) c.want_at[c.n_want] = i, c.want[c.n_want++] = inputs[i];
     }
     double **before = NULL;
     if (rc == 0 && !(before = snapshot(n, inputs))) rc = (nbi_error("%s: out of memory", FN), -1);
@@ -498,6 +652,108 @@ bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs, const nb_gradc
     free(c.grad_before);
     free(c.grad_version);
     free(c.no_grad);
+    free(c.want);
+    free(c.want_at);
     if (out) *out = r;
     return rc == 0 && r.ok;
+}
+
+bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs, const nb_gradcheck_opts *opts,
+                  nb_gradcheck_result *out) {
+    const char *outer = FN;
+    FN = "nb_gradcheck";
+    bool ok = gradcheck_as("first-order", fn, ctx, n, inputs, opts, out);
+    FN = outer;
+    return ok;
+}
+
+/* ------------------------------------------------------ nb_gradgradcheck */
+/* The function gradgradcheck checks: (inputs, v) -> the vector-Jacobian
+ * product v^T d fn / d(inputs that require grad), made with create_graph so
+ * that its own backward is fn's double backward. */
+typedef struct {
+    nb_fn fn;
+    void *ctx;
+    int n; /* fn's inputs; v is input n */
+} gg_ctx;
+
+static nb_tensor *vjp_of(gg_ctx *g, nb_tensor **in, nb_tensor *v);
+
+/* Grad mode on even for the finite differences (which run with it off):
+ * the vjp is itself a backward. */
+static nb_tensor *vjp_fn(nb_tensor **in, int n1, void *vctx) {
+    bool was_off = nbi_grad_off;
+    nbi_grad_off = false;
+    nb_tensor *r = vjp_of(vctx, in, in[n1 - 1]);
+    nbi_grad_off = was_off;
+    return r;
+}
+
+static nb_tensor *vjp_of(gg_ctx *g, nb_tensor **in, nb_tensor *v) {
+    nb_tensor *y = g->fn(in, g->n, g->ctx);
+    if (!y) return NULL;
+    if (!nbi_same_shape(y, v) || y->dtype != v->dtype)
+        return nbi_error("%s: the function's output changed shape (%s, then %s)", FN,
+                         NBI_SHAPE(v), NBI_SHAPE(y));
+    nb_tensor *want[64], *got[64], *parts[64];
+    int k = 0;
+    for (int i = 0; i < g->n; i++)
+        if (in[i]->requires_grad) want[k++] = in[i];
+    nb_backward_opts o = {.create_graph = true};
+    if (y->requires_grad && nb_autograd_grad(&y, 1, &v, want, k, &o, got) != 0) return NULL;
+    for (int w = 0; w < k; w++) {
+        if (!y->requires_grad || !got[w]) /* no path: its gradient is zero */
+            got[w] = nb_zeros(NB_F64, want[w]->ndim, want[w]->shape);
+        if (!got[w] || !(parts[w] = nb_reshape(got[w], 1, (const int64_t[]){-1}))) return NULL;
+    }
+    return k == 1 ? parts[0] : nb_cat(parts, k, 0);
+}
+
+bool nb_gradgradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs,
+                      const nb_gradcheck_opts *opts, nb_gradcheck_result *out) {
+    const char *outer = FN;
+    FN = "nb_gradgradcheck";
+    nb_gradcheck_opts o = opts ? *opts : (nb_gradcheck_opts)NB_GRADCHECK_DEFAULTS;
+    nb_gradcheck_result r = {.input = -1, .index = -1, .output_index = -1};
+    bool ok = false;
+    nb_scope_begin();
+    nb_tensor **in1 = NULL;
+    if (!fn || !inputs || n <= 0 || n > 63) {
+        nbi_error("%s: needs a function and 1 to 63 inputs (n = %d)", FN, n);
+    } else if (check_inputs(n, inputs)) {
+        /* v: the output gradient, uniform in [-1, 1) from the seed */
+        nb_tensor *y = NULL;
+        check c = {.fn = fn, .ctx = ctx, .n = n, .in = inputs, .m = -1};
+        c.no_grad = calloc((size_t)n, sizeof *c.no_grad);
+        for (int i = 0; c.no_grad && i < n; i++) c.no_grad[i] = !inputs[i]->requires_grad;
+        bool was_off = nbi_grad_off;
+        nbi_grad_off = true;
+        if (c.no_grad) y = call(&c);
+        nbi_grad_off = was_off;
+        free(c.no_grad);
+        nb_tensor *v = y ? nb_zeros(NB_F64, y->ndim, y->shape) : NULL;
+        in1 = v ? malloc((size_t)(n + 1) * sizeof *in1) : NULL;
+        if (in1) {
+            nb_rng rng;
+            nb_rng_seed(&rng, o.seed);
+            uint64_t at = nbi_rng_take(&rng, (uint64_t)v->numel);
+            for (int64_t e = 0; e < v->numel; e++)
+                nbi_set_flat(v, e, 2 * nbi_rng_uniform(rng.seed, at + (uint64_t)e) - 1);
+            memcpy(in1, inputs, (size_t)n * sizeof *in1);
+            in1[n] = nb_set_requires_grad(v, true);
+            gg_ctx g = {fn, ctx, n};
+            ok = gradcheck_as("second-order", vjp_fn, &g, n + 1, in1, &o, &r);
+        } else if (y && v) {
+            nbi_error("%s: out of memory", FN);
+        }
+    }
+    if (!in1) {
+        const char *e = nb_last_error();
+        snprintf(r.message, sizeof r.message, "%s", e ? e : "nb_gradgradcheck: failed");
+    }
+    free(in1);
+    nb_scope_end();
+    FN = outer;
+    if (out) *out = r;
+    return ok;
 }

@@ -29,6 +29,13 @@
  *                        moves 2-byte elements); every other op refuses bf16
  *                        with a message naming it (test_registry.c checks
  *                        both, against the op in f32 on bf16-rounded inputs)
+ *           NB_OP_GRAD2  twice differentiable: under create_graph its backward
+ *                        is made of recorded ops (test_registry.c runs
+ *                        nb_gradgradcheck on the three layouts)
+ *           NB_OP_JVP    has a tangent rule (nbi_node.jvp) for forward mode
+ *                        (test_registry.c runs nb_gradcheck with
+ *                        check_forward_ad); every NB_OP_DIFF op must have
+ *                        both, and the suite says which lacks one
  *   call    the call the tests and the fuzzer's seeds make, on inputs x[0..]
  *           (x is nb_tensor **; op_rng() is the includer's seeded generator).
  *           It must stay valid when dim 0 of every input grows (the thread
@@ -42,6 +49,8 @@
 #define NB_OP_EXACT 2u
 #define NB_OP_CHEAP 4u
 #define NB_OP_BF16 8u
+#define NB_OP_GRAD2 16u
+#define NB_OP_JVP 32u
 
 /* ops/elementwise.c: one input and up to two scalars; kernel enum U_<name> */
 #define NB_OPS_ELEMENTWISE(X)                                                        \

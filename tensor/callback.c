@@ -44,6 +44,15 @@ void nbi_callback_enter(nbi_callback *cb, const char *fn, bool grad_stays_off) {
 
 nbi_callback *nbi_callback_current(void) { return top; }
 
+void nbi_callback_note_raw(const nb_tensor *t) {
+    if (!t || !t->requires_grad) return;
+    for (nbi_callback *cb = top; cb; cb = cb->prev)
+        if (cb->watch_raw) {
+            cb->raw_read = true;
+            return;
+        }
+}
+
 const char *nbi_callback_who(const nbi_callback *cb) {
     static _Thread_local char ring[2][160];
     static _Thread_local int k;

@@ -300,7 +300,11 @@ int64_t nb_numel(const nb_tensor *t) { return nbi_arg("nb_numel", t, 0) ? t->num
 nb_dtype nb_dtype_of(const nb_tensor *t) {
     return nbi_arg("nb_dtype_of", t, 0) ? t->dtype : NB_F32;
 }
-void *nb_data(nb_tensor *t) { return nbi_arg("nb_data", t, 0) ? nbi_ptr(t) : NULL; }
+void *nb_data(nb_tensor *t) {
+    if (!nbi_arg("nb_data", t, 0)) return NULL;
+    nbi_callback_note_raw(t);
+    return nbi_ptr(t);
+}
 
 void nb_mark_modified(nb_tensor *t) {
     if (nbi_opt_arg("nb_mark_modified", t, 0) && t) t->storage->version++;
@@ -374,12 +378,14 @@ double nb_item(const nb_tensor *t) {
                   NBI_SHAPE(t), (long long)t->numel);
         return NAN;
     }
+    nbi_callback_note_raw(t);
     return nbi_get_flat(t, 0);
 }
 
 int nb_copy_to_f64(const nb_tensor *t, double *out) {
     if (!nbi_arg("nb_copy_to_f64", t, 0)) return -1;
     if (!out) return (nbi_error("nb_copy_to_f64: out is NULL"), -1);
+    nbi_callback_note_raw(t);
     const int64_t *st[1] = {t->strides};
     nbi_iter it;
     nbi_iter_init(&it, t->ndim, t->shape, 1, st);

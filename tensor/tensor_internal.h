@@ -38,6 +38,7 @@ struct nb_tensor {
     void *grad_hook_ctx;
     nb_tensor *gacc;     /* engine: gradient flowing in, while a backward holds it (non-leaves) */
     _Atomic uint64_t walker; /* engine: the backward walking through it now, 0 if none */
+    bool from_backward;  /* a gradient a backward made without create_graph (for messages) */
 
     /* ownership: refs counts the owner (scope or user, while `owned`) plus
      * every graph node and engine slot that holds this tensor. */
@@ -115,11 +116,17 @@ typedef struct nbi_callback {
     bool no_keep; /* nb_parallel_for's fn: no scope outside its range to hand tensors to */
     int token;    /* public frames: what nb_callback_begin returned */
     int closed, grad_on; /* refused nb_scope_end and nb_set_grad_enabled(true) calls */
+    /* a custom backward under create_graph: raw_read is set when it reads
+     * the values of a tensor that requires grad (nb_data, nb_item, ...),
+     * whose result then cannot be differentiated again */
+    bool watch_raw, raw_read;
     struct nbi_callback *prev;
 } nbi_callback;
 void nbi_callback_enter(nbi_callback *cb, const char *fn, bool grad_stays_off);
 int nbi_callback_leave(nbi_callback *cb);
 nbi_callback *nbi_callback_current(void); /* innermost running, or NULL */
+/* Called by the raw accessors: t's values leave the graph (see watch_raw). */
+void nbi_callback_note_raw(const nb_tensor *t);
 /* "rmsnorm's forward": who, formatted (a small thread-local ring of buffers). */
 const char *nbi_callback_who(const nbi_callback *cb);
 /* For nb_scope_end and nb_set_grad_enabled: true (message set, refusal

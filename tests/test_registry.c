@@ -155,7 +155,13 @@ enum { LAYOUT_CONTIG, LAYOUT_TRANSPOSED };
  * last two dims swapped in memory (not contiguous, same values). */
 static nb_tensor *laid_out(nb_tensor *vals, int layout) {
     int nd = nb_ndim(vals);
-    if (layout == LAYOUT_CONTIG || nd < 2) return nb_contiguous(vals);
+    if (layout == LAYOUT_CONTIG || nd < 1) return nb_contiguous(vals);
+    if (nd == 1) { /* every other element of an (n, 2) buffer: stride 2 */
+        nb_tensor *base = nb_empty(nb_dtype_of(vals), NB_SHAPE(nb_shape(vals)[0], 2));
+        nb_tensor *v = nb_select(base, 1, 0);
+        ck_assert_int_eq(nb_copy_into(v, vals), 0);
+        return v;
+    }
     int64_t sw[NB_MAX_DIMS];
     memcpy(sw, nb_shape(vals), sizeof(int64_t) * (size_t)nd);
     sw[nd - 2] = nb_shape(vals)[nd - 1];
@@ -174,7 +180,7 @@ static void make_inputs(const reg_op *op, const spec *s, nb_dtype dt, int64_t gr
         memcpy(sh, s->shape[k], sizeof sh);
         sh[0] *= grow;
         nb_tensor *v = values_for(s->kind[k], dt, s->ndim[k], sh, seed + (uint64_t)k);
-        x[k] = is_float_kind(s->kind[k]) ? laid_out(v, layout) : v;
+        x[k] = laid_out(v, layout); /* indices and masks too: kernels read them strided */
         ck_assert_msg(x[k] != NULL, "%s input %d: %s", op->name, k, nb_last_error());
     }
 }
@@ -278,7 +284,9 @@ static nb_tensor *gc_fn(nb_tensor **leaves, int n, void *vctx) {
 
 static const char *const LAYOUT_NAMES[] = {"contiguous", "transposed", "broadcast"};
 
-static void gradcheck_layout(const reg_op *op, int mode) {
+enum { CHECK_FIRST, CHECK_SECOND, CHECK_FORWARD };
+
+static void gradcheck_layout(const reg_op *op, int mode, int kind) {
     gc_ctx c = {.op = op, .s = parse_spec(op), .broadcast = mode == 2};
     nb_tensor *x[MAX_IN], *leaves[MAX_IN];
     make_inputs(op, &c.s, NB_F64, 1, mode == 1 ? LAYOUT_TRANSPOSED : LAYOUT_CONTIG, 11, x);
@@ -295,17 +303,42 @@ static void gradcheck_layout(const reg_op *op, int mode) {
     }
     char label[96];
     snprintf(label, sizeof label, "nb_%s (%s inputs)", op->name, LAYOUT_NAMES[mode]);
-    expect_gradcheck(label, gc_fn, &c, c.nfloat, leaves);
+    if (kind == CHECK_FIRST) expect_gradcheck(label, gc_fn, &c, c.nfloat, leaves);
+    else if (kind == CHECK_SECOND) expect_gradgradcheck(label, gc_fn, &c, c.nfloat, leaves);
+    else expect_forward_ad(label, gc_fn, &c, c.nfloat, leaves);
 }
 
+/* First order; second order (nb_gradgradcheck) for NB_OP_GRAD2; forward
+ * mode for NB_OP_JVP: each on contiguous, transposed and broadcast inputs
+ * (nb_gradcheck itself also hands the rules transposed and stride-0
+ * upstream gradients). */
 static void registry_gradcheck(const reg_op *op) {
     if (!(op->flags & NB_OP_DIFF)) return;
-    for (int mode = 0; mode < 3; mode++) {
-        nb_scope_begin();
-        gradcheck_layout(op, mode);
-        nb_scope_end();
+    for (int kind = CHECK_FIRST; kind <= CHECK_FORWARD; kind++) {
+        if (kind == CHECK_SECOND && !(op->flags & NB_OP_GRAD2)) continue;
+        if (kind == CHECK_FORWARD && !(op->flags & NB_OP_JVP)) continue;
+        for (int mode = 0; mode < 3; mode++) {
+            nb_scope_begin();
+            gradcheck_layout(op, mode, kind);
+            nb_scope_end();
+        }
     }
 }
+
+/* Every differentiable op is twice differentiable and has a tangent rule. */
+START_TEST(registry_every_diff_op_has_higher_order) {
+    char missing[2048] = "";
+    for (int i = 0; i < NOPS; i++) {
+        unsigned f = OPS[i].flags;
+        if (!(f & NB_OP_DIFF) || ((f & NB_OP_GRAD2) && (f & NB_OP_JVP))) continue;
+        size_t k = strlen(missing);
+        snprintf(missing + k, sizeof missing - k, " %s(%s%s)", OPS[i].name,
+                 f & NB_OP_GRAD2 ? "" : "no NB_OP_GRAD2 ", f & NB_OP_JVP ? "" : "no NB_OP_JVP");
+    }
+    ck_assert_msg(!missing[0], "differentiable ops without a double backward or a tangent rule:%s",
+                  missing);
+}
+END_TEST
 
 /* ------------------------------------------------------------ thread counts */
 /* The bytes of a tensor, row-major. */
@@ -600,6 +633,7 @@ Suite *suite_registry(void) {
     TCase *tc = tcase_create("registry");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, registry_table_covers_every_op);
+    tcase_add_test(tc, registry_every_diff_op_has_higher_order);
     tcase_add_loop_test(tc, registry_op, 0, NOPS);
     tcase_add_test(tc, registry_tables_in_docs);
     suite_add_tcase(s, tc);

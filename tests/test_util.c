@@ -127,6 +127,30 @@ void expect_gradcheck_at(const char *file, int line, const char *label, nb_fn fn
     fflush(stdout);
 }
 
+void expect_gradgradcheck_at(const char *file, int line, const char *label, nb_fn fn, void *ctx,
+                             int n, nb_tensor **inputs) {
+    nb_gradcheck_result r;
+    bool ok = nb_gradgradcheck(fn, ctx, n, inputs, NULL, &r);
+    ck_assert_msg(ok, "%s:%d: gradgradcheck %s failed: %s", file, line, label,
+                  nb_last_error() ? nb_last_error() : r.message);
+    printf("gradgradcheck ok  %-40s %6lld entries, max |analytic-numeric| %.1e\n", label,
+           (long long)r.checked, r.max_abs_err);
+    fflush(stdout);
+}
+
+void expect_forward_ad_at(const char *file, int line, const char *label, nb_fn fn, void *ctx,
+                          int n, nb_tensor **inputs) {
+    nb_gradcheck_result r;
+    nb_gradcheck_opts o = NB_GRADCHECK_DEFAULTS;
+    o.check_forward_ad = true;
+    bool ok = nb_gradcheck(fn, ctx, n, inputs, &o, &r);
+    ck_assert_msg(ok, "%s:%d: forward-mode gradcheck %s failed: %s", file, line, label,
+                  nb_last_error() ? nb_last_error() : r.message);
+    printf("forward-ad ok  %-43s %6lld entries, max |analytic-numeric| %.1e\n", label,
+           (long long)r.checked, r.max_abs_err);
+    fflush(stdout);
+}
+
 void expect_error_at(const char *file, int line, const void *result, ...) {
     const char *msg = nb_last_error();
     ck_assert_msg(result == NULL, "%s:%d: expected failure (NULL), got a result", file, line);

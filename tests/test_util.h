@@ -29,6 +29,16 @@ void expect_close_at(const char *file, int line, const nb_tensor *got, const nb_
     expect_gradcheck_at(__FILE__, __LINE__, (label), (fn), (ctx), (n), (inputs))
 void expect_gradcheck_at(const char *file, int line, const char *label, nb_fn fn, void *ctx,
                          int n, nb_tensor **inputs);
+/* The same with nb_gradgradcheck (second order), and with nb_gradcheck's
+ * check_forward_ad (forward mode against the numeric Jacobian). */
+#define expect_gradgradcheck(label, fn, ctx, n, inputs) \
+    expect_gradgradcheck_at(__FILE__, __LINE__, (label), (fn), (ctx), (n), (inputs))
+void expect_gradgradcheck_at(const char *file, int line, const char *label, nb_fn fn, void *ctx,
+                             int n, nb_tensor **inputs);
+#define expect_forward_ad(label, fn, ctx, n, inputs) \
+    expect_forward_ad_at(__FILE__, __LINE__, (label), (fn), (ctx), (n), (inputs))
+void expect_forward_ad_at(const char *file, int line, const char *label, nb_fn fn, void *ctx,
+                          int n, nb_tensor **inputs);
 
 /* Asserts that a call failed: result NULL and nb_last_error() containing
  * every one of the NULL-terminated substrings; clears the error. */
