@@ -695,18 +695,21 @@ static int check_root(const char *fn, nb_tensor *t) {
             -1);
 }
 
-/* The gradient of out (NULL: a one-element out gets 1), checked. */
-static nb_tensor *seed_for(const char *fn, nb_tensor *out, nb_tensor *grad, int k) {
+/* The gradient of out (NULL: a one-element out gets 1), checked; it is
+ * argument `noun k` of fn, for messages. */
+static nb_tensor *seed_for(const char *fn, nb_tensor *out, nb_tensor *grad, const char *noun,
+                           int k) {
     if (!grad) {
         if (out->numel != 1)
             return nbi_error("%s: output %d must have one element to get the gradient 1 by "
-                             "default, got shape %s; pass its gradient", fn, k, NBI_SHAPE(out));
+                             "default, got shape %s; pass its gradient (grad_outputs)", fn, k,
+                             NBI_SHAPE(out));
         nb_tensor *seed = nbi_new(fn, out->dtype, out->ndim, out->shape, false);
         if (!seed) return NULL;
         nbi_set_flat(seed, 0, 1.0);
         return seed;
     }
-    if (!nbi_arg(fn, grad, k)) return NULL;
+    if (grad->freed && !nbi_bad_arg_named(fn, noun, grad, k)) return NULL;
     if (!nbi_same_shape(out, grad) || out->dtype != grad->dtype)
         return nbi_error("%s: grad of shape %s %s does not match the output's %s %s", fn,
                          NBI_SHAPE(grad), nb_dtype_name(grad->dtype), NBI_SHAPE(out),
@@ -722,7 +725,7 @@ static int backward_from(const char *fn, nb_tensor *out, nb_tensor *grad,
         return (nbi_error("%s: the loss must have one element, got shape %s; use "
                           "nb_backward_with_grad for other outputs", fn, NBI_SHAPE(out)), -1);
     nb_scope_begin();
-    nb_tensor *seed = seed_for(fn, out, grad, 1);
+    nb_tensor *seed = seed_for(fn, out, grad, "input", 1);
     walk w = {.create_graph = o && o->create_graph,
               .retain = o && (o->retain_graph || o->create_graph)};
     int rc = seed ? run_backward(&w, 1, &out, &seed) : -1;
@@ -750,20 +753,17 @@ static int grad_args(const char *fn, nb_tensor *const *outputs, int n_outputs,
         return (nbi_error("%s: needs at least one output and one input (n_outputs %d, n_inputs "
                           "%d)", fn, n_outputs, n_inputs), -1);
     for (int k = 0; k < n_outputs; k++) {
-        if (!nbi_arg(fn, outputs[k], k)) return -1;
+        if (!(outputs[k] && !outputs[k]->freed) && !nbi_bad_arg_named(fn, "output", outputs[k], k))
+            return -1;
         if (!outputs[k]->requires_grad)
             return (nbi_error("%s: output %d does not require grad and has no graph%s", fn, k,
                               outputs[k]->from_backward
                                   ? " (it is a gradient made without create_graph)" : ""), -1);
     }
     for (int i = 0; i < n_inputs; i++) {
-        if (!inputs[i])
-            return (nbi_error("%s: inputs[%d] is NULL", fn, i), -1);
-        if (inputs[i]->freed)
-            return (nbi_error("%s: inputs[%d] was freed (%s)", fn, i,
-                              nbi_freed_how(inputs[i])), -1);
+        if (!nbi_arg(fn, inputs[i], i)) return -1;
         if (!inputs[i]->requires_grad)
-            return (nbi_error("%s: inputs[%d] (shape %s) does not require grad, so no gradient "
+            return (nbi_error("%s: input %d (shape %s) does not require grad, so no gradient "
                               "flows to it", fn, i, NBI_SHAPE(inputs[i])), -1);
     }
     return 0;
@@ -784,7 +784,8 @@ int nb_autograd_grad(nb_tensor *const *outputs, int n_outputs, nb_tensor *const 
     nb_scope_begin();
     int rc = 0;
     for (int k = 0; rc == 0 && k < n_outputs; k++)
-        if (!(seeds[k] = seed_for(fn, outputs[k], grad_outputs ? grad_outputs[k] : NULL, k)))
+        if (!(seeds[k] = seed_for(fn, outputs[k], grad_outputs ? grad_outputs[k] : NULL,
+                                  "grad_output", k)))
             rc = -1;
     walk w = {.create_graph = opts && opts->create_graph,
               .retain = opts && (opts->retain_graph || opts->create_graph),

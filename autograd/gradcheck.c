@@ -628,7 +628,8 @@ static bool gradcheck_as(const char *order, nb_fn fn, void *ctx, int n, nb_tenso
         else rc = o.fast_mode ? fast_check(&c) : full_check(&c);
         for (int i = 0; i < n; i++) {
             inputs[i]->requires_grad = !c.no_grad[i]; /* as it was, whatever fn did */
-            if (!c.no_grad[i]) {
+            if (!c.no_grad[i]) { /* a .grad the function's own backward left goes */
+                if (inputs[i]->grad != saved_grad[i]) nbi_unref(inputs[i]->grad);
                 inputs[i]->grad = saved_grad[i];
             } else if (!c.grad_before[i] && inputs[i]->grad) { /* one fn's flip let in */
                 nbi_unref(inputs[i]->grad);

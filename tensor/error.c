@@ -61,33 +61,37 @@ void nb_report_error(const char *fmt, ...) {
     nbi_error("%s", buf);
 }
 
-bool nbi_bad_arg(const char *fn, const nb_tensor *t, int i) {
+bool nbi_bad_arg_named(const char *fn, const char *noun, const nb_tensor *t, int i) {
     if (!t) {
         const char *earlier = nbi_error_cause();
         if (earlier)
-            nbi_error_quoting("%s: input %d is NULL, after an earlier error: %s", fn, i, earlier);
-        else nbi_error_quoting("%s: input %d is NULL", fn, i);
+            nbi_error_quoting("%s: %s %d is NULL, after an earlier error: %s", fn, noun, i, earlier);
+        else nbi_error_quoting("%s: %s %d is NULL", fn, noun, i);
         return false;
     }
     if (!t->freed || nbi_trusted) return true;
     switch ((int)t->freed) {
     case NBI_FREED_BY_FREE:
-        nbi_error("%s: input %d was freed (by nb_free) and cannot be used", fn, i);
+        nbi_error("%s: %s %d was freed (by nb_free) and cannot be used", fn, noun, i);
         break;
     case NBI_FREED_BY_SCOPE:
-        nbi_error("%s: input %d was freed (by nb_scope_end, as its scope ended; nb_keep hands a "
-                  "tensor to the enclosing scope) and cannot be used", fn, i);
+        nbi_error("%s: %s %d was freed (by nb_scope_end, as its scope ended; nb_keep hands a "
+                  "tensor to the enclosing scope) and cannot be used", fn, noun, i);
         break;
     case NBI_FREED_CLEARED:
-        nbi_error("%s: input %d was freed (a leaf's .grad, dropped by nb_clear_grad or "
+        nbi_error("%s: %s %d was freed (a leaf's .grad, dropped by nb_clear_grad or "
                   "nb_optim_clear_grad; take nb_grad again after the next backward) and cannot "
-                  "be used", fn, i);
+                  "be used", fn, noun, i);
         break;
     default:
-        nbi_error("%s: input %d was freed (with its owner: the leaf whose gradient it was, or "
-                  "the registry or optimizer that held it) and cannot be used", fn, i);
+        nbi_error("%s: %s %d was freed (with its owner: the leaf whose gradient it was, or "
+                  "the registry or optimizer that held it) and cannot be used", fn, noun, i);
     }
     return false;
+}
+
+bool nbi_bad_arg(const char *fn, const nb_tensor *t, int i) {
+    return nbi_bad_arg_named(fn, "input", t, i);
 }
 
 int nb_check_input(const char *fn, const nb_tensor *t, int i) {

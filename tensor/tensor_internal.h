@@ -79,6 +79,8 @@ uint64_t nbi_error_serial(void);
  * one is set) or "fn: input i was freed (by nb_free)". nbi_opt_arg accepts
  * NULL (an optional argument). */
 bool nbi_bad_arg(const char *fn, const nb_tensor *t, int i);
+/* The same for arguments of another kind ("output 0", "tangent 1"). */
+bool nbi_bad_arg_named(const char *fn, const char *noun, const nb_tensor *t, int i);
 static inline bool nbi_arg(const char *fn, const nb_tensor *t, int i) {
     return (t && !t->freed) || nbi_bad_arg(fn, t, i);
 }

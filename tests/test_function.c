@@ -359,7 +359,7 @@ START_TEST(wrong_backward_is_rejected) {
     nb_clear_error();
     ck_assert(!nb_gradcheck(apply_fn, &a, 1, &x, NULL, &r));
     ck_assert(!r.ok);
-    ck_assert_msg(strncmp(r.message, "nb_gradcheck: MISMATCH", 22) == 0, "%s", r.message);
+    ck_assert_msg(strncmp(r.message, "nb_gradcheck: first-order: MISMATCH", 35) == 0, "%s", r.message);
     ck_assert_str_eq(nb_last_error(), r.message);
     ck_assert(fabs(r.analytic - r.numeric) == r.max_abs_err); /* exactly */
     ck_assert_int_gt(r.mismatched, 0);
@@ -1695,7 +1695,7 @@ START_TEST(gradcheck_message_is_always_set) {
     junk(&r);
     ck_assert(nb_gradcheck(apply_fn, &good, 1, &x, NULL, &r));
     ck_assert(r.ok);
-    ck_assert_msg(strncmp(r.message, "nb_gradcheck: ok", 16) == 0, "%s", r.message);
+    ck_assert_msg(strncmp(r.message, "nb_gradcheck: first-order: ok", 29) == 0, "%s", r.message);
     ck_assert_int_eq(r.checked, 9);
     ck_assert_int_eq(r.mismatched, 0);
     ck_assert(fabs(r.analytic - r.numeric) == r.max_abs_err);
@@ -1703,7 +1703,7 @@ START_TEST(gradcheck_message_is_always_set) {
 
     junk(&r);
     ck_assert(!nb_gradcheck(apply_fn, &bad, 1, &x, NULL, &r));
-    ck_assert_msg(strncmp(r.message, "nb_gradcheck: MISMATCH", 22) == 0, "%s", r.message);
+    ck_assert_msg(strncmp(r.message, "nb_gradcheck: first-order: MISMATCH", 35) == 0, "%s", r.message);
     ck_assert_str_eq(r.message, nb_last_error());
     nb_clear_error();
 
@@ -1745,7 +1745,7 @@ START_TEST(gradcheck_catches_a_nondeterministic_backward) {
     nb_tensor *x = rand_leaf(52, NB_SHAPE(3));
     nb_gradcheck_result r;
     ck_assert(!nb_gradcheck(apply_fn, &a, 1, &x, NULL, &r));
-    expect_has(r.message, "nb_gradcheck: backward is not deterministic");
+    expect_has(r.message, "nb_gradcheck: first-order: backward is not deterministic");
     expect_has(r.message, "nondet_tol 0");
     ck_assert_str_eq(r.message, nb_last_error());
     nb_clear_error();
@@ -1836,7 +1836,7 @@ START_TEST(gradcheck_fast_mode) {
     o.fast_mode = true;
     ck_assert_msg(nb_gradcheck(apply_fn, &good, 1, &x, &o, &r), "%s", r.message);
     ck_assert(r.ok);
-    ck_assert_msg(strncmp(r.message, "nb_gradcheck: ok", 16) == 0, "%s", r.message);
+    ck_assert_msg(strncmp(r.message, "nb_gradcheck: first-order: ok", 29) == 0, "%s", r.message);
     ck_assert_int_eq(r.checked, 1); /* fast_probes 0 means 1 */
     ck_assert_int_eq(r.index, -1);
     ck_assert_int_eq(r.output_index, -1);
@@ -1859,7 +1859,7 @@ START_TEST(gradcheck_fast_mode) {
     applier wrong = {&SILU, &scaled};
     ck_assert(!nb_gradcheck(apply_fn, &wrong, 1, &x, &o, &r));
     ck_assert(!r.ok);
-    ck_assert_msg(strncmp(r.message, "nb_gradcheck: MISMATCH", 22) == 0, "%s", r.message);
+    ck_assert_msg(strncmp(r.message, "nb_gradcheck: first-order: MISMATCH", 35) == 0, "%s", r.message);
     expect_has(r.message, "projection");
     ck_assert_str_eq(r.message, nb_last_error());
     nb_clear_error();

@@ -142,6 +142,10 @@ static void mk_out_grad(nb_tensor **in) {
     in[0] = made(nb_mul_scalar(leaf(NB_SHAPE(2, 3)), 2.0)), in[1] = f64(NB_SHAPE(2, 3));
 }
 static void mk_gradcheck(nb_tensor **in) { in[0] = leaf(NB_SHAPE(3)), in[1] = leaf(NB_SHAPE(3)); }
+static void mk_loss_leaf(nb_tensor **in) {
+    in[1] = leaf(NB_SHAPE(3));
+    in[0] = nb_sum_all(nb_mul(in[1], in[1]));
+}
 static void mk_linear(nb_tensor **in) {
     in[0] = f64(NB_SHAPE(2, 3)), in[1] = f64(NB_SHAPE(4, 3)), in[2] = f64(NB_SHAPE(4));
 }
@@ -209,6 +213,22 @@ static nb_tensor *product(nb_tensor **in, int n, void *ctx) {
 }
 static bool gradcheck_failed(nb_tensor **in) {
     return !nb_gradcheck(product, NULL, 2, in, NULL, NULL);
+}
+static bool gradgradcheck_failed(nb_tensor **in) {
+    return !nb_gradgradcheck(product, NULL, 2, in, NULL, NULL);
+}
+static bool autograd_grad_failed(nb_tensor **in) { /* in[0]: the output, in[1]: the input */
+    nb_tensor *g[1];
+    return nb_autograd_grad(&in[0], 1, NULL, &in[1], 1, NULL, g) == -1;
+}
+static nb_tensor *square(nb_tensor **in, int n, void *ctx) {
+    (void)n;
+    (void)ctx;
+    return nb_mul(in[0], in[0]);
+}
+static bool jvp_failed(nb_tensor **in) { /* in[0]: the input, in[1]: its tangent */
+    nb_tensor *y, *ty;
+    return nb_jvp(square, NULL, 1, &in[0], &in[1], &y, &ty) == -1;
 }
 
 /* a registry of its own, so that the name is new every time */
@@ -290,6 +310,9 @@ static bool mha_failed(nb_tensor **in) {
     X(nb_set_grad_hook, 1, leaf, nb_set_grad_hook(in[0], NULL, NULL) == -1)                      \
     X(nb_detach, 1, one, nb_detach(in[0]) == NULL)                                               \
     X(nb_gradcheck, 2, gradcheck, gradcheck_failed(in))                                          \
+    X(nb_gradgradcheck, 2, gradcheck, gradgradcheck_failed(in))                                  \
+    X(nb_autograd_grad, 2, loss_leaf, autograd_grad_failed(in))                                  \
+    X(nb_jvp, 2, gradcheck, jvp_failed(in))                                                      \
     /* memory and argument checks */                                                             \
     X(nb_keep, 1, one, keep_failed(in[0]))                                                       \
     X(nb_persistent, 1, one, persistent_failed(in[0]))                                           \
@@ -370,6 +393,16 @@ static nb_tensor *dead_input(const handle_case *c, int i, int how) {
     return dead;
 }
 
+/* How fn's messages name tensor argument i of the table's call: "input i",
+ * except for the functions that take arrays of several kinds. */
+static const char *arg_name(const char *fn, int i) {
+    static char buf[32];
+    if (!strcmp(fn, "nb_autograd_grad")) return i == 0 ? "output 0" : "input 0";
+    if (!strcmp(fn, "nb_jvp")) return i == 0 ? "input 0" : "tangent 0";
+    snprintf(buf, sizeof buf, "input %d", i);
+    return buf;
+}
+
 static void check_case(const handle_case *c) {
     ck_assert(c->n >= 1 && c->n <= MAX_IN);
     nb_tensor *in[MAX_IN] = {0};
@@ -391,7 +424,8 @@ static void check_case(const handle_case *c) {
             in[i] = dead;
             bool failed = c->call(in);
             char want[300];
-            snprintf(want, sizeof want, "%s: input %d was freed (%s", c->name, i, how_text[how]);
+            snprintf(want, sizeof want, "%s: %s was freed (%s", c->name, arg_name(c->name, i),
+                     how_text[how]);
             const char *msg = nb_last_error();
             ck_assert_msg(failed, "%s: input %d freed %s: the call did not fail (message: %s)",
                           c->name, i, how_name[how], msg_or_none());
