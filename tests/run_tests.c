@@ -38,6 +38,7 @@ int main(void) {
     srunner_add_suite(sr, suite_edges());
     srunner_add_suite(sr, suite_autograd());
     srunner_add_suite(sr, suite_function());
+    srunner_add_suite(sr, suite_higher_order());
     srunner_add_suite(sr, suite_callbacks());
     srunner_add_suite(sr, suite_errors());
     srunner_add_suite(sr, suite_scope());

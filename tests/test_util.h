@@ -104,6 +104,7 @@ double *values(const nb_tensor *t);
 /* Each suite file defines one of these; run_tests.c runs them all. */
 Suite *suite_tensor(void);
 Suite *suite_views(void);
+Suite *suite_higher_order(void);
 Suite *suite_elementwise(void);
 Suite *suite_reduce(void);
 Suite *suite_matmul(void);
