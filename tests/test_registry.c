@@ -3,8 +3,13 @@
  *   - a NULL or freed input at any position is refused, naming op and position;
  *   - its flags tell the truth (an op marked differentiable records a node
  *     on inputs that require grad; an unmarked one does not);
- *   - nb_gradcheck in f64 on contiguous, transposed and broadcast inputs;
- *   - bitwise identical outputs and gradients for 1, 2 and 3 threads, with
+ *   - nb_gradcheck in f64 on contiguous, transposed and broadcast inputs
+ *     (indices and masks non-contiguous too; nb_gradcheck itself hands the
+ *     rule transposed and stride-0 upstream gradients), and, for ops flagged
+ *     so, nb_gradgradcheck (NB_OP_GRAD2) and forward mode (NB_OP_JVP) on the
+ *     same layouts; every differentiable op must carry both flags;
+ *   - bitwise identical outputs, gradients, second-order gradients and
+ *     tangents for 1, 2 and 3 threads, with
  *     dim 0 of the inputs grown to reach the parallel paths, on contiguous,
  *     transposed and broadcast inputs;
  *   - its inputs and its output freed before backward give gradients bitwise
@@ -354,7 +359,7 @@ static unsigned char *bytes_of(nb_tensor *t, size_t *n) {
     return b;
 }
 
-#define MAX_SNAP (1 + MAX_IN)
+#define MAX_SNAP (2 + 3 * MAX_IN) /* output, gradients, second-order gradients, tangent */
 typedef struct {
     int n;
     size_t len[MAX_SNAP];
@@ -362,6 +367,47 @@ typedef struct {
 } snap;
 
 /* The output and every floating input's gradient of sum(y * w). */
+/* d/d(leaves) of sum(w * d(sum(y w))/d(leaves) . u): the double backward's bits */
+static void snap_second_order(const reg_op *op, const spec *s, nb_tensor **x, nb_tensor **leaf,
+                              nb_tensor *w, snap *r) {
+    nb_tensor *lv[MAX_IN], *g[MAX_IN], *h[MAX_IN];
+    int n = 0;
+    for (int k = 0; k < s->n; k++)
+        if (is_float_kind(s->kind[k])) lv[n++] = leaf[k];
+    nb_tensor *y = nb_sum_all(nb_mul(op->call(x), w));
+    ck_assert_msg(nb_autograd_grad(&y, 1, NULL, lv, n, &(nb_backward_opts){.create_graph = true},
+                                   g) == 0, "nb_%s: create_graph: %s", op->name, nb_last_error());
+    nb_tensor *z = NULL;
+    for (int k = 0; k < n; k++) {
+        if (!g[k]) continue;
+        nb_tensor *u = values_for('f', nb_dtype_of(g[k]), nb_ndim(g[k]), nb_shape(g[k]), 50 + k);
+        nb_tensor *t = nb_sum_all(nb_mul(g[k], u));
+        z = z ? nb_add(z, t) : t;
+    }
+    if (!z || !nb_requires_grad(z)) return; /* linear in its inputs: no second derivative */
+    ck_assert_msg(nb_autograd_grad(&z, 1, NULL, lv, n, NULL, h) == 0, "nb_%s: double backward: %s",
+                  op->name, nb_last_error());
+    for (int k = 0; k < n; k++)
+        if (h[k]) r->b[r->n] = bytes_of(h[k], &r->len[r->n]), r->n++;
+}
+
+static nb_tensor *call_op(nb_tensor **x, int n, void *op) {
+    (void)n;
+    return ((const reg_op *)op)->call(x);
+}
+
+/* the tangent nb_jvp pushes through the op */
+static void snap_tangent(const reg_op *op, const spec *s, nb_tensor **x, snap *r) {
+    nb_tensor *t[MAX_IN] = {0}, *y, *ty;
+    for (int k = 0; k < s->n; k++)
+        if (is_float_kind(s->kind[k]))
+            t[k] = values_for('f', nb_dtype_of(x[k]), nb_ndim(x[k]), nb_shape(x[k]), 70 + k);
+    ck_assert_msg(nb_jvp(call_op, (void *)op, s->n, x, t, &y, &ty) == 0, "nb_%s: nb_jvp: %s",
+                  op->name, nb_last_error());
+    r->b[r->n] = bytes_of(ty, &r->len[r->n]);
+    r->n++;
+}
+
 static snap run_grown(const reg_op *op, nb_dtype dt, int64_t grow, int mode) {
     spec s = parse_spec(op);
     snap r = {0};
@@ -389,6 +435,8 @@ static snap run_grown(const reg_op *op, nb_dtype dt, int64_t grow, int mode) {
             r.b[r.n] = bytes_of(nb_grad(leaf[k]), &r.len[r.n]);
             r.n++;
         }
+        if (op->flags & NB_OP_GRAD2) snap_second_order(op, &s, x, leaf, w, &r);
+        if (op->flags & NB_OP_JVP) snap_tangent(op, &s, x, &r);
     }
     nb_scope_end();
     return r;
@@ -429,7 +477,7 @@ static void registry_thread_identity(const reg_op *op) {
                                       memcmp(other.b[i], one.b[i], one.len[i]) == 0,
                                   "nb_%s (%s, %s inputs): %s differs between 1 and %d threads",
                                   op->name, nb_dtype_name(dt), LAYOUT_NAMES[mode],
-                                  i == 0 ? "the output" : "a gradient", t);
+                                  i == 0 ? "the output" : "a gradient or tangent", t);
                 snap_free(&other);
             }
             snap_free(&one);
