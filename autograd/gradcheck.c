@@ -190,10 +190,9 @@ static int vjp(const check *c, nb_tensor *y, nb_tensor *g, bool retain, double *
             double first = G[i][e * stride];
             if (fabs(v - first) <= c->o.nondet_tol || (v != v && first != first)) continue;
             nbi_error("%s: %s: backward is not deterministic: two backward passes from the same "
-                      "output gradient (laid out contiguously, then %s) gave %.17g, then %.17g "
-                      "for input %d element %lld (nondet_tol %g)", FN, c->order,
-                      g->ndim >= 2 ? "transposed" : "strided", first, v, i, (long long)e,
-                      c->o.nondet_tol);
+                      "output gradient (laid out contiguously, then transposed or strided) gave "
+                      "%.17g, then %.17g for input %d element %lld (nondet_tol %g)", FN, c->order,
+                      first, v, i, (long long)e, c->o.nondet_tol);
             rc = -1;
         }
     }
