@@ -476,7 +476,9 @@ typedef struct nb_gradcheck_result {
     double max_abs_err;   /* the largest |analytic - numeric| (NaN if any is NaN) */
     int64_t checked;      /* Jacobian entries (fast mode: projections) compared */
     int64_t mismatched;   /* those outside the tolerance */
-    char message[512];    /* always set: the summary ("nb_gradcheck: ok: ..."), the
+    char message[512];    /* always set: the summary ("nb_gradcheck: first-order: ok: ..."; the
+                           * order checked is named: first-order, second-order, forward-mode;
+                           * entries as positions "input 0 at (1, 2) (flat 6)"), the
                            * mismatch (also naming the first entry outside the
                            * tolerance when it is not the worst), or the error */
 } nb_gradcheck_result;
