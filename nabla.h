@@ -513,7 +513,7 @@ NB_API int nb_jvp(nb_fn fn, void *ctx, int n, nb_tensor **inputs, nb_tensor **ta
 
 /* ------------------------------------------------------------ callbacks
  * The one rule for user code nabla calls: a custom function's forward,
- * backward and destroy (and their _multi forms), gradient hooks
+ * backward, jvp and destroy (and their _multi forms), gradient hooks
  * (nb_grad_hook), nb_gradcheck's function (nb_fn), nb_parallel_for's fn and
  * nb_gpt_generate's on_token. A callback may call any nabla function, and:
  * - What nabla is using while it runs cannot be destroyed under it. Freeing
@@ -533,8 +533,10 @@ NB_API int nb_jvp(nb_fn fn, void *ctx, int n, nb_tensor **inputs, nb_tensor **ta
  *   that ran it: "nb_backward: rmsnorm's backward closed a scope it did not
  *   open (...)", "... left 1 scope open (...)"; the same for callback frames
  *   (nb_callback_begin without its end).
- * - Grad mode is restored when it returns. A custom function's forward and
- *   backward and gradient hooks run with grad mode off, and
+ * - Grad mode is restored when it returns. A custom function's forward, jvp
+ *   and backward (except under create_graph, where the backward runs with
+ *   grad mode on, so that what it computes is recorded) and gradient hooks
+ *   run with grad mode off, and
  *   nb_set_grad_enabled(true) there is refused and an error of the call
  *   ("... turned grad mode on ..."); nabla's own functions called there
  *   (nb_gradcheck) may still use grad mode.
@@ -573,7 +575,14 @@ typedef struct nb_function {
      * (NULL = no gradient; each of input i's shape and dtype) for each input;
      * returns 0, or -1 after nb_report_error. Runs with grad mode off, inside
      * a scope that ends after nabla took the gradients. Gradients set for
-     * inputs that do not need them are ignored. */
+     * inputs that do not need them are ignored. Under create_graph it runs
+     * with grad mode on (nb_grad_enabled() tells): written with nabla ops on
+     * its inputs and output (nb_function_saved then gives them with their
+     * history) and grad_output, it is differentiable again; one that reads
+     * raw values of a tensor that requires grad (nb_data, nb_item,
+     * nb_copy_to_f64) or uses a saved tensor that is neither an input nor
+     * the output gives gradients a second derivative refuses, naming the
+     * function (PyTorch's once_differentiable; docs/derivatives.md). */
     int (*backward)(nb_function_ctx *ctx, nb_tensor *grad_output, nb_tensor **grad_inputs,
                     void *user);
     /* Optional: called once for each nb_function_apply, with its user
