@@ -116,11 +116,13 @@ static int where_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     return 0;
 }
 
-/* where(cond, ta, tb), a NULL tangent as zeros (cond's is always NULL) */
+/* where(cond, ta, tb), a NULL tangent as zeros (cond's is always NULL),
+ * expanded to the output's shape (a zero does not broadcast it) */
 static nb_tensor *where_jvp(nbi_node *n, nb_tensor *const *tin) {
     if (!tin[1] && !tin[2]) return nbi_zero_tangent(n);
     nb_tensor *zero = nb_scalar(n->out->dtype, 0);
-    return nb_where(nbi_saved_in(n, 0), tin[1] ? tin[1] : zero, tin[2] ? tin[2] : zero);
+    nb_tensor *t = nb_where(nbi_saved_in(n, 0), tin[1] ? tin[1] : zero, tin[2] ? tin[2] : zero);
+    return nb_expand(t, n->out->ndim, n->out->shape);
 }
 
 nb_tensor *nb_where(nb_tensor *cond, nb_tensor *a, nb_tensor *b) {
