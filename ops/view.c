@@ -129,10 +129,17 @@ static int identity_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     return 0;
 }
 
+static nb_tensor *identity_jvp(nbi_node *n, nb_tensor *const *tin) {
+    (void)n;
+    return nbi_recorded_alias(tin[0]);
+}
+
 nb_tensor *nbi_alias(const char *op, nb_tensor *t) {
     nb_tensor *y = nbi_make_view(t, t->ndim, t->shape, t->strides, t->offset);
-    if (y && nbi_needs_grad(1, &t) && !nbi_record(y, op, identity_backward, 1, &t))
-        return nbi_discard(y);
+    if (!y || !nbi_needs_grad(1, &t)) return y;
+    nbi_node *n = nbi_record(y, op, identity_backward, 1, &t);
+    if (!n) return nbi_discard(y);
+    n->jvp = identity_jvp;
     return y;
 }
 
