@@ -606,10 +606,12 @@ nb_tensor *nbi_sum_to(nb_tensor *g, int ndim, const int64_t *shape) {
     if (g->dtype == NB_BF16) /* summed in f32, rounded once */
         return nb_to(nbi_sum_to(nb_to(g, NB_F32), ndim, shape), NB_BF16);
     int lead = g->ndim - ndim;
+    /* under create_graph g has a history: the same sums, recorded */
+    bool record = nbi_needs_grad(1, &g);
     nb_tensor *s = g;
     for (int i = 0; i < g->ndim && s; i++) {
         bool reduce = i < lead || (shape[i - lead] == 1 && g->shape[i] != 1);
-        if (reduce) s = sum_kernel("nb_backward", s, i, true, 1.0);
+        if (reduce) s = record ? nb_sum(s, i, true) : sum_kernel("nb_backward", s, i, true, 1.0);
     }
     return s ? nb_reshape(s, ndim, shape) : NULL;
 }
