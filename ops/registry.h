@@ -104,18 +104,25 @@
 
 /* ops/reduce.c */
 #define NB_OPS_REDUCE(X)                                                             \
-    X(sum, "f", NB_OP_DIFF, nb_sum(x[0], 1, false))                                  \
-    X(mean, "f", NB_OP_DIFF, nb_mean(x[0], 0, true))                                 \
-    X(max, "f", NB_OP_DIFF | NB_OP_EXACT, nb_max(x[0], 1, false))                    \
+    X(sum, "f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP, nb_sum(x[0], 1, false))        \
+    X(mean, "f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP, nb_mean(x[0], 0, true))       \
+    X(max, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_GRAD2 | NB_OP_JVP,                  \
+      nb_max(x[0], 1, false))                                                        \
     X(argmax, "f", NB_OP_EXACT, nb_argmax(x[0], 0, false))                           \
-    X(sum_all, "f", NB_OP_DIFF, nb_sum_all(x[0]))                                    \
-    X(mean_all, "f", NB_OP_DIFF, nb_mean_all(x[0]))                                  \
-    X(min, "f", NB_OP_DIFF | NB_OP_EXACT, nb_min(x[0], 1, false))                    \
-    X(sum_dims, "f:2x3x4", NB_OP_DIFF, nb_sum_dims(x[0], 2, (const int[]){1, 2}, true)) \
-    X(mean_dims, "f:2x3x4", NB_OP_DIFF, nb_mean_dims(x[0], 2, (const int[]){-1, 1}, false)) \
-    X(var, "f:2x3x4", NB_OP_DIFF, nb_var(x[0], 2, (const int[]){1, 2}, 1.0, false))  \
-    X(std, "f:2x3x4", NB_OP_DIFF, nb_std(x[0], 1, (const int[]){-1}, 0.0, true))     \
-    X(cumsum, "f", NB_OP_DIFF | NB_OP_EXACT, nb_cumsum(x[0], 1))
+    X(sum_all, "f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP, nb_sum_all(x[0]))          \
+    X(mean_all, "f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP, nb_mean_all(x[0]))        \
+    X(min, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_GRAD2 | NB_OP_JVP,                  \
+      nb_min(x[0], 1, false))                                                        \
+    X(sum_dims, "f:2x3x4", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP,                     \
+      nb_sum_dims(x[0], 2, (const int[]){1, 2}, true))                               \
+    X(mean_dims, "f:2x3x4", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP,                    \
+      nb_mean_dims(x[0], 2, (const int[]){-1, 1}, false))                            \
+    X(var, "f:2x3x4", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP,                          \
+      nb_var(x[0], 2, (const int[]){1, 2}, 1.0, false))                              \
+    X(std, "f:2x3x4", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP,                          \
+      nb_std(x[0], 1, (const int[]){-1}, 0.0, true))                                 \
+    X(cumsum, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_GRAD2 | NB_OP_JVP,               \
+      nb_cumsum(x[0], 1))
 
 /* ops/matmul.c */
 #define NB_OPS_MATMUL(X) X(matmul, "f:2x3x4 f:2x4x5", NB_OP_DIFF | NB_OP_BF16, nb_matmul(x[0], x[1]))
@@ -157,13 +164,17 @@
 
 /* ops/index.c */
 #define NB_OPS_INDEX(X)                                                              \
-    X(gather, "f i:3x2", NB_OP_DIFF | NB_OP_EXACT, nb_gather(x[0], 1, x[1]))         \
-    X(index_select, "f i:5", NB_OP_DIFF | NB_OP_EXACT, nb_index_select(x[0], 0, x[1]))
+    X(gather, "f i:3x2", NB_OP_DIFF | NB_OP_EXACT | NB_OP_GRAD2 | NB_OP_JVP,         \
+      nb_gather(x[0], 1, x[1]))                                                      \
+    X(index_select, "f i:5", NB_OP_DIFF | NB_OP_EXACT | NB_OP_GRAD2 | NB_OP_JVP,     \
+      nb_index_select(x[0], 0, x[1]))
 
 /* ops/sort.c: along dim 1 (dim 0 grows in the thread tests) */
 #define NB_OPS_SORT(X)                                                               \
-    X(sort, "f", NB_OP_DIFF | NB_OP_EXACT, nb_sort(x[0], 1, true, NULL))             \
-    X(topk, "f", NB_OP_DIFF | NB_OP_EXACT, nb_topk(x[0], 2, 1, true, true, NULL))
+    X(sort, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_GRAD2 | NB_OP_JVP,                 \
+      nb_sort(x[0], 1, true, NULL))                                                  \
+    X(topk, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_GRAD2 | NB_OP_JVP,                 \
+      nb_topk(x[0], 2, 1, true, true, NULL))
 
 /* ops/sample.c: random draws by weight */
 #define NB_OPS_SAMPLE(X) X(multinomial, "p", 0, nb_multinomial(x[0], 3, true, op_rng()))
