@@ -310,6 +310,21 @@ START_TEST(test_backward_vs_torch) {
 }
 END_TEST
 
+/* Forward mode with both tangents at once (gradcheck moves one input at a
+ * time): ta b + a tb, broadcast batch dims and a transposed tangent. */
+START_TEST(test_jvp_both_tangents) {
+    nb_scope_begin();
+    nb_tensor *in[2] = {rand_leaf(45, NB_SHAPE(2, 3, 4)), rand_leaf(46, NB_SHAPE(4, 2))};
+    nb_tensor *tan[2] = {rand_leaf(47, NB_SHAPE(2, 3, 4)), transposed_matrix_leaf(48, 4, 2)};
+    nb_tensor *out, *t;
+    ck_assert_msg(nb_jvp(f_mm, NULL, 2, in, tan, &out, &t) == 0, "%s", nb_last_error());
+    nb_tensor *want = nb_add(nb_matmul(tan[0], in[1]), nb_matmul(in[0], tan[1]));
+    expect_close(t, want, 1e-14, 1e-14);
+    expect_close(out, nb_matmul(in[0], in[1]), 0, 0);
+    nb_scope_end();
+}
+END_TEST
+
 /* bf16 products, plain (bf16 result) and under autocast (f32 result from f32
  * operands): the tangent ta b + a tb and a second derivative through a
  * create_graph backward come out in the product's dtype, near the same sums
@@ -584,6 +599,7 @@ Suite *suite_matmul(void) {
     tcase_add_test(tc, test_gradcheck_one_input);
     tcase_add_loop_test(tc, test_backward_vs_torch, 0,
                         (int)(sizeof grad_cases / sizeof grad_cases[0]));
+    tcase_add_test(tc, test_jvp_both_tangents);
     tcase_add_test(tc, test_bf16_orders);
     tcase_add_test(tc, test_no_grad_records_nothing);
     tcase_add_test(tc, test_in_place_write_after_use);
