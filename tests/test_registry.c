@@ -634,7 +634,10 @@ static char *op_table(bool full) {
         PUT("| --- | --- | --- | --- | --- | --- |\n");
         for (int i = 0; i < NOPS; i++)
             PUT("| `nb_%s` | %s.c | %s | %s | %s | `%s` |\n", OPS[i].name, OPS[i].family,
-                OPS[i].flags & NB_OP_DIFF ? "yes" : "no",
+                !(OPS[i].flags & NB_OP_DIFF) ? "no"
+                : (OPS[i].flags & NB_OP_GRAD2) && (OPS[i].flags & NB_OP_JVP)
+                    ? "yes: twice, and forward mode"
+                : OPS[i].flags & NB_OP_GRAD2 ? "yes: twice" : "yes",
                 OPS[i].flags & NB_OP_EXACT ? "bit for bit" : "within tolerance",
                 OPS[i].flags & NB_OP_BF16 ? "yes" : "refused", OPS[i].call_text);
     } else {
