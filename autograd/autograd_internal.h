@@ -93,6 +93,10 @@ nb_tensor *nbi_grad_copy(const char *fn, nb_tensor *g);
 /* A new handle (a view) on t in the current scope; recorded the same way,
  * so it keeps t's history. */
 nb_tensor *nbi_recorded_alias(nb_tensor *t);
+/* What an nb_fn (nb_gradcheck's, nb_jvp's) returned, checked: y, or NULL
+ * with "<fn>: the function returned NULL[, after an earlier error: ...]"
+ * or "... a freed tensor". */
+nb_tensor *nbi_fn_returned(const char *fn, nb_tensor *y);
 /* Whether backward should compute the gradient of input i. */
 static inline bool nbi_wants(const nbi_node *n, int i) {
     return n->in[i]->requires_grad;

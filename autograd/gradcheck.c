@@ -61,6 +61,18 @@ static bool check_inputs(int n, nb_tensor **in) {
     return true;
 }
 
+nb_tensor *nbi_fn_returned(const char *fn, nb_tensor *y) {
+    if (!y) {
+        const char *earlier = nbi_error_cause();
+        if (earlier)
+            return nbi_error_quoting("%s: the function returned NULL, after an earlier error: %s",
+                                     fn, earlier);
+        return nbi_error_quoting("%s: the function returned NULL", fn);
+    }
+    if (y->freed) return nbi_error("%s: the function returned a freed tensor", fn);
+    return y;
+}
+
 /* fn's output, checked: NULL + message when fn failed or returned junk. */
 static nb_tensor *call(const check *c) {
     nbi_callback cb = {.who_fmt = "the function"};
@@ -76,14 +88,7 @@ static nb_tensor *call(const check *c) {
                              "%s); it must leave its inputs as they are", FN, i,
                              c->no_grad[i] ? "on" : "off");
     }
-    if (!y) {
-        const char *earlier = nbi_error_cause();
-        if (earlier)
-            return nbi_error_quoting("%s: the function returned NULL, after an earlier error: %s",
-                                     FN, earlier);
-        return nbi_error_quoting("%s: the function returned NULL", FN);
-    }
-    if (y->freed) return nbi_error("%s: the function returned a freed tensor", FN);
+    if (!nbi_fn_returned(FN, y)) return NULL;
     if (y->dtype != NB_F64)
         return nbi_error("%s: the function returned %s; it must return an f64 tensor", FN,
                          nb_dtype_name(y->dtype));

@@ -39,6 +39,13 @@ void expect_gradgradcheck_at(const char *file, int line, const char *label, nb_f
     expect_forward_ad_at(__FILE__, __LINE__, (label), (fn), (ctx), (n), (inputs))
 void expect_forward_ad_at(const char *file, int line, const char *label, nb_fn fn, void *ctx,
                           int n, nb_tensor **inputs);
+/* All three: first order, second order (create_graph) and forward mode. */
+#define expect_all_orders(label, fn, ctx, n, in)                                 \
+    do {                                                                         \
+        expect_gradcheck(label, fn, ctx, n, in);                                 \
+        expect_gradgradcheck(label, fn, ctx, n, in);                             \
+        expect_forward_ad(label, fn, ctx, n, in);                                \
+    } while (0)
 
 /* Asserts that a call failed: result NULL and nb_last_error() containing
  * every one of the NULL-terminated substrings; clears the error. */
