@@ -121,6 +121,7 @@ int main(void) {
         if (rc) break;
         if (step == 0) {
             first = loss;
+            /* l3.bias's is 0: a constant added to D cancels out of the loss */
             printf("  the first step's parameter gradients (norms):\n");
             for (int i = 0; i < nb_params_count(ps); i++) {
                 const char *name;
