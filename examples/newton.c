@@ -129,7 +129,7 @@ static double max_diff(nb_tensor **a, nb_tensor **b) {
 /* (g(w + eps v) - g(w - eps v)) / (2 eps), plain gradients at two new leaves:
  * Hv up to eps^2 and rounding */
 static int central_differences(const data *d, nb_tensor **w, nb_tensor **v, nb_tensor **fd) {
-    const double eps = 1e-4;
+    const double eps = 1e-5;
     nb_tensor *wp[NP], *wm[NP], *gp[NP], *gm[NP];
     for (int i = 0; i < NP; i++) {
         nb_tensor *step = nb_mul_scalar(v[i], eps);
