@@ -90,6 +90,10 @@ nb_tensor *nbi_zero_tangent(const nbi_node *n);
 /* A copy of g in the current scope; when grad mode is on and g requires
  * grad, recorded (gradient identity), so the copy keeps g's history. */
 nb_tensor *nbi_grad_copy(const char *fn, nb_tensor *g);
+/* a + b, of one shape and floating dtype, in the current scope; recorded
+ * (the gradient passes to both) when grad mode is on and one requires grad:
+ * how create_graph adds up gradients. */
+nb_tensor *nbi_sum_recorded(const char *fn, nb_tensor *a, nb_tensor *b);
 /* A new handle (a view) on t in the current scope; recorded the same way,
  * so it keeps t's history. */
 nb_tensor *nbi_recorded_alias(nb_tensor *t);
