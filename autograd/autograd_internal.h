@@ -19,7 +19,12 @@ typedef nb_tensor *(*nbi_jvp_fn)(nbi_node *n, nb_tensor *const *tin);
 struct nbi_node {
     const char *op;          /* public name of the op, for messages */
     nbi_backward_fn backward;
-    nbi_jvp_fn jvp;          /* NULL: the op has no tangent rule (nb_jvp names it) */
+    /* The tangent rule. An op that sets it also promises that its backward
+     * is made of recorded ops under create_graph (NB_OP_JVP and NB_OP_GRAD2
+     * go together); NULL: no forward mode, and a backward with create_graph
+     * through the node is refused by name (custom functions excepted: their
+     * backward answers for itself). */
+    nbi_jvp_fn jvp;
     nb_tensor *out;          /* the tensor this node made (not referenced) */
     int nin;
     nb_tensor **in;          /* inputs, referenced */

@@ -529,6 +529,10 @@ nb_tensor *nbi_grad_sink(const nbi_node *n, int i) {
 static int run_node(walk *w, nb_tensor *t, nb_tensor *g) {
     nbi_node *n = t->grad_fn;
     if (!saved_intact(n)) return -1;
+    /* an op's tangent rule comes with a recorded backward (registry flags
+     * NB_OP_JVP and NB_OP_GRAD2 go together): one without would give a
+     * gradient with no graph, silently; custom functions answer for theirs */
+    if (w->create_graph && !n->jvp && !n->fn_ctx) return nbi_no_double_backward(n);
     nb_tensor *gin_inline[NBI_NODE_INLINE] = {0};
     nb_tensor **gin = gin_inline;
     if (n->nin > NBI_NODE_INLINE && !(gin = calloc((size_t)n->nin, sizeof *gin)))

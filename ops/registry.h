@@ -35,7 +35,10 @@
  *           NB_OP_JVP    has a tangent rule (nbi_node.jvp) for forward mode
  *                        (test_registry.c runs nb_gradcheck with
  *                        check_forward_ad); every NB_OP_DIFF op must have
- *                        both, and the suite says which lacks one
+ *                        both, and the suite says which lacks one. The two
+ *                        go together: the engine refuses create_graph
+ *                        through a node without a tangent rule, by name,
+ *                        rather than take a fused gradient with no graph
  *   call    the call the tests and the fuzzer's seeds make, on inputs x[0..]
  *           (x is nb_tensor **; op_rng() is the includer's seeded generator).
  *           It must stay valid when dim 0 of every input grows (the thread
