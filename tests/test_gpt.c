@@ -671,6 +671,60 @@ START_TEST(loss_gradcheck) {
 }
 END_TEST
 
+/* The GPT block twice differentiable and in forward mode: nb_gradgradcheck
+ * and check_forward_ad of nb_gpt_loss (one block: embeddings, ln_1,
+ * attention, ln_2, the gelu_tanh MLP, ln_f, the tied head, cross-entropy
+ * with an ignored target) with respect to parameters of every kind. */
+static void higher_order_params(const char *label, loss_ctx *c, nb_params *ps,
+                                const char *const *names, int n, bool fast) {
+    nb_tensor *in[8];
+    for (int i = 0; i < n; i++) in[i] = param(ps, names[i]);
+    nb_gradcheck_opts o = NB_GRADCHECK_DEFAULTS;
+    o.fast_mode = fast;
+    o.fast_probes = 2;
+    o.seed = 5;
+    nb_gradcheck_result res;
+    ck_assert_msg(nb_gradgradcheck(loss_fn, c, n, in, &o, &res), "%s: %s", label, res.message);
+    printf("gradgradcheck ok  %s (%s, %lld checked)\n", label, fast ? "fast" : "full",
+           (long long)res.checked);
+    o.check_forward_ad = true;
+    ck_assert_msg(nb_gradcheck(loss_fn, c, n, in, &o, &res), "%s: %s", label, res.message);
+    printf("forward-ad ok  %s (%s, %lld checked)\n", label, fast ? "fast" : "full",
+           (long long)res.checked);
+    fflush(stdout);
+    nb_params_zero_grad(ps);
+}
+
+START_TEST(loss_higher_order) {
+    int64_t base = nb_live_tensors();
+    nb_GPTConfig c = {.vocab_size = 5, .block_size = 4, .n_layer = 1, .n_head = 2, .n_embd = 4,
+                      .dropout = 0.0, .bias = true, .tie_weights = true};
+    nb_params *ps = nb_params_new();
+    nb_GPT m;
+    init64(&m, ps, &c, 3);
+    scramble(ps, 4, 0.5);
+    nb_tensor *idx = nb_from_data(NB_I64, NB_SHAPE(1, 3), (int64_t[]){1, 4, 0});
+    nb_tensor *tg = nb_from_data(NB_I64, NB_SHAPE(1, 3), (int64_t[]){4, -1, 2});
+    loss_ctx ctx = {&m, idx, tg, false, 0};
+    static const char *const full[] = {"transformer.h.0.ln_1.weight",
+                                       "transformer.h.0.attn.c_proj.bias",
+                                       "transformer.ln_f.bias"};
+    higher_order_params("nb_gpt_loss wrt ln_1.weight, attn.c_proj.bias, ln_f.bias", &ctx, ps,
+                        full, 3, false);
+    static const char *const fast[] = {"transformer.wte.weight", "transformer.wpe.weight",
+                                       "transformer.h.0.attn.c_attn.weight",
+                                       "transformer.h.0.mlp.c_fc.weight",
+                                       "transformer.h.0.mlp.c_proj.weight"};
+    higher_order_params("nb_gpt_loss wrt wte, wpe, c_attn, c_fc, mlp.c_proj", &ctx, ps, fast, 5,
+                        true);
+    nb_gpt_free(&m);
+    nb_params_free(ps);
+    nb_free(idx);
+    nb_free(tg);
+    ck_assert_int_eq(nb_live_tensors(), base);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- generation */
 static nb_GPTConfig gen_cfg(void) {
     return (nb_GPTConfig){.vocab_size = 13, .block_size = 8, .n_layer = 2, .n_head = 2,
@@ -1555,6 +1609,7 @@ Suite *suite_gpt(void) {
     tcase_add_test(tc, dropout_train_and_eval);
     tcase_add_test(tc, training_forward_matches_written_out_forward);
     tcase_add_test(tc, loss_gradcheck);
+    tcase_add_test(tc, loss_higher_order);
     tcase_add_test(tc, generate_matches_full_forward);
     tcase_add_test(tc, trained_model_continues_pattern);
     tcase_add_test(tc, sampling_options);
