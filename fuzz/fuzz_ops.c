@@ -38,6 +38,8 @@
  * - a floating result that requires grad backpropagates (nb_backward of its
  *   nb_sum_all; a bf16 one's nb_to to f32 first) without error, and every
  *   leaf's gradient has the leaf's shape and dtype (bf16 for a bf16 leaf);
+ *   without bf16, so does a backward with create_graph, and a backward
+ *   through the sum of those gradients (the double backward) succeeds;
  * - everything runs in one scope, after which nb_live_tensors() is back to
  *   its value before the input.
  * A violation prints the op and its operands' shapes and aborts. Calls that
@@ -508,6 +510,35 @@ static void bf16_rule(expect *e, const vals *in, int nops) {
     }
 }
 
+/* The gradients of s with create_graph (shapes as the leaves'), then the
+ * gradient of their sum: every op on the way must be twice differentiable.
+ * bf16 leaves are left out (bf16 gradients are not differentiated again). */
+static void double_backward(pool *p, nb_tensor *s) {
+    nb_tensor *lv[MAX_LEAVES], *g[MAX_LEAVES], *h[MAX_LEAVES];
+    int n = 0;
+    for (int i = 0; i < p->nleaves; i++)
+        if (nb_dtype_of(p->leaves[i]) != NB_BF16) lv[n++] = p->leaves[i];
+    for (int i = 0; i < p->nleaves; i++)
+        if (nb_dtype_of(p->leaves[i]) == NB_BF16) return; /* a graph through bf16 ops */
+    if (!n) return;
+    nb_backward_opts create = {.create_graph = true};
+    if (nb_autograd_grad(&s, 1, NULL, lv, n, &create, g) != 0)
+        fail("backward with create_graph through the result failed");
+    nb_tensor *z = NULL;
+    for (int i = 0; i < n; i++) {
+        if (!g[i]) continue;
+        if (nb_ndim(g[i]) != nb_ndim(lv[i]) ||
+            memcmp(nb_shape(g[i]), nb_shape(lv[i]), (size_t)nb_ndim(g[i]) * sizeof(int64_t)))
+            fail("create_graph: the gradient of leaf %d has ndim %d, the leaf %d", i,
+                 nb_ndim(g[i]), nb_ndim(lv[i]));
+        if (!nb_requires_grad(g[i])) continue; /* constant in the leaves */
+        nb_tensor *t = nb_sum_all(g[i]);
+        z = z ? nb_add(z, t) : t;
+    }
+    if (z && nb_autograd_grad(&z, 1, NULL, lv, n, NULL, h) != 0)
+        fail("the double backward through the result failed");
+}
+
 /* Checks one call: result against the expectation, operands unchanged, then
  * backward through it. Takes ownership of nothing (all tensors are scoped). */
 static void check_call(pool *p, reader *r, expect *e, nb_tensor *res, nb_tensor **ops, int nops,
@@ -566,6 +597,7 @@ static void check_call(pool *p, reader *r, expect *e, nb_tensor *res, nb_tensor 
                      nb_dtype_name(nb_dtype_of(g)), nb_ndim(g),
                      nb_dtype_name(nb_dtype_of(p->leaves[i])), nb_ndim(p->leaves[i]));
         }
+        if (s && got.dt != NB_BF16) double_backward(p, s);
     }
     count(SUCCEEDED);
     if (e->bf16_call) count(BF16);

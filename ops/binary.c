@@ -128,6 +128,13 @@ nb_tensor *nbi_binary(const char *fn, nbi_binop op, nb_tensor *a, nb_tensor *b) 
     return y;
 }
 
+/* The fused NBI_SHARE_GRAD, or the same values recorded */
+nb_tensor *nbi_weighted(const char *fn, nb_tensor *g, nb_tensor *w) {
+    if (!g || !nbi_needs_grad(1, &g)) return nbi_binary(fn, NBI_SHARE_GRAD, g, w);
+    nb_tensor *zero = nb_scalar(g->dtype, 0);
+    return nb_where(nb_eq(w, zero), zero, nb_mul(g, w));
+}
+
 /* Each rule reduces its gradients back over broadcast dims. */
 static nb_tensor *to_input(nbi_node *n, int i, nb_tensor *g) {
     return nbi_sum_to(g, n->in[i]->ndim, n->in[i]->shape);
@@ -163,52 +170,96 @@ static int div_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     return 0;
 }
 
-/* Each input gets g times its share (MAX_SHARE, MIN_SHARE), summed back. */
-static int extremum_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin, nbi_binop share) {
-    const char *fn = share == NBI_MAX_SHARE ? "nb_maximum" : "nb_minimum";
+/* Input i's share (MAX_SHARE, MIN_SHARE) of maximum's or minimum's
+ * gradient, of the output's shape: a constant (ties and NaN decide it).
+ * i[0] = the op (NBI_maximum or NBI_minimum). */
+static nb_tensor *share_of(nbi_node *n, int i) {
+    nbi_binop share = n->i[0] == NBI_maximum ? NBI_MAX_SHARE : NBI_MIN_SHARE;
     nb_tensor *a = nbi_saved_in(n, 0), *b = nbi_saved_in(n, 1);
-    for (int i = 0; i < 2; i++) {
-        if (!nbi_wants(n, i)) continue;
-        nb_tensor *w = i == 0 ? nbi_binary(fn, share, a, b) : nbi_binary(fn, share, b, a);
-        if (!(gin[i] = to_input(n, i, nbi_binary(fn, NBI_SHARE_GRAD, g, w)))) return -1;
-    }
-    return 0;
-}
-static int minimum_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    return extremum_backward(n, g, gin, NBI_MIN_SHARE);
-}
-static int maximum_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    return extremum_backward(n, g, gin, NBI_MAX_SHARE);
+    return i == 0 ? nbi_binary(n->op, share, a, b) : nbi_binary(n->op, share, b, a);
 }
 
-static nb_tensor *binary_op(const char *fn, nbi_binop op, nbi_backward_fn bw, uint32_t saved,
-                            nb_tensor *a, nb_tensor *b) {
+/* Each input gets g times its share, summed back. */
+static int extremum_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    for (int i = 0; i < 2; i++)
+        if (nbi_wants(n, i) && !(gin[i] = to_input(n, i, nbi_weighted(n->op, g, share_of(n, i)))))
+            return -1;
+    return 0;
+}
+
+/* ---------------------------------------------------------- tangent rules */
+/* Each gets the inputs' tangents ta, tb (NULL: zero, not both) and returns
+ * the output's, of the output's shape. */
+
+/* ta + tb, broadcast to the output's shape */
+static nb_tensor *tangent_sum(nbi_node *n, nb_tensor *ta, nb_tensor *tb) {
+    if (ta && tb) return nb_add(ta, tb);
+    return nb_expand(ta ? ta : tb, n->out->ndim, n->out->shape);
+}
+
+static nb_tensor *add_jvp(nbi_node *n, nb_tensor *const *t) {
+    return tangent_sum(n, t[0], t[1]);
+}
+static nb_tensor *sub_jvp(nbi_node *n, nb_tensor *const *t) {
+    if (t[0] && t[1]) return nb_sub(t[0], t[1]);
+    return tangent_sum(n, t[0], t[1] ? nb_neg(t[1]) : NULL);
+}
+/* ta b + a tb */
+static nb_tensor *mul_jvp(nbi_node *n, nb_tensor *const *t) {
+    nb_tensor *x = t[0] ? nb_mul(t[0], nbi_saved_in(n, 1)) : NULL;
+    nb_tensor *y = t[1] ? nb_mul(nbi_saved_in(n, 0), t[1]) : NULL;
+    if ((t[0] && !x) || (t[1] && !y)) return NULL;
+    return tangent_sum(n, x, y);
+}
+/* (ta - tb (a/b)) / b, PyTorch's formula */
+static nb_tensor *div_jvp(nbi_node *n, nb_tensor *const *t) {
+    nb_tensor *num = t[0];
+    if (t[1]) {
+        nb_tensor *d = nb_mul(t[1], nbi_saved_out(n));
+        num = t[0] ? nb_sub(t[0], d) : nb_neg(d);
+    }
+    return nb_div(num, nbi_saved_in(n, 1));
+}
+/* ta share_a + tb share_b: the transpose of extremum_backward */
+static nb_tensor *extremum_jvp(nbi_node *n, nb_tensor *const *t) {
+    nb_tensor *x[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++)
+        if (t[i] && !(x[i] = nbi_weighted(n->op, t[i], share_of(n, i)))) return NULL;
+    return tangent_sum(n, x[0], x[1]);
+}
+
+static nb_tensor *binary_op(const char *fn, nbi_binop op, nbi_backward_fn bw, nbi_jvp_fn jvp,
+                            uint32_t saved, nb_tensor *a, nb_tensor *b) {
     nb_tensor *y = nbi_binary(fn, op, a, b);
     nb_tensor *in[2] = {a, b};
     if (!y || !nbi_needs_grad(2, in)) return y;
     nbi_node *n = nbi_record(y, fn, bw, 2, in);
     if (!n) return nbi_discard(y);
     nbi_save(n, saved);
+    n->i[0] = op; /* for the rules minimum and maximum share */
+    n->jvp = jvp;
     return y;
 }
 
 nb_tensor *nb_add(nb_tensor *a, nb_tensor *b) {
-    return binary_op("nb_add", NBI_add, add_backward, 0, a, b);
+    return binary_op("nb_add", NBI_add, add_backward, add_jvp, 0, a, b);
 }
 nb_tensor *nb_sub(nb_tensor *a, nb_tensor *b) {
-    return binary_op("nb_sub", NBI_sub, sub_backward, 0, a, b);
+    return binary_op("nb_sub", NBI_sub, sub_backward, sub_jvp, 0, a, b);
 }
 nb_tensor *nb_mul(nb_tensor *a, nb_tensor *b) {
-    return binary_op("nb_mul", NBI_mul, mul_backward, NBI_SAVE_IN(0) | NBI_SAVE_IN(1), a, b);
+    return binary_op("nb_mul", NBI_mul, mul_backward, mul_jvp, NBI_SAVE_IN(0) | NBI_SAVE_IN(1), a,
+                     b);
 }
 nb_tensor *nb_div(nb_tensor *a, nb_tensor *b) {
-    return binary_op("nb_div", NBI_div, div_backward, NBI_SAVE_IN(1) | NBI_SAVE_OUT, a, b);
+    return binary_op("nb_div", NBI_div, div_backward, div_jvp, NBI_SAVE_IN(1) | NBI_SAVE_OUT, a,
+                     b);
 }
 nb_tensor *nb_minimum(nb_tensor *a, nb_tensor *b) {
-    return binary_op("nb_minimum", NBI_minimum, minimum_backward, NBI_SAVE_IN(0) | NBI_SAVE_IN(1),
-                     a, b);
+    return binary_op("nb_minimum", NBI_minimum, extremum_backward, extremum_jvp,
+                     NBI_SAVE_IN(0) | NBI_SAVE_IN(1), a, b);
 }
 nb_tensor *nb_maximum(nb_tensor *a, nb_tensor *b) {
-    return binary_op("nb_maximum", NBI_maximum, maximum_backward, NBI_SAVE_IN(0) | NBI_SAVE_IN(1),
-                     a, b);
+    return binary_op("nb_maximum", NBI_maximum, extremum_backward, extremum_jvp,
+                     NBI_SAVE_IN(0) | NBI_SAVE_IN(1), a, b);
 }

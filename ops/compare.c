@@ -116,6 +116,15 @@ static int where_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     return 0;
 }
 
+/* where(cond, ta, tb), a NULL tangent as zeros (cond's is always NULL),
+ * expanded to the output's shape (a zero does not broadcast it) */
+static nb_tensor *where_jvp(nbi_node *n, nb_tensor *const *tin) {
+    if (!tin[1] && !tin[2]) return nbi_zero_tangent(n);
+    nb_tensor *zero = nb_scalar(n->out->dtype, 0);
+    nb_tensor *t = nb_where(nbi_saved_in(n, 0), tin[1] ? tin[1] : zero, tin[2] ? tin[2] : zero);
+    return nb_expand(t, n->out->ndim, n->out->shape);
+}
+
 nb_tensor *nb_where(nb_tensor *cond, nb_tensor *a, nb_tensor *b) {
     const char *fn = "nb_where";
     if (!nbi_arg(fn, cond, 0) || !nbi_arg(fn, a, 1) || !nbi_arg(fn, b, 2)) return NULL;
@@ -135,6 +144,7 @@ nb_tensor *nb_where(nb_tensor *cond, nb_tensor *a, nb_tensor *b) {
         nbi_node *node = nbi_record(y, fn, where_backward, 3, in);
         if (!node) return nbi_discard(y);
         nbi_save(node, NBI_SAVE_IN(0));
+        node->jvp = where_jvp;
     }
     return y;
 }

@@ -99,16 +99,35 @@ static void apply_mask(nb_tensor *dst, const nb_tensor *src, uint64_t seed, uint
     nbi_parallel_for(dst->numel, NBI_GRAIN_HEAVY, mask_kernel(), &j);
 }
 
-/* ------------------------------------------------------------- backward */
-/* g (S) any strides -> g * mask / (1-p) (S), the mask regenerated from
- * (seed, base) = (node->i[0], node->i[1]) and p = node->d[0]. */
+/* t (S) any strides -> t * mask / (1-p) (S) contiguous, the mask of
+ * (seed, base); recorded when t requires grad, with (seed, base) in
+ * node->i[0], node->i[1] and p in node->d[0]. The op is linear: its backward
+ * and its tangent rule apply the same mask again (this op, so that under
+ * create_graph the gradient is recorded too). */
+static nb_tensor *mask_op(const char *fn, nb_tensor *t, uint64_t seed, uint64_t base, double p);
+
 static int dropout_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     if (!nbi_wants(n, 0)) return 0;
-    nb_tensor *gi = nbi_new(n->op, g->dtype, g->ndim, g->shape, false);
-    if (!gi) return -1;
-    apply_mask(gi, g, from_slot(n->i[0]), from_slot(n->i[1]), n->d[0]);
-    gin[0] = gi;
-    return 0;
+    gin[0] = mask_op(n->op, g, from_slot(n->i[0]), from_slot(n->i[1]), n->d[0]);
+    return gin[0] ? 0 : -1;
+}
+static nb_tensor *dropout_jvp(nbi_node *n, nb_tensor *const *tin) {
+    return mask_op(n->op, tin[0], from_slot(n->i[0]), from_slot(n->i[1]), n->d[0]);
+}
+
+static nb_tensor *mask_op(const char *fn, nb_tensor *t, uint64_t seed, uint64_t base, double p) {
+    nb_tensor *y = nbi_new(fn, t->dtype, t->ndim, t->shape, false);
+    if (!y) return NULL;
+    apply_mask(y, t, seed, base, p);
+    if (!nbi_needs_grad(1, &t)) return y;
+    nbi_node *node = nbi_record(y, fn, dropout_backward, 1, &t);
+    if (!node) return nbi_discard(y);
+    nbi_save(node, 0); /* nothing: the mask is regenerated from the stream */
+    node->i[0] = to_slot(seed);
+    node->i[1] = to_slot(base);
+    node->d[0] = p;
+    node->jvp = dropout_jvp;
+    return y;
 }
 
 /* -------------------------------------------------------------- forward */
@@ -121,21 +140,10 @@ nb_tensor *nb_dropout(nb_tensor *t, double p, bool training, nb_rng *rng) {
     if (!nbi_check_float(fn, t)) return NULL;
     if (!training || p == 0.0) return nbi_alias(fn, t);
 
-    nb_tensor *y = nbi_new(fn, t->dtype, t->ndim, t->shape, false);
-    if (!y) return NULL;
     uint64_t seed = 0, base = 0;
     if (p < 1.0) {
         seed = (rng ? rng : nb_global_rng())->seed;
         base = nbi_rng_take(rng, (uint64_t)t->numel);
     }
-    apply_mask(y, t, seed, base, p);
-    if (nbi_needs_grad(1, &t)) {
-        nbi_node *node = nbi_record(y, fn, dropout_backward, 1, &t);
-        if (!node) return nbi_discard(y);
-        nbi_save(node, 0); /* nothing: the mask is regenerated from the stream */
-        node->i[0] = to_slot(seed);
-        node->i[1] = to_slot(base);
-        node->d[0] = p;
-    }
-    return y;
+    return mask_op(fn, t, seed, base, p);
 }

@@ -172,6 +172,14 @@ static nb_tensor *unary(const char *fn, unop op, double s, double s1, nb_tensor 
     return y;
 }
 
+/* An elementwise op's Jacobian is diagonal: its tangent rule is its backward
+ * rule applied to the input's tangent (grad mode is off: the fused paths). */
+static nb_tensor *unary_jvp(nbi_node *n, nb_tensor *const *tin) {
+    nb_tensor *gin[1] = {NULL};
+    if (n->backward(n, tin[0], gin) != 0) return NULL;
+    return gin[0] == tin[0] ? nbi_recorded_alias(tin[0]) : gin[0];
+}
+
 /* Records node for y = op(t) with rule bw; d[0], d[1] are the scalars s, s1. */
 static nb_tensor *unary_op(const char *fn, unop op, double s, double s1, nbi_backward_fn bw,
                            uint32_t saved, nb_tensor *t) {
@@ -182,6 +190,7 @@ static nb_tensor *unary_op(const char *fn, unop op, double s, double s1, nbi_bac
     nbi_save(n, saved);
     n->d[0] = s;
     n->d[1] = s1;
+    n->jvp = unary_jvp;
     return y;
 }
 
@@ -222,6 +231,52 @@ static nb_tensor *act_grad(const char *fn, vmath_grad_fn *f, nbi_binop other, nb
     return y;
 }
 
+/* --------------------------------------------------------- backward rules
+ * Under create_graph (nbi_create_graph()) the fused gradient kernels give
+ * way to recorded ops, so that the gradient can be differentiated again. */
+
+/* 1 - t */
+static nb_tensor *one_minus(nb_tensor *t) { return nb_add_scalar(nb_neg(t), 1); }
+
+/* f'(x) by op's fused gradient kernel at g = 1 (exact: 1 * f'), recording
+ * nothing: relu's 0/1 and abs's sign, constants; gelu's, see gelu_slope. */
+static nb_tensor *slope_of(const char *fn, nbi_binop op, nb_tensor *x) {
+    return x ? nbi_binary(fn, op, nb_scalar(x->dtype, 1), x) : NULL;
+}
+
+/* gelu''(x) = phi(x) (2 - x^2), phi(x) = exp(-x^2 / 2) / sqrt(2 pi) */
+static nb_tensor *gelu_curvature(nb_tensor *x) {
+    nb_tensor *x2 = nb_mul(x, x);
+    nb_tensor *phi = nb_mul_scalar(nb_exp(nb_mul_scalar(x2, -0.5)), 0.39894228040143267794);
+    return nb_mul(phi, nb_add_scalar(nb_neg(x2), 2));
+}
+static int gelu_slope_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    return (gin[0] = nb_mul(g, gelu_curvature(nbi_saved_in(n, 0)))) ? 0 : -1;
+}
+/* gelu'(x) = Phi(x) + x phi(x) as a recorded op (nabla has no public erf to
+ * compose Phi from), with gelu'' as its derivative. */
+static nb_tensor *gelu_slope(nb_tensor *x) {
+    nb_tensor *d = slope_of("nb_gelu", NBI_GELU_GRAD, x);
+    if (!d || !nbi_needs_grad(1, &x)) return d;
+    nbi_node *n = nbi_record(d, "nb_gelu's backward (gelu')", gelu_slope_backward, 1, &x);
+    if (!n) return nbi_discard(d);
+    nbi_save(n, NBI_SAVE_IN(0));
+    n->jvp = unary_jvp;
+    return d;
+}
+
+/* gelu_tanh'(x) in aten's order: 0.5 (1 + th) + 0.5 x (1 - th^2) beta (1 + 3 kappa x^2),
+ * th = tanh(beta (x + kappa x^3)) */
+static nb_tensor *gelu_tanh_slope(nb_tensor *x) {
+    nb_tensor *x2 = nb_mul(x, x);
+    nb_tensor *u = nb_add(x, nb_mul_scalar(nb_mul(x2, x), GELU_TANH_KAPPA));
+    nb_tensor *th = nb_tanh(nb_mul_scalar(u, GELU_TANH_BETA));
+    nb_tensor *left = nb_mul_scalar(nb_mul(nb_mul_scalar(x, 0.5), one_minus(nb_mul(th, th))),
+                                    GELU_TANH_BETA);
+    nb_tensor *right_d = nb_mul(left, nb_add_scalar(nb_mul_scalar(x2, 3 * GELU_TANH_KAPPA), 1));
+    return nb_add(nb_mul_scalar(nb_add_scalar(th, 1), 0.5), right_d);
+}
+
 static int neg_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     (void)n;
     return (gin[0] = nb_neg(g)) ? 0 : -1;
@@ -235,14 +290,25 @@ static int log_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 static int sqrt_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     return (gin[0] = nb_div(nb_mul_scalar(g, 0.5), nbi_saved_out(n))) ? 0 : -1;
 }
+/* g (1 - y^2), y = tanh(x) */
 static int tanh_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    return (gin[0] = nbi_binary("nb_tanh", NBI_TANH_GRAD, g, nbi_saved_out(n))) ? 0 : -1;
+    nb_tensor *y = nbi_saved_out(n);
+    gin[0] = nbi_create_graph() ? nb_mul(g, one_minus(nb_mul(y, y)))
+                                : nbi_binary("nb_tanh", NBI_TANH_GRAD, g, y);
+    return gin[0] ? 0 : -1;
 }
+/* g where x > 0 or NaN; 0 where x <= 0, even for an infinite g */
 static int relu_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    return (gin[0] = nbi_binary("nb_relu", NBI_RELU_GRAD, g, nbi_saved_in(n, 0))) ? 0 : -1;
+    const char *fn = "nb_relu";
+    nb_tensor *x = nbi_saved_in(n, 0);
+    gin[0] = nbi_create_graph() ? nbi_weighted(fn, g, slope_of(fn, NBI_RELU_GRAD, x))
+                                : nbi_binary(fn, NBI_RELU_GRAD, g, x);
+    return gin[0] ? 0 : -1;
 }
 static int gelu_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    gin[0] = act_grad("nb_gelu", nbv_gelu_grad_f32, NBI_GELU_GRAD, g, nbi_saved_in(n, 0));
+    nb_tensor *x = nbi_saved_in(n, 0);
+    gin[0] = nbi_create_graph() ? nb_mul(g, gelu_slope(x))
+                                : act_grad("nb_gelu", nbv_gelu_grad_f32, NBI_GELU_GRAD, g, x);
     return gin[0] ? 0 : -1;
 }
 /* d(x^p)/dx = p x^(p-1) */
@@ -253,15 +319,31 @@ static int pow_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     nb_tensor *d = nb_mul_scalar(nb_pow_scalar(nbi_saved_in(n, 0), p - 1), p);
     return (gin[0] = nb_mul(g, d)) ? 0 : -1;
 }
+/* g (1 - y) y, y = sigmoid(x) */
 static int sigmoid_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    return (gin[0] = nbi_binary("nb_sigmoid", NBI_SIGMOID_GRAD, g, nbi_saved_out(n))) ? 0 : -1;
-}
-static int silu_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    gin[0] = act_grad("nb_silu", nbv_silu_grad_f32, NBI_SILU_GRAD, g, nbi_saved_in(n, 0));
+    nb_tensor *y = nbi_saved_out(n);
+    gin[0] = nbi_create_graph() ? nb_mul(nb_mul(g, one_minus(y)), y)
+                                : nbi_binary("nb_sigmoid", NBI_SIGMOID_GRAD, g, y);
     return gin[0] ? 0 : -1;
 }
+/* g s (1 + x (1 - s)), s = sigmoid(x), torch's silu_backward */
+static int silu_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    nb_tensor *x = nbi_saved_in(n, 0);
+    if (!nbi_create_graph()) {
+        gin[0] = act_grad("nb_silu", nbv_silu_grad_f32, NBI_SILU_GRAD, g, x);
+        return gin[0] ? 0 : -1;
+    }
+    nb_tensor *s = nb_sigmoid(x);
+    gin[0] = nb_mul(nb_mul(g, s), nb_add_scalar(nb_mul(x, one_minus(s)), 1));
+    return gin[0] ? 0 : -1;
+}
+/* g sgn(x), sgn 0 at 0 and NaN */
 static int abs_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    return (gin[0] = nbi_binary("nb_abs", NBI_ABS_GRAD, g, nbi_saved_in(n, 0))) ? 0 : -1;
+    const char *fn = "nb_abs";
+    nb_tensor *x = nbi_saved_in(n, 0);
+    gin[0] = nbi_create_graph() ? nb_mul(g, slope_of(fn, NBI_ABS_GRAD, x))
+                                : nbi_binary(fn, NBI_ABS_GRAD, g, x);
+    return gin[0] ? 0 : -1;
 }
 /* PyTorch's mask: g where lo <= x <= hi, else 0 (NaN included). With lo <= hi
  * (as rounded to x's dtype, as the forward used them) that is where y == x;
@@ -273,8 +355,10 @@ static int clamp_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     return (gin[0] = nb_masked_fill(g, nb_ne(x, nbi_saved_out(n)), 0)) ? 0 : -1;
 }
 static int gelu_tanh_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    gin[0] = act_grad("nb_gelu_tanh", nbv_gelu_tanh_grad_f32, NBI_GELU_TANH_GRAD, g,
-                      nbi_saved_in(n, 0));
+    nb_tensor *x = nbi_saved_in(n, 0);
+    gin[0] = nbi_create_graph()
+                 ? nb_mul(g, gelu_tanh_slope(x))
+                 : act_grad("nb_gelu_tanh", nbv_gelu_tanh_grad_f32, NBI_GELU_TANH_GRAD, g, x);
     return gin[0] ? 0 : -1;
 }
 static int add_scalar_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {

@@ -26,5 +26,9 @@ typedef enum {
 /* Records nothing: checks (floating, same dtype, broadcastable), allocates. */
 nb_tensor *nbi_binary(const char *fn, nbi_binop op, nb_tensor *a, nb_tensor *b);
 void nbi_binary_into(nbi_binop op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b);
+/* g * w for a weight w that carries no gradient (a mask, a share), 0 where
+ * w == 0 even for an infinite or NaN g (NBI_SHARE_GRAD); recorded when g
+ * requires grad with grad mode on (create_graph). */
+nb_tensor *nbi_weighted(const char *fn, nb_tensor *g, nb_tensor *w);
 
 #endif

@@ -1,8 +1,10 @@
 /* index.c: picking elements by integer index: nb_gather and
  * nb_index_select (the core of embeddings and of cross entropy). Both read
  * t at positions where one dim's coordinate comes from an index tensor; the
- * gradient adds g back into those positions, in a fixed order. */
-#include "ops_internal.h"
+ * gradient adds g back into those positions, in a fixed order. That
+ * putting back is an op of its own (nbi_scatter), recorded under
+ * create_graph, which the backward rules of max, min, sort and topk use too. */
+#include "index_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -51,12 +53,12 @@ static bool check_range(const char *fn, const nb_tensor *idx, int64_t size, int 
                 ((const T *)pt)[c.off[2] + j * NBI_INNER(&p.it, 2) + k * p.dim_stride]; \
         }                                                                              \
     }
-/* the reverse, accumulating: t[..., index, ...] += g (...) */
-#define SCATTER_ADD_ROWS(T)                                                            \
+/* the reverse: t[..., index, ...] OP g (...), OP += (accumulating) or = */
+#define SCATTER_ROWS(T, OP)                                                            \
     NBI_FOR_ROWS(&p.it, c) {                                                           \
         for (int64_t j = 0; j < p.it.n; j++) {                                         \
             int64_t k = pi[c.off[1] + j * NBI_INNER(&p.it, 1)];                        \
-            ((T *)pt)[c.off[2] + j * NBI_INNER(&p.it, 2) + k * p.dim_stride] +=        \
+            ((T *)pt)[c.off[2] + j * NBI_INNER(&p.it, 2) + k * p.dim_stride] OP        \
                 ((const T *)po)[c.off[0] + j * NBI_INNER(&p.it, 0)];                   \
         }                                                                              \
     }
@@ -126,28 +128,101 @@ static bool select_into(nb_tensor *acc, const nb_tensor *g, const nb_tensor *idx
     return true;
 }
 
+/* The index strides of a pick over an output of idx's rank: gather reads
+ * idx along every dim, index_select (1-d idx) along dim only. */
+static void index_strides(const nb_tensor *idx, int dim, bool select, int64_t *ist) {
+    memset(ist, 0, NB_MAX_DIMS * sizeof *ist);
+    if (select) ist[dim] = idx->strides[0];
+    else memcpy(ist, idx->strides, (size_t)idx->ndim * sizeof *ist);
+}
+
+/* src (...) -> z (shape): zeros with src put back where gather (or
+ * index_select) along dim read it; added in src's row-major order, or
+ * written when no position repeats. */
+static nb_tensor *scatter_kernel(nb_tensor *src, int dim, const nb_tensor *idx,
+                                 nbi_scatter_mode mode, int ndim, const int64_t *shape) {
+    nb_tensor *z = nb_zeros(src->dtype, ndim, shape);
+    if (!z) return NULL;
+    int64_t ist[NB_MAX_DIMS];
+    index_strides(idx, dim, mode == NBI_INDEX_ADD, ist);
+    pick p;
+    pick_init(&p, src, src->strides, ist, z, dim);
+    const void *po = nbi_ptr(src);
+    void *pt = nbi_ptr(z);
+    const int64_t *pi = nbi_ptr(idx);
+    bool f32 = src->dtype == NB_F32;
+    if (mode == NBI_SCATTER_SET) {
+        if (f32) SCATTER_ROWS(float, =)
+        else SCATTER_ROWS(double, =)
+    } else {
+        if (f32) SCATTER_ROWS(float, +=)
+        else SCATTER_ROWS(double, +=)
+    }
+    return z;
+}
+
+/* The scatter's transpose, which reads g where the scatter wrote: a
+ * gather (or an index_select), recorded. */
+static nb_tensor *unscatter(nb_tensor *g, int dim, nb_tensor *idx, nbi_scatter_mode mode) {
+    return mode == NBI_INDEX_ADD ? nb_index_select(g, dim, idx) : nb_gather(g, dim, idx);
+}
+
+/* node: in[0] = src, in[1] = index (saved); i[0] = dim, i[1] = mode */
+static int scatter_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    nb_tensor *idx = nbi_saved_in(n, 1);
+    gin[0] = idx ? unscatter(g, (int)n->i[0], idx, (nbi_scatter_mode)n->i[1]) : NULL;
+    return gin[0] ? 0 : -1;
+}
+
+/* linear in src: the same scatter of its tangent */
+static nb_tensor *scatter_jvp(nbi_node *n, nb_tensor *const *tin) {
+    nb_tensor *idx = nbi_saved_in(n, 1);
+    if (!idx) return NULL;
+    if (!tin[0]) return nbi_zero_tangent(n);
+    return scatter_kernel(tin[0], (int)n->i[0], idx, (nbi_scatter_mode)n->i[1], n->out->ndim,
+                          n->out->shape);
+}
+
+nb_tensor *nbi_scatter(const char *op, nb_tensor *src, int dim, nb_tensor *idx,
+                       nbi_scatter_mode mode, int ndim, const int64_t *shape) {
+    nb_tensor *z = scatter_kernel(src, dim, idx, mode, ndim, shape);
+    nb_tensor *in[2] = {src, idx};
+    if (!z || !nbi_needs_grad(2, in)) return z;
+    nbi_node *n = nbi_record(z, op, scatter_backward, 2, in);
+    if (!n) return nbi_discard(z);
+    n->i[0] = dim;
+    n->i[1] = mode;
+    nbi_save(n, NBI_SAVE_IN(1));
+    n->jvp = scatter_jvp;
+    return z;
+}
+
 /* node: in[0] = t, in[1] = index (version-checked: backward re-reads it);
- * i[0] = dim, i[1] = 1 for index_select */
+ * i[0] = dim, i[1] = 1 for index_select. The gradient is the scatter of g;
+ * in a plain backward index_select's along dim 0 adds into the gradient
+ * the tied weight has so far, when there is one (nbi_grad_sink). */
 static int pick_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     const nb_tensor *t = n->in[0]; /* its shape only */
     nb_tensor *idx = nbi_saved_in(n, 1);
+    if (!idx) return -1;
     int dim = (int)n->i[0];
-    nb_tensor *acc = idx && n->i[1] && dim == 0 && nb_is_contiguous(g) ? nbi_grad_sink(n, 0) : NULL;
+    bool select = n->i[1];
+    bool sink = select && dim == 0 && !nbi_create_graph() && nb_is_contiguous(g);
+    nb_tensor *acc = sink ? nbi_grad_sink(n, 0) : NULL;
     if (acc && select_into(acc, g, idx)) return 0;
-    nb_tensor *z = idx ? nb_zeros(g->dtype, t->ndim, t->shape) : NULL;
-    if (!z) return -1;
-    int64_t ist[NB_MAX_DIMS] = {0};
-    if (n->i[1]) ist[dim] = idx->strides[0];
-    else memcpy(ist, idx->strides, sizeof ist);
-    pick p;
-    pick_init(&p, g, g->strides, ist, z, dim);
-    const void *po = nbi_ptr(g);
-    void *pt = nbi_ptr(z);
-    const int64_t *pi = nbi_ptr(idx);
-    if (g->dtype == NB_F32) SCATTER_ADD_ROWS(float)
-    else SCATTER_ADD_ROWS(double)
-    gin[0] = z;
-    return 0;
+    gin[0] = nbi_scatter(select ? "nb_index_select's backward (index-add)"
+                                : "nb_gather's backward (scatter-add)",
+                         g, dim, idx, select ? NBI_INDEX_ADD : NBI_SCATTER_ADD, t->ndim, t->shape);
+    return gin[0] ? 0 : -1;
+}
+
+/* The tangent is the same pick of t's tangent. */
+static nb_tensor *pick_jvp(nbi_node *n, nb_tensor *const *tin) {
+    nb_tensor *idx = nbi_saved_in(n, 1);
+    if (!idx) return NULL;
+    if (!tin[0]) return nbi_zero_tangent(n);
+    int dim = (int)n->i[0];
+    return n->i[1] ? nb_index_select(tin[0], dim, idx) : nb_gather(tin[0], dim, idx);
 }
 
 static nb_tensor *pick_op(const char *fn, nb_tensor *t, int dim, nb_tensor *index, bool select) {
@@ -158,13 +233,12 @@ static nb_tensor *pick_op(const char *fn, nb_tensor *t, int dim, nb_tensor *inde
     if (t->ndim == 0) return nbi_error("%s: cannot index a 0-d tensor", fn);
     int d = nbi_dim(fn, dim, t->ndim);
     if (d < 0) return NULL;
-    int64_t sh[NB_MAX_DIMS], ist[NB_MAX_DIMS] = {0};
+    int64_t sh[NB_MAX_DIMS], ist[NB_MAX_DIMS];
     if (select) {
         if (index->ndim != 1)
             return nbi_error("%s: index must be 1-d, got shape %s", fn, NBI_SHAPE(index));
         memcpy(sh, t->shape, sizeof sh);
         sh[d] = index->shape[0];
-        ist[d] = index->strides[0];
     } else {
         if (index->ndim != t->ndim)
             return nbi_error("%s: index has %d dims, input has %d", fn, index->ndim, t->ndim);
@@ -173,10 +247,10 @@ static nb_tensor *pick_op(const char *fn, nb_tensor *t, int dim, nb_tensor *inde
                 return nbi_error("%s: index shape %s exceeds input shape %s at dim %d", fn,
                                  NBI_SHAPE(index), NBI_SHAPE(t), i);
             sh[i] = index->shape[i];
-            ist[i] = index->strides[i];
         }
     }
     if (!check_range(fn, index, t->shape[d], dim)) return NULL;
+    index_strides(index, d, select, ist);
     nb_tensor *y = nbi_new(fn, t->dtype, t->ndim, sh, false);
     if (!y) return NULL;
     gather_into(y, ist, index, t, d);
@@ -187,6 +261,7 @@ static nb_tensor *pick_op(const char *fn, nb_tensor *t, int dim, nb_tensor *inde
         n->i[0] = d;
         n->i[1] = select;
         nbi_save(n, NBI_SAVE_IN(1)); /* t's values are not needed, the index is */
+        n->jvp = pick_jvp;
     }
     return y;
 }

@@ -90,20 +90,20 @@ static void fill_where(nb_tensor *out, const nb_tensor *x, const int64_t *xst,
 }
 
 /* ------------------------------------------------------------- backward */
-/* g (S) any strides, mask broadcast to S -> g with zeros where mask is true,
- * summed back to t's shape. node->in = {t, mask}. */
+/* g (S) any strides, mask broadcast to S -> g with zeros where mask is true
+ * (masked_fill itself: recorded under create_graph), summed back to t's
+ * shape. node->in = {t, mask}. */
 static int masked_fill_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     const nb_tensor *t = n->in[0]; /* its shape only */
     if (!nbi_wants(n, 0)) return 0;
-    nb_tensor *mask = nbi_saved_in(n, 1);
-    if (!mask) return -1;
-    nb_tensor *gm = nbi_new(n->op, g->dtype, g->ndim, g->shape, false);
-    if (!gm) return -1;
-    fill_where(gm, g, g->strides, mask, 0.0);
-    nb_tensor *gt = nbi_sum_to(gm, t->ndim, t->shape);
-    if (!gt) return -1;
-    gin[0] = gt;
-    return 0;
+    gin[0] = nbi_sum_to(nb_masked_fill(g, nbi_saved_in(n, 1), 0), t->ndim, t->shape);
+    return gin[0] ? 0 : -1;
+}
+
+/* t's tangent (St) -> zeros where mask is true (broadcast(St, Sm)) */
+static nb_tensor *masked_fill_jvp(nbi_node *n, nb_tensor *const *tin) {
+    if (!tin[0]) return nbi_zero_tangent(n);
+    return nb_masked_fill(tin[0], nbi_saved_in(n, 1), 0);
 }
 
 /* -------------------------------------------------------------- forward */
@@ -134,6 +134,7 @@ nb_tensor *nb_masked_fill(nb_tensor *t, nb_tensor *mask, double value) {
         if (!node) return nbi_discard(out);
         nbi_save(node, NBI_SAVE_IN(1)); /* backward reads the mask, not t */
         node->d[0] = value;
+        node->jvp = masked_fill_jvp;
     }
     return out;
 }

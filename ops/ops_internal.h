@@ -14,7 +14,8 @@
 #define NBI_GRAIN_HEAVY ((int64_t)1 << 10)
 
 /* Sums g over broadcast dims so that it has (ndim, shape); g itself when it
- * already has that shape. */
+ * already has that shape. Recorded (nb_sum, nb_reshape) when grad mode is on
+ * and g requires grad, as under create_graph. */
 nb_tensor *nbi_sum_to(nb_tensor *g, int ndim, const int64_t *shape);
 /* A new handle on t's elements (same storage and geometry) whose gradient
  * passes straight through: what an op returns when it has nothing to do

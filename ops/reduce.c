@@ -1,6 +1,7 @@
 /* reduce.c: sums, means and maxima over one dim or over everything, their
- * backward rules, and nbi_sum_to, which undoes broadcasting in backward. */
-#include "ops_internal.h"
+ * backward rules (made of recorded ops under create_graph) and tangent
+ * rules, and nbi_sum_to, which undoes broadcasting in backward. */
+#include "index_internal.h"
 
 #include <math.h>
 #include <string.h>
@@ -99,12 +100,18 @@ nb_tensor *nbi_unreduce(nb_tensor *g, int dim, bool keepdim, int ndim, const int
     return nb_expand(g, ndim, shape);
 }
 
-/* d[0] = scale (1 or 1/n); i[0] = dim, i[1] = keepdim */
+/* d[0] = scale (1 or 1/n); i[0] = dim, i[1] = keepdim. Made of recorded
+ * ops (a product and views): differentiable again under create_graph. */
 static int sum_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     nb_tensor *in = n->in[0];
     if (n->d[0] != 1.0) g = nb_mul_scalar(g, n->d[0]);
     gin[0] = nbi_unreduce(g, (int)n->i[0], n->i[1], in->ndim, in->shape);
     return gin[0] ? 0 : -1;
+}
+
+/* linear: the same sum (or mean) of the tangent */
+static nb_tensor *sum_jvp(nbi_node *n, nb_tensor *const *tin) {
+    return sum_kernel(n->op, tin[0], (int)n->i[0], n->i[1], n->d[0]);
 }
 
 static nb_tensor *sum_op(const char *fn, nb_tensor *t, int dim, bool keepdim, bool mean) {
@@ -124,6 +131,7 @@ static nb_tensor *sum_op(const char *fn, nb_tensor *t, int dim, bool keepdim, bo
     n->d[0] = scale;
     n->i[0] = d;
     n->i[1] = keepdim;
+    n->jvp = sum_jvp;
     return y;
 }
 
@@ -169,9 +177,8 @@ static int sum_all_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 DEFINE_SUM_ALL(float)
 DEFINE_SUM_ALL(double)
 
-static nb_tensor *sum_all_op(const char *fn, nb_tensor *t, bool mean) {
-    if (!nbi_arg(fn, t, 0)) return NULL;
-    if (!nbi_check_float(fn, t)) return NULL;
+/* sum * scale without recording */
+static nb_tensor *sum_all_kernel(const char *fn, nb_tensor *t, double scale) {
     nb_tensor *y = nbi_new(fn, t->dtype, 0, NULL, false);
     if (!y) return NULL;
     const int64_t *st[1] = {t->strides};
@@ -179,12 +186,24 @@ static nb_tensor *sum_all_op(const char *fn, nb_tensor *t, bool mean) {
     nbi_iter_init(&it, t->ndim, t->shape, 1, st);
     double acc = t->dtype == NB_F32 ? sum_all_float(&it, nbi_ptr(t))
                                      : sum_all_double(&it, nbi_ptr(t));
-    double scale = mean ? 1.0 / (double)t->numel : 1.0;
     nbi_set_flat(y, 0, acc * scale);
-    if (!nbi_needs_grad(1, &t)) return y;
+    return y;
+}
+
+static nb_tensor *sum_all_jvp(nbi_node *n, nb_tensor *const *tin) {
+    return sum_all_kernel(n->op, tin[0], n->d[0]);
+}
+
+static nb_tensor *sum_all_op(const char *fn, nb_tensor *t, bool mean) {
+    if (!nbi_arg(fn, t, 0)) return NULL;
+    if (!nbi_check_float(fn, t)) return NULL;
+    double scale = mean ? 1.0 / (double)t->numel : 1.0;
+    nb_tensor *y = sum_all_kernel(fn, t, scale);
+    if (!y || !nbi_needs_grad(1, &t)) return y;
     nbi_node *n = nbi_record(y, fn, sum_all_backward, 1, &t);
     if (!n) return nbi_discard(y);
     n->d[0] = scale;
+    n->jvp = sum_all_jvp;
     return y;
 }
 
@@ -245,34 +264,22 @@ static int max_check(const char *fn, nb_tensor *t, int dim) {
 }
 
 /* The gradient goes to the position of the max: zeros with g scattered at
- * the saved indices (node->extra, keepdim layout). */
+ * the saved indices (node->extra, keepdim layout), a recorded scatter under
+ * create_graph; i[0] = dim, i[1] = keepdim, i[2] = min */
 static int max_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    nb_tensor *in = n->in[0], *idx = n->extra;
+    nb_tensor *in = n->in[0];
     int d = (int)n->i[0];
-    nb_tensor *z = nb_zeros(g->dtype, in->ndim, in->shape);
-    if (!z) return -1;
     nb_tensor *gk = n->i[1] ? g : nb_unsqueeze(g, d);
-    if (!gk) return -1;
-    int64_t keep[NB_MAX_DIMS];
-    memcpy(keep, in->shape, sizeof keep);
-    keep[d] = 1;
-    const int64_t *st[3] = {z->strides, gk->strides, idx->strides};
-    nbi_iter it;
-    nbi_iter_init(&it, in->ndim, keep, 3, st);
-    int64_t zs = z->strides[d];
-    const int64_t *pi = nbi_ptr(idx);
-    NBI_FOR_ROWS(&it, c) {
-        for (int64_t j = 0; j < it.n; j++) {
-            int64_t k = pi[c.off[2] + j * NBI_INNER(&it, 2)];
-            int64_t zo = c.off[0] + j * NBI_INNER(&it, 0) + k * zs, go = c.off[1] + j * NBI_INNER(&it, 1);
-            if (g->dtype == NB_F32)
-                ((float *)nbi_ptr(z))[zo] = ((const float *)nbi_ptr(gk))[go];
-            else
-                ((double *)nbi_ptr(z))[zo] = ((const double *)nbi_ptr(gk))[go];
-        }
-    }
-    gin[0] = z;
-    return 0;
+    const char *op = n->i[2] ? "nb_min's backward (scatter)" : "nb_max's backward (scatter)";
+    gin[0] = gk ? nbi_scatter(op, gk, d, n->extra, NBI_SCATTER_SET, in->ndim, in->shape) : NULL;
+    return gin[0] ? 0 : -1;
+}
+
+/* The tangent at the position of the max. */
+static nb_tensor *max_jvp(nbi_node *n, nb_tensor *const *tin) {
+    int d = (int)n->i[0];
+    nb_tensor *t = nb_gather(tin[0], d, n->extra);
+    return n->i[1] || !t ? t : nb_squeeze(t, d);
 }
 
 static nb_tensor *minmax_op(const char *fn, nb_tensor *t, int dim, bool keepdim, bool min) {
@@ -298,7 +305,9 @@ static nb_tensor *minmax_op(const char *fn, nb_tensor *t, int dim, bool keepdim,
     }
     n->i[0] = d;
     n->i[1] = keepdim;
+    n->i[2] = min;
     n->extra = nbi_unscoped(kidx); /* the node holds the indices, keepdim layout */
+    n->jvp = max_jvp;
     if (kidx != idx) nb_free(idx);
     return y;
 }
@@ -458,7 +467,10 @@ static nb_tensor *unreduce_keep(nb_tensor *g, uint32_t mask, bool keepdim, int n
     return g;
 }
 
-/* d[0] = scale; i[0] = mask, i[1] = keepdim */
+static nb_tensor *mred_record(const char *fn, nb_tensor *t, uint32_t mask, bool keepdim,
+                              int mode, bool mean, double corr);
+
+/* d[0] = scale; i[0] = mask, i[1] = keepdim. Recorded ops only. */
 static int sum_dims_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     nb_tensor *in = n->in[0];
     if (n->d[0] != 1.0) g = nb_mul_scalar(g, n->d[0]);
@@ -467,25 +479,72 @@ static int sum_dims_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     return gin[0] ? 0 : -1;
 }
 
+static nb_tensor *sum_dims_jvp(nbi_node *n, nb_tensor *const *tin) {
+    mred m = {.mode = MR_SUM, .scale = n->d[0]};
+    return mred_run(n->op, tin[0], (uint32_t)n->i[0], n->i[1], &m);
+}
+
+/* var's node input x minus its mean over the reduced dims (kept as size
+ * 1); the mean is an nb_mean_dims node when x has a graph and grad mode is
+ * on (create_graph), so that the second derivative sees it. */
+static nb_tensor *centered(const nbi_node *n) {
+    nb_tensor *x = nbi_saved_in(n, 0);
+    if (!x) return NULL;
+    nb_tensor *mean = mred_record("nb_mean_dims", x, (uint32_t)n->i[0], true, MR_SUM, true, 0);
+    return mean ? nb_sub(x, mean) : NULL;
+}
+
 /* var' = 2 (x - mean) / (N - correction) g, std' = var' / (2 std) (zero where
- * std is 0), as torch's var_backward / std_backward; d[1] = correction,
- * d[2] = N, i[2] = std */
+ * std is 0), as torch's var_backward / std_backward, of recorded ops;
+ * d[1] = correction, d[2] = N, i[2] = std */
 static int var_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     nb_tensor *in = n->in[0];
-    uint32_t mask = (uint32_t)n->i[0];
-    bool keepdim = n->i[1];
     if (n->i[2]) {
         nb_tensor *sd = nbi_saved_out(n), *zero = nb_zeros(g->dtype, 0, NULL);
         if (!sd || !zero) return -1;
         g = nb_masked_fill(nb_div(g, nb_mul_scalar(sd, 2)), nb_eq(sd, zero), 0);
     }
-    nb_tensor *x = nbi_saved_in(n, 0);
-    if (!x) return -1;
-    mred m = {.mode = MR_SUM, .scale = 1.0 / n->d[2]};
-    nb_tensor *mean = mred_run("nb_backward", x, mask, true, &m);
-    g = unreduce_keep(g, mask, keepdim, in->ndim);
-    gin[0] = nb_mul(nb_mul_scalar(nb_sub(x, mean), 2.0 / (n->d[2] - n->d[1])), g);
+    nb_tensor *xc = centered(n);
+    if (!xc) return -1;
+    g = unreduce_keep(g, (uint32_t)n->i[0], n->i[1], in->ndim);
+    gin[0] = nb_mul(nb_mul_scalar(xc, 2.0 / (n->d[2] - n->d[1])), g);
     return gin[0] ? 0 : -1;
+}
+
+/* torch's var_jvp: 2 / (N - correction) * sum((x - mean) * t); std's is
+ * that / (2 std), NaN where std is 0 as in torch (backward gives 0 there). */
+static nb_tensor *var_jvp(nbi_node *n, nb_tensor *const *tin) {
+    nb_tensor *xc = centered(n), *prod = xc ? nb_mul(xc, tin[0]) : NULL;
+    if (!prod) return NULL;
+    mred m = {.mode = MR_SUM, .scale = 2.0 / (n->d[2] - n->d[1])};
+    nb_tensor *v = mred_run(n->op, prod, (uint32_t)n->i[0], n->i[1], &m);
+    if (!v || !n->i[2]) return v;
+    nb_tensor *sd = nbi_saved_out(n);
+    return sd ? nb_div(v, nb_mul_scalar(sd, 2)) : NULL;
+}
+
+/* t reduced over the dims of mask, recorded when t needs grad */
+static nb_tensor *mred_record(const char *fn, nb_tensor *t, uint32_t mask, bool keepdim,
+                              int mode, bool mean, double corr) {
+    int64_t cnt = 1;
+    for (int i = 0; i < t->ndim; i++)
+        if (mask & (1u << i)) cnt *= t->shape[i];
+    /* inf for an empty reduction, so that the mean is 0 * inf = NaN */
+    mred m = {.mode = mode, .scale = mean ? 1.0 / (double)cnt : 1.0, .corr = corr};
+    nb_tensor *y = mred_run(fn, t, mask, keepdim, &m);
+    if (!y || !nbi_needs_grad(1, &t)) return y;
+    bool sum = mode == MR_SUM;
+    nbi_node *n = nbi_record(y, fn, sum ? sum_dims_backward : var_backward, 1, &t);
+    if (!n) return nbi_discard(y);
+    n->d[0] = m.scale;
+    n->d[1] = corr;
+    n->d[2] = (double)m.n;
+    n->i[0] = mask;
+    n->i[1] = keepdim;
+    n->i[2] = mode == MR_STD;
+    if (!sum) nbi_save(n, NBI_SAVE_IN(0) | (mode == MR_STD ? NBI_SAVE_OUT : 0));
+    n->jvp = sum ? sum_dims_jvp : var_jvp;
+    return y;
 }
 
 static nb_tensor *mred_op(const char *fn, nb_tensor *t, int ndims, const int *dims, bool keepdim,
@@ -496,23 +555,7 @@ static nb_tensor *mred_op(const char *fn, nb_tensor *t, int ndims, const int *di
     if (mred_mask(fn, t, ndims, dims, &mask) < 0) return NULL;
     if (mode != MR_SUM && !isfinite(corr))
         return nbi_error("%s: correction %g must be finite", fn, corr), NULL;
-    int64_t cnt = 1;
-    for (int i = 0; i < t->ndim; i++)
-        if (mask & (1u << i)) cnt *= t->shape[i];
-    /* inf for an empty reduction, so that the mean is 0 * inf = NaN */
-    mred m = {.mode = mode, .scale = mean ? 1.0 / (double)cnt : 1.0, .corr = corr};
-    nb_tensor *y = mred_run(fn, t, mask, keepdim, &m);
-    if (!y || !nbi_needs_grad(1, &t)) return y;
-    nbi_node *n = nbi_record(y, fn, mode == MR_SUM ? sum_dims_backward : var_backward, 1, &t);
-    if (!n) return nbi_discard(y);
-    n->d[0] = m.scale;
-    n->d[1] = corr;
-    n->d[2] = (double)m.n;
-    n->i[0] = mask;
-    n->i[1] = keepdim;
-    n->i[2] = mode == MR_STD;
-    if (mode != MR_SUM) nbi_save(n, NBI_SAVE_IN(0) | (mode == MR_STD ? NBI_SAVE_OUT : 0));
-    return y;
+    return mred_record(fn, t, mask, keepdim, mode, mean, corr);
 }
 
 nb_tensor *nb_sum_dims(nb_tensor *t, int ndims, const int *dims, bool keepdim) {
@@ -579,10 +622,29 @@ static nb_tensor *cum_kernel(const char *fn, nb_tensor *t, int d, bool reverse) 
     return y;
 }
 
-/* i[0] = dim: the reverse cumsum of g */
+static nb_tensor *cumsum_op(const char *fn, nb_tensor *t, int d, bool reverse);
+
+/* i[0] = dim, i[1] = reverse: the cumsum of g the other way, recorded */
 static int cumsum_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    gin[0] = cum_kernel("nb_backward", g, (int)n->i[0], true);
+    gin[0] = cumsum_op(n->i[1] ? "nb_cumsum" : "nb_cumsum's backward (reverse cumsum)", g,
+                       (int)n->i[0], !n->i[1]);
     return gin[0] ? 0 : -1;
+}
+
+static nb_tensor *cumsum_jvp(nbi_node *n, nb_tensor *const *tin) {
+    return cum_kernel(n->op, tin[0], (int)n->i[0], n->i[1]);
+}
+
+/* a cumsum either way, recorded when t needs grad */
+static nb_tensor *cumsum_op(const char *fn, nb_tensor *t, int d, bool reverse) {
+    nb_tensor *y = cum_kernel(fn, t, d, reverse);
+    if (!y || !nbi_needs_grad(1, &t)) return y;
+    nbi_node *n = nbi_record(y, fn, cumsum_backward, 1, &t);
+    if (!n) return nbi_discard(y);
+    n->i[0] = d;
+    n->i[1] = reverse;
+    n->jvp = cumsum_jvp;
+    return y;
 }
 
 nb_tensor *nb_cumsum(nb_tensor *t, int dim) {
@@ -591,12 +653,7 @@ nb_tensor *nb_cumsum(nb_tensor *t, int dim) {
     if (!nbi_check_float(fn, t)) return NULL;
     int d = nbi_dim(fn, dim, t->ndim ? t->ndim : 1);
     if (d < 0) return NULL;
-    nb_tensor *y = cum_kernel(fn, t, d, false);
-    if (!y || !nbi_needs_grad(1, &t)) return y;
-    nbi_node *n = nbi_record(y, fn, cumsum_backward, 1, &t);
-    if (!n) return nbi_discard(y);
-    n->i[0] = d;
-    return y;
+    return cumsum_op(fn, t, d, false);
 }
 
 /* --------------------------------------------------------------- sum_to */
@@ -606,10 +663,12 @@ nb_tensor *nbi_sum_to(nb_tensor *g, int ndim, const int64_t *shape) {
     if (g->dtype == NB_BF16) /* summed in f32, rounded once */
         return nb_to(nbi_sum_to(nb_to(g, NB_F32), ndim, shape), NB_BF16);
     int lead = g->ndim - ndim;
+    /* under create_graph g has a history: the same sums, recorded */
+    bool record = nbi_needs_grad(1, &g);
     nb_tensor *s = g;
     for (int i = 0; i < g->ndim && s; i++) {
         bool reduce = i < lead || (shape[i - lead] == 1 && g->shape[i] != 1);
-        if (reduce) s = sum_kernel("nb_backward", s, i, true, 1.0);
+        if (reduce) s = record ? nb_sum(s, i, true) : sum_kernel("nb_backward", s, i, true, 1.0);
     }
     return s ? nb_reshape(s, ndim, shape) : NULL;
 }

@@ -54,30 +54,43 @@
 
 /* ops/elementwise.c: one input and up to two scalars; kernel enum U_<name> */
 #define NB_OPS_ELEMENTWISE(X)                                                        \
-    X(neg, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_neg(x[0]))                \
-    X(exp, "f", NB_OP_DIFF, nb_exp(x[0]))                                            \
-    X(log, "p", NB_OP_DIFF, nb_log(x[0]))                                            \
-    X(sqrt, "p", NB_OP_DIFF | NB_OP_EXACT, nb_sqrt(x[0]))                                          \
-    X(tanh, "f", NB_OP_DIFF, nb_tanh(x[0]))                                          \
-    X(relu, "a", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_relu(x[0]))              \
-    X(gelu, "f", NB_OP_DIFF, nb_gelu(x[0]))                                          \
-    X(pow_scalar, "p", NB_OP_DIFF, nb_pow_scalar(x[0], 1.5))                         \
-    X(add_scalar, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_add_scalar(x[0], 1.5))           \
-    X(mul_scalar, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_mul_scalar(x[0], -2.5)) \
-    X(sigmoid, "f", NB_OP_DIFF, nb_sigmoid(x[0]))                                    \
-    X(silu, "f", NB_OP_DIFF, nb_silu(x[0]))                                          \
-    X(abs, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_abs(x[0]))                \
-    X(clamp, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_clamp(x[0], -0.5, 0.8)) \
-    X(gelu_tanh, "f", NB_OP_DIFF, nb_gelu_tanh(x[0]))
+    X(neg, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP | NB_OP_GRAD2 | NB_OP_JVP,    \
+      nb_neg(x[0]))                                                                  \
+    X(exp, "f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP, nb_exp(x[0]))                  \
+    X(log, "p", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP, nb_log(x[0]))                  \
+    X(sqrt, "p", NB_OP_DIFF | NB_OP_EXACT | NB_OP_GRAD2 | NB_OP_JVP, nb_sqrt(x[0]))  \
+    X(tanh, "f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP, nb_tanh(x[0]))                \
+    X(relu, "a", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP | NB_OP_GRAD2 | NB_OP_JVP,   \
+      nb_relu(x[0]))                                                                 \
+    X(gelu, "f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP, nb_gelu(x[0]))                \
+    X(pow_scalar, "p", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP,                         \
+      nb_pow_scalar(x[0], 1.5))                                                      \
+    X(add_scalar, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP | NB_OP_GRAD2 | NB_OP_JVP, \
+      nb_add_scalar(x[0], 1.5))                                                      \
+    X(mul_scalar, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP | NB_OP_GRAD2 | NB_OP_JVP, \
+      nb_mul_scalar(x[0], -2.5))                                                     \
+    X(sigmoid, "f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP, nb_sigmoid(x[0]))          \
+    X(silu, "f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP, nb_silu(x[0]))                \
+    X(abs, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP | NB_OP_GRAD2 | NB_OP_JVP,    \
+      nb_abs(x[0]))                                                                  \
+    X(clamp, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP | NB_OP_GRAD2 | NB_OP_JVP,  \
+      nb_clamp(x[0], -0.5, 0.8))                                                     \
+    X(gelu_tanh, "f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP, nb_gelu_tanh(x[0]))
 
 /* ops/binary.c: two broadcast inputs; kernel enum NBI_<name> */
 #define NB_OPS_BINARY(X)                                                             \
-    X(add, "f f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_add(x[0], x[1]))                      \
-    X(sub, "f f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_sub(x[0], x[1]))                      \
-    X(mul, "f f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_mul(x[0], x[1]))                      \
-    X(div, "f a", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP, nb_div(x[0], x[1]))                      \
-    X(minimum, "f f", NB_OP_DIFF | NB_OP_CHEAP, nb_minimum(x[0], x[1]))              \
-    X(maximum, "f f", NB_OP_DIFF | NB_OP_CHEAP, nb_maximum(x[0], x[1]))
+    X(add, "f f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP | NB_OP_GRAD2 | NB_OP_JVP,  \
+      nb_add(x[0], x[1]))                                                            \
+    X(sub, "f f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP | NB_OP_GRAD2 | NB_OP_JVP,  \
+      nb_sub(x[0], x[1]))                                                            \
+    X(mul, "f f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP | NB_OP_GRAD2 | NB_OP_JVP,  \
+      nb_mul(x[0], x[1]))                                                            \
+    X(div, "f a", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP | NB_OP_GRAD2 | NB_OP_JVP,  \
+      nb_div(x[0], x[1]))                                                            \
+    X(minimum, "f f", NB_OP_DIFF | NB_OP_CHEAP | NB_OP_GRAD2 | NB_OP_JVP,            \
+      nb_minimum(x[0], x[1]))                                                        \
+    X(maximum, "f f", NB_OP_DIFF | NB_OP_CHEAP | NB_OP_GRAD2 | NB_OP_JVP,            \
+      nb_maximum(x[0], x[1]))
 
 /* ops/compare.c: boolean results, and where */
 #define NB_OPS_COMPARE(X)                                                            \
@@ -86,22 +99,30 @@
     X(lt, "f f", NB_OP_EXACT, nb_lt(x[0], x[1]))                                     \
     X(gt, "f f", NB_OP_EXACT, nb_gt(x[0], x[1]))                                     \
     X(logical_not, "b", NB_OP_EXACT, nb_logical_not(x[0]))                           \
-    X(where, "b f f", NB_OP_DIFF | NB_OP_EXACT, nb_where(x[0], x[1], x[2]))
+    X(where, "b f f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_GRAD2 | NB_OP_JVP,            \
+      nb_where(x[0], x[1], x[2]))
 
 /* ops/reduce.c */
 #define NB_OPS_REDUCE(X)                                                             \
-    X(sum, "f", NB_OP_DIFF, nb_sum(x[0], 1, false))                                  \
-    X(mean, "f", NB_OP_DIFF, nb_mean(x[0], 0, true))                                 \
-    X(max, "f", NB_OP_DIFF | NB_OP_EXACT, nb_max(x[0], 1, false))                    \
+    X(sum, "f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP, nb_sum(x[0], 1, false))        \
+    X(mean, "f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP, nb_mean(x[0], 0, true))       \
+    X(max, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_GRAD2 | NB_OP_JVP,                  \
+      nb_max(x[0], 1, false))                                                        \
     X(argmax, "f", NB_OP_EXACT, nb_argmax(x[0], 0, false))                           \
-    X(sum_all, "f", NB_OP_DIFF, nb_sum_all(x[0]))                                    \
-    X(mean_all, "f", NB_OP_DIFF, nb_mean_all(x[0]))                                  \
-    X(min, "f", NB_OP_DIFF | NB_OP_EXACT, nb_min(x[0], 1, false))                    \
-    X(sum_dims, "f:2x3x4", NB_OP_DIFF, nb_sum_dims(x[0], 2, (const int[]){1, 2}, true)) \
-    X(mean_dims, "f:2x3x4", NB_OP_DIFF, nb_mean_dims(x[0], 2, (const int[]){-1, 1}, false)) \
-    X(var, "f:2x3x4", NB_OP_DIFF, nb_var(x[0], 2, (const int[]){1, 2}, 1.0, false))  \
-    X(std, "f:2x3x4", NB_OP_DIFF, nb_std(x[0], 1, (const int[]){-1}, 0.0, true))     \
-    X(cumsum, "f", NB_OP_DIFF | NB_OP_EXACT, nb_cumsum(x[0], 1))
+    X(sum_all, "f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP, nb_sum_all(x[0]))          \
+    X(mean_all, "f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP, nb_mean_all(x[0]))        \
+    X(min, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_GRAD2 | NB_OP_JVP,                  \
+      nb_min(x[0], 1, false))                                                        \
+    X(sum_dims, "f:2x3x4", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP,                     \
+      nb_sum_dims(x[0], 2, (const int[]){1, 2}, true))                               \
+    X(mean_dims, "f:2x3x4", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP,                    \
+      nb_mean_dims(x[0], 2, (const int[]){-1, 1}, false))                            \
+    X(var, "f:2x3x4", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP,                          \
+      nb_var(x[0], 2, (const int[]){1, 2}, 1.0, false))                              \
+    X(std, "f:2x3x4", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP,                          \
+      nb_std(x[0], 1, (const int[]){-1}, 0.0, true))                                 \
+    X(cumsum, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_GRAD2 | NB_OP_JVP,               \
+      nb_cumsum(x[0], 1))
 
 /* ops/matmul.c */
 #define NB_OPS_MATMUL(X) X(matmul, "f:2x3x4 f:2x4x5", NB_OP_DIFF | NB_OP_BF16, nb_matmul(x[0], x[1]))
@@ -113,10 +134,13 @@
 
 /* ops/masked_fill.c */
 #define NB_OPS_MASKED_FILL(X)                                                        \
-    X(masked_fill, "f b", NB_OP_DIFF | NB_OP_EXACT, nb_masked_fill(x[0], x[1], -2))
+    X(masked_fill, "f b", NB_OP_DIFF | NB_OP_EXACT | NB_OP_GRAD2 | NB_OP_JVP,        \
+      nb_masked_fill(x[0], x[1], -2))
 
 /* ops/dropout.c */
-#define NB_OPS_DROPOUT(X) X(dropout, "f", NB_OP_DIFF, nb_dropout(x[0], 0.25, true, op_rng()))
+#define NB_OPS_DROPOUT(X)                                                            \
+    X(dropout, "f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP,                          \
+      nb_dropout(x[0], 0.25, true, op_rng()))
 
 /* ops/view.c: views (no copy) and reshape/contiguous */
 #define NB_OPS_VIEW(X)                                                               \
@@ -140,13 +164,17 @@
 
 /* ops/index.c */
 #define NB_OPS_INDEX(X)                                                              \
-    X(gather, "f i:3x2", NB_OP_DIFF | NB_OP_EXACT, nb_gather(x[0], 1, x[1]))         \
-    X(index_select, "f i:5", NB_OP_DIFF | NB_OP_EXACT, nb_index_select(x[0], 0, x[1]))
+    X(gather, "f i:3x2", NB_OP_DIFF | NB_OP_EXACT | NB_OP_GRAD2 | NB_OP_JVP,         \
+      nb_gather(x[0], 1, x[1]))                                                      \
+    X(index_select, "f i:5", NB_OP_DIFF | NB_OP_EXACT | NB_OP_GRAD2 | NB_OP_JVP,     \
+      nb_index_select(x[0], 0, x[1]))
 
 /* ops/sort.c: along dim 1 (dim 0 grows in the thread tests) */
 #define NB_OPS_SORT(X)                                                               \
-    X(sort, "f", NB_OP_DIFF | NB_OP_EXACT, nb_sort(x[0], 1, true, NULL))             \
-    X(topk, "f", NB_OP_DIFF | NB_OP_EXACT, nb_topk(x[0], 2, 1, true, true, NULL))
+    X(sort, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_GRAD2 | NB_OP_JVP,                 \
+      nb_sort(x[0], 1, true, NULL))                                                  \
+    X(topk, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_GRAD2 | NB_OP_JVP,                 \
+      nb_topk(x[0], 2, 1, true, true, NULL))
 
 /* ops/sample.c: random draws by weight */
 #define NB_OPS_SAMPLE(X) X(multinomial, "p", 0, nb_multinomial(x[0], 3, true, op_rng()))

@@ -9,7 +9,7 @@
  *
  * The gradient puts g back at the picked positions (zeros elsewhere), from
  * the indices the node keeps (node->extra). */
-#include "ops_internal.h"
+#include "index_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -103,37 +103,24 @@ static bool sort_run(const char *fn, const nb_tensor *t, int d, int64_t k, bool 
     return true;
 }
 
-/* g (..., k, ...) -> zeros of t's shape with g at the kept indices */
+/* g (..., k, ...) -> zeros of t's shape with g at the kept indices (a
+ * recorded scatter under create_graph); i[0] = dim, i[1] = topk */
 static int sort_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     if (!nbi_wants(n, 0)) return 0;
     const nb_tensor *in = n->in[0];
-    nb_tensor *idx = n->extra;
-    nb_tensor *z = nb_zeros(g->dtype, in->ndim, in->shape);
-    if (!z) return -1;
-    if (in->ndim == 0) { /* a 0-d sort is the identity */
-        nbi_copy_strided(z, g->strides, g);
-        gin[0] = z;
-        return 0;
-    }
-    int d = (int)n->i[0];
-    int64_t zst[NB_MAX_DIMS];
-    memcpy(zst, z->strides, sizeof zst);
-    zst[d] = 0;
-    const int64_t *st[3] = {zst, g->strides, idx->strides};
-    nbi_iter it;
-    nbi_iter_init(&it, g->ndim, g->shape, 3, st);
-    int64_t zs = z->strides[d];
-    const int64_t *pi = nbi_ptr(idx);
-    NBI_FOR_ROWS(&it, c) {
-        for (int64_t j = 0; j < it.n; j++) {
-            int64_t zo = c.off[0] + j * NBI_INNER(&it, 0) + pi[c.off[2] + j * NBI_INNER(&it, 2)] * zs;
-            int64_t go = c.off[1] + j * NBI_INNER(&it, 1);
-            if (g->dtype == NB_F32) ((float *)nbi_ptr(z))[zo] = ((const float *)nbi_ptr(g))[go];
-            else ((double *)nbi_ptr(z))[zo] = ((const double *)nbi_ptr(g))[go];
-        }
-    }
-    gin[0] = z;
-    return 0;
+    if (in->ndim == 0) /* a 0-d sort is the identity */
+        gin[0] = nbi_grad_copy("nb_backward", g);
+    else
+        gin[0] = nbi_scatter(n->i[1] ? "nb_topk's backward (scatter)"
+                                     : "nb_sort's backward (scatter)",
+                             g, (int)n->i[0], n->extra, NBI_SCATTER_SET, in->ndim, in->shape);
+    return gin[0] ? 0 : -1;
+}
+
+/* The tangent is t's picked at the same indices. */
+static nb_tensor *sort_jvp(nbi_node *n, nb_tensor *const *tin) {
+    if (n->in[0]->ndim == 0) return nbi_grad_copy("nb_jvp", tin[0]);
+    return nb_gather(tin[0], (int)n->i[0], n->extra);
 }
 
 /* The shared body: t sorted along dim, the first k kept. */
@@ -184,7 +171,9 @@ static nb_tensor *sort_op(const char *fn, nb_tensor *t, int dim, int64_t k, bool
         }
         nbi_save(n, 0); /* t's values are not needed: the indices say where */
         n->i[0] = d;
+        n->i[1] = topk;
         n->extra = nbi_unscoped(idx);
+        n->jvp = sort_jvp;
     } else {
         nb_free(idx);
     }

@@ -129,10 +129,17 @@ static int identity_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     return 0;
 }
 
+static nb_tensor *identity_jvp(nbi_node *n, nb_tensor *const *tin) {
+    (void)n;
+    return nbi_recorded_alias(tin[0]);
+}
+
 nb_tensor *nbi_alias(const char *op, nb_tensor *t) {
     nb_tensor *y = nbi_make_view(t, t->ndim, t->shape, t->strides, t->offset);
-    if (y && nbi_needs_grad(1, &t) && !nbi_record(y, op, identity_backward, 1, &t))
-        return nbi_discard(y);
+    if (!y || !nbi_needs_grad(1, &t)) return y;
+    nbi_node *n = nbi_record(y, op, identity_backward, 1, &t);
+    if (!n) return nbi_discard(y);
+    n->jvp = identity_jvp;
     return y;
 }
 
@@ -244,6 +251,11 @@ static int expand_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     return gin[0] ? 0 : -1;
 }
 
+/* the tangent expanded as the input was */
+static nb_tensor *expand_jvp(nbi_node *n, nb_tensor *const *tin) {
+    return nb_expand(tin[0], n->out->ndim, n->out->shape);
+}
+
 nb_tensor *nb_expand(nb_tensor *t, int ndim, const int64_t *shape) {
     const char *fn = "nb_expand";
     if (!nbi_arg(fn, t, 0)) return NULL;
@@ -277,7 +289,10 @@ nb_tensor *nb_expand(nb_tensor *t, int ndim, const int64_t *shape) {
     }
     if (nbi_shape_numel(ndim, sh) < 0)
         return nbi_error("%s: shape %s overflows int64", fn, nbi_shape_str(ndim, sh));
-    return record_view(fn, t, ndim, sh, st, t->offset, expand_backward, NULL);
+    nbi_node *n;
+    nb_tensor *y = record_view(fn, t, ndim, sh, st, t->offset, expand_backward, &n);
+    if (n) n->jvp = expand_jvp;
+    return y;
 }
 
 /* ------------------------------------------------------------ narrow/select */

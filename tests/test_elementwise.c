@@ -5,8 +5,9 @@
  * abs at 0 and NaN, minimum/maximum at ties and NaN. Forward values in f64 and
  * f32, special values (nan, +-0, +-inf), result shapes and dtypes,
  * non-contiguous operands (transposed, narrowed, expanded, selected views)
- * against contiguous copies, nb_gradcheck of every differentiable op on
- * contiguous, transposed and broadcast inputs, backward values against torch
+ * against contiguous copies, nb_gradcheck, nb_gradgradcheck and forward-mode
+ * gradcheck of every differentiable op on contiguous, transposed and
+ * broadcast inputs, backward values against torch
  * autograd, and the error messages of bad input; clamp's bounds and errors,
  * abs at 0 and NaN, minimum/maximum at ties and NaN. */
 #include "test_util.h"
@@ -521,6 +522,20 @@ static nb_tensor *leaf_t(uint64_t seed, int domain, int64_t rows, int64_t cols) 
     return t;
 }
 
+/* First and second order (nb_gradgradcheck) on the same inputs; all orders
+ * adds forward mode (not through nb_transpose, whose tangent rule is the view
+ * family's). Every differentiable op here has all three. */
+#define expect_two_orders(label, fn, ctx, n, in)     \
+    do {                                             \
+        expect_gradcheck(label, fn, ctx, n, in);     \
+        expect_gradgradcheck(label, fn, ctx, n, in); \
+    } while (0)
+#define expect_all_orders(label, fn, ctx, n, in)     \
+    do {                                             \
+        expect_two_orders(label, fn, ctx, n, in);    \
+        expect_forward_ad(label, fn, ctx, n, in);    \
+    } while (0)
+
 static nb_tensor *g_unary(nb_tensor **in, int n, void *ctx) {
     const unop *op = ctx;
     (void)n;
@@ -545,23 +560,23 @@ START_TEST(test_gradcheck_unary) {
     uint64_t seed = 1000 + 10 * (uint64_t)_i;
     in[0] = leaf(seed, op->domain, NB_SHAPE(3, 4));
     snprintf(label, sizeof label, "%s contiguous", op->label);
-    expect_gradcheck(label, g_unary, (void *)op, 1, in);
+    expect_all_orders(label, g_unary, (void *)op, 1, in);
 
     in[0] = leaf_t(seed + 1, op->domain, 3, 4);
     snprintf(label, sizeof label, "%s transposed", op->label);
-    expect_gradcheck(label, g_unary, (void *)op, 1, in);
+    expect_all_orders(label, g_unary, (void *)op, 1, in);
 
     in[0] = leaf(seed + 2, op->domain, NB_SHAPE(4, 3));
     snprintf(label, sizeof label, "%s transposed in fn", op->label);
-    expect_gradcheck(label, g_unary_t, (void *)op, 1, in);
+    expect_two_orders(label, g_unary_t, (void *)op, 1, in);
 
     in[0] = leaf(seed + 3, op->domain, NB_SHAPE(3, 1));
     snprintf(label, sizeof label, "%s broadcast", op->label);
-    expect_gradcheck(label, g_unary_expand, (void *)op, 1, in);
+    expect_all_orders(label, g_unary_expand, (void *)op, 1, in);
 
     in[0] = leaf(seed + 4, op->domain, 0, NULL);
     snprintf(label, sizeof label, "%s 0-d", op->label);
-    expect_gradcheck(label, g_unary, (void *)op, 1, in);
+    expect_all_orders(label, g_unary, (void *)op, 1, in);
     nb_scope_end();
 }
 END_TEST
@@ -586,37 +601,37 @@ START_TEST(test_gradcheck_binary) {
     in[0] = leaf(seed, ANY, NB_SHAPE(2, 3));
     in[1] = leaf(seed + 1, op->domain_b, NB_SHAPE(2, 3));
     snprintf(label, sizeof label, "%s contiguous", op->label);
-    expect_gradcheck(label, g_binary, (void *)op, 2, in);
+    expect_all_orders(label, g_binary, (void *)op, 2, in);
 
     in[0] = leaf_t(seed + 2, ANY, 3, 4);
     in[1] = leaf_t(seed + 3, op->domain_b, 3, 4);
     snprintf(label, sizeof label, "%s transposed", op->label);
-    expect_gradcheck(label, g_binary, (void *)op, 2, in);
+    expect_all_orders(label, g_binary, (void *)op, 2, in);
 
     in[0] = leaf(seed + 4, ANY, NB_SHAPE(3, 4));
     in[1] = leaf(seed + 5, op->domain_b, NB_SHAPE(4, 3));
     snprintf(label, sizeof label, "%s transposed in fn", op->label);
-    expect_gradcheck(label, g_binary_t, (void *)op, 2, in);
+    expect_two_orders(label, g_binary_t, (void *)op, 2, in);
 
     in[0] = leaf(seed + 6, ANY, NB_SHAPE(3, 1));
     in[1] = leaf(seed + 7, op->domain_b, NB_SHAPE(4));
     snprintf(label, sizeof label, "%s broadcast", op->label);
-    expect_gradcheck(label, g_binary, (void *)op, 2, in);
+    expect_all_orders(label, g_binary, (void *)op, 2, in);
 
     in[0] = leaf(seed + 8, ANY, NB_SHAPE(2, 1, 3));
     in[1] = leaf(seed + 9, op->domain_b, NB_SHAPE(2, 1));
     snprintf(label, sizeof label, "%s broadcast 3-d", op->label);
-    expect_gradcheck(label, g_binary, (void *)op, 2, in);
+    expect_all_orders(label, g_binary, (void *)op, 2, in);
 
     in[0] = leaf(seed + 10, ANY, 0, NULL);
     in[1] = leaf(seed + 11, op->domain_b, NB_SHAPE(2, 3));
     snprintf(label, sizeof label, "%s broadcast 0-d", op->label);
-    expect_gradcheck(label, g_binary, (void *)op, 2, in);
+    expect_all_orders(label, g_binary, (void *)op, 2, in);
 
     in[0] = leaf_t(seed + 12, ANY, 3, 4);
     in[1] = leaf(seed + 13, op->domain_b, NB_SHAPE(3, 1));
     snprintf(label, sizeof label, "%s transposed + broadcast", op->label);
-    expect_gradcheck(label, g_binary, (void *)op, 2, in);
+    expect_all_orders(label, g_binary, (void *)op, 2, in);
 
     /* only one input requires grad */
     nb_rng r;
@@ -624,12 +639,12 @@ START_TEST(test_gradcheck_binary) {
     in[0] = leaf(seed + 15, ANY, NB_SHAPE(3, 1));
     in[1] = nb_add_scalar(nb_rand(NB_F64, NB_SHAPE(4), &r), 0.5);
     snprintf(label, sizeof label, "%s only a requires grad", op->label);
-    expect_gradcheck(label, g_binary, (void *)op, 2, in);
+    expect_all_orders(label, g_binary, (void *)op, 2, in);
     ck_assert(nb_grad(in[1]) == NULL);
     in[0] = nb_randn(NB_F64, NB_SHAPE(3, 1), &r);
     in[1] = leaf(seed + 16, op->domain_b, NB_SHAPE(4));
     snprintf(label, sizeof label, "%s only b requires grad", op->label);
-    expect_gradcheck(label, g_binary, (void *)op, 2, in);
+    expect_all_orders(label, g_binary, (void *)op, 2, in);
     ck_assert(nb_grad(in[0]) == NULL);
     nb_scope_end();
 }
@@ -656,12 +671,12 @@ START_TEST(test_gradcheck_reused_input) {
     nb_scope_begin();
     nb_tensor *in[2];
     in[0] = leaf(3000, ANY, NB_SHAPE(3, 4));
-    expect_gradcheck("nb_mul x*x", g_square, NULL, 1, in);
+    expect_all_orders("nb_mul x*x", g_square, NULL, 1, in);
     in[0] = leaf_t(3001, AWAY, 3, 4);
-    expect_gradcheck("nb_div x/(x*x) transposed", g_self_div, NULL, 1, in);
+    expect_all_orders("nb_div x/(x*x) transposed", g_self_div, NULL, 1, in);
     in[0] = leaf(3002, ANY, NB_SHAPE(3, 1));
     in[1] = leaf(3003, ANY, NB_SHAPE(4));
-    expect_gradcheck("tanh(exp(a)*b - sqrt(exp(a))) / (b*b+1)", g_chain, NULL, 2, in);
+    expect_all_orders("tanh(exp(a)*b - sqrt(exp(a))) / (b*b+1)", g_chain, NULL, 2, in);
     nb_scope_end();
 }
 END_TEST
@@ -686,27 +701,27 @@ START_TEST(test_gradcheck_where) {
     cond = rand_mask(4000, NB_SHAPE(3, 4));
     in[0] = leaf(4001, ANY, NB_SHAPE(3, 4));
     in[1] = leaf(4002, ANY, NB_SHAPE(3, 4));
-    expect_gradcheck("nb_where contiguous", g_where, cond, 2, in);
+    expect_all_orders("nb_where contiguous", g_where, cond, 2, in);
 
     cond = nb_transpose(rand_mask(4003, NB_SHAPE(4, 3)), 0, 1);
     in[0] = leaf_t(4004, ANY, 3, 4);
     in[1] = leaf_t(4005, ANY, 3, 4);
-    expect_gradcheck("nb_where transposed", g_where, cond, 2, in);
+    expect_all_orders("nb_where transposed", g_where, cond, 2, in);
 
     cond = rand_mask(4006, NB_SHAPE(2, 1, 4));
     in[0] = leaf(4007, ANY, NB_SHAPE(3, 1));
     in[1] = leaf(4008, ANY, NB_SHAPE(4));
-    expect_gradcheck("nb_where broadcast", g_where, cond, 2, in);
+    expect_all_orders("nb_where broadcast", g_where, cond, 2, in);
 
     cond = rand_mask(4009, NB_SHAPE(3, 4));
     in[0] = leaf(4010, ANY, 0, NULL);
     in[1] = leaf_t(4011, ANY, 3, 4);
-    expect_gradcheck("nb_where broadcast 0-d a", g_where, cond, 2, in);
+    expect_all_orders("nb_where broadcast 0-d a", g_where, cond, 2, in);
 
     cond = rand_mask(4012, NB_SHAPE(3, 4));
     in[0] = leaf(4013, ANY, NB_SHAPE(3, 4));
     in[1] = nb_zeros(NB_F64, NB_SHAPE(1));
-    expect_gradcheck("nb_where only a requires grad", g_where, cond, 2, in);
+    expect_all_orders("nb_where only a requires grad", g_where, cond, 2, in);
     nb_scope_end();
 }
 END_TEST

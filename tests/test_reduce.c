@@ -7,8 +7,14 @@
  * draws, support, errors; nb_gradcheck on contiguous, transposed and
  * broadcast inputs; backward values against torch autograd; bad input.
  * Then nb_min's ties and NaN, nb_sum_dims / nb_mean_dims shapes and errors,
- * nb_var's correction at N - correction <= 0, nb_cumsum's f32 accumulation. */
+ * nb_var's correction at N - correction <= 0, nb_cumsum's f32 accumulation.
+ * Higher order: nb_gradgradcheck and forward-mode gradcheck of calls beside
+ * the registry's (dims, keepdim, directions, gather / index_select along
+ * other dims); a tied embedding's gradient (index_select's in-place path)
+ * with transposed, stride-0 and contiguous upstream gradients. */
 #include "test_util.h"
+
+#include <stdlib.h>
 
 static const char *FX = "reduce.txt";
 
@@ -808,6 +814,101 @@ START_TEST(test_sort_no_leak) {
 }
 END_TEST
 
+/* ------------------------------------------------------- higher order */
+/* Calls beside the registry's (other dims, keepdim, directions, all dims,
+ * 0-d) through nb_gradgradcheck and forward-mode gradcheck, on a (3,4)
+ * leaf, contiguous and transposed. */
+static nb_tensor *ho_index(void) { /* (2,4) in [0,3), read through stride 2 */
+    nb_tensor *t = nb_from_data(NB_I64, NB_SHAPE(2, 8),
+                                (const int64_t[]){2, 7, 0, 7, 1, 7, 1, 7, 0, 7, 2, 7, 2, 7, 0, 7});
+    return nb_narrow(nb_view(t, NB_SHAPE(2, 4, 2)), 2, 0, 1);
+}
+
+static nb_tensor *f_higher(nb_tensor **in, int n, void *vctx) {
+    (void)n;
+    nb_tensor *x = in[0];
+    switch (*(const int *)vctx) {
+    case 0: return nb_max(x, 0, true);
+    case 1: return nb_min(x, -1, false);
+    case 2: return nb_sum(x, 0, true);
+    case 3: return nb_mean(x, 1, false);
+    case 4: return nb_sum_dims(x, 0, NULL, false);
+    case 5: return nb_mean_dims(x, 2, (const int[]){0, 1}, true);
+    case 6: return nb_var(x, 1, (const int[]){0}, 0.0, true);
+    case 7: return nb_std(x, 0, NULL, 1.0, false);
+    case 8: return nb_cumsum(x, 0);
+    case 9: return nb_sort(x, 0, false, NULL);
+    case 10: return nb_topk(x, 2, 0, false, true, NULL);
+    case 11: return nb_gather(x, 0, nb_view(ho_index(), NB_SHAPE(2, 4)));
+    case 12: return nb_index_select(x, 1, nb_select(nb_select(ho_index(), 2, 0), 0, 1));
+    default: return nb_sort(nb_sum_all(x), 0, true, NULL); /* 0-d */
+    }
+}
+#define NHIGHER 14
+
+START_TEST(test_higher_order) {
+    for (int layout = 0; layout < 2; layout++) {
+        nb_scope_begin();
+        nb_tensor *x = layout ? transposed_leaf(21, NB_SHAPE(3, 4), 0, 1)
+                              : rand_leaf(21, NB_SHAPE(3, 4));
+        char label[64];
+        snprintf(label, sizeof label, "call %d (%s)", _i, layout ? "transposed" : "contiguous");
+        int op = _i;
+        expect_gradgradcheck(label, f_higher, &op, 1, &x);
+        expect_forward_ad(label, f_higher, &op, 1, &x);
+        nb_scope_end();
+    }
+}
+END_TEST
+
+/* An embedding and its tied output projection in one graph: rows of w
+ * (5,3) picked by index_select (ids repeat, read through a stride) and w^T
+ * used by a product. index_select's backward then finds w's gradient
+ * already summed by the product, and in a plain backward adds into it in
+ * place (nbi_grad_sink) when its own upstream gradient is contiguous. _i is
+ * that gradient's layout: 0 transposed (the rows pass through a transpose
+ * and a product), 1 stride 0 (a mean over the tokens), 2 contiguous (the
+ * in-place path). w's gradient must be, bit for bit, the sum of those of an
+ * untied pair of copies of w. */
+static nb_tensor *tied_loss(nb_tensor *we, nb_tensor *wp, nb_tensor *ids, int layout) {
+    nb_tensor *h = nb_index_select(we, 0, ids); /* (4,3) */
+    if (layout == 0) {
+        nb_rng r = {5, 0};
+        nb_tensor *s = nb_randn(NB_F64, NB_SHAPE(3, 4), &r);
+        h = nb_transpose(nb_mul(nb_transpose(h, 0, 1), s), 0, 1);
+    } else if (layout == 1) {
+        h = nb_mean(h, 0, true); /* (1,3) */
+    }
+    nb_tensor *logits = nb_matmul(h, nb_transpose(wp, 0, 1)); /* (4,5) or (1,5) */
+    nb_rng r = {6, 0};
+    nb_tensor *p = nb_randn(NB_F64, NB_SHAPE(nb_shape(logits)[0], 5), &r);
+    return nb_sum_all(nb_mul(logits, p));
+}
+
+START_TEST(test_tied_index_select_gradient_layouts) {
+    nb_scope_begin();
+    nb_tensor *w = rand_leaf(31, NB_SHAPE(5, 3));
+    nb_tensor *we = nb_set_requires_grad(nb_detach(nb_mul_scalar(w, 1)), true);
+    nb_tensor *wp = nb_set_requires_grad(nb_detach(nb_mul_scalar(w, 1)), true);
+    const int64_t cols[] = {2, 1, 0, 1, 2, 1, 4, 1};
+    nb_tensor *ids = nb_select(nb_from_data(NB_I64, NB_SHAPE(4, 2), cols), 1, 0); /* 2 0 2 4 */
+    CHECK_NOT_NULL(ids);
+    ck_assert_int_eq(nb_backward(tied_loss(w, w, ids, _i)), 0);
+    ck_assert_int_eq(nb_backward(tied_loss(we, wp, ids, _i)), 0);
+    double *got = values(nb_grad(w)), *want = values(nb_add(nb_grad(we), nb_grad(wp)));
+    double *part = values(nb_grad(we));
+    for (int i = 0; i < 15; i++) {
+        ck_assert_msg(memcmp(&got[i], &want[i], sizeof got[i]) == 0,
+                      "layout %d, element %d: %.17g, expected %.17g", _i, i, got[i], want[i]);
+        ck_assert(i / 3 == 0 || i / 3 == 2 || i / 3 == 4 || part[i] == 0); /* rows never picked */
+    }
+    free(got);
+    free(want);
+    free(part);
+    nb_scope_end();
+}
+END_TEST
+
 /* ------------------------------------------------------------ multinomial */
 /* 20000 draws of a fixed distribution (a zero weight among them): every
  * frequency within 4 sigma of its probability, the zero never drawn. */
@@ -921,6 +1022,12 @@ Suite *suite_reduce(void) {
     tcase_add_test(tc, test_sort_grad);
     tcase_add_test(tc, test_sort_errors);
     tcase_add_test(tc, test_sort_no_leak);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("higher order");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, test_higher_order, 0, NHIGHER);
+    tcase_add_loop_test(tc, test_tied_index_select_gradient_layouts, 0, 3);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("multinomial");
