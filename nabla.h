@@ -505,7 +505,8 @@ NB_API bool nb_gradgradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs,
  * the directional derivative along tangents[i] for input i (NULL: zero), each
  * of its input's shape and dtype. fn runs once; every op it runs pushes the
  * tangents through its tangent rule (no backward runs). fn follows the
- * callback rule; its inputs are handed to it as views with no history. out
+ * callback rule; its inputs are handed to it as views with no history (those
+ * that require grad still do, so a backward inside fn works). out
  * (with no history) and out_tangent are new tensors in the current scope.
  * 0, or -1 with a message (an op fn ran has no tangent rule: its name). */
 NB_API int nb_jvp(nb_fn fn, void *ctx, int n, nb_tensor **inputs, nb_tensor **tangents,

@@ -188,6 +188,9 @@ int nb_jvp(nb_fn fn, void *ctx, int n, nb_tensor **inputs, nb_tensor **tangents,
     for (int i = 0; rc == 0 && i < n; i++) { /* primals: the inputs, with no history */
         nb_tensor *x = inputs[i];
         if (!(primals[i] = nbi_make_view(x, x->ndim, x->shape, x->strides, x->offset))) rc = -1;
+        /* an input that requires grad keeps requiring it (no history): a
+         * backward inside fn (forward over reverse) still reaches it */
+        if (rc == 0) primals[i]->requires_grad = x->requires_grad;
         if (rc == 0 && tangents[i]) {
             primals[i]->requires_grad = true;
             slot *s = find(&m, primals[i], true);

@@ -290,14 +290,16 @@ static const char *position(const nb_tensor *t, int64_t e, char *buf, size_t len
 static void summarize(const check *c, nb_gradcheck_result *r, const entry *first_bad, bool fast,
                       const char *order) {
     char where[200], also[260] = "", p1[96], p2[96];
-    if (fast)
+    if (r->checked == 0 || r->input < 0) /* empty inputs or output: nothing to compare */
+        snprintf(where, sizeof where, "no entry");
+    else if (fast)
         snprintf(where, sizeof where, "input %d, projection v^T J u", r->input);
     else
         snprintf(where, sizeof where, "input %d at %s, output element %lld", r->input,
                  position(c->in[r->input], r->index, p1, sizeof p1), (long long)r->output_index);
     bool same = first_bad->input == r->input && first_bad->index == r->index &&
                 first_bad->output_index == r->output_index;
-    if (first_bad->any && !same && !fast)
+    if (first_bad->any && !same && !fast && first_bad->input >= 0)
         snprintf(also, sizeof also, "; first outside tolerance: input %d at %s, output element "
                  "%lld: analytic %.10g vs numeric %.10g", first_bad->input,
                  position(c->in[first_bad->input], first_bad->index, p2, sizeof p2),

@@ -535,7 +535,8 @@ static void double_backward(pool *p, nb_tensor *s) {
         nb_tensor *t = nb_sum_all(g[i]);
         z = z ? nb_add(z, t) : t;
     }
-    if (z && nb_autograd_grad(&z, 1, NULL, lv, n, NULL, h) != 0)
+    nb_backward_opts keep = {.retain_graph = true}; /* later results share the graph */
+    if (z && nb_autograd_grad(&z, 1, NULL, lv, n, &keep, h) != 0)
         fail("the double backward through the result failed");
 }
 

@@ -194,7 +194,9 @@ static nb_tensor *product_like(nb_tensor *x, nb_tensor *y, const nb_tensor *like
 
 /* out = a b  =>  dA = g bᵀ, dB = aᵀ g, each summed over the batch dims its
  * input was broadcast along. A 1-D operand is seen as a matrix (a: (1,K),
- * b: (K,1)) and g gets the matching size-1 dims back. */
+ * b: (K,1)) and g gets the matching size-1 dims back. Made of recorded ops
+ * (products, views, nbi_sum_to), so it is differentiable again under
+ * create_graph as it is. */
 static int matmul_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     nb_tensor *a = nbi_saved_in(n, 0), *b = nbi_saved_in(n, 1);
     if (!a || !b) return -1;
@@ -228,6 +230,27 @@ static int matmul_autocast_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) 
         if (gin[k] && gin[k]->dtype != n->in[k]->dtype && !(gin[k] = nb_to(gin[k], n->in[k]->dtype)))
             rc = -1;
     return rc;
+}
+
+/* p + q for the two terms of a tangent: bf16 terms are added in f32 and
+ * rounded once, as PyTorch adds bf16 tensors. */
+static nb_tensor *add_terms(nb_tensor *p, nb_tensor *q) {
+    if (!p || !q || p->dtype != NB_BF16) return nb_add(p, q);
+    return nb_to(nb_add(nb_to(p, NB_F32), nb_to(q, NB_F32)), NB_BF16);
+}
+
+/* d(a b) = da b + a db (a NULL tangent adds nothing), each product made
+ * the way the recorded one was (under autocast or not). */
+static nb_tensor *matmul_jvp(nbi_node *n, nb_tensor *const *tin) {
+    nb_tensor *a = nbi_saved_in(n, 0), *b = nbi_saved_in(n, 1);
+    if (!a || !b) return NULL;
+    bool autocast = n->backward == matmul_autocast_backward;
+    if (nb_autocast_begin(autocast ? NB_BF16 : NB_F32)) return NULL;
+    nb_tensor *p = tin[0] ? nb_matmul(tin[0], b) : NULL;
+    nb_tensor *q = tin[1] ? nb_matmul(a, tin[1]) : NULL;
+    nb_autocast_end();
+    if ((tin[0] && !p) || (tin[1] && !q)) return NULL;
+    return !p ? q : !q ? p : add_terms(p, q);
 }
 
 /* ------------------------------------------------------------------ forward */
@@ -311,6 +334,7 @@ nb_tensor *nb_matmul(nb_tensor *a, nb_tensor *b) {
                                     2, in);
         if (!node) return nbi_discard(c);
         nbi_save(node, NBI_SAVE_IN(0) | NBI_SAVE_IN(1));
+        node->jvp = matmul_jvp;
     }
     return c;
 }

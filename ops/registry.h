@@ -125,12 +125,15 @@
       nb_cumsum(x[0], 1))
 
 /* ops/matmul.c */
-#define NB_OPS_MATMUL(X) X(matmul, "f:2x3x4 f:2x4x5", NB_OP_DIFF | NB_OP_BF16, nb_matmul(x[0], x[1]))
+#define NB_OPS_MATMUL(X)                                                             \
+    X(matmul, "f:2x3x4 f:2x4x5", NB_OP_DIFF | NB_OP_BF16 | NB_OP_GRAD2 | NB_OP_JVP,  \
+      nb_matmul(x[0], x[1]))
 
 /* ops/softmax.c */
 #define NB_OPS_SOFTMAX(X)                                                            \
-    X(softmax, "f", NB_OP_DIFF, nb_softmax(x[0], 1))                                 \
-    X(log_softmax, "f", NB_OP_DIFF, nb_log_softmax(x[0], 0))
+    X(softmax, "f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP, nb_softmax(x[0], 1))       \
+    X(log_softmax, "f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP,                        \
+      nb_log_softmax(x[0], 0))
 
 /* ops/masked_fill.c */
 #define NB_OPS_MASKED_FILL(X)                                                        \
@@ -144,23 +147,35 @@
 
 /* ops/view.c: views (no copy) and reshape/contiguous */
 #define NB_OPS_VIEW(X)                                                               \
-    X(view, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_view(x[0], NB_SHAPE(-1, 1, 4)))         \
-    X(reshape, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_reshape(x[0], NB_SHAPE(-1, 6)))      \
-    X(transpose, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_transpose(x[0], 0, 1))            \
-    X(permute, "f:2x3x4", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16,                                  \
+    X(view, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16 | NB_OP_GRAD2 | NB_OP_JVP,    \
+      nb_view(x[0], NB_SHAPE(-1, 1, 4)))                                             \
+    X(reshape, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16 | NB_OP_GRAD2 | NB_OP_JVP, \
+      nb_reshape(x[0], NB_SHAPE(-1, 6)))                                             \
+    X(transpose, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16 | NB_OP_GRAD2 | NB_OP_JVP, \
+      nb_transpose(x[0], 0, 1))                                                      \
+    X(permute, "f:2x3x4", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16 | NB_OP_GRAD2 | NB_OP_JVP, \
       nb_permute(x[0], 3, (const int[]){2, 0, 1}))                                   \
-    X(unsqueeze, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_unsqueeze(x[0], 1))               \
-    X(squeeze, "f:3x1x4", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_squeeze(x[0], 1))             \
-    X(expand, "f:3x1", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_expand(x[0], NB_SHAPE(2, -1, 4))) \
-    X(narrow, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_narrow(x[0], 1, 1, 2))               \
-    X(select, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_select(x[0], 0, -1))                 \
-    X(contiguous, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_contiguous(x[0]))
+    X(unsqueeze, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16 | NB_OP_GRAD2 | NB_OP_JVP, \
+      nb_unsqueeze(x[0], 1))                                                         \
+    X(squeeze, "f:3x1x4", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16 | NB_OP_GRAD2 | NB_OP_JVP, \
+      nb_squeeze(x[0], 1))                                                           \
+    X(expand, "f:3x1", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16 | NB_OP_GRAD2 | NB_OP_JVP, \
+      nb_expand(x[0], NB_SHAPE(2, -1, 4)))                                           \
+    X(narrow, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16 | NB_OP_GRAD2 | NB_OP_JVP,  \
+      nb_narrow(x[0], 1, 1, 2))                                                      \
+    X(select, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16 | NB_OP_GRAD2 | NB_OP_JVP,  \
+      nb_select(x[0], 0, -1))                                                        \
+    X(contiguous, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16 | NB_OP_GRAD2 | NB_OP_JVP, \
+      nb_contiguous(x[0]))
 
 /* ops/shape.c: copies that move elements */
 #define NB_OPS_SHAPE(X)                                                              \
-    X(cat, "f f:2x4", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_cat(x, 2, 0))                     \
-    X(stack, "f f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_stack(x, 2, 1))                     \
-    X(to, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16, nb_to(x[0], NB_F64))
+    X(cat, "f f:2x4", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16 | NB_OP_GRAD2 | NB_OP_JVP, \
+      nb_cat(x, 2, 0))                                                               \
+    X(stack, "f f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16 | NB_OP_GRAD2 | NB_OP_JVP, \
+      nb_stack(x, 2, 1))                                                             \
+    X(to, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16 | NB_OP_GRAD2 | NB_OP_JVP,      \
+      nb_to(x[0], NB_F64))
 
 /* ops/index.c */
 #define NB_OPS_INDEX(X)                                                              \

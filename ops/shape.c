@@ -5,6 +5,28 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The tangents of node n's inputs, zeros where one is NULL (in the current
+ * scope, like the tangents); false on error. */
+static bool tangents_or_zeros(const nbi_node *n, nb_tensor *const *tin, nb_tensor **t) {
+    for (int k = 0; k < n->nin; k++) {
+        const nb_tensor *in = n->in[k];
+        t[k] = tin[k] ? tin[k] : nb_zeros(n->out->dtype, in->ndim, in->shape);
+        if (!t[k]) return false;
+    }
+    return true;
+}
+
+/* The tangent of a cat or stack: the same op of the inputs' tangents. */
+static nb_tensor *joined_jvp(nbi_node *n, nb_tensor *const *tin,
+                             nb_tensor *(*op)(nb_tensor *const *, int, int)) {
+    nb_tensor *inline_t[NBI_NODE_INLINE], **t = inline_t;
+    if (n->nin > NBI_NODE_INLINE && !(t = malloc((size_t)n->nin * sizeof *t)))
+        return nbi_error("%s: out of memory for the tangents of %d inputs", n->op, n->nin);
+    nb_tensor *y = tangents_or_zeros(n, tin, t) ? op(t, n->nin, (int)n->i[0]) : NULL;
+    if (t != inline_t) free(t);
+    return y;
+}
+
 /* ------------------------------------------------------------------- cat */
 /* g (..., sum of sizes, ...) -> one slice per input along dim i[0] */
 static int cat_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
@@ -16,6 +38,10 @@ static int cat_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
         start += len;
     }
     return 0;
+}
+
+static nb_tensor *cat_jvp(nbi_node *n, nb_tensor *const *tin) {
+    return joined_jvp(n, tin, nb_cat);
 }
 
 nb_tensor *nb_cat(nb_tensor *const *list, int n, int dim) {
@@ -60,6 +86,7 @@ nb_tensor *nb_cat(nb_tensor *const *list, int n, int dim) {
         nbi_node *node = nbi_record(y, fn, cat_backward, n, list);
         if (!node) return nbi_discard(y);
         node->i[0] = d;
+        node->jvp = cat_jvp;
     }
     return y;
 }
@@ -71,6 +98,10 @@ static int stack_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     for (int k = 0; k < n->nin; k++)
         if (nbi_wants(n, k) && !(gin[k] = nb_select(g, dim, k))) return -1;
     return 0;
+}
+
+static nb_tensor *stack_jvp(nbi_node *n, nb_tensor *const *tin) {
+    return joined_jvp(n, tin, nb_stack);
 }
 
 /* n tensors (S) -> (S with n inserted at dim) */
@@ -108,6 +139,7 @@ nb_tensor *nb_stack(nb_tensor *const *list, int n, int dim) {
         nbi_node *node = nbi_record(y, fn, stack_backward, n, list);
         if (!node) return nbi_discard(y);
         node->i[0] = d;
+        node->jvp = stack_jvp;
     }
     return y;
 }
@@ -118,6 +150,10 @@ static int to_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     return gin[0] ? 0 : -1;
 }
 
+static nb_tensor *to_jvp(nbi_node *n, nb_tensor *const *tin) {
+    return nb_to(tin[0], n->out->dtype);
+}
+
 nb_tensor *nb_to(nb_tensor *t, nb_dtype dtype) {
     const char *fn = "nb_to";
     if (!nbi_arg(fn, t, 0)) return NULL;
@@ -126,8 +162,10 @@ nb_tensor *nb_to(nb_tensor *t, nb_dtype dtype) {
     nb_tensor *y = nbi_new(fn, dtype, t->ndim, t->shape, false);
     if (!y) return NULL;
     nbi_copy_strided(y, t->strides, t);
-    if (nbi_is_diff(dtype) && nbi_is_diff(t->dtype) && nbi_needs_grad(1, &t) &&
-        !nbi_record(y, fn, to_backward, 1, &t))
-        return nbi_discard(y);
+    if (nbi_is_diff(dtype) && nbi_is_diff(t->dtype) && nbi_needs_grad(1, &t)) {
+        nbi_node *node = nbi_record(y, fn, to_backward, 1, &t);
+        if (!node) return nbi_discard(y);
+        node->jvp = to_jvp;
+    }
     return y;
 }

@@ -1,5 +1,6 @@
 /* softmax.c: nb_softmax and nb_log_softmax over any dim, with their
- * backward rules as dedicated kernels.
+ * backward rules as dedicated kernels (and, for create_graph and forward
+ * mode, the same rules made of recorded ops).
  *
  * Both are numerically stable: the slice max m is subtracted before exp, so
  * exp never overflows (softmax(x) = exp(x - m) / sum exp(x - m), and
@@ -342,15 +343,53 @@ static nbi_range_fn span_kernel(const slice_job *j, nb_dtype dt, int nops, bool 
     return backward ? backward_span_unit_base : forward_span_unit_base;
 }
 
+/* ------------------------------------------------------ recorded rules */
+/* Slices of y (along dim, kept) that are all zero: those of an all -inf
+ * input, whose derivatives are zero by the convention above. A constant,
+ * computed without recording. */
+static nb_tensor *dead_slices(nb_tensor *y, int dim) {
+    bool was_off = nbi_grad_off;
+    nbi_grad_off = true;
+    nb_tensor *dead = nb_eq(nb_max(nb_abs(y), dim, true), nb_scalar(y->dtype, 0));
+    nbi_grad_off = was_off;
+    return dead;
+}
+
+/* The rules as public ops, for create_graph and forward mode, with y the
+ * output and u the incoming gradient (backward) or tangent (forward):
+ *   softmax:              y * (u - sum(u * y))   (either way)
+ *   log_softmax backward: u - exp(y) * sum(u)
+ *   log_softmax forward:  u - sum(exp(y) * u)
+ * sums over dim, kept; dead slices give zeros, as in the kernels. */
+static nb_tensor *composed_rule(nb_tensor *y, nb_tensor *u, int dim, bool log_mode,
+                                bool forward) {
+    nb_tensor *r;
+    if (!log_mode) r = nb_mul(y, nb_sub(u, nb_sum(nb_mul(u, y), dim, true)));
+    else if (forward) r = nb_sub(u, nb_sum(nb_mul(nb_exp(y), u), dim, true));
+    else r = nb_sub(u, nb_mul(nb_exp(y), nb_sum(u, dim, true)));
+    if (!r || y->numel == 0) return r;
+    return nb_where(dead_slices(y, dim), nb_scalar(y->dtype, 0), r);
+}
+
+static nb_tensor *softmax_jvp(nbi_node *n, nb_tensor *const *tin) {
+    nb_tensor *y = nbi_saved_out(n);
+    return y ? composed_rule(y, tin[0], (int)n->i[0], n->i[1] != 0, true) : NULL;
+}
+
 /* ------------------------------------------------------------- backward */
 /* y (S) saved output, g (S) any strides -> gin (S) contiguous; node->i[0] =
- * dim (normalized), node->i[1] = log_mode. */
+ * dim (normalized), node->i[1] = log_mode. Under create_graph, the same rule
+ * of recorded ops. */
 static int softmax_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    const nb_tensor *y = nbi_saved_out(n);
+    nb_tensor *y = nbi_saved_out(n);
     if (!y) return -1;
     int dim = (int)n->i[0];
     bool log_mode = n->i[1] != 0;
     if (!nbi_wants(n, 0)) return 0;
+    if (nbi_create_graph()) {
+        gin[0] = composed_rule(y, g, dim, log_mode, false);
+        return gin[0] ? 0 : -1;
+    }
     nb_tensor *gi = nbi_new(n->op, y->dtype, y->ndim, y->shape, false);
     if (!gi) return -1;
     if (g->dtype != y->dtype) {
@@ -389,6 +428,7 @@ static nb_tensor *softmax_common(const char *fn, nb_tensor *t, int dim, bool log
         nbi_save(node, NBI_SAVE_OUT); /* backward reads only the output */
         node->i[0] = d;
         node->i[1] = log_mode;
+        node->jvp = softmax_jvp;
     }
     return y;
 }

@@ -5,17 +5,26 @@
 
 #include <string.h>
 
-/* A view of t recorded as op; its backward rule is bw. */
-static nb_tensor *record_view(const char *op, nb_tensor *t, int ndim, const int64_t *shape,
-                              const int64_t *strides, int64_t offset, nbi_backward_fn bw,
-                              nbi_node **node) {
-    nb_tensor *y = nbi_make_view(t, ndim, shape, strides, offset);
+/* y, a view or copy of t that op made, recorded with backward rule bw and
+ * tangent rule jvp when t requires grad (*node: the node, or NULL). The
+ * rules of this file are made of recorded ops (views, reshapes, sums and the
+ * slices' embedding), so they work under create_graph as they are; the
+ * tangent of a view is the same view of the tangent. */
+static nb_tensor *record_as(const char *op, nb_tensor *t, nb_tensor *y, nbi_backward_fn bw,
+                            nbi_jvp_fn jvp, nbi_node **node) {
     if (node) *node = NULL;
     if (!y || !nbi_needs_grad(1, &t)) return y;
     nbi_node *n = nbi_record(y, op, bw, 1, &t);
     if (!n) return nbi_discard(y);
+    n->jvp = jvp;
     if (node) *node = n;
     return y;
+}
+
+static nb_tensor *record_view(const char *op, nb_tensor *t, int ndim, const int64_t *shape,
+                              const int64_t *strides, int64_t offset, nbi_backward_fn bw,
+                              nbi_jvp_fn jvp, nbi_node **node) {
+    return record_as(op, t, nbi_make_view(t, ndim, shape, strides, offset), bw, jvp, node);
 }
 
 /* ------------------------------------------------------------ view/reshape */
@@ -23,6 +32,12 @@ static nb_tensor *record_view(const char *op, nb_tensor *t, int ndim, const int6
 static int reshape_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     gin[0] = nb_reshape(g, n->in[0]->ndim, n->in[0]->shape);
     return gin[0] ? 0 : -1;
+}
+
+/* its tangent: the tangent in the output's shape (nb_reshape, since a
+ * tangent may have any strides) */
+static nb_tensor *reshape_jvp(nbi_node *n, nb_tensor *const *tin) {
+    return nb_reshape(tin[0], n->out->ndim, n->out->shape);
 }
 
 /* Resolves one -1 in shape against numel; false + message if impossible. */
@@ -98,7 +113,7 @@ nb_tensor *nb_view(nb_tensor *t, int ndim, const int64_t *shape) {
                          "(e.g. after nb_transpose); use nb_reshape, which copies when needed",
                          fn, NBI_SHAPE(t), nbi_shape_str(t->ndim, t->strides),
                          nbi_shape_str(ndim, sh));
-    return record_view(fn, t, ndim, sh, st, t->offset, reshape_backward, NULL);
+    return record_view(fn, t, ndim, sh, st, t->offset, reshape_backward, reshape_jvp, NULL);
 }
 
 nb_tensor *nb_reshape(nb_tensor *t, int ndim, const int64_t *shape) {
@@ -107,7 +122,7 @@ nb_tensor *nb_reshape(nb_tensor *t, int ndim, const int64_t *shape) {
     int64_t sh[NB_MAX_DIMS], st[NB_MAX_DIMS];
     if (!infer_shape(fn, t, ndim, shape, sh)) return NULL;
     if (view_strides(t, ndim, sh, st))
-        return record_view(fn, t, ndim, sh, st, t->offset, reshape_backward, NULL);
+        return record_view(fn, t, ndim, sh, st, t->offset, reshape_backward, reshape_jvp, NULL);
     nb_tensor *y = nbi_new(fn, t->dtype, ndim, sh, false);
     if (!y) return NULL;
     int64_t in_st[NB_MAX_DIMS]; /* copy in t's own shape, then relabel */
@@ -117,12 +132,10 @@ nb_tensor *nb_reshape(nb_tensor *t, int ndim, const int64_t *shape) {
     memcpy(tmp->strides, in_st, sizeof in_st);
     nbi_copy_strided(tmp, t->strides, t);
     nb_free(tmp);
-    if (nbi_needs_grad(1, &t) && !nbi_record(y, fn, reshape_backward, 1, &t))
-        return nbi_discard(y);
-    return y;
+    return record_as(fn, t, y, reshape_backward, reshape_jvp, NULL);
 }
 
-/* The rule of nbi_alias and nb_contiguous: neither changes an element. */
+/* The rules of nbi_alias and nb_contiguous: neither changes an element. */
 static int identity_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     (void)n;
     gin[0] = g;
@@ -135,12 +148,8 @@ static nb_tensor *identity_jvp(nbi_node *n, nb_tensor *const *tin) {
 }
 
 nb_tensor *nbi_alias(const char *op, nb_tensor *t) {
-    nb_tensor *y = nbi_make_view(t, t->ndim, t->shape, t->strides, t->offset);
-    if (!y || !nbi_needs_grad(1, &t)) return y;
-    nbi_node *n = nbi_record(y, op, identity_backward, 1, &t);
-    if (!n) return nbi_discard(y);
-    n->jvp = identity_jvp;
-    return y;
+    return record_view(op, t, t->ndim, t->shape, t->strides, t->offset, identity_backward,
+                       identity_jvp, NULL);
 }
 
 nb_tensor *nb_contiguous(nb_tensor *t) {
@@ -150,9 +159,7 @@ nb_tensor *nb_contiguous(nb_tensor *t) {
     nb_tensor *y = nbi_new_like(fn, t, false);
     if (!y) return NULL;
     nbi_copy_strided(y, t->strides, t);
-    if (nbi_needs_grad(1, &t) && !nbi_record(y, fn, identity_backward, 1, &t))
-        return nbi_discard(y);
-    return y;
+    return record_as(fn, t, y, identity_backward, identity_jvp, NULL);
 }
 
 /* ---------------------------------------------------- transpose / permute */
@@ -161,6 +168,12 @@ static int permute_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     for (int i = 0; i < g->ndim; i++) inv[n->i[i]] = i;
     gin[0] = nb_permute(g, g->ndim, inv);
     return gin[0] ? 0 : -1;
+}
+
+static nb_tensor *permute_jvp(nbi_node *n, nb_tensor *const *tin) {
+    int perm[NB_MAX_DIMS];
+    for (int i = 0; i < tin[0]->ndim; i++) perm[i] = (int)n->i[i];
+    return nb_permute(tin[0], tin[0]->ndim, perm);
 }
 
 nb_tensor *nb_permute(nb_tensor *t, int ndim, const int *dims) {
@@ -181,7 +194,7 @@ nb_tensor *nb_permute(nb_tensor *t, int ndim, const int *dims) {
         st[i] = t->strides[d];
     }
     nbi_node *n;
-    nb_tensor *y = record_view(fn, t, ndim, sh, st, t->offset, permute_backward, &n);
+    nb_tensor *y = record_view(fn, t, ndim, sh, st, t->offset, permute_backward, permute_jvp, &n);
     if (n) for (int i = 0; i < ndim; i++) n->i[i] = perm[i];
     return y;
 }
@@ -202,7 +215,8 @@ nb_tensor *nb_transpose(nb_tensor *t, int dim0, int dim1) {
         st[i] = t->strides[perm[i]];
     }
     nbi_node *n;
-    nb_tensor *y = record_view(fn, t, t->ndim, sh, st, t->offset, permute_backward, &n);
+    nb_tensor *y =
+        record_view(fn, t, t->ndim, sh, st, t->offset, permute_backward, permute_jvp, &n);
     if (n) for (int i = 0; i < t->ndim; i++) n->i[i] = perm[i];
     return y;
 }
@@ -227,7 +241,8 @@ nb_tensor *nb_unsqueeze(nb_tensor *t, int dim) {
         sh[i] = t->shape[j];
         st[i] = t->strides[j++];
     }
-    return record_view(fn, t, t->ndim + 1, sh, st, t->offset, reshape_backward, NULL);
+    return record_view(fn, t, t->ndim + 1, sh, st, t->offset, reshape_backward, reshape_jvp,
+                       NULL);
 }
 
 nb_tensor *nb_squeeze(nb_tensor *t, int dim) {
@@ -242,7 +257,8 @@ nb_tensor *nb_squeeze(nb_tensor *t, int dim) {
         sh[j] = t->shape[i];
         st[j++] = t->strides[i];
     }
-    return record_view(fn, t, t->ndim - 1, sh, st, t->offset, reshape_backward, NULL);
+    return record_view(fn, t, t->ndim - 1, sh, st, t->offset, reshape_backward, reshape_jvp,
+                       NULL);
 }
 
 /* ------------------------------------------------------------------ expand */
@@ -289,25 +305,52 @@ nb_tensor *nb_expand(nb_tensor *t, int ndim, const int64_t *shape) {
     }
     if (nbi_shape_numel(ndim, sh) < 0)
         return nbi_error("%s: shape %s overflows int64", fn, nbi_shape_str(ndim, sh));
-    nbi_node *n;
-    nb_tensor *y = record_view(fn, t, ndim, sh, st, t->offset, expand_backward, &n);
-    if (n) n->jvp = expand_jvp;
-    return y;
+    return record_view(fn, t, ndim, sh, st, t->offset, expand_backward, expand_jvp, NULL);
 }
 
 /* ------------------------------------------------------------ narrow/select */
-/* Gradient of a slice: zeros of the input's shape with g written into the
- * same slice of it (i[0] = dim, i[1] = start, i[2] = length, -1 = select). */
-static int slice_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    nb_tensor *in = n->in[0];
-    nb_tensor *z = nb_zeros(g->dtype, in->ndim, in->shape);
-    if (!z) return -1;
+/* A slice's node holds i[0] = dim, i[1] = start, i[2] = length (-1: a
+ * select of index start). Its gradient embeds g into zeros of the input's
+ * shape; that embedding is recorded under create_graph as an op of its own,
+ * whose node holds the same i[] (and whose rules are the slice's, swapped). */
+static nb_tensor *slice_of(const nbi_node *n, nb_tensor *t) {
     int dim = (int)n->i[0];
-    nb_tensor *part = n->i[2] < 0 ? nb_select(z, dim, n->i[1]) : nb_narrow(z, dim, n->i[1], n->i[2]);
-    if (!part || nb_copy_into(part, g) != 0) return -1;
-    gin[0] = z;
-    return 0;
+    return n->i[2] < 0 ? nb_select(t, dim, n->i[1]) : nb_narrow(t, dim, n->i[1], n->i[2]);
 }
+
+static nb_tensor *embed(const nbi_node *n, nb_tensor *g, int ndim, const int64_t *shape);
+
+static int embed_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    gin[0] = slice_of(n, g);
+    return gin[0] ? 0 : -1;
+}
+
+static nb_tensor *embed_jvp(nbi_node *n, nb_tensor *const *tin) {
+    return embed(n, tin[0], n->out->ndim, n->out->shape);
+}
+
+/* g (the slice's shape) -> zeros of (ndim, shape) with g written into the
+ * slice n names; recorded when g requires grad (a create_graph backward). */
+static nb_tensor *embed(const nbi_node *n, nb_tensor *g, int ndim, const int64_t *shape) {
+    nb_tensor *z = nb_zeros(g->dtype, ndim, shape);
+    if (!z) return NULL;
+    nb_tensor *part = slice_of(n, z);
+    if (!part || nb_copy_into(part, g) != 0) return NULL;
+    if (!nbi_needs_grad(1, &g)) return z;
+    const char *op = n->i[2] < 0 ? "nb_select's backward (embed)" : "nb_narrow's backward (embed)";
+    nbi_node *e = nbi_record(z, op, embed_backward, 1, &g);
+    if (!e) return nbi_discard(z);
+    memcpy(e->i, n->i, 3 * sizeof *e->i);
+    e->jvp = embed_jvp;
+    return z;
+}
+
+static int slice_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    gin[0] = embed(n, g, n->in[0]->ndim, n->in[0]->shape);
+    return gin[0] ? 0 : -1;
+}
+
+static nb_tensor *slice_jvp(nbi_node *n, nb_tensor *const *tin) { return slice_of(n, tin[0]); }
 
 nb_tensor *nb_narrow(nb_tensor *t, int dim, int64_t start, int64_t length) {
     const char *fn = "nb_narrow";
@@ -325,7 +368,7 @@ nb_tensor *nb_narrow(nb_tensor *t, int dim, int64_t start, int64_t length) {
     sh[d] = length;
     nbi_node *n;
     nb_tensor *y = record_view(fn, t, t->ndim, sh, t->strides, t->offset + start * t->strides[d],
-                               slice_backward, &n);
+                               slice_backward, slice_jvp, &n);
     if (n) {
         n->i[0] = d;
         n->i[1] = start;
@@ -353,7 +396,7 @@ nb_tensor *nb_select(nb_tensor *t, int dim, int64_t index) {
     }
     nbi_node *n;
     nb_tensor *y = record_view(fn, t, t->ndim - 1, sh, st, t->offset + index * t->strides[d],
-                               slice_backward, &n);
+                               slice_backward, slice_jvp, &n);
     if (n) {
         n->i[0] = d;
         n->i[1] = index;

@@ -288,6 +288,28 @@ START_TEST(gradcheck_leaves_other_leaves_alone) {
 }
 END_TEST
 
+/* Forward over reverse: check_forward_ad on nb_gradgradcheck's function
+ * pushes tangents through a create_graph backward. And empty inputs. */
+static nb_tensor *tanh_prod(nb_tensor **in, int n, void *ctx) {
+    (void)n, (void)ctx;
+    return nb_tanh(nb_mul(in[0], in[1]));
+}
+
+START_TEST(forward_over_reverse_and_empty) {
+    nb_scope_begin();
+    nb_tensor *in[2] = {vec_leaf(), vec_leaf()};
+    nb_gradcheck_opts o = NB_GRADCHECK_DEFAULTS;
+    o.check_forward_ad = true;
+    nb_gradcheck_result r;
+    ck_assert_msg(nb_gradgradcheck(tanh_prod, NULL, 2, in, &o, &r), "%s", r.message);
+    nb_tensor *e = nb_set_requires_grad(nb_zeros(NB_F64, NB_SHAPE(0, 3)), true);
+    ck_assert_msg(nb_gradcheck(apply_fn, (void *)&cube, 1, &e, &o, &r), "%s", r.message);
+    ck_assert_int_eq(r.checked, 0);
+    ck_assert_msg(nb_gradgradcheck(apply_fn, (void *)&cube, 1, &e, &o, &r), "%s", r.message);
+    nb_scope_end();
+}
+END_TEST
+
 Suite *suite_higher_order(void) {
     Suite *s = suite_create("higher_order");
     TCase *tc = tcase_create("higher_order");
@@ -302,6 +324,7 @@ Suite *suite_higher_order(void) {
     tcase_add_test(tc, once_differentiable_is_refused_by_name);
     tcase_add_test(tc, jvp_values);
     tcase_add_test(tc, gradcheck_leaves_other_leaves_alone);
+    tcase_add_test(tc, forward_over_reverse_and_empty);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,8 +1,10 @@
 /* test_matmul.c: nb_matmul against torch.matmul (tests/fixtures/gen_matmul.py):
  * forward values in f64 and f32 for every rank combination, broadcast batch
  * dims, zero sizes and non-contiguous operands read in place; backward values
- * against torch autograd; nb_gradcheck on contiguous, transposed and
- * broadcast inputs; and the error messages of bad input. */
+ * against torch autograd; nb_gradcheck, nb_gradgradcheck and forward-mode
+ * gradcheck on contiguous, transposed and broadcast inputs; the tangent and
+ * double backward of bf16 and autocast products; and the error messages of
+ * bad input. */
 #include <stdlib.h>
 
 #include "ops/gemm_internal.h" /* to force each kernel path */
@@ -179,15 +181,23 @@ static nb_tensor *transposed_matrix_leaf(uint64_t seed, int64_t rows, int64_t co
     return nb_set_requires_grad(t, true);
 }
 
+/* First order, second order (create_graph) and forward mode. */
+#define expect_all_orders(label, fn, n, in)                                      \
+    do {                                                                         \
+        expect_gradcheck(label, fn, NULL, n, in);                                \
+        expect_gradgradcheck(label, fn, NULL, n, in);                            \
+        expect_forward_ad(label, fn, NULL, n, in);                               \
+    } while (0)
+
 START_TEST(test_gradcheck_contiguous) {
     nb_scope_begin();
     nb_tensor *in[2];
     in[0] = rand_leaf(1, NB_SHAPE(2, 3));
     in[1] = rand_leaf(2, NB_SHAPE(3, 4));
-    expect_gradcheck("nb_matmul 2-D contiguous", f_mm, NULL, 2, in);
+    expect_all_orders("nb_matmul 2-D contiguous", f_mm, 2, in);
     in[0] = rand_leaf(3, NB_SHAPE(2, 3, 4));
     in[1] = rand_leaf(4, NB_SHAPE(2, 4, 2));
-    expect_gradcheck("nb_matmul batched 3-D", f_mm, NULL, 2, in);
+    expect_all_orders("nb_matmul batched 3-D", f_mm, 2, in);
     nb_scope_end();
 }
 END_TEST
@@ -198,17 +208,17 @@ START_TEST(test_gradcheck_transposed) {
     /* transposed inside the function: the graph goes through nb_transpose */
     in[0] = rand_leaf(5, NB_SHAPE(2, 3));
     in[1] = rand_leaf(6, NB_SHAPE(4, 3));
-    expect_gradcheck("nb_matmul 2-D transposed", f_mm_tb, NULL, 2, in);
+    expect_all_orders("nb_matmul 2-D transposed", f_mm_tb, 2, in);
     in[0] = rand_leaf(7, NB_SHAPE(3, 2));
     in[1] = rand_leaf(8, NB_SHAPE(3, 4));
-    expect_gradcheck("nb_matmul 2-D transposed a", f_mm_ta, NULL, 2, in);
+    expect_all_orders("nb_matmul 2-D transposed a", f_mm_ta, 2, in);
     /* leaves that are themselves transposed views */
     in[0] = transposed_matrix_leaf(9, 2, 3);
     in[1] = transposed_matrix_leaf(10, 3, 4);
-    expect_gradcheck("nb_matmul 2-D transposed leaves", f_mm, NULL, 2, in);
+    expect_all_orders("nb_matmul 2-D transposed leaves", f_mm, 2, in);
     in[0] = transposed_matrix_leaf(11, 3, 2);
     in[1] = rand_leaf(12, NB_SHAPE(3, 3));
-    expect_gradcheck("nb_matmul transposed leaf, transposed again", f_mm_ta, NULL, 2, in);
+    expect_all_orders("nb_matmul transposed leaf, transposed again", f_mm_ta, 2, in);
     nb_scope_end();
 }
 END_TEST
@@ -218,16 +228,16 @@ START_TEST(test_gradcheck_broadcast) {
     nb_tensor *in[2];
     in[0] = rand_leaf(13, NB_SHAPE(2, 1, 2, 3));
     in[1] = rand_leaf(14, NB_SHAPE(3, 3, 2));
-    expect_gradcheck("nb_matmul batched broadcast", f_mm, NULL, 2, in);
+    expect_all_orders("nb_matmul batched broadcast", f_mm, 2, in);
     in[0] = rand_leaf(15, NB_SHAPE(2, 3, 4));
     in[1] = rand_leaf(16, NB_SHAPE(4, 2));
-    expect_gradcheck("nb_matmul 3-D x 2-D", f_mm, NULL, 2, in);
+    expect_all_orders("nb_matmul 3-D x 2-D", f_mm, 2, in);
     in[0] = rand_leaf(17, NB_SHAPE(2, 3));
     in[1] = rand_leaf(18, NB_SHAPE(2, 3, 2));
-    expect_gradcheck("nb_matmul 2-D x 3-D", f_mm, NULL, 2, in);
+    expect_all_orders("nb_matmul 2-D x 3-D", f_mm, 2, in);
     in[0] = rand_leaf(19, NB_SHAPE(2, 3));
     in[1] = rand_leaf(20, NB_SHAPE(3, 2));
-    expect_gradcheck("nb_matmul expanded (stride-0) operand", f_mm_exp, NULL, 2, in);
+    expect_all_orders("nb_matmul expanded (stride-0) operand", f_mm_exp, 2, in);
     nb_scope_end();
 }
 END_TEST
@@ -237,19 +247,19 @@ START_TEST(test_gradcheck_1d) {
     nb_tensor *in[2];
     in[0] = rand_leaf(21, NB_SHAPE(3));
     in[1] = rand_leaf(22, NB_SHAPE(3, 2));
-    expect_gradcheck("nb_matmul 1-D x 2-D", f_mm, NULL, 2, in);
+    expect_all_orders("nb_matmul 1-D x 2-D", f_mm, 2, in);
     in[0] = rand_leaf(23, NB_SHAPE(2, 3));
     in[1] = rand_leaf(24, NB_SHAPE(3));
-    expect_gradcheck("nb_matmul 2-D x 1-D", f_mm, NULL, 2, in);
+    expect_all_orders("nb_matmul 2-D x 1-D", f_mm, 2, in);
     in[0] = rand_leaf(25, NB_SHAPE(4));
     in[1] = rand_leaf(26, NB_SHAPE(4));
-    expect_gradcheck("nb_matmul 1-D dot", f_mm, NULL, 2, in);
+    expect_all_orders("nb_matmul 1-D dot", f_mm, 2, in);
     in[0] = rand_leaf(27, NB_SHAPE(3));
     in[1] = rand_leaf(28, NB_SHAPE(2, 3, 2));
-    expect_gradcheck("nb_matmul 1-D x 3-D", f_mm, NULL, 2, in);
+    expect_all_orders("nb_matmul 1-D x 3-D", f_mm, 2, in);
     in[0] = rand_leaf(29, NB_SHAPE(2, 2, 3));
     in[1] = rand_leaf(30, NB_SHAPE(3));
-    expect_gradcheck("nb_matmul 3-D x 1-D", f_mm, NULL, 2, in);
+    expect_all_orders("nb_matmul 3-D x 1-D", f_mm, 2, in);
     nb_scope_end();
 }
 END_TEST
@@ -261,10 +271,10 @@ START_TEST(test_gradcheck_one_input) {
     nb_rng_seed(&r, 31);
     in[0] = rand_leaf(32, NB_SHAPE(2, 3));
     in[1] = nb_randn(NB_F64, NB_SHAPE(3, 2), &r); /* constant: no gradient wanted */
-    expect_gradcheck("nb_matmul only a requires grad", f_mm, NULL, 2, in);
+    expect_all_orders("nb_matmul only a requires grad", f_mm, 2, in);
     in[0] = nb_randn(NB_F64, NB_SHAPE(2, 1, 3), &r);
     in[1] = rand_leaf(33, NB_SHAPE(2, 3, 2));
-    expect_gradcheck("nb_matmul only b requires grad", f_mm, NULL, 2, in);
+    expect_all_orders("nb_matmul only b requires grad", f_mm, 2, in);
     ck_assert(nb_grad(in[0]) == NULL);
     nb_scope_end();
 }
@@ -295,6 +305,74 @@ START_TEST(test_backward_vs_torch) {
         expect_close(nb_grad(a), want[p][0], tol, tol);
         expect_close(nb_grad(b), want[p][1], tol, tol);
         ck_assert(!nb_requires_grad(fa)); /* the fixtures were not touched */
+        nb_scope_end();
+    }
+}
+END_TEST
+
+/* Forward mode with both tangents at once (gradcheck moves one input at a
+ * time): ta b + a tb, broadcast batch dims and a transposed tangent. */
+START_TEST(test_jvp_both_tangents) {
+    nb_scope_begin();
+    nb_tensor *in[2] = {rand_leaf(45, NB_SHAPE(2, 3, 4)), rand_leaf(46, NB_SHAPE(4, 2))};
+    nb_tensor *tan[2] = {rand_leaf(47, NB_SHAPE(2, 3, 4)), transposed_matrix_leaf(48, 4, 2)};
+    nb_tensor *out, *t;
+    ck_assert_msg(nb_jvp(f_mm, NULL, 2, in, tan, &out, &t) == 0, "%s", nb_last_error());
+    nb_tensor *want = nb_add(nb_matmul(tan[0], in[1]), nb_matmul(in[0], tan[1]));
+    expect_close(t, want, 1e-14, 1e-14);
+    expect_close(out, nb_matmul(in[0], in[1]), 0, 0);
+    nb_scope_end();
+}
+END_TEST
+
+/* bf16 products, plain (bf16 result) and under autocast (f32 result from f32
+ * operands): the tangent ta b + a tb and a second derivative through a
+ * create_graph backward come out in the product's dtype, near the same sums
+ * in f64 of the bf16-rounded values. */
+static nb_tensor *f_mm_autocast(nb_tensor **in, int n, void *ctx) {
+    (void)n, (void)ctx;
+    if (nb_autocast_begin(NB_BF16)) return NULL;
+    nb_tensor *y = nb_matmul(in[0], in[1]);
+    nb_autocast_end();
+    return y;
+}
+
+static nb_tensor *rounded_f64(nb_tensor *t) { return nb_to(nb_to(t, NB_BF16), NB_F64); }
+
+START_TEST(test_bf16_orders) {
+    for (int ac = 0; ac < 2; ac++) {
+        nb_scope_begin();
+        nb_rng r;
+        nb_rng_seed(&r, 50);
+        nb_tensor *a64 = rounded_f64(nb_randn(NB_F64, NB_SHAPE(3, 4), &r));
+        nb_tensor *b64 = rounded_f64(nb_randn(NB_F64, NB_SHAPE(4, 2), &r));
+        nb_tensor *ta64 = rounded_f64(nb_randn(NB_F64, NB_SHAPE(3, 4), &r));
+        nb_tensor *tb64 = rounded_f64(nb_randn(NB_F64, NB_SHAPE(4, 2), &r));
+        nb_tensor *w64 = rounded_f64(nb_randn(NB_F64, NB_SHAPE(3, 2), &r));
+        nb_tensor *u64 = rounded_f64(nb_randn(NB_F64, NB_SHAPE(3, 4), &r));
+        nb_dtype in_dt = ac ? NB_F32 : NB_BF16, out_dt = ac ? NB_F32 : NB_BF16;
+        nb_fn fn = ac ? f_mm_autocast : f_mm;
+        nb_tensor *in[2] = {nb_to(a64, in_dt), nb_to(b64, in_dt)};
+        nb_tensor *tan[2] = {nb_to(ta64, in_dt), nb_to(tb64, in_dt)}, *out, *t;
+        ck_assert_msg(nb_jvp(fn, NULL, 2, in, tan, &out, &t) == 0, "%s", nb_last_error());
+        ck_assert_int_eq(nb_dtype_of(t), out_dt);
+        nb_tensor *want = nb_add(nb_matmul(ta64, b64), nb_matmul(a64, tb64));
+        expect_close(nb_to(t, NB_F64), want, 0.05, 0.02);
+        /* d<u, dA>/dB with dA = w Bᵀ the create_graph gradient of <w, A B>: uᵀ w */
+        nb_set_requires_grad(in[0], true);
+        nb_set_requires_grad(in[1], true);
+        nb_tensor *y = fn(in, 2, NULL), *da = NULL, *db = NULL, *w = nb_to(w64, out_dt);
+        CHECK_NOT_NULL(y);
+        ck_assert_msg(nb_autograd_grad(&y, 1, &w, &in[0], 1,
+                                       &(nb_backward_opts){.create_graph = true}, &da) == 0,
+                      "%s", nb_last_error());
+        ck_assert(nb_requires_grad(da));
+        ck_assert_int_eq(nb_dtype_of(da), in_dt);
+        nb_tensor *u = nb_to(u64, in_dt);
+        ck_assert_msg(nb_autograd_grad(&da, 1, &u, &in[1], 1, NULL, &db) == 0, "%s",
+                      nb_last_error());
+        ck_assert_int_eq(nb_dtype_of(db), in_dt);
+        expect_close(nb_to(db, NB_F64), nb_matmul(nb_transpose(u64, 0, 1), w64), 0.05, 0.02);
         nb_scope_end();
     }
 }
@@ -521,6 +599,8 @@ Suite *suite_matmul(void) {
     tcase_add_test(tc, test_gradcheck_one_input);
     tcase_add_loop_test(tc, test_backward_vs_torch, 0,
                         (int)(sizeof grad_cases / sizeof grad_cases[0]));
+    tcase_add_test(tc, test_jvp_both_tangents);
+    tcase_add_test(tc, test_bf16_orders);
     tcase_add_test(tc, test_no_grad_records_nothing);
     tcase_add_test(tc, test_in_place_write_after_use);
     tcase_add_test(tc, test_no_leak);

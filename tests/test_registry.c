@@ -428,8 +428,11 @@ static snap run_grown(const reg_op *op, nb_dtype dt, int64_t grow, int mode) {
     r.n++;
     if (diff) {
         nb_tensor *w = values_for('f', nb_dtype_of(y), nb_ndim(y), nb_shape(y), 99);
-        ck_assert_msg(nb_backward(nb_sum_all(nb_mul(y, w))) == 0, "nb_%s: backward: %s",
-                      op->name, nb_last_error());
+        /* retained: the second-order snap goes through the same x (an
+         * expanded leaf in the broadcast layout) */
+        nb_backward_opts keep = {.retain_graph = true};
+        ck_assert_msg(nb_backward_with_opts(nb_sum_all(nb_mul(y, w)), NULL, &keep) == 0,
+                      "nb_%s: backward: %s", op->name, nb_last_error());
         for (int k = 0; k < s.n; k++) {
             if (!is_float_kind(s.kind[k])) continue;
             r.b[r.n] = bytes_of(nb_grad(leaf[k]), &r.len[r.n]);
@@ -631,7 +634,10 @@ static char *op_table(bool full) {
         PUT("| --- | --- | --- | --- | --- | --- |\n");
         for (int i = 0; i < NOPS; i++)
             PUT("| `nb_%s` | %s.c | %s | %s | %s | `%s` |\n", OPS[i].name, OPS[i].family,
-                OPS[i].flags & NB_OP_DIFF ? "yes" : "no",
+                !(OPS[i].flags & NB_OP_DIFF) ? "no"
+                : (OPS[i].flags & NB_OP_GRAD2) && (OPS[i].flags & NB_OP_JVP)
+                    ? "yes: twice, and forward mode"
+                : OPS[i].flags & NB_OP_GRAD2 ? "yes: twice" : "yes",
                 OPS[i].flags & NB_OP_EXACT ? "bit for bit" : "within tolerance",
                 OPS[i].flags & NB_OP_BF16 ? "yes" : "refused", OPS[i].call_text);
     } else {

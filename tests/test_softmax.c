@@ -284,6 +284,14 @@ static nb_tensor *sm_fn(nb_tensor **in, int n, void *ctx) {
     return c->f(x, c->dim);
 }
 
+/* First order, second order (create_graph) and forward mode. */
+#define expect_all_orders(label, fn, ctx, n, in)                                 \
+    do {                                                                         \
+        expect_gradcheck(label, fn, ctx, n, in);                                 \
+        expect_gradgradcheck(label, fn, ctx, n, in);                             \
+        expect_forward_ad(label, fn, ctx, n, in);                                \
+    } while (0)
+
 static void gradcheck_softmax(const char *name, dim_op f) {
     char label[96];
     int dims[] = {-1, 0, 1};
@@ -292,14 +300,14 @@ static void gradcheck_softmax(const char *name, dim_op f) {
         sm_ctx c = {f, dims[i], 0, {0}};
         nb_tensor *x = rand_leaf(10 + (uint64_t)i, NB_SHAPE(2, 3, 4));
         snprintf(label, sizeof label, "%s dim %d contiguous", name, dims[i]);
-        expect_gradcheck(label, sm_fn, &c, 1, &x);
+        expect_all_orders(label, sm_fn, &c, 1, &x);
         nb_tensor *xt = transposed_leaf(20 + (uint64_t)i, NB_SHAPE(2, 3, 4), 0, 2);
         snprintf(label, sizeof label, "%s dim %d transposed", name, dims[i]);
-        expect_gradcheck(label, sm_fn, &c, 1, &xt);
+        expect_all_orders(label, sm_fn, &c, 1, &xt);
         sm_ctx cb = {f, dims[i], 3, {2, 3, 4}};
         nb_tensor *xb = rand_leaf(30 + (uint64_t)i, NB_SHAPE(2, 1, 4));
         snprintf(label, sizeof label, "%s dim %d broadcast (2,1,4)->(2,3,4)", name, dims[i]);
-        expect_gradcheck(label, sm_fn, &cb, 1, &xb);
+        expect_all_orders(label, sm_fn, &cb, 1, &xb);
     }
     /* -inf entries, including a whole slice along dim -1 */
     nb_tensor *x = rand_leaf(40, NB_SHAPE(3, 4));
@@ -309,12 +317,12 @@ static void gradcheck_softmax(const char *name, dim_op f) {
     sm_ctx c = {f, -1, 0, {0}};
     snprintf(label, sizeof label, "%s dim -1 with -inf and an all -inf row", name);
     if (f == nb_softmax) {
-        expect_gradcheck(label, sm_fn, &c, 1, &x);
+        expect_all_orders(label, sm_fn, &c, 1, &x);
     } else {
         /* log_softmax is -inf at -inf inputs, so finite differences are
          * NaN there; check the all -inf row alone (output 0, gradient 0) */
         for (int k = 0; k < 8; k++) p[k] = 0.1 * k - 0.3;
-        expect_gradcheck(label, sm_fn, &c, 1, &x);
+        expect_all_orders(label, sm_fn, &c, 1, &x);
     }
     nb_scope_end();
 }
@@ -323,6 +331,52 @@ START_TEST(test_gradcheck_softmax) { gradcheck_softmax("nb_softmax", nb_softmax)
 END_TEST
 
 START_TEST(test_gradcheck_log_softmax) { gradcheck_softmax("nb_log_softmax", nb_log_softmax); }
+END_TEST
+
+/* The all -inf convention holds for the recorded rules too: a create_graph
+ * backward gives the plain one's gradient (zeros in the dead slice, whatever
+ * g holds there), and the tangent is zero in the dead slice. */
+static void all_ninf_orders(dim_op f, const char *name, int dim) {
+    const double I = -INFINITY;
+    const double v[9] = {1, 2, I, I, I, I, I, 0.5, I};
+    const double gv[9] = {0.3, -1.5, 2.0, 1e3, NAN, 0.25, 4.0, -0.5, INFINITY};
+    nb_scope_begin();
+    nb_tensor *x = nb_set_requires_grad(nb_from_data(NB_F64, NB_SHAPE(3, 3), v), true);
+    nb_tensor *g = nb_from_data(NB_F64, NB_SHAPE(3, 3), gv);
+    nb_tensor *y = f(x, dim), *plain = NULL, *recorded = NULL;
+    ck_assert_int_eq(nb_autograd_grad(&y, 1, &g, &x, 1, &(nb_backward_opts){.retain_graph = true},
+                                      &plain), 0);
+    ck_assert_msg(nb_autograd_grad(&y, 1, &g, &x, 1, &(nb_backward_opts){.create_graph = true},
+                                   &recorded) == 0, "%s", nb_last_error());
+    ck_assert(nb_requires_grad(recorded));
+    double *pv = values(plain), *rv = values(recorded);
+    for (int k = 0; k < 9; k++) {
+        bool dead = dim == 1 ? k / 3 == 1 : k % 3 == 2;
+        if (dead) ck_assert_msg(rv[k] == 0, "%s dim %d: create_graph gradient %g at %d", name,
+                                dim, rv[k], k);
+        else if (!isnan(pv[k]) && rv[k] != pv[k])
+            ck_assert_msg(fabs(rv[k] - pv[k]) <= 1e-12 * (1 + fabs(pv[k])),
+                          "%s dim %d at %d: %g vs %g", name, dim, k, rv[k], pv[k]);
+    }
+    free(pv);
+    free(rv);
+    sm_ctx c = {f, dim, 0, {0}};
+    nb_tensor *out, *tan, *t = nb_ones(NB_F64, NB_SHAPE(3, 3));
+    ck_assert_msg(nb_jvp(sm_fn, &c, 1, &x, &t, &out, &tan) == 0, "%s", nb_last_error());
+    double *tv = values(tan);
+    for (int k = 0; k < 9; k++)
+        if (dim == 1 ? k / 3 == 1 : k % 3 == 2)
+            ck_assert_msg(tv[k] == 0, "%s dim %d: tangent %g at %d", name, dim, tv[k], k);
+    free(tv);
+    nb_scope_end();
+}
+
+START_TEST(test_all_ninf_slice_orders) {
+    for (int dim = 0; dim < 2; dim++) {
+        all_ninf_orders(nb_softmax, "nb_softmax", dim);
+        all_ninf_orders(nb_log_softmax, "nb_log_softmax", dim);
+    }
+}
 END_TEST
 
 typedef struct {
@@ -809,6 +863,7 @@ Suite *suite_softmax(void) {
     tcase_add_test(tc, test_masked_fill_mask_bigger_than_t);
     tcase_add_test(tc, test_gradcheck_softmax);
     tcase_add_test(tc, test_gradcheck_log_softmax);
+    tcase_add_test(tc, test_all_ninf_slice_orders);
     tcase_add_test(tc, test_gradcheck_masked_fill);
     tcase_add_test(tc, test_gradcheck_dropout);
     tcase_add_test(tc, test_dropout_statistics);

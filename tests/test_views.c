@@ -4,8 +4,12 @@
  * forward values in f64 and f32; views share storage (writes through a view
  * reach the base, data pointers and strides are as expected); nb_view of a
  * transposed tensor fails and names nb_reshape; dtype conversions;
- * nb_gradcheck of every op on contiguous, transposed and broadcast inputs;
- * gradients through chains of views against torch autograd; bad input. */
+ * views of permuted tensors whose size-1 dims carry odd strides (strides and
+ * values as PyTorch's computeStride gives them, no copy); nb_gradcheck,
+ * nb_gradgradcheck and forward-mode gradcheck of every op on contiguous,
+ * transposed and broadcast inputs; the tangent of a slice's gradient (the
+ * embedding create_graph records); gradients through chains of views
+ * against torch autograd; bad input. */
 #include "test_util.h"
 
 #include <stdlib.h>
@@ -352,6 +356,62 @@ START_TEST(test_view_of_transpose_fails) {
 }
 END_TEST
 
+/* A permuted tensor (of arange values, narrowed first where the case says)
+ * whose size-1 dims carry strides no contiguous tensor has, viewed to a new
+ * shape: PyTorch views it in place (computeStride skips size-1 dims when it
+ * looks for runs of dims contiguous in memory), so nb_view must succeed with
+ * PyTorch's strides and share storage, and nb_reshape must not copy. */
+typedef struct {
+    const char *name;
+    int nd;
+    int64_t shape[4];
+    int nar[3]; /* dim, start, length; length 0: no narrow */
+    int perm[4];
+    int vnd;
+    int64_t vshape[4];
+} odd_case;
+
+static const odd_case odd_cases[] = { /* tests/fixtures/gen_views.py's ODD */
+    {"odd_a", 3, {1, 2, 4}, {0, 0, 0}, {1, 0, 2}, 4, {1, 4, 1, 2}},
+    {"odd_b", 4, {2, 1, 3, 2}, {0, 0, 0}, {0, 2, 1, 3}, 2, {2, 6}},
+    {"odd_c", 3, {1, 2, 3}, {0, 0, 0}, {1, 2, 0}, 3, {3, 2, 1}},
+    {"odd_d", 4, {3, 1, 1, 4}, {0, 0, 0}, {2, 0, 3, 1}, 3, {2, 1, 6}},
+    {"odd_e", 3, {2, 3, 4}, {1, 1, 1}, {1, 0, 2}, 3, {2, 2, 2}},
+    {"odd_f", 3, {2, 3, 4}, {1, 2, 1}, {2, 1, 0}, 4, {2, 1, 2, 2}},
+};
+#define NODD (int)(sizeof odd_cases / sizeof odd_cases[0])
+
+START_TEST(test_view_odd_size1_strides) {
+    const odd_case *c = &odd_cases[_i];
+    char name[64];
+    snprintf(name, sizeof name, "%s_strides", c->name);
+    nb_tensor *want = F(c->name), *want_st = F(name);
+    const int64_t *st = nb_data(want_st);
+    nb_scope_begin();
+    nb_tensor *base = iota(c->nd, c->shape);
+    nb_tensor *t = c->nar[2] ? nb_narrow(base, c->nar[0], c->nar[1], c->nar[2]) : base;
+    nb_tensor *p = nb_permute(t, c->nd, c->perm);
+    nb_tensor *v = nb_view(p, c->vnd, c->vshape);
+    CHECK_NOT_NULL(v);
+    expect_strides(v, c->vnd, st);
+    expect_close(v, want, 0, 0);
+    ck_assert(inside(v, base));
+    nb_tensor *r = nb_reshape(p, c->vnd, c->vshape); /* the same view, no copy */
+    expect_strides(r, c->vnd, st);
+    ck_assert_ptr_eq(nb_data(r), nb_data(v));
+    /* a write through the view reaches the base, there and only there */
+    ck_assert_int_eq(nb_copy_into(v, nb_scalar(NB_F64, -1)), 0);
+    double *tv = values(t), *bv = values(base);
+    int64_t written = 0;
+    for (int64_t k = 0; k < nb_numel(t); k++) ck_assert_double_eq(tv[k], -1);
+    for (int64_t k = 0; k < nb_numel(base); k++) written += bv[k] == -1;
+    free(tv);
+    free(bv);
+    ck_assert_int_eq(written, nb_numel(v));
+    nb_scope_end();
+}
+END_TEST
+
 START_TEST(test_view_infers) {
     nb_scope_begin();
     nb_tensor *a = iota(NB_SHAPE(2, 3, 4));
@@ -486,6 +546,14 @@ static nb_tensor *reversed_leaf(uint64_t seed, int ndim, const int64_t *shape) {
     return nb_set_requires_grad(v, true);
 }
 
+/* First order, second order (create_graph) and forward mode. */
+#define expect_all_orders(label, fn, n, in)                                      \
+    do {                                                                         \
+        expect_gradcheck(label, fn, NULL, n, in);                                \
+        expect_gradgradcheck(label, fn, NULL, n, in);                            \
+        expect_forward_ad(label, fn, NULL, n, in);                               \
+    } while (0)
+
 START_TEST(test_gradcheck_cases) {
     const vcase *c = &cases[_i];
     if (!c->gc) return;
@@ -499,7 +567,7 @@ START_TEST(test_gradcheck_cases) {
         in[k] = rand_leaf((uint64_t)(100 + 3 * _i + k), nb_ndim(shape_of[k]), nb_shape(shape_of[k]));
     }
     snprintf(label, sizeof label, "%s contiguous", c->label);
-    expect_gradcheck(label, c->fn, NULL, c->nin, in);
+    expect_all_orders(label, c->fn, c->nin, in);
     if (c->tr) {
         for (int k = 0; k < c->nin; k++) {
             in[k] = reversed_leaf((uint64_t)(200 + 3 * _i + k), nb_ndim(shape_of[k]),
@@ -507,7 +575,7 @@ START_TEST(test_gradcheck_cases) {
             ck_assert_msg(!nb_is_contiguous(in[k]), "%s: input %d is contiguous", c->name, k);
         }
         snprintf(label, sizeof label, "%s transposed", c->label);
-        expect_gradcheck(label, c->fn, NULL, c->nin, in);
+        expect_all_orders(label, c->fn, c->nin, in);
     }
     nb_scope_end();
 }
@@ -546,53 +614,112 @@ START_TEST(test_gradcheck_more) {
     in[0] = rand_leaf(1, NB_SHAPE(2, 3));
     in[1] = rand_leaf(2, NB_SHAPE(1, 3));
     in[2] = rand_leaf(3, NB_SHAPE(3, 3));
-    expect_gradcheck("nb_cat dim 0", f_cat_0, NULL, 3, in);
+    expect_all_orders("nb_cat dim 0", f_cat_0, 3, in);
     in[0] = reversed_leaf(4, NB_SHAPE(2, 3));
     in[2] = reversed_leaf(5, NB_SHAPE(3, 3));
-    expect_gradcheck("nb_cat dim 0 transposed", f_cat_0, NULL, 3, in);
+    expect_all_orders("nb_cat dim 0 transposed", f_cat_0, 3, in);
     in[0] = rand_leaf(6, NB_SHAPE(2, 2));
     in[1] = rand_leaf(7, NB_SHAPE(2, 1));
     in[2] = reversed_leaf(8, NB_SHAPE(2, 3));
-    expect_gradcheck("nb_cat dim 1", f_cat_1, NULL, 3, in);
+    expect_all_orders("nb_cat dim 1", f_cat_1, 3, in);
     in[0] = rand_leaf(9, NB_SHAPE(2, 3));
     in[1] = rand_leaf(10, NB_SHAPE(1, 3));
-    expect_gradcheck("nb_cat same input twice", f_cat_dup, NULL, 2, in);
+    expect_all_orders("nb_cat same input twice", f_cat_dup, 2, in);
     /* more inputs than a graph node holds inline */
     nb_tensor *in5[5] = {rand_leaf(30, NB_SHAPE(1, 2)), rand_leaf(31, NB_SHAPE(2, 2)),
                          reversed_leaf(32, NB_SHAPE(2, 2)), rand_leaf(33, NB_SHAPE(0, 2)),
                          rand_leaf(34, NB_SHAPE(3, 2))};
-    expect_gradcheck("nb_cat 5 inputs dim 0", f_cat_0, NULL, 5, in5);
+    expect_all_orders("nb_cat 5 inputs dim 0", f_cat_0, 5, in5);
     /* only some inputs require grad */
     nb_rng r;
     nb_rng_seed(&r, 11);
     in[0] = nb_randn(NB_F64, NB_SHAPE(2, 3), &r);
     in[1] = rand_leaf(12, NB_SHAPE(2, 1));
     in[2] = nb_randn(NB_F64, NB_SHAPE(2, 2), &r);
-    expect_gradcheck("nb_cat dim 1, one input requires grad", f_cat_1, NULL, 3, in);
+    expect_all_orders("nb_cat dim 1, one input requires grad", f_cat_1, 3, in);
 
     /* nb_to f64 -> f64 (a new handle) and nb_contiguous on both layouts */
     in[0] = rand_leaf(13, NB_SHAPE(3, 4));
-    expect_gradcheck("nb_to f64->f64 contiguous", f_to_f64, NULL, 1, in);
-    expect_gradcheck("nb_contiguous contiguous (no copy)", f_contig, NULL, 1, in);
+    expect_all_orders("nb_to f64->f64 contiguous", f_to_f64, 1, in);
+    expect_all_orders("nb_contiguous contiguous (no copy)", f_contig, 1, in);
     in[0] = reversed_leaf(14, NB_SHAPE(3, 4));
-    expect_gradcheck("nb_to f64->f64 transposed", f_to_f64, NULL, 1, in);
-    expect_gradcheck("nb_contiguous transposed (copy)", f_contig, NULL, 1, in);
+    expect_all_orders("nb_to f64->f64 transposed", f_to_f64, 1, in);
+    expect_all_orders("nb_contiguous transposed (copy)", f_contig, 1, in);
 
     /* expand of a non-contiguous leaf, and new leading dims */
     in[0] = reversed_leaf(15, NB_SHAPE(3, 1, 2));
     ck_assert(!nb_is_contiguous(in[0]));
-    expect_gradcheck("nb_expand transposed (3,1,2)->(3,4,2)", f_expand_342, NULL, 1, in);
+    expect_all_orders("nb_expand transposed (3,1,2)->(3,4,2)", f_expand_342, 1, in);
     in[0] = reversed_leaf(16, NB_SHAPE(2, 3));
-    expect_gradcheck("nb_expand transposed new leading dim", f_expand_new, NULL, 1, in);
+    expect_all_orders("nb_expand transposed new leading dim", f_expand_new, 1, in);
     /* broadcast inputs into other view ops */
     in[0] = rand_leaf(17, NB_SHAPE(2, 3));
-    expect_gradcheck("nb_transpose/nb_select broadcast", f_expand_then_view, NULL, 1, in);
+    expect_all_orders("nb_transpose/nb_select broadcast", f_expand_then_view, 1, in);
     in[0] = rand_leaf(18, NB_SHAPE(3, 1));
-    expect_gradcheck("nb_reshape copy path broadcast", f_expand_reshape, NULL, 1, in);
+    expect_all_orders("nb_reshape copy path broadcast", f_expand_reshape, 1, in);
     /* 0-d leaves */
     in[0] = rand_leaf(19, 0, NULL);
-    expect_gradcheck("nb_expand 0-d", f_expand_scalar, NULL, 1, in);
-    expect_gradcheck("nb_unsqueeze/nb_view/nb_expand 0-d", f_scalar_views, NULL, 1, in);
+    expect_all_orders("nb_expand 0-d", f_expand_scalar, 1, in);
+    expect_all_orders("nb_unsqueeze/nb_view/nb_expand 0-d", f_scalar_views, 1, in);
+    nb_scope_end();
+}
+END_TEST
+
+/* (x (3,4), v (2)) -> d<v, x.narrow(1, 1, 2)[1]>/dx with create_graph: v
+ * embedded into zeros of x's shape, by an op create_graph records. */
+static nb_tensor *slice_vjp(ARGS) {
+    UNUSED;
+    bool was = nb_grad_enabled();
+    nb_set_grad_enabled(true);
+    nb_tensor *y = nb_select(nb_narrow(in[0], 1, 1, 2), 0, 1), *g = NULL;
+    nb_backward_opts o = {.create_graph = true};
+    int rc = y ? nb_autograd_grad(&y, 1, &in[1], &in[0], 1, &o, &g) : -1;
+    nb_set_grad_enabled(was);
+    return rc ? NULL : g;
+}
+
+/* A slice's gradient under create_graph: its own gradient is the slice of
+ * the upstream one (gradcheck, gradgradcheck), and its tangent, forward over
+ * reverse, the same embedding of v's tangent (x's tangent adds nothing). */
+START_TEST(test_slice_gradient_orders) {
+    nb_scope_begin();
+    nb_tensor *in[2] = {rand_leaf(70, NB_SHAPE(3, 4)), rand_leaf(71, NB_SHAPE(2))};
+    expect_gradcheck("slice gradient (embedding)", slice_vjp, NULL, 2, in);
+    expect_gradgradcheck("slice gradient (embedding)", slice_vjp, NULL, 2, in);
+    nb_tensor *tan[2] = {nb_ones(NB_F64, NB_SHAPE(3, 4)),
+                         nb_from_data(NB_F64, NB_SHAPE(2), (const double[]){2, -3})};
+    nb_tensor *out, *out_t;
+    ck_assert_msg(nb_jvp(slice_vjp, NULL, 2, in, tan, &out, &out_t) == 0, "%s", nb_last_error());
+    double want[12] = {0}, vv[2];
+    ck_assert_int_eq(nb_copy_to_f64(in[1], vv), 0);
+    want[5] = 2;
+    want[6] = -3;
+    expect_values(out_t, 12, want);
+    want[5] = vv[0];
+    want[6] = vv[1];
+    expect_values(out, 12, want);
+    nb_scope_end();
+}
+END_TEST
+
+/* nb_to between floating dtypes: its tangent and double backward convert
+ * the same way (f64 -> f32 -> f64, within f32's rounding). */
+static nb_tensor *f_to_f32_f64(ARGS) { UNUSED; return nb_to(nb_to(in[0], NB_F32), NB_F64); }
+
+START_TEST(test_to_orders) {
+    nb_scope_begin();
+    nb_tensor *x = rand_leaf(72, NB_SHAPE(3, 4));
+    nb_gradcheck_opts o = NB_GRADCHECK_DEFAULTS;
+    o.eps = 1e-3; /* f32 steps */
+    o.atol = 1e-4;
+    nb_gradcheck_result r;
+    ck_assert_msg(nb_gradgradcheck(f_to_f32_f64, NULL, 1, &x, &o, &r), "%s", r.message);
+    o.check_forward_ad = true;
+    ck_assert_msg(nb_gradcheck(f_to_f32_f64, NULL, 1, &x, &o, &r), "%s", r.message);
+    nb_tensor *out, *out_t, *t = nb_transpose(rand_leaf(73, NB_SHAPE(4, 3)), 0, 1);
+    ck_assert_int_eq(nb_jvp(f_to_f32_f64, NULL, 1, &x, &t, &out, &out_t), 0);
+    ck_assert_int_eq(nb_dtype_of(out_t), NB_F64);
+    expect_close(out_t, nb_to(nb_to(t, NB_F32), NB_F64), 0, 0);
     nb_scope_end();
 }
 END_TEST
@@ -649,10 +776,10 @@ START_TEST(test_chain_vs_torch) {
     nb_scope_begin();
     nb_tensor *leaf = rand_leaf(40 + (uint64_t)_i, nb_ndim(fxx), nb_shape(fxx));
     snprintf(nm, sizeof nm, "view chain %d", _i + 1);
-    expect_gradcheck(nm, fns[_i], NULL, 1, &leaf);
+    expect_all_orders(nm, fns[_i], 1, &leaf);
     nb_tensor *tl = reversed_leaf(50 + (uint64_t)_i, nb_ndim(fxx), nb_shape(fxx));
     snprintf(nm, sizeof nm, "view chain %d transposed", _i + 1);
-    expect_gradcheck(nm, fns[_i], NULL, 1, &tl);
+    expect_all_orders(nm, fns[_i], 1, &tl);
     nb_scope_end();
 }
 END_TEST
@@ -891,6 +1018,7 @@ Suite *suite_views(void) {
     tcase_add_test(tc, test_expand_stride0);
     tcase_add_test(tc, test_view_of_transpose_fails);
     tcase_add_test(tc, test_view_infers);
+    tcase_add_loop_test(tc, test_view_odd_size1_strides, 0, NODD);
     tcase_add_test(tc, test_to_values);
     suite_add_tcase(s, tc);
 
@@ -900,6 +1028,8 @@ Suite *suite_views(void) {
     tcase_add_test(tc, test_gradcheck_more);
     tcase_add_loop_test(tc, test_chain_vs_torch, 0, 2);
     tcase_add_test(tc, test_to_backward_dtype);
+    tcase_add_test(tc, test_slice_gradient_orders);
+    tcase_add_test(tc, test_to_orders);
     tcase_add_test(tc, test_no_leak);
     suite_add_tcase(s, tc);
 
