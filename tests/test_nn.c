@@ -733,7 +733,7 @@ static nb_tensor *f_edge(nb_tensor **in, int n, void *ctx) {
 static int edge_inputs(const char *c, bool strided, nb_tensor **in, int *fl, int *nfl) {
     int n = 0;
     *nfl = 0;
-    char what[8];
+    char what[16];
     for (; n < 4 && (snprintf(what, sizeof what, "x%d", n), edge_has(c, what)); n++) {
         nb_tensor *t = nb_detach(edge_fx(c, what));
         bool floating = nb_dtype_of(t) == NB_F64 || nb_dtype_of(t) == NB_F32;
@@ -756,7 +756,7 @@ static void expect_edge_grads(const char *c, nb_tensor *out, nb_tensor *w, nb_te
     ck_assert_msg(nb_autograd_grad(&out, 1, w ? &w : NULL, fin, nfl, &keep, g) == 0, "%s: %s",
                   c, nb_last_error());
     for (int i = 0; i < nfl; i++) {
-        char what[8], label[32];
+        char what[16], label[48];
         snprintf(what, sizeof what, "%s%d", prefix, fl[i]);
         snprintf(label, sizeof label, "%s (%s)", what, layout);
         expect_edge_at(c, label, g[i], edge_fx(c, what), *prefix == 's' ? 1 : 0);
@@ -797,7 +797,7 @@ START_TEST(test_nn_edges) {
         ck_assert_msg(nb_autograd_grad(&out, 1, w ? &w : NULL, fin, nfl, &cg, g) == 0, "%s: %s",
                       c, nb_last_error());
         for (int i = 0; i < nfl; i++) {
-            char what[8];
+            char what[16];
             snprintf(what, sizeof what, "u%d", fl[i]);
             u[fl[i]] = edge_fx(c, what);
             nb_tensor *d = nb_sum_all(nb_mul(g[i], u[fl[i]]));
@@ -806,7 +806,7 @@ START_TEST(test_nn_edges) {
         ck_assert_msg(nb_autograd_grad(&s, 1, NULL, fin, nfl, NULL, h) == 0, "%s: %s", c,
                       nb_last_error());
         for (int i = 0; i < nfl; i++) {
-            char what[8];
+            char what[16];
             snprintf(what, sizeof what, "h%d", fl[i]);
             expect_edge(c, what, h[i] ? h[i] : nb_zeros(NB_F64, nb_ndim(fin[i]),
                                                          nb_shape(fin[i])), edge_fx(c, what));
