@@ -103,7 +103,8 @@ $(TEST_BIN): $(TEST_SRC) tests/test_util.h $(BUILD)/libnabla.a nabla.h | check-d
 # (fuzz/replay.c): every call checked against its reference, and every op of
 # ops/registry.h must have run successfully at least once.
 test: check-deps
-	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BIN) $(BUILD)/fuzz/replay $(BUILD)/examples/gpt
+	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BIN) $(BUILD)/fuzz/replay $(BUILD)/examples/gpt \
+	  $(BUILD)/examples/newton $(BUILD)/examples/gradient_penalty
 	$(TEST_BIN)
 	$(BUILD)/fuzz/replay fuzz/corpus/ops
 	@bash tests/layers_check.sh $(BUILD)

@@ -90,9 +90,17 @@ nb_tensor *nbi_zero_tangent(const nbi_node *n);
 /* A copy of g in the current scope; when grad mode is on and g requires
  * grad, recorded (gradient identity), so the copy keeps g's history. */
 nb_tensor *nbi_grad_copy(const char *fn, nb_tensor *g);
+/* a + b, of one shape and floating dtype, in the current scope; recorded
+ * (the gradient passes to both) when grad mode is on and one requires grad:
+ * how create_graph adds up gradients. */
+nb_tensor *nbi_sum_recorded(const char *fn, nb_tensor *a, nb_tensor *b);
 /* A new handle (a view) on t in the current scope; recorded the same way,
  * so it keeps t's history. */
 nb_tensor *nbi_recorded_alias(nb_tensor *t);
+/* What an nb_fn (nb_gradcheck's, nb_jvp's) returned, checked: y, or NULL
+ * with "<fn>: the function returned NULL[, after an earlier error: ...]"
+ * or "... a freed tensor". */
+nb_tensor *nbi_fn_returned(const char *fn, nb_tensor *y);
 /* Whether backward should compute the gradient of input i. */
 static inline bool nbi_wants(const nbi_node *n, int i) {
     return n->in[i]->requires_grad;

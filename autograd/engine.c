@@ -381,7 +381,7 @@ static int accumulate(nb_tensor **acc_p, nb_tensor *g) {
         return 0;
     }
     if (nbi_create_graph() && (acc->requires_grad || g->requires_grad)) {
-        nb_tensor *sum = nb_add(acc, g);
+        nb_tensor *sum = nbi_sum_recorded("nb_backward", acc, g);
         if (!sum) return -1;
         *acc_p = nbi_unscoped(sum);
         nbi_unref(acc);
@@ -421,7 +421,7 @@ static int replace_leaf_grad(nb_tensor *leaf, nb_tensor *g) {
     nb_tensor *old = leaf->grad;
     if (old) nbi_ref(old);
     pthread_mutex_unlock(&grad_mu);
-    nb_tensor *sum = old ? nb_add(old, g) : nbi_grad_copy("nb_backward", g);
+    nb_tensor *sum = old ? nbi_sum_recorded("nb_backward", old, g) : nbi_grad_copy("nb_backward", g);
     nbi_unref(old);
     if (!sum) return -1;
     nbi_unscoped(sum);
@@ -826,6 +826,29 @@ static int grad_copy_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
 static nb_tensor *grad_copy_jvp(nbi_node *n, nb_tensor *const *tin) {
     (void)n;
     return tin[0] ? nbi_grad_copy("nb_jvp", tin[0]) : NULL;
+}
+
+/* a + b (same shape and dtype) as one node: the gradient passes to both */
+static int sum_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    (void)n;
+    gin[0] = gin[1] = g;
+    return 0;
+}
+
+static nb_tensor *sum_jvp(nbi_node *n, nb_tensor *const *tin) {
+    (void)n;
+    if (tin[0] && tin[1]) return nbi_add_new("nb_jvp", tin[0], tin[1]);
+    return nbi_grad_copy("nb_jvp", tin[0] ? tin[0] : tin[1]);
+}
+
+nb_tensor *nbi_sum_recorded(const char *fn, nb_tensor *a, nb_tensor *b) {
+    nb_tensor *s = nbi_add_new(fn, a, b);
+    nb_tensor *in[2] = {a, b};
+    if (!s || !nbi_needs_grad(2, in)) return s;
+    nbi_node *n = nbi_record_unchecked(s, "sum of gradients", sum_backward, 2, in);
+    if (!n) return nbi_discard(s);
+    n->jvp = sum_jvp;
+    return s;
 }
 
 nb_tensor *nbi_recorded_alias(nb_tensor *t) {

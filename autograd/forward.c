@@ -155,14 +155,7 @@ static nb_tensor *run_fn(nb_fn fn, void *ctx, int n, nb_tensor **primals) {
     nbi_callback_enter(&cb, FN, false);
     nb_tensor *y = fn(primals, n, ctx);
     if (nbi_callback_leave(&cb) != 0) return NULL;
-    if (!y) {
-        const char *earlier = nbi_error_cause();
-        if (earlier)
-            return nbi_error_quoting("%s: the function returned NULL, after an earlier error: %s",
-                                     FN, earlier);
-        return nbi_error_quoting("%s: the function returned NULL", FN);
-    }
-    if (y->freed) return nbi_error("%s: the function returned a freed tensor", FN);
+    if (!nbi_fn_returned(FN, y)) return NULL;
     if (!nbi_is_diff(y->dtype))
         return nbi_error("%s: the function returned a %s tensor; its output must be floating",
                          FN, nb_dtype_name(y->dtype));

@@ -61,6 +61,18 @@ static bool check_inputs(int n, nb_tensor **in) {
     return true;
 }
 
+nb_tensor *nbi_fn_returned(const char *fn, nb_tensor *y) {
+    if (!y) {
+        const char *earlier = nbi_error_cause();
+        if (earlier)
+            return nbi_error_quoting("%s: the function returned NULL, after an earlier error: %s",
+                                     fn, earlier);
+        return nbi_error_quoting("%s: the function returned NULL", fn);
+    }
+    if (y->freed) return nbi_error("%s: the function returned a freed tensor", fn);
+    return y;
+}
+
 /* fn's output, checked: NULL + message when fn failed or returned junk. */
 static nb_tensor *call(const check *c) {
     nbi_callback cb = {.who_fmt = "the function"};
@@ -76,14 +88,7 @@ static nb_tensor *call(const check *c) {
                              "%s); it must leave its inputs as they are", FN, i,
                              c->no_grad[i] ? "on" : "off");
     }
-    if (!y) {
-        const char *earlier = nbi_error_cause();
-        if (earlier)
-            return nbi_error_quoting("%s: the function returned NULL, after an earlier error: %s",
-                                     FN, earlier);
-        return nbi_error_quoting("%s: the function returned NULL", FN);
-    }
-    if (y->freed) return nbi_error("%s: the function returned a freed tensor", FN);
+    if (!nbi_fn_returned(FN, y)) return NULL;
     if (y->dtype != NB_F64)
         return nbi_error("%s: the function returned %s; it must return an f64 tensor", FN,
                          nb_dtype_name(y->dtype));
@@ -152,22 +157,18 @@ static int check_no_grad_inputs(const check *c) {
  * upstream gradient), or every other element of a buffer twice as long for
  * one dim; the rule must read either as it reads g. */
 static nb_tensor *relaid(nb_tensor *g) {
-    if (g->ndim >= 2) {
-        int perm[NB_MAX_DIMS];
-        int64_t shape[NB_MAX_DIMS];
-        for (int d = 0; d < g->ndim; d++) perm[d] = g->ndim - 1 - d, shape[d] = g->shape[perm[d]];
-        nb_tensor *t = nb_zeros(NB_F64, g->ndim, shape);
-        nb_tensor *v = t ? nb_permute(t, g->ndim, perm) : NULL;
-        if (v) nbi_copy_strided(v, g->strides, g);
-        return v;
-    }
-    if (g->ndim == 1 && g->numel > 1) {
-        nb_tensor *t = nb_zeros(NB_F64, 1, (const int64_t[]){2 * g->numel});
-        nb_tensor *v = t ? nbi_make_view(t, 1, g->shape, (const int64_t[]){2}, 0) : NULL;
-        if (v) nbi_copy_strided(v, g->strides, g);
-        return v;
-    }
-    return g;
+    int nd = g->ndim;
+    if (nd == 0 || g->numel < 2) return g;
+    int64_t shape[NB_MAX_DIMS] = {0}, st[NB_MAX_DIMS], rev[NB_MAX_DIMS];
+    for (int d = 0; d < nd; d++) shape[d] = g->shape[nd - 1 - d];
+    if (nd == 1) shape[0] = 2 * g->numel;
+    nb_tensor *t = nbi_new(FN, NB_F64, nd, shape, true);
+    if (!t) return NULL;
+    nbi_contiguous_strides(nd, shape, st);
+    for (int d = 0; d < nd; d++) rev[d] = nd == 1 ? 2 : st[nd - 1 - d];
+    nb_tensor *v = nbi_make_view(t, nd, g->shape, rev, 0);
+    if (v) nbi_copy_strided(v, g->strides, g);
+    return v;
 }
 
 /* d(y)/d(wanted inputs) . g into G[i] at stride `stride` (zeros where none
@@ -320,8 +321,10 @@ static int stride0_check(const check *c, double **A) {
     nb_tensor *y = call(c);
     if (y && !y->requires_grad) rc = 0;
     else if (y) {
-        nb_tensor *one = nb_full(NB_F64, 0, NULL, 1.0);
-        nb_tensor *g = one ? nb_expand(one, y->ndim, y->shape) : NULL;
+        nb_tensor *one = nbi_new(FN, NB_F64, 0, NULL, false);
+        int64_t zero[NB_MAX_DIMS] = {0};
+        if (one) nbi_set_flat(one, 0, 1.0);
+        nb_tensor *g = one ? nbi_make_view(one, y->ndim, y->shape, zero, 0) : NULL;
         double **S = calloc((size_t)c->n, sizeof *S);
         rc = g && S ? 0 : -1;
         for (int i = 0; rc == 0 && i < c->n; i++)
@@ -691,13 +694,64 @@ static nb_tensor *vjp_fn(nb_tensor **in, int n1, void *vctx) {
     return r;
 }
 
+/* gs[0..k) flattened and laid end to end, as one node (so that the check
+ * differentiates through it): its backward hands each its part of g. */
+static int concat_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    if (nbi_create_graph()) return nbi_no_double_backward(n);
+    int64_t at = 0;
+    for (int k = 0; k < n->nin; k++) {
+        nb_tensor *x = n->in[k];
+        int64_t st[NB_MAX_DIMS];
+        nbi_contiguous_strides(x->ndim, x->shape, st);
+        for (int d = 0; d < x->ndim; d++) st[d] *= g->strides[0];
+        if (!(gin[k] = nbi_make_view(g, x->ndim, x->shape, st, g->offset + at * g->strides[0])))
+            return -1;
+        at += x->numel;
+    }
+    return 0;
+}
+
+static nb_tensor *concat_flat(int k, nb_tensor **gs);
+
+static nb_tensor *concat_jvp(nbi_node *n, nb_tensor *const *tin) {
+    nb_tensor *t[64];
+    for (int i = 0; i < n->nin; i++) {
+        nb_tensor *x = n->in[i];
+        if (!(t[i] = tin[i] ? tin[i] : nbi_new(FN, x->dtype, x->ndim, x->shape, true)))
+            return NULL;
+    }
+    return concat_flat(n->nin, t);
+}
+
+static nb_tensor *concat_flat(int k, nb_tensor **gs) {
+    int64_t total = 0;
+    for (int i = 0; i < k; i++) total += gs[i]->numel;
+    nb_tensor *out = nbi_new(FN, NB_F64, 1, &total, false);
+    if (!out) return NULL;
+    int64_t at = 0;
+    for (int i = 0; i < k; i++) {
+        int64_t st[NB_MAX_DIMS];
+        nbi_contiguous_strides(gs[i]->ndim, gs[i]->shape, st);
+        nb_tensor *part = nbi_make_view(out, gs[i]->ndim, gs[i]->shape, st, at);
+        if (!part) return NULL;
+        nbi_copy_strided(part, gs[i]->strides, gs[i]);
+        at += gs[i]->numel;
+    }
+    if (!nbi_needs_grad(k, gs)) return out;
+    nbi_node *n = nbi_record_unchecked(out, "nb_gradgradcheck's concatenation", concat_backward,
+                                       k, gs);
+    if (!n) return nbi_discard(out);
+    n->jvp = concat_jvp;
+    return out;
+}
+
 static nb_tensor *vjp_of(gg_ctx *g, nb_tensor **in, nb_tensor *v) {
     nb_tensor *y = g->fn(in, g->n, g->ctx);
     if (!y) return NULL;
     if (!nbi_same_shape(y, v) || y->dtype != v->dtype)
         return nbi_error("%s: the function's output changed shape (%s, then %s)", FN,
                          NBI_SHAPE(v), NBI_SHAPE(y));
-    nb_tensor *want[64], *got[64], *parts[64];
+    nb_tensor *want[64], *got[64];
     int k = 0;
     for (int i = 0; i < g->n; i++)
         if (in[i]->requires_grad) want[k++] = in[i];
@@ -705,10 +759,10 @@ static nb_tensor *vjp_of(gg_ctx *g, nb_tensor **in, nb_tensor *v) {
     if (y->requires_grad && nb_autograd_grad(&y, 1, &v, want, k, &o, got) != 0) return NULL;
     for (int w = 0; w < k; w++) {
         if (!y->requires_grad || !got[w]) /* no path: its gradient is zero */
-            got[w] = nb_zeros(NB_F64, want[w]->ndim, want[w]->shape);
-        if (!got[w] || !(parts[w] = nb_reshape(got[w], 1, (const int64_t[]){-1}))) return NULL;
+            got[w] = nbi_new(FN, NB_F64, want[w]->ndim, want[w]->shape, true);
+        if (!got[w]) return NULL;
     }
-    return k == 1 ? parts[0] : nb_cat(parts, k, 0);
+    return concat_flat(k, got);
 }
 
 bool nb_gradgradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs,
@@ -733,7 +787,7 @@ bool nb_gradgradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs,
         if (c.no_grad) y = call(&c);
         nbi_grad_off = was_off;
         free(c.no_grad);
-        nb_tensor *v = y ? nb_zeros(NB_F64, y->ndim, y->shape) : NULL;
+        nb_tensor *v = y ? nbi_new(FN, NB_F64, y->ndim, y->shape, true) : NULL;
         in1 = v ? malloc((size_t)(n + 1) * sizeof *in1) : NULL;
         if (in1) {
             nb_rng rng;

@@ -2,7 +2,9 @@
 # examples_check.sh BUILD: what examples/gpt refuses, and when: a --save whose
 # folder cannot take the file is refused before the first step (not after
 # the last), and --sample of any size streams tokens (nothing holds all of
-# them: 2^61 used to wrap a malloc and abort). Run by make test.
+# them: 2^61 used to wrap a malloc and abort); the second-order examples
+# (newton, gradient_penalty) run to the end and their last line says they
+# reached what PyTorch reaches. Run by make test.
 set -u
 b=${1:-build}
 gpt=$b/examples/gpt
@@ -29,5 +31,21 @@ grep -q "sample (2305843009213693952 tokens" "$b/examples-check.out" || bad "--s
 [ "$(wc -c < "$b/examples-check.out")" -gt 200 ] || bad "--sample 2^61: fewer than 200 bytes in 3 s"
 rm -f "$b/examples-check.out"
 
-[ "$fails" -eq 0 ] && say "ok (--save checked before training; --sample 2^61 streams)"
+# last_line PROGRAM PATTERN: PROGRAM exits 0 and its last line matches PATTERN
+last_line() {
+    out=$("$b/examples/$1" 2>&1)
+    rc=$?
+    last=$(printf '%s\n' "$out" | tail -n 1)
+    case "$last" in
+    $2) ;;
+    *) bad "$1: last line \"$last\", expected \"$2\"" ;;
+    esac
+    [ "$rc" -eq 0 ] || bad "$1: exit status $rc"
+}
+# the numbers PyTorch gives (tests/fixtures/gen_second_order.py): Newton takes 7 steps
+# from (-1.2, 1); the critic's loss falls from 8.725266 to 1.957491
+last_line newton "newton: converged to (1, 1) in 7 steps; Hv and the jvp agree with the references"
+last_line gradient_penalty "gradient_penalty: loss fell from 8.725266 to 1.957491 in 10 steps"
+
+[ "$fails" -eq 0 ] && say "ok (--save checked before training; --sample 2^61 streams; newton and gradient_penalty converge)"
 exit "$fails"

@@ -39,6 +39,7 @@ int main(void) {
     srunner_add_suite(sr, suite_autograd());
     srunner_add_suite(sr, suite_function());
     srunner_add_suite(sr, suite_higher_order());
+    srunner_add_suite(sr, suite_second_order());
     srunner_add_suite(sr, suite_callbacks());
     srunner_add_suite(sr, suite_errors());
     srunner_add_suite(sr, suite_scope());

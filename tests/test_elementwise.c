@@ -522,19 +522,7 @@ static nb_tensor *leaf_t(uint64_t seed, int domain, int64_t rows, int64_t cols) 
     return t;
 }
 
-/* First and second order (nb_gradgradcheck) on the same inputs; all orders
- * adds forward mode (not through nb_transpose, whose tangent rule is the view
- * family's). Every differentiable op here has all three. */
-#define expect_two_orders(label, fn, ctx, n, in)     \
-    do {                                             \
-        expect_gradcheck(label, fn, ctx, n, in);     \
-        expect_gradgradcheck(label, fn, ctx, n, in); \
-    } while (0)
-#define expect_all_orders(label, fn, ctx, n, in)     \
-    do {                                             \
-        expect_two_orders(label, fn, ctx, n, in);    \
-        expect_forward_ad(label, fn, ctx, n, in);    \
-    } while (0)
+/* (expect_all_orders: first order, second order and forward mode) */
 
 static nb_tensor *g_unary(nb_tensor **in, int n, void *ctx) {
     const unop *op = ctx;
@@ -568,7 +556,7 @@ START_TEST(test_gradcheck_unary) {
 
     in[0] = leaf(seed + 2, op->domain, NB_SHAPE(4, 3));
     snprintf(label, sizeof label, "%s transposed in fn", op->label);
-    expect_two_orders(label, g_unary_t, (void *)op, 1, in);
+    expect_all_orders(label, g_unary_t, (void *)op, 1, in);
 
     in[0] = leaf(seed + 3, op->domain, NB_SHAPE(3, 1));
     snprintf(label, sizeof label, "%s broadcast", op->label);
@@ -611,7 +599,7 @@ START_TEST(test_gradcheck_binary) {
     in[0] = leaf(seed + 4, ANY, NB_SHAPE(3, 4));
     in[1] = leaf(seed + 5, op->domain_b, NB_SHAPE(4, 3));
     snprintf(label, sizeof label, "%s transposed in fn", op->label);
-    expect_two_orders(label, g_binary_t, (void *)op, 2, in);
+    expect_all_orders(label, g_binary_t, (void *)op, 2, in);
 
     in[0] = leaf(seed + 6, ANY, NB_SHAPE(3, 1));
     in[1] = leaf(seed + 7, op->domain_b, NB_SHAPE(4));

@@ -284,14 +284,6 @@ static nb_tensor *sm_fn(nb_tensor **in, int n, void *ctx) {
     return c->f(x, c->dim);
 }
 
-/* First order, second order (create_graph) and forward mode. */
-#define expect_all_orders(label, fn, ctx, n, in)                                 \
-    do {                                                                         \
-        expect_gradcheck(label, fn, ctx, n, in);                                 \
-        expect_gradgradcheck(label, fn, ctx, n, in);                             \
-        expect_forward_ad(label, fn, ctx, n, in);                                \
-    } while (0)
-
 static void gradcheck_softmax(const char *name, dim_op f) {
     char label[96];
     int dims[] = {-1, 0, 1};

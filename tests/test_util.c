@@ -127,28 +127,29 @@ void expect_gradcheck_at(const char *file, int line, const char *label, nb_fn fn
     fflush(stdout);
 }
 
+/* The check of one kind, asserted and listed. */
+static void expect_check(const char *file, int line, const char *kind, const char *label,
+                         nb_fn fn, void *ctx, int n, nb_tensor **inputs) {
+    nb_gradcheck_result r;
+    nb_gradcheck_opts o = NB_GRADCHECK_DEFAULTS;
+    o.check_forward_ad = !strcmp(kind, "forward-ad");
+    bool ok = !strcmp(kind, "gradgradcheck") ? nb_gradgradcheck(fn, ctx, n, inputs, &o, &r)
+                                             : nb_gradcheck(fn, ctx, n, inputs, &o, &r);
+    ck_assert_msg(ok, "%s:%d: %s %s failed: %s", file, line, kind, label,
+                  nb_last_error() ? nb_last_error() : r.message);
+    printf("%s ok  %-*s %6lld entries, max |analytic-numeric| %.1e\n", kind,
+           (int)(54 - strlen(kind)), label, (long long)r.checked, r.max_abs_err);
+    fflush(stdout);
+}
+
 void expect_gradgradcheck_at(const char *file, int line, const char *label, nb_fn fn, void *ctx,
                              int n, nb_tensor **inputs) {
-    nb_gradcheck_result r;
-    bool ok = nb_gradgradcheck(fn, ctx, n, inputs, NULL, &r);
-    ck_assert_msg(ok, "%s:%d: gradgradcheck %s failed: %s", file, line, label,
-                  nb_last_error() ? nb_last_error() : r.message);
-    printf("gradgradcheck ok  %-40s %6lld entries, max |analytic-numeric| %.1e\n", label,
-           (long long)r.checked, r.max_abs_err);
-    fflush(stdout);
+    expect_check(file, line, "gradgradcheck", label, fn, ctx, n, inputs);
 }
 
 void expect_forward_ad_at(const char *file, int line, const char *label, nb_fn fn, void *ctx,
                           int n, nb_tensor **inputs) {
-    nb_gradcheck_result r;
-    nb_gradcheck_opts o = NB_GRADCHECK_DEFAULTS;
-    o.check_forward_ad = true;
-    bool ok = nb_gradcheck(fn, ctx, n, inputs, &o, &r);
-    ck_assert_msg(ok, "%s:%d: forward-mode gradcheck %s failed: %s", file, line, label,
-                  nb_last_error() ? nb_last_error() : r.message);
-    printf("forward-ad ok  %-43s %6lld entries, max |analytic-numeric| %.1e\n", label,
-           (long long)r.checked, r.max_abs_err);
-    fflush(stdout);
+    expect_check(file, line, "forward-ad", label, fn, ctx, n, inputs);
 }
 
 void expect_error_at(const char *file, int line, const void *result, ...) {

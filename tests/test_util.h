@@ -39,6 +39,13 @@ void expect_gradgradcheck_at(const char *file, int line, const char *label, nb_f
     expect_forward_ad_at(__FILE__, __LINE__, (label), (fn), (ctx), (n), (inputs))
 void expect_forward_ad_at(const char *file, int line, const char *label, nb_fn fn, void *ctx,
                           int n, nb_tensor **inputs);
+/* All three: first order, second order (create_graph) and forward mode. */
+#define expect_all_orders(label, fn, ctx, n, in)                                 \
+    do {                                                                         \
+        expect_gradcheck(label, fn, ctx, n, in);                                 \
+        expect_gradgradcheck(label, fn, ctx, n, in);                             \
+        expect_forward_ad(label, fn, ctx, n, in);                                \
+    } while (0)
 
 /* Asserts that a call failed: result NULL and nb_last_error() containing
  * every one of the NULL-terminated substrings; clears the error. */
@@ -136,5 +143,7 @@ Suite *suite_gpt(void);    /* test_gpt.c: the model, generation, weight decay gr
 Suite *suite_gpt_io(void); /* test_gpt_io.c: llm.c / Hugging Face checkpoint files */
 Suite *suite_gpt_torch(void); /* test_gpt_torch.c: agreement with PyTorch on generated files */
 Suite *suite_tokens(void);   /* test_tokens.c: nb_load_tokens (llm.c token files, bytes) */
+/* test_second_order.c: Hessians, Hv, jvp and a gradient penalty against PyTorch */
+Suite *suite_second_order(void);
 
 #endif
