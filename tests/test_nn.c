@@ -494,27 +494,22 @@ START_TEST(test_gradcheck_index_ops) {
 }
 END_TEST
 
-/* ------------------------------------------- second order and forward mode */
-/* nb_gradgradcheck and nb_gradcheck's check_forward_ad of one function (both
- * also run backward with a transposed and a stride-0 upstream gradient) */
-static void expect_higher_order(const char *label, nb_fn f, void *ctx, int n, nb_tensor **in) {
-    expect_gradgradcheck(label, f, ctx, n, in);
-    expect_forward_ad(label, f, ctx, n, in);
-}
-
+/* ------------------------------------------- second order and forward mode
+ * expect_all_orders: gradcheck, gradgradcheck and forward mode (each also
+ * hands the backward a transposed and a stride-0 upstream gradient) */
 START_TEST(test_higher_order_linear) {
     nb_scope_begin();
     nb_tensor *in[3];
     in[0] = rand_leaf(101, NB_SHAPE(2, 3));
     in[1] = rand_leaf(102, NB_SHAPE(4, 3));
     in[2] = rand_leaf(103, NB_SHAPE(4));
-    expect_higher_order("nb_linear with bias", f_lin, NULL, 3, in);
-    expect_higher_order("nb_linear without bias", f_lin, NULL, 2, in);
+    expect_all_orders("nb_linear with bias", f_lin, NULL, 3, in);
+    expect_all_orders("nb_linear without bias", f_lin, NULL, 2, in);
     in[0] = rand_leaf(104, NB_SHAPE(2, 2, 3));
-    expect_higher_order("nb_linear batched 3-d input", f_lin, NULL, 3, in);
+    expect_all_orders("nb_linear batched 3-d input", f_lin, NULL, 3, in);
     in[0] = tr_leaf(105, 2, 3);
     in[1] = tr_leaf(106, 4, 3);
-    expect_higher_order("nb_linear transposed x and w", f_lin, NULL, 3, in);
+    expect_all_orders("nb_linear transposed x and w", f_lin, NULL, 3, in);
     nb_scope_end();
 }
 END_TEST
@@ -525,20 +520,20 @@ START_TEST(test_higher_order_layer_norm) {
     in[0] = rand_leaf(111, NB_SHAPE(3, 4));
     in[1] = rand_leaf(112, NB_SHAPE(4));
     in[2] = rand_leaf(113, NB_SHAPE(4));
-    expect_higher_order("nb_layer_norm x, w, b", f_ln, NULL, 3, in);
-    expect_higher_order("nb_layer_norm x, w", f_ln, NULL, 2, in);
-    expect_higher_order("nb_layer_norm x only", f_ln, NULL, 1, in);
+    expect_all_orders("nb_layer_norm x, w, b", f_ln, NULL, 3, in);
+    expect_all_orders("nb_layer_norm x, w", f_ln, NULL, 2, in);
+    expect_all_orders("nb_layer_norm x only", f_ln, NULL, 1, in);
     nb_tensor *inb[2] = {in[0], in[2]};
-    expect_higher_order("nb_layer_norm x, b", f_ln_b, NULL, 2, inb);
-    expect_higher_order("nb_layer_norm eps 0.5", f_ln_eps, NULL, 3, in);
+    expect_all_orders("nb_layer_norm x, b", f_ln_b, NULL, 2, inb);
+    expect_all_orders("nb_layer_norm eps 0.5", f_ln_eps, NULL, 3, in);
     in[0] = rand_leaf(114, NB_SHAPE(2, 2, 3));
     in[1] = rand_leaf(115, NB_SHAPE(3));
     in[2] = rand_leaf(116, NB_SHAPE(3));
-    expect_higher_order("nb_layer_norm 3-d x", f_ln, NULL, 3, in);
+    expect_all_orders("nb_layer_norm 3-d x", f_ln, NULL, 3, in);
     in[0] = tr_leaf(117, 3, 3);
-    expect_higher_order("nb_layer_norm transposed leaf x", f_ln, NULL, 3, in);
+    expect_all_orders("nb_layer_norm transposed leaf x", f_ln, NULL, 3, in);
     in[0] = rand_leaf(118, NB_SHAPE(2, 1, 3)); /* expanded to (2,3,3) */
-    expect_higher_order("nb_layer_norm x broadcast by expand", f_ln_exp, NULL, 3, in);
+    expect_all_orders("nb_layer_norm x broadcast by expand", f_ln_exp, NULL, 3, in);
     nb_scope_end();
 }
 END_TEST
@@ -561,17 +556,17 @@ START_TEST(test_higher_order_cross_entropy) {
     in[0] = rand_leaf(121, NB_SHAPE(4, 3));
     in[1] = I64(NB_SHAPE(4), (int64_t[]){2, 0, 1, 1});
     ce_ctx plain = {-100, 0.0}, smooth = {-100, 0.1}, real0 = {0, 0.1};
-    expect_higher_order("nb_cross_entropy plain", f_ce, &plain, 2, in);
-    expect_higher_order("nb_cross_entropy label smoothing 0.1", f_ce, &smooth, 2, in);
-    expect_higher_order("nb_cross_entropy ignore_index 0 (a class), ls 0.1", f_ce, &real0, 2, in);
+    expect_all_orders("nb_cross_entropy plain", f_ce, &plain, 2, in);
+    expect_all_orders("nb_cross_entropy label smoothing 0.1", f_ce, &smooth, 2, in);
+    expect_all_orders("nb_cross_entropy ignore_index 0 (a class), ls 0.1", f_ce, &real0, 2, in);
     in[1] = I64(NB_SHAPE(4), (int64_t[]){2, -100, 1, 0});
-    expect_higher_order("nb_cross_entropy ignore_index -100", f_ce, &plain, 2, in);
-    expect_higher_order("nb_cross_entropy ignore_index + ls 0.1", f_ce, &smooth, 2, in);
+    expect_all_orders("nb_cross_entropy ignore_index -100", f_ce, &plain, 2, in);
+    expect_all_orders("nb_cross_entropy ignore_index + ls 0.1", f_ce, &smooth, 2, in);
     in[1] = target_column(4, (const int64_t[]){0, -100, 2, 2});
-    expect_higher_order("nb_cross_entropy targets a column of (N,2), ignore + ls", f_ce, &smooth,
+    expect_all_orders("nb_cross_entropy targets a column of (N,2), ignore + ls", f_ce, &smooth,
                         2, in);
     in[0] = rand_leaf(122, NB_SHAPE(3, 4)); /* used as (4,3) */
-    expect_higher_order("nb_cross_entropy transposed logits", f_ce_tr, &smooth, 2, in);
+    expect_all_orders("nb_cross_entropy transposed logits", f_ce_tr, &smooth, 2, in);
     nb_scope_end();
 }
 END_TEST
