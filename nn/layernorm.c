@@ -1,7 +1,9 @@
 /* layernorm.c: layer normalization over the last dim, as torch.nn.LayerNorm:
  * y = (x - mean) / sqrt(var + eps) * w + b, var biased. A custom function
  * (nb_function) with hand-written kernels: composed from public ops it took
- * nine ops and kept five (..., D) tensors per call for backward. */
+ * nine ops and kept five (..., D) tensors per call for backward. Those ops
+ * come back only where a graph of the gradient is wanted (create_graph's
+ * backward) and in the tangent rule (forward mode). */
 #include <math.h>
 #include <stdlib.h>
 
@@ -24,7 +26,11 @@ static bool check_affine(const char *fn, const char *what, nb_tensor *p, nb_tens
 /* ----------------------------------------------------------- the kernels
  * Rows of x (R, D), contiguous. Statistics per row in double: mean, then the
  * biased variance from the deviations (two passes), rstd = 1/sqrt(var + eps).
- * Each row is computed alone, so the split across threads changes nothing. */
+ * A row of one repeated value has that value as its mean exactly (sum / D
+ * may round off it, and with eps = 0 the rounding error would be scaled up
+ * to outputs of +-1): its deviations are 0, and with eps = 0 the outputs
+ * 0 * inf = NaN, as PyTorch's. Each row is computed alone, so the split
+ * across threads changes nothing. */
 typedef struct {
     double eps;
     bool has_w, has_b;
@@ -47,8 +53,9 @@ typedef struct {
         const T *x = (const T *)j->x + r * D;                                          \
         T *y = (T *)j->y + r * D;                                                      \
         double mean = 0, var = 0;                                                      \
-        for (int64_t i = 0; i < D; i++) mean += x[i];                                  \
-        mean /= (double)D;                                                             \
+        bool flat = true;                                                              \
+        for (int64_t i = 0; i < D; i++) mean += x[i], flat &= x[i] == x[0];           \
+        mean = flat && D > 0 ? (double)x[0] : mean / (double)D;                        \
         for (int64_t i = 0; i < D; i++) var += ((double)x[i] - mean) * ((double)x[i] - mean); \
         double rstd = 1.0 / sqrt(var / (double)D + j->eps);                            \
         j->stats[2 * r] = mean;                                                        \
@@ -120,9 +127,38 @@ static void ln_backward_cols(void *ctx, int64_t lo, int64_t hi) {
     else LN_BACKWARD_DWB(float)
 }
 
+/* --------------------------------------------------- the composed form
+ * Public ops on tensors with their history: differentiable again. */
+
+/* x (..., D) -> xh = (x - mean) * rstd (..., D), rstd (..., 1). The mean is
+ * taken of the deviations from each row's first value (mean(x) =
+ * x0 + mean(x - x0)), so a row of one value gives xh = 0 * rstd, as the
+ * kernel does. */
+static nb_tensor *ln_normalized(nb_tensor *x, double eps, nb_tensor **rstd) {
+    nb_tensor *d = nb_sub(x, nb_narrow(x, -1, 0, 1));
+    nb_tensor *xc = nb_sub(d, nb_mean(d, -1, true));
+    *rstd = nb_pow_scalar(nb_add_scalar(nb_mean(nb_mul(xc, xc), -1, true), eps), -0.5);
+    return nb_mul(xc, *rstd);
+}
+
+/* v (..., D) -> J v, J = d xh / dx = rstd (I - 1/D - xh xh^T / D), which is
+ * symmetric: the input's gradient (v = dy w) and its tangent (v = dx). */
+static nb_tensor *ln_through_normalize(nb_tensor *v, nb_tensor *xh, nb_tensor *rstd) {
+    nb_tensor *c = nb_sub(v, nb_mean(v, -1, true));
+    return nb_mul(rstd, nb_sub(c, nb_mul(xh, nb_mean(nb_mul(v, xh), -1, true))));
+}
+
+/* t (..., D) -> (D): the sum over every row */
+static nb_tensor *ln_sum_rows(nb_tensor *t) {
+    int dims[NB_MAX_DIMS], nd = nb_ndim(t) - 1;
+    for (int i = 0; i < nd; i++) dims[i] = i;
+    return nd ? nb_sum_dims(t, nd, dims, false) : t;
+}
+
 /* ------------------------------------------------------- the custom function
- * inputs: x, then w and b when present; saves x (contiguous), w, and the
- * statistics (R, 2) f64. */
+ * inputs: x, then w and b when present; saves x and w (the inputs, which
+ * come back with their history when the gradient is recorded) and the
+ * statistics (R, 2) f64 the kernels read. */
 static nb_tensor *ln_fwd(nb_function_ctx *ctx, nb_tensor **in, int n, void *user) {
     (void)n;
     const ln_args *a = user;
@@ -137,18 +173,44 @@ static nb_tensor *ln_fwd(nb_function_ctx *ctx, nb_tensor **in, int n, void *user
                 .y = nb_data(y), .stats = nb_data(stats), .D = D, .eps = a->eps,
                 .f64 = nb_dtype_of(x) == NB_F64};
     nb_parallel_for(R, nn_rows_grain(D), ln_forward_rows, &j);
-    if (nb_function_save(ctx, x) || nb_function_save(ctx, stats) ||
-        (wc && nb_function_save(ctx, wc)))
+    if (nb_function_save(ctx, in[0]) || nb_function_save(ctx, stats) ||
+        (w && nb_function_save(ctx, w)))
         return NULL;
     return y;
 }
 
+/* The backward as recorded ops (create_graph):
+ *   dx = J (dy w), dw = sum over rows of dy xh, db = sum over rows of dy */
+static int ln_bwd_graph(nb_function_ctx *ctx, const ln_args *a, nb_tensor *gy, nb_tensor **gin) {
+    nb_tensor *x = nb_function_saved(ctx, 0), *w = a->has_w ? nb_function_saved(ctx, 2) : NULL;
+    int iw = 1, ib = a->has_w ? 2 : 1;
+    bool want_x = nb_function_needs_input_grad(ctx, 0);
+    bool want_w = a->has_w && nb_function_needs_input_grad(ctx, iw);
+    bool want_b = a->has_b && nb_function_needs_input_grad(ctx, ib);
+    if (!x || (a->has_w && !w)) return -1;
+    if (nb_numel(x) == 0) { /* no rows, or rows of nothing: zero gradients */
+        if (want_x) gin[0] = nb_zeros(nb_dtype_of(x), nb_ndim(x), nb_shape(x));
+        if (want_w) gin[iw] = nb_zeros(nb_dtype_of(w), 1, nb_shape(w));
+        if (want_b) gin[ib] = nb_zeros(nb_dtype_of(x), 1, nb_shape(x) + nb_ndim(x) - 1);
+    } else {
+        nb_tensor *rstd, *xh = ln_normalized(x, a->eps, &rstd);
+        if (want_x) gin[0] = ln_through_normalize(w ? nb_mul(gy, w) : gy, xh, rstd);
+        if (want_w) gin[iw] = ln_sum_rows(nb_mul(gy, xh));
+        if (want_b) gin[ib] = ln_sum_rows(gy);
+    }
+    return (want_x && !gin[0]) || (want_w && !gin[iw]) || (want_b && !gin[ib]) ? -1 : 0;
+}
+
 static int ln_bwd(nb_function_ctx *ctx, nb_tensor *gy, nb_tensor **gin, void *user) {
     const ln_args *a = user;
+    if (nb_grad_enabled()) return ln_bwd_graph(ctx, a, gy, gin);
     nb_tensor *x = nb_function_saved(ctx, 0), *stats = nb_function_saved(ctx, 1);
     nb_tensor *w = a->has_w ? nb_function_saved(ctx, 2) : NULL;
+    if (!x || !stats || (a->has_w && !w)) return -1;
+    x = nb_contiguous(x);
+    w = w ? nb_contiguous(w) : NULL;
     nb_tensor *dy = nb_contiguous(gy);
-    if (!x || !stats || (a->has_w && !w) || !dy) return -1;
+    if (!x || (a->has_w && !w) || !dy) return -1;
     int64_t D = nb_shape(x)[nb_ndim(x) - 1], R = D ? nb_numel(x) / D : 0;
     nb_dtype dt = nb_dtype_of(x);
     ln_job j = {.x = nb_data(x), .w = w ? nb_data(w) : NULL, .dy = nb_data(dy),
@@ -174,8 +236,32 @@ static int ln_bwd(nb_function_ctx *ctx, nb_tensor *gy, nb_tensor **gin, void *us
     return 0;
 }
 
+/* a + b, where NULL is zero */
+static nb_tensor *ln_plus(nb_tensor *a, nb_tensor *b) { return a ? nb_add(a, b) : b; }
+
+/* Forward mode: dy = (J dx) w + xh dw + db (a NULL tangent is zero). */
+static nb_tensor *ln_jvp(nb_function_ctx *ctx, nb_tensor **tin, int n, void *user) {
+    (void)n;
+    const ln_args *a = user;
+    nb_tensor *x = nb_function_saved(ctx, 0), *w = a->has_w ? nb_function_saved(ctx, 2) : NULL;
+    if (!x || (a->has_w && !w)) return NULL;
+    nb_tensor *tx = tin[0], *tw = a->has_w ? tin[1] : NULL;
+    nb_tensor *tb = a->has_b ? tin[a->has_w ? 2 : 1] : NULL;
+    nb_tensor *t = NULL;
+    if ((tx || tw) && nb_numel(x) > 0) {
+        nb_tensor *rstd, *xh = ln_normalized(x, a->eps, &rstd);
+        if (tx) t = ln_through_normalize(tx, xh, rstd);
+        if (tx && w) t = nb_mul(t, w);
+        if (tw) t = ln_plus(t, nb_mul(xh, tw));
+    }
+    if (tb) t = ln_plus(t, tb);
+    if (t && nb_ndim(t) == nb_ndim(x)) return t;
+    /* no tangent, or db alone: to x's shape */
+    return ln_plus(t, nb_zeros(nb_dtype_of(x), nb_ndim(x), nb_shape(x)));
+}
+
 static const nb_function layer_norm_fn = {.name = "nb_layer_norm", .forward = ln_fwd,
-                                          .backward = ln_bwd, .destroy = free};
+                                          .backward = ln_bwd, .destroy = free, .jvp = ln_jvp};
 
 /* x (..., D), w (D) or NULL, b (D) or NULL -> (..., D): one op with its own
  * backward (a custom function: nn/ sees only nabla.h), so a call costs two

@@ -411,6 +411,38 @@ START_TEST(test_gradcheck_attention_dropout) {
 }
 END_TEST
 
+/* ------------------------------------- second order and forward mode
+ * expect_all_orders: gradcheck, gradgradcheck and forward mode (each also
+ * hands the backward a transposed and a stride-0 upstream gradient) */
+START_TEST(test_higher_order_attention) {
+    nb_scope_begin();
+    nb_tensor *in[3];
+    att_ctx c = {0};
+    in[0] = rand_leaf(120, NB_SHAPE(1, 2, 3, 2));
+    in[1] = rand_leaf(121, NB_SHAPE(1, 2, 3, 2));
+    in[2] = rand_leaf(122, NB_SHAPE(1, 2, 3, 2));
+    expect_all_orders("nb_attention no mask", f_att, &c, 3, in);
+    c.mask = nb_tril_mask(3, 3);
+    expect_all_orders("nb_attention causal (Lq,Lk)", f_att, &c, 3, in);
+    c.weights = true;
+    expect_all_orders("nb_attention causal, weights_out", f_att, &c, 3, in);
+    c.weights = false;
+    /* cross, Lq 2, Lk 3, a fully masked row and a padding mask */
+    in[0] = rand_leaf(123, NB_SHAPE(2, 2, 2));
+    in[1] = rand_leaf(124, NB_SHAPE(2, 3, 2));
+    in[2] = rand_leaf(125, NB_SHAPE(2, 3, 2));
+    bool dead[6] = {0, 0, 0, 1, 0, 1}; /* (2,3): query 0 sees nothing */
+    c.mask = bool_tensor(NB_SHAPE(2, 3), dead);
+    expect_all_orders("nb_attention fully masked row", f_att, &c, 3, in);
+    c.mask = nb_squeeze(pad_mask(2, 3, (const int64_t[]){3, 1}), 1); /* (B,1,Lk) */
+    expect_all_orders("nb_attention padding (B,1,Lk)", f_att, &c, 3, in);
+    c.mask = NULL;
+    in[0] = transposed_leaf(126, NB_SHAPE(2, 2, 2), -2, -1);
+    expect_all_orders("nb_attention transposed q leaf", f_att, &c, 3, in);
+    nb_scope_end();
+}
+END_TEST
+
 /* ---------------------------------------------------------- MHA */
 static const char *const pnames[8] = {"w_q.weight", "w_q.bias", "w_k.weight", "w_k.bias",
                                       "w_v.weight", "w_v.bias", "w_o.weight", "w_o.bias"};
@@ -701,6 +733,31 @@ START_TEST(test_gradcheck_mha_dropout) {
 }
 END_TEST
 
+START_TEST(test_higher_order_mha) {
+    nb_MHA m;
+    nb_params *ps = gradcheck_mha(&m, 0.0);
+    nb_scope_begin();
+    mha_ctx c = {.m = &m};
+    nb_tensor *in[3] = {rand_leaf(130, NB_SHAPE(1, 3, 4))};
+    c.mask = nb_tril_mask(3, 3);
+    expect_all_orders("nb_mha_forward self, causal", f_mha_inputs, &c, 1, in);
+    c.mode = 1;
+    in[0] = rand_leaf(131, NB_SHAPE(2, 2, 4));
+    in[1] = rand_leaf(132, NB_SHAPE(2, 3, 4));
+    c.mask = pad_mask(2, 3, (const int64_t[]){3, 1});
+    expect_all_orders("nb_mha_forward cross, padding", f_mha_inputs, &c, 2, in);
+    /* with respect to the parameters, the input fixed */
+    nb_tensor *params[8];
+    for (int i = 0; i < 8; i++) params[i] = nb_params_at(ps, i, NULL);
+    c.mode = 0;
+    c.x[0] = nb_set_requires_grad(rand_leaf(133, NB_SHAPE(1, 3, 4)), false);
+    c.mask = nb_tril_mask(3, 3);
+    expect_all_orders("nb_mha_forward w.r.t. parameters", f_mha_params, &c, 8, params);
+    nb_scope_end();
+    nb_params_free(ps);
+}
+END_TEST
+
 /* ---------------------------------------------- MHA parameters */
 START_TEST(test_mha_param_names) {
     nb_params *ps = nb_params_new();
@@ -955,6 +1012,7 @@ Suite *suite_attention(void) {
     tcase_add_test(tc, test_gradcheck_attention);
     tcase_add_test(tc, test_gradcheck_attention_shapes);
     tcase_add_test(tc, test_gradcheck_attention_dropout);
+    tcase_add_test(tc, test_higher_order_attention);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("mha");
@@ -966,6 +1024,7 @@ Suite *suite_attention(void) {
     tcase_add_test(tc, test_gradcheck_mha_inputs);
     tcase_add_test(tc, test_gradcheck_mha_params);
     tcase_add_test(tc, test_gradcheck_mha_dropout);
+    tcase_add_test(tc, test_higher_order_mha);
     tcase_add_test(tc, test_mha_param_names);
     suite_add_tcase(s, tc);
 

@@ -671,6 +671,103 @@ START_TEST(loss_gradcheck) {
 }
 END_TEST
 
+/* The GPT block twice differentiable and in forward mode: nb_gradgradcheck
+ * and check_forward_ad of nb_gpt_loss (one block: embeddings, ln_1,
+ * attention, ln_2, the gelu_tanh MLP, ln_f, the tied head, cross-entropy
+ * with an ignored target) with respect to parameters of every kind. Forward
+ * mode pushes tangents through what fn computes from its inputs, so the loss
+ * runs on a copy of the model whose parameters are the inputs. */
+typedef struct {
+    loss_ctx base;
+    const char *const *names;
+} param_loss_ctx;
+
+/* the field of m (one block) that holds parameter `name` */
+static nb_tensor **param_slot(nb_GPT *m, const char *name) {
+    static const char *const pre = "transformer.h.0.";
+    nb_GPTBlock *b = &m->h[0];
+    struct { const char *name; nb_tensor **slot; } map[] = {
+        {"transformer.wte.weight", &m->wte.weight}, {"transformer.wpe.weight", &m->wpe.weight},
+        {"transformer.ln_f.weight", &m->ln_f.weight}, {"transformer.ln_f.bias", &m->ln_f.bias},
+        {"ln_1.weight", &b->ln_1.weight}, {"ln_1.bias", &b->ln_1.bias},
+        {"ln_2.weight", &b->ln_2.weight}, {"ln_2.bias", &b->ln_2.bias},
+        {"attn.c_attn.weight", &b->c_attn.weight}, {"attn.c_attn.bias", &b->c_attn.bias},
+        {"attn.c_proj.weight", &b->attn_proj.weight}, {"attn.c_proj.bias", &b->attn_proj.bias},
+        {"mlp.c_fc.weight", &b->c_fc.weight}, {"mlp.c_fc.bias", &b->c_fc.bias},
+        {"mlp.c_proj.weight", &b->mlp_proj.weight}, {"mlp.c_proj.bias", &b->mlp_proj.bias}};
+    const char *key = strncmp(name, pre, strlen(pre)) ? name : name + strlen(pre);
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (!strcmp(map[i].name, key)) return map[i].slot;
+    ck_abort_msg("no slot for %s", name);
+    return NULL;
+}
+
+static nb_tensor *param_loss_fn(nb_tensor **in, int n, void *p) {
+    param_loss_ctx *c = p;
+    nb_GPT m = *c->base.m;
+    nb_GPTBlock block = c->base.m->h[0];
+    m.h = &block;
+    for (int i = 0; i < n; i++) {
+        *param_slot(&m, c->names[i]) = in[i];
+        if (!strcmp(c->names[i], "transformer.wte.weight") && m.cfg.tie_weights)
+            m.lm_head.weight = in[i];
+    }
+    return nb_gpt_loss(&m, c->base.idx, c->base.tg, false, NULL);
+}
+
+static void higher_order_params(const char *label, param_loss_ctx *c, nb_params *ps,
+                                const char *const *names, int n, bool fast) {
+    nb_tensor *in[8];
+    for (int i = 0; i < n; i++) in[i] = param(ps, names[i]);
+    c->names = names;
+    nb_gradcheck_opts o = NB_GRADCHECK_DEFAULTS;
+    o.fast_mode = fast;
+    o.fast_probes = 2;
+    o.seed = 5;
+    nb_gradcheck_result res;
+    ck_assert_msg(nb_gradgradcheck(param_loss_fn, c, n, in, &o, &res), "%s: %s", label,
+                  res.message);
+    printf("gradgradcheck ok  %s (%s, %lld checked)\n", label, fast ? "fast" : "full",
+           (long long)res.checked);
+    o.check_forward_ad = true;
+    ck_assert_msg(nb_gradcheck(param_loss_fn, c, n, in, &o, &res), "%s: %s", label,
+                  res.message);
+    printf("forward-ad ok  %s (%s, %lld checked)\n", label, fast ? "fast" : "full",
+           (long long)res.checked);
+    fflush(stdout);
+    nb_params_zero_grad(ps);
+}
+
+START_TEST(loss_higher_order) {
+    int64_t base = nb_live_tensors();
+    nb_GPTConfig c = {.vocab_size = 5, .block_size = 4, .n_layer = 1, .n_head = 2, .n_embd = 4,
+                      .dropout = 0.0, .bias = true, .tie_weights = true};
+    nb_params *ps = nb_params_new();
+    nb_GPT m;
+    init64(&m, ps, &c, 3);
+    scramble(ps, 4, 0.5);
+    nb_tensor *idx = nb_from_data(NB_I64, NB_SHAPE(1, 3), (int64_t[]){1, 4, 0});
+    nb_tensor *tg = nb_from_data(NB_I64, NB_SHAPE(1, 3), (int64_t[]){4, -1, 2});
+    param_loss_ctx ctx = {{&m, idx, tg, false, 0}, NULL};
+    static const char *const full[] = {"transformer.h.0.ln_1.weight",
+                                       "transformer.h.0.attn.c_proj.bias",
+                                       "transformer.ln_f.bias"};
+    higher_order_params("nb_gpt_loss wrt ln_1.weight, attn.c_proj.bias, ln_f.bias", &ctx, ps,
+                        full, 3, false);
+    static const char *const fast[] = {"transformer.wte.weight", "transformer.wpe.weight",
+                                       "transformer.h.0.attn.c_attn.weight",
+                                       "transformer.h.0.mlp.c_fc.weight",
+                                       "transformer.h.0.mlp.c_proj.weight"};
+    higher_order_params("nb_gpt_loss wrt wte, wpe, c_attn, c_fc, mlp.c_proj", &ctx, ps, fast, 5,
+                        true);
+    nb_gpt_free(&m);
+    nb_params_free(ps);
+    nb_free(idx);
+    nb_free(tg);
+    ck_assert_int_eq(nb_live_tensors(), base);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- generation */
 static nb_GPTConfig gen_cfg(void) {
     return (nb_GPTConfig){.vocab_size = 13, .block_size = 8, .n_layer = 2, .n_head = 2,
@@ -1555,6 +1652,7 @@ Suite *suite_gpt(void) {
     tcase_add_test(tc, dropout_train_and_eval);
     tcase_add_test(tc, training_forward_matches_written_out_forward);
     tcase_add_test(tc, loss_gradcheck);
+    tcase_add_test(tc, loss_higher_order);
     tcase_add_test(tc, generate_matches_full_forward);
     tcase_add_test(tc, trained_model_continues_pattern);
     tcase_add_test(tc, sampling_options);

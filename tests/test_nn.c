@@ -494,6 +494,330 @@ START_TEST(test_gradcheck_index_ops) {
 }
 END_TEST
 
+/* ------------------------------------------- second order and forward mode
+ * expect_all_orders: gradcheck, gradgradcheck and forward mode (each also
+ * hands the backward a transposed and a stride-0 upstream gradient) */
+START_TEST(test_higher_order_linear) {
+    nb_scope_begin();
+    nb_tensor *in[3];
+    in[0] = rand_leaf(101, NB_SHAPE(2, 3));
+    in[1] = rand_leaf(102, NB_SHAPE(4, 3));
+    in[2] = rand_leaf(103, NB_SHAPE(4));
+    expect_all_orders("nb_linear with bias", f_lin, NULL, 3, in);
+    expect_all_orders("nb_linear without bias", f_lin, NULL, 2, in);
+    in[0] = rand_leaf(104, NB_SHAPE(2, 2, 3));
+    expect_all_orders("nb_linear batched 3-d input", f_lin, NULL, 3, in);
+    in[0] = tr_leaf(105, 2, 3);
+    in[1] = tr_leaf(106, 4, 3);
+    expect_all_orders("nb_linear transposed x and w", f_lin, NULL, 3, in);
+    nb_scope_end();
+}
+END_TEST
+
+START_TEST(test_higher_order_layer_norm) {
+    nb_scope_begin();
+    nb_tensor *in[3];
+    in[0] = rand_leaf(111, NB_SHAPE(3, 4));
+    in[1] = rand_leaf(112, NB_SHAPE(4));
+    in[2] = rand_leaf(113, NB_SHAPE(4));
+    expect_all_orders("nb_layer_norm x, w, b", f_ln, NULL, 3, in);
+    expect_all_orders("nb_layer_norm x, w", f_ln, NULL, 2, in);
+    expect_all_orders("nb_layer_norm x only", f_ln, NULL, 1, in);
+    nb_tensor *inb[2] = {in[0], in[2]};
+    expect_all_orders("nb_layer_norm x, b", f_ln_b, NULL, 2, inb);
+    expect_all_orders("nb_layer_norm eps 0.5", f_ln_eps, NULL, 3, in);
+    in[0] = rand_leaf(114, NB_SHAPE(2, 2, 3));
+    in[1] = rand_leaf(115, NB_SHAPE(3));
+    in[2] = rand_leaf(116, NB_SHAPE(3));
+    expect_all_orders("nb_layer_norm 3-d x", f_ln, NULL, 3, in);
+    in[0] = tr_leaf(117, 3, 3);
+    expect_all_orders("nb_layer_norm transposed leaf x", f_ln, NULL, 3, in);
+    in[0] = rand_leaf(118, NB_SHAPE(2, 1, 3)); /* expanded to (2,3,3) */
+    expect_all_orders("nb_layer_norm x broadcast by expand", f_ln_exp, NULL, 3, in);
+    nb_scope_end();
+}
+END_TEST
+
+/* targets (N) as column 1 of an (N,2) tensor (stride 2); column 0 holds other
+ * valid classes, which a read as if contiguous would take */
+static nb_tensor *target_column(int64_t n, const int64_t *t) {
+    int64_t buf[16];
+    ck_assert(n <= 8);
+    for (int64_t i = 0; i < n; i++) buf[2 * i] = (t[i] + 1) % 3 == 0 ? 1 : 0, buf[2 * i + 1] = t[i];
+    nb_tensor *col = nb_select(nb_from_data(NB_I64, NB_SHAPE(n, 2), buf), 1, 1);
+    CHECK_NOT_NULL(col);
+    ck_assert(!nb_is_contiguous(col) && nb_strides(col)[0] == 2);
+    return col;
+}
+
+START_TEST(test_higher_order_cross_entropy) {
+    nb_scope_begin();
+    nb_tensor *in[2];
+    in[0] = rand_leaf(121, NB_SHAPE(4, 3));
+    in[1] = I64(NB_SHAPE(4), (int64_t[]){2, 0, 1, 1});
+    ce_ctx plain = {-100, 0.0}, smooth = {-100, 0.1}, real0 = {0, 0.1};
+    expect_all_orders("nb_cross_entropy plain", f_ce, &plain, 2, in);
+    expect_all_orders("nb_cross_entropy label smoothing 0.1", f_ce, &smooth, 2, in);
+    expect_all_orders("nb_cross_entropy ignore_index 0 (a class), ls 0.1", f_ce, &real0, 2, in);
+    in[1] = I64(NB_SHAPE(4), (int64_t[]){2, -100, 1, 0});
+    expect_all_orders("nb_cross_entropy ignore_index -100", f_ce, &plain, 2, in);
+    expect_all_orders("nb_cross_entropy ignore_index + ls 0.1", f_ce, &smooth, 2, in);
+    in[1] = target_column(4, (const int64_t[]){0, -100, 2, 2});
+    expect_all_orders("nb_cross_entropy targets a column of (N,2), ignore + ls", f_ce, &smooth,
+                        2, in);
+    in[0] = rand_leaf(122, NB_SHAPE(3, 4)); /* used as (4,3) */
+    expect_all_orders("nb_cross_entropy transposed logits", f_ce_tr, &smooth, 2, in);
+    nb_scope_end();
+}
+END_TEST
+
+/* A Hessian-vector product through layer norm then cross-entropy, whose
+ * inputs (an intermediate and the targets) are freed before the backward:
+ * the graph keeps what the recorded backward reads, and the result is the
+ * one of the run that frees nothing. */
+static void hvp_ln_ce(bool free_inputs, nb_tensor *x, nb_tensor *w, nb_tensor *u, double *out) {
+    nb_scope_begin();
+    nb_tensor *h = nb_mul_scalar(x, 2.0);
+    nb_tensor *y = nb_layer_norm(h, w, NULL, 1e-5);
+    nb_tensor *t = I64(NB_SHAPE(3), (int64_t[]){1, -100, 3});
+    nb_tensor *loss = nb_cross_entropy(y, t, -100, 0.1);
+    CHECK_NOT_NULL(loss);
+    if (free_inputs) nb_free(h), nb_free(y), nb_free(t);
+    nb_tensor *in[2] = {x, w}, *g[2], *hv[2];
+    nb_backward_opts cg = {.create_graph = true};
+    ck_assert_msg(nb_autograd_grad(&loss, 1, NULL, in, 2, &cg, g) == 0, "%s", nb_last_error());
+    nb_tensor *s = nb_add(nb_sum_all(nb_mul(g[0], u)), nb_sum_all(g[1]));
+    ck_assert_msg(nb_autograd_grad(&s, 1, NULL, in, 2, NULL, hv) == 0, "%s", nb_last_error());
+    nb_copy_to_f64(hv[0], out);
+    nb_copy_to_f64(hv[1], out + 12);
+    nb_scope_end();
+}
+
+START_TEST(test_higher_order_freed_inputs) {
+    nb_scope_begin();
+    nb_tensor *x = rand_leaf(141, NB_SHAPE(3, 4)), *w = rand_leaf(142, NB_SHAPE(4));
+    nb_tensor *u = nb_set_requires_grad(rand_leaf(143, NB_SHAPE(3, 4)), false);
+    double kept[16], freed[16];
+    hvp_ln_ce(false, x, w, u, kept);
+    hvp_ln_ce(true, x, w, u, freed);
+    bool nonzero = false;
+    for (int i = 0; i < 16; i++) {
+        ck_assert_msg(isfinite(kept[i]) && freed[i] == kept[i], "element %d: %.17g, %.17g kept",
+                      i, freed[i], kept[i]);
+        nonzero |= kept[i] != 0;
+    }
+    ck_assert(nonzero);
+    nb_scope_end();
+}
+END_TEST
+
+/* ------------------------------------------ edge values (gen_nn_edges.py) */
+/* The composites on edge values against PyTorch: nn_edges.txt's cases (its
+ * docstring has the names), each run with its inputs as stored and again
+ * with floating inputs and masks laid out transposed in memory, targets a
+ * column of an (N,2) tensor and the output's weight transposed; then the
+ * gradients of out.sum() (a stride-0 upstream gradient), and for the
+ * ordinary cases a Hessian-vector product and forward mode. */
+static const char *FXE = "nn_edges.txt";
+enum { EDGE_MAX = 96 };
+static char edge_case[EDGE_MAX][64]; /* "<case>.<dt>", in file order */
+static int n_edge;
+static char **edge_names;
+static int n_edge_names;
+
+/* Called when the suite is made (the cases are its loop): no assertions
+ * here, test_nn_edges_found checks what it found. */
+static void load_edge_names(void) {
+    if (edge_names) return;
+    char path[512], line[256], name[160];
+    snprintf(path, sizeof path, "%s/%s", NB_FIXTURE_DIR, FXE);
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    int cap = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "tensor ", 7) || sscanf(line + 7, "%159s", name) != 1) continue;
+        if (n_edge_names == cap) {
+            char **grown = realloc(edge_names, (size_t)(cap = cap ? 2 * cap : 512) * sizeof *grown);
+            if (!grown) break;
+            edge_names = grown;
+        }
+        edge_names[n_edge_names++] = strdup(name);
+        size_t len = strlen(name);
+        if (len > 8 && !strcmp(name + len - 4, ".out") && n_edge < EDGE_MAX)
+            snprintf(edge_case[n_edge++], sizeof edge_case[0], "%.*s", (int)(len - 8), name + 4);
+    }
+    fclose(f);
+}
+
+START_TEST(test_nn_edges_found) {
+    ck_assert_msg(n_edge_names > 0, "cannot read %s/%s (run tests/fixtures/gen_nn_edges.py)",
+                  NB_FIXTURE_DIR, FXE);
+    ck_assert_msg(n_edge > 40 && n_edge < EDGE_MAX, "%d cases in %s", n_edge, FXE);
+}
+END_TEST
+
+static const char *edge_name(const char *c, const char *what) {
+    static char buf[4][160];
+    static int k;
+    char *b = buf[k = (k + 1) % 4];
+    snprintf(b, sizeof buf[0], "nne.%s.%s", c, what);
+    return b;
+}
+
+static bool edge_has(const char *c, const char *what) {
+    const char *n = edge_name(c, what);
+    for (int i = 0; i < n_edge_names; i++)
+        if (!strcmp(edge_names[i], n)) return true;
+    return false;
+}
+
+static nb_tensor *edge_fx(const char *c, const char *what) { return fx(FXE, edge_name(c, what)); }
+
+/* got against want: NaN and inf where torch has them, else within rtol of
+ * the value, or of the largest finite one, or of `scale` (gradients of
+ * out.sum() that cancel to rounding noise) */
+static void expect_edge_at(const char *c, const char *what, nb_tensor *got, nb_tensor *want,
+                           double scale) {
+    ck_assert_msg(got != NULL, "%s %s: NULL: %s", c, what, nb_last_error());
+    double rtol = nb_dtype_of(want) == NB_F32 ? 2e-5 : 1e-10, big = scale;
+    double *w = values(want);
+    for (int64_t i = 0; i < nb_numel(want); i++)
+        if (isfinite(w[i]) && fabs(w[i]) > big) big = fabs(w[i]);
+    free(w);
+    char label[200];
+    snprintf(label, sizeof label, "nn edge %s %s", c, what);
+    expect_close_at(label, 0, got, want, rtol * big + 1e-300, rtol);
+}
+static void expect_edge(const char *c, const char *what, nb_tensor *got, nb_tensor *want) {
+    expect_edge_at(c, what, got, want, 0);
+}
+
+/* the same values laid out transposed in memory (dims 0 and -1 swapped);
+ * a 1-d i64 tensor (targets) as a column of an (N,2) one */
+static nb_tensor *strided_copy(nb_tensor *t) {
+    if (nb_ndim(t) == 1 && nb_dtype_of(t) == NB_I64) {
+        nb_tensor *two[2] = {nb_add_scalar(nb_to(t, NB_F64), 1), t};
+        two[0] = nb_to(two[0], NB_I64); /* other numbers beside */
+        return nb_select(nb_stack(two, 2, 1), 1, 1);
+    }
+    if (nb_ndim(t) < 2) return t;
+    return nb_transpose(nb_contiguous(nb_transpose(t, 0, -1)), 0, -1);
+}
+
+static nb_tensor *edge_call(const char *c, nb_tensor **in, int n, const double *a) {
+    if (!strncmp(c, "lin_", 4)) return nb_linear(in[0], in[1], n > 2 ? in[2] : NULL);
+    if (!strncmp(c, "ln_", 3))
+        return nb_layer_norm(in[0], n > 1 ? in[1] : NULL, n > 2 ? in[2] : NULL, a[0]);
+    if (!strncmp(c, "ce_", 3)) return nb_cross_entropy(in[0], in[1], (int64_t)a[0], a[1]);
+    ck_assert_msg(!strncmp(c, "att_", 4), "unknown case %s", c);
+    return nb_attention(in[0], in[1], in[2], n > 3 ? in[3] : NULL, 0, false, NULL, NULL);
+}
+
+typedef struct {
+    const char *c;
+    const double *args;
+} edge_ctx;
+
+static nb_tensor *f_edge(nb_tensor **in, int n, void *ctx) {
+    const edge_ctx *e = ctx;
+    return edge_call(e->c, in, n, e->args);
+}
+
+/* The inputs of case c (floating ones requiring grad; strided: laid out
+ * as strided_copy does), their count, and which are floating in fl. */
+static int edge_inputs(const char *c, bool strided, nb_tensor **in, int *fl, int *nfl) {
+    int n = 0;
+    *nfl = 0;
+    char what[16];
+    for (; n < 4 && (snprintf(what, sizeof what, "x%d", n), edge_has(c, what)); n++) {
+        nb_tensor *t = nb_detach(edge_fx(c, what));
+        bool floating = nb_dtype_of(t) == NB_F64 || nb_dtype_of(t) == NB_F32;
+        if (floating) {
+            t = nb_set_requires_grad(nb_contiguous(nb_to(t, nb_dtype_of(t))), true);
+            fl[(*nfl)++] = n;
+        }
+        in[n] = strided ? strided_copy(t) : t;
+        CHECK_NOT_NULL(in[n]);
+    }
+    return n;
+}
+
+/* d(out . w)/d(floating inputs) (w NULL: out is scalar) against prefix<k> */
+static void expect_edge_grads(const char *c, nb_tensor *out, nb_tensor *w, nb_tensor **in,
+                              const int *fl, int nfl, const char *prefix, const char *layout) {
+    nb_tensor *fin[4], *g[4];
+    nb_backward_opts keep = {.retain_graph = true}; /* the strided inputs' views: used again */
+    for (int i = 0; i < nfl; i++) fin[i] = in[fl[i]];
+    ck_assert_msg(nb_autograd_grad(&out, 1, w ? &w : NULL, fin, nfl, &keep, g) == 0, "%s: %s",
+                  c, nb_last_error());
+    for (int i = 0; i < nfl; i++) {
+        char what[16], label[48];
+        snprintf(what, sizeof what, "%s%d", prefix, fl[i]);
+        snprintf(label, sizeof label, "%s (%s)", what, layout);
+        expect_edge_at(c, label, g[i], edge_fx(c, what), *prefix == 's' ? 1 : 0);
+    }
+}
+
+START_TEST(test_nn_edges) {
+    const char *c = edge_case[_i];
+    nb_tensor *args = edge_fx(c, "args");
+    double a[4] = {0};
+    nb_copy_to_f64(args, a);
+    edge_ctx ctx = {c, a};
+    int64_t live = nb_live_tensors();
+    for (int strided = 0; strided < 2; strided++) {
+        const char *layout = strided ? "strided" : "contiguous";
+        nb_scope_begin();
+        nb_tensor *in[4];
+        int fl[4], nfl, n = edge_inputs(c, strided, in, fl, &nfl);
+        nb_tensor *out = edge_call(c, in, n, a);
+        expect_edge(c, layout, out, edge_fx(c, "out"));
+        bool scalar = nb_ndim(out) == 0;
+        nb_tensor *w = scalar ? NULL : edge_fx(c, "w");
+        if (w && strided) w = strided_copy(w);
+        expect_edge_grads(c, out, w, in, fl, nfl, "g", layout);
+        if (!scalar) /* out.sum(): backward starts from a stride-0 gradient */
+            expect_edge_grads(c, nb_sum_all(edge_call(c, in, n, a)), NULL, in, fl, nfl, "s",
+                              layout);
+        nb_scope_end();
+    }
+    if (edge_has(c, "jt")) { /* the ordinary cases, f64: second order, forward mode */
+        nb_scope_begin();
+        nb_tensor *in[4], *u[4] = {NULL}, *fin[4], *g[4], *h[4];
+        int fl[4], nfl, n = edge_inputs(c, false, in, fl, &nfl);
+        nb_tensor *out = edge_call(c, in, n, a), *w = nb_ndim(out) ? edge_fx(c, "w") : NULL;
+        nb_tensor *s = NULL;
+        nb_backward_opts cg = {.create_graph = true};
+        for (int i = 0; i < nfl; i++) fin[i] = in[fl[i]];
+        ck_assert_msg(nb_autograd_grad(&out, 1, w ? &w : NULL, fin, nfl, &cg, g) == 0, "%s: %s",
+                      c, nb_last_error());
+        for (int i = 0; i < nfl; i++) {
+            char what[16];
+            snprintf(what, sizeof what, "u%d", fl[i]);
+            u[fl[i]] = edge_fx(c, what);
+            nb_tensor *d = nb_sum_all(nb_mul(g[i], u[fl[i]]));
+            s = s ? nb_add(s, d) : d;
+        }
+        ck_assert_msg(nb_autograd_grad(&s, 1, NULL, fin, nfl, NULL, h) == 0, "%s: %s", c,
+                      nb_last_error());
+        for (int i = 0; i < nfl; i++) {
+            char what[16];
+            snprintf(what, sizeof what, "h%d", fl[i]);
+            expect_edge(c, what, h[i] ? h[i] : nb_zeros(NB_F64, nb_ndim(fin[i]),
+                                                         nb_shape(fin[i])), edge_fx(c, what));
+        }
+        nb_tensor *jout, *jt;
+        ck_assert_msg(nb_jvp(f_edge, &ctx, n, in, u, &jout, &jt) == 0, "%s: %s", c,
+                      nb_last_error());
+        expect_edge(c, "out (nb_jvp)", jout, edge_fx(c, "out"));
+        expect_edge(c, "jt", jt, edge_fx(c, "jt"));
+        nb_scope_end();
+    }
+    printf("nn edges ok   %s\n", c);
+    ck_assert_int_eq(nb_live_tensors(), live);
+}
+END_TEST
+
 /* ------------------------------------------------------ parameter registry */
 START_TEST(test_params_registry) {
     int64_t live = nb_live_tensors();
@@ -1064,6 +1388,20 @@ Suite *suite_nn(void) {
     tcase_add_test(tc, test_gradcheck_layer_norm);
     tcase_add_test(tc, test_gradcheck_cross_entropy);
     tcase_add_test(tc, test_gradcheck_index_ops);
+    suite_add_tcase(s, tc);
+
+    load_edge_names();
+    tc = tcase_create("edges");
+    tcase_add_test(tc, test_nn_edges_found);
+    tcase_add_loop_test(tc, test_nn_edges, 0, n_edge);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("higher order");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_higher_order_linear);
+    tcase_add_test(tc, test_higher_order_layer_norm);
+    tcase_add_test(tc, test_higher_order_cross_entropy);
+    tcase_add_test(tc, test_higher_order_freed_inputs);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("modules");
