@@ -102,6 +102,10 @@ nb_tensor *nbi_sum_recorded(const char *fn, nb_tensor *a, nb_tensor *b);
 /* A new handle (a view) on t in the current scope; recorded the same way,
  * so it keeps t's history. */
 nb_tensor *nbi_recorded_alias(nb_tensor *t);
+/* The same reading data's values (a view of it) with history's graph: for
+ * a tensor whose own data may be gone while a handle on the same values
+ * lives (a custom function's saved output). Same shape and dtype. */
+nb_tensor *nbi_recorded_view(nb_tensor *data, nb_tensor *history);
 /* What an nb_fn (nb_gradcheck's, nb_jvp's) returned, checked: y, or NULL
  * with "<fn>: the function returned NULL[, after an earlier error: ...]"
  * or "... a freed tensor". */

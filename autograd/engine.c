@@ -855,10 +855,12 @@ nb_tensor *nbi_sum_recorded(const char *fn, nb_tensor *a, nb_tensor *b) {
     return s;
 }
 
-nb_tensor *nbi_recorded_alias(nb_tensor *t) {
-    nb_tensor *v = nbi_make_view(t, t->ndim, t->shape, t->strides, t->offset);
-    if (!v || !nbi_needs_grad(1, &t)) return v;
-    nbi_node *n = nbi_record_unchecked(v, "identity", grad_copy_backward, 1, &t);
+nb_tensor *nbi_recorded_alias(nb_tensor *t) { return nbi_recorded_view(t, t); }
+
+nb_tensor *nbi_recorded_view(nb_tensor *data, nb_tensor *history) {
+    nb_tensor *v = nbi_make_view(data, data->ndim, data->shape, data->strides, data->offset);
+    if (!v || !nbi_needs_grad(1, &history)) return v;
+    nbi_node *n = nbi_record_unchecked(v, "identity", grad_copy_backward, 1, &history);
     if (!n) return nbi_discard(v);
     n->jvp = grad_copy_jvp;
     return v;

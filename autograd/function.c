@@ -130,8 +130,8 @@ nb_tensor *nb_function_saved(nb_function_ctx *c, int i) {
     /* the gradients are being recorded: an input or the output comes with
      * its history; anything else made in forward has none, and what the
      * backward computes from it could not be differentiated again */
-    if (c->saved_src[i] >= 0) return nbi_recorded_alias(c->node->in[c->saved_src[i]]);
-    if (c->saved_src[i] == SAVED_OUTPUT) return nbi_recorded_alias(c->node->out);
+    if (c->saved_src[i] >= 0) return nbi_recorded_view(c->saved[i], c->node->in[c->saved_src[i]]);
+    if (c->saved_src[i] == SAVED_OUTPUT) return nbi_recorded_view(c->saved[i], c->node->out);
     if (nbi_is_diff(c->saved[i]->dtype)) c->cb->raw_read = true;
     return c->saved[i];
 }
@@ -498,16 +498,6 @@ static int run_forward(nb_function_ctx *c, nb_tensor **inputs, int n, nb_tensor 
     return rc;
 }
 
-/* The node keeps the data of the inputs forward saved: under create_graph
- * nb_function_saved hands them out through the node's own input tensors,
- * whose data would otherwise go when their handles are freed. */
-static void hold_saved_inputs(const nb_function_ctx *c, nbi_node *node) {
-    uint32_t bits = 0;
-    for (int k = 0; k < c->nsaved; k++)
-        if (c->saved_src[k] >= 0 && c->saved_src[k] < 31) bits |= NBI_SAVE_IN(c->saved_src[k]);
-    nbi_save(node, bits);
-}
-
 /* returned: what forward returned (only compared); y: the output. */
 static bool differentiable(const nb_function_ctx *c, const nb_tensor *returned,
                            const nb_tensor *y) {
@@ -538,7 +528,6 @@ nb_tensor *nb_function_apply(const nb_function *f, nb_tensor **inputs, int n, vo
     node->fn_release = node_release;
     if (c->f.jvp) node->jvp = fn_jvp;
     c->node = node;
-    hold_saved_inputs(c, node);
     return y;
 }
 
@@ -555,7 +544,6 @@ static int record_multi(nb_function_ctx *c, nb_tensor **inputs, int n, nb_tensor
     hn->fn_ctx = c; /* from here on, the ctx goes with H's node */
     hn->fn_release = node_release;
     c->node = hn; /* the inputs' history, for nb_function_saved */
-    hold_saved_inputs(c, hn);
     int rc = 0;
     for (int k = 0; rc == 0 && k < c->nout; k++) {
         if (!differentiable(c, ret[k], ys[k])) continue;

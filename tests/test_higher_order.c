@@ -247,6 +247,38 @@ START_TEST(once_differentiable_is_refused_by_name) {
 }
 END_TEST
 
+/* exp with its output saved: the second derivative reads the saved output
+ * with its history, even after the caller freed the output's handle */
+static nb_tensor *myexp_fwd(nb_function_ctx *c, nb_tensor **in, int n, void *u) {
+    (void)n, (void)u;
+    nb_tensor *y = nb_exp(in[0]);
+    return nb_function_save(c, y) ? NULL : y;
+}
+static int myexp_bwd(nb_function_ctx *c, nb_tensor *g, nb_tensor **gin, void *u) {
+    (void)u;
+    gin[0] = nb_mul(g, nb_function_saved(c, 0));
+    return gin[0] ? 0 : -1;
+}
+static const nb_function myexp = {.name = "myexp", .forward = myexp_fwd, .backward = myexp_bwd};
+
+START_TEST(saved_output_with_history) {
+    nb_scope_begin();
+    nb_tensor *x = vec_leaf(), *g, *h;
+    nb_tensor *y = nb_function_apply(&myexp, &x, 1, NULL);
+    nb_tensor *s = nb_sum_all(nb_mul(y, y)); /* d/dx = 2 e^2x, d2 = 4 e^2x */
+    nb_free(y);
+    ck_assert_int_eq(nb_autograd_grad(&s, 1, NULL, &x, 1, &CREATE, &g), 0);
+    nb_tensor *sg = nb_sum_all(g);
+    ck_assert_int_eq(nb_autograd_grad(&sg, 1, NULL, &x, 1, NULL, &h), 0);
+    const double xs[3] = {0.7, -1.3, 2.1};
+    for (int i = 0; i < 3; i++) {
+        ck_assert_double_eq_tol(nb_item(nb_select(g, 0, i)), 2 * exp(2 * xs[i]), 1e-12 * exp(4.2));
+        ck_assert_double_eq_tol(nb_item(nb_select(h, 0, i)), 4 * exp(2 * xs[i]), 1e-12 * exp(4.2));
+    }
+    nb_scope_end();
+}
+END_TEST
+
 /* nb_jvp: J t for y = x * w + x (w a constant input: no tangent) */
 static nb_tensor *affine(nb_tensor **in, int n, void *ctx) {
     (void)n, (void)ctx;
@@ -325,6 +357,7 @@ Suite *suite_higher_order(void) {
     tcase_add_test(tc, jvp_values);
     tcase_add_test(tc, gradcheck_leaves_other_leaves_alone);
     tcase_add_test(tc, forward_over_reverse_and_empty);
+    tcase_add_test(tc, saved_output_with_history);
     suite_add_tcase(s, tc);
     return s;
 }
