@@ -774,6 +774,66 @@ static void chain_run(void *p) {
     nb_set_grad_enabled(true);
 }
 
+/* Second order and forward mode on a tanh MLP (B,64) -> 256 -> 256 -> 1, f32:
+ * a gradient, a Hessian-vector product (create_graph, then a second
+ * backward) and a jvp, each against the plain forward + backward. */
+typedef struct {
+    nb_tensor *x, *w[3], *v[3];
+    int mode; /* 0 gradient, 1 Hessian-vector product, 2 jvp */
+} mlp_ctx;
+
+static nb_tensor *mlp_loss(nb_tensor **w, int n, void *ctx) {
+    (void)n;
+    nb_tensor *h = nb_tanh(nb_matmul(ctx, w[0]));
+    h = nb_tanh(nb_matmul(h, w[1]));
+    return nb_mean_all(nb_matmul(h, w[2]));
+}
+
+static void mlp_run(void *p) {
+    mlp_ctx *c = p;
+    nb_scope_begin();
+    nb_tensor *g[3], *hv[3], *y, *ty;
+    if (c->mode == 2) {
+        if (nb_jvp(mlp_loss, c->x, 3, c->w, c->v, &y, &ty) != 0) die("jvp");
+    } else {
+        nb_tensor *loss = mlp_loss(c->w, 3, c->x);
+        nb_backward_opts o = {.create_graph = c->mode == 1};
+        if (nb_autograd_grad(&loss, 1, NULL, c->w, 3, &o, g) != 0) die("gradient");
+        if (c->mode == 1) {
+            nb_tensor *gv = nb_add(nb_add(nb_sum_all(nb_mul(g[0], c->v[0])),
+                                          nb_sum_all(nb_mul(g[1], c->v[1]))),
+                                   nb_sum_all(nb_mul(g[2], c->v[2])));
+            if (nb_autograd_grad(&gv, 1, NULL, c->w, 3, NULL, hv) != 0) die("hvp");
+        }
+    }
+    nb_scope_end();
+}
+
+static void bench_second_order(void) {
+    static const char *names[3] = {"gradient", "Hessian-vector product", "jvp (forward mode)"};
+    printf("\ntanh MLP (32,64)->256->256->1 f32, 1 thread:  ms   x gradient\n");
+    nb_rng rng;
+    nb_rng_seed(&rng, 4);
+    const int64_t shapes[3][2] = {{64, 256}, {256, 256}, {256, 1}};
+    mlp_ctx c = {.x = leaf_randn(NB_F32, NB_SHAPE(32, 64), false, &rng)};
+    for (int k = 0; k < 3; k++) {
+        c.w[k] = leaf_randn(NB_F32, 2, shapes[k], true, &rng);
+        c.v[k] = leaf_randn(NB_F32, 2, shapes[k], false, &rng);
+    }
+    double base = 0;
+    for (int m = 0; m < 3; m++) {
+        c.mode = m;
+        double ms = 1e3 * median_time(mlp_run, &c, 2, 15);
+        if (m == 0) base = ms;
+        printf("%-26s", names[m]);
+        cell(ms, 10, 3);
+        cell(ratio(ms, base), 10, 2);
+        printf("\n");
+    }
+    nb_free(c.x);
+    for (int k = 0; k < 3; k++) nb_free(c.w[k]), nb_free(c.v[k]);
+}
+
 static void bench_overhead(void) {
     static const char *names[4] = {"forward, grad mode off", "forward, recording",
                                    "forward + backward", "the same, custom mul_scalar"};
@@ -796,6 +856,7 @@ static void bench_overhead(void) {
         printf("\n");
     }
     nb_free(c.x);
+    bench_second_order();
 }
 
 /* ----------------------------------------------------------- 6. copy task */
