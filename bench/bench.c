@@ -811,7 +811,9 @@ static void mlp_run(void *p) {
 
 static void bench_second_order(void) {
     static const char *names[3] = {"gradient", "Hessian-vector product", "jvp (forward mode)"};
-    printf("\ntanh MLP (32,64)->256->256->1 f32, 1 thread:  ms   x gradient\n");
+    static const char *keys[3] = {"grad", "hvp", "jvp"};
+    printf("\ntanh MLP (32,64)->256->256->1 f32, 1 thread\n%-26s %9s %9s %7s %9s\n", "", "ms",
+           "pt ms", "nb/pt", "x grad");
     nb_rng rng;
     nb_rng_seed(&rng, 4);
     const int64_t shapes[3][2] = {{64, 256}, {256, 256}, {256, 1}};
@@ -825,8 +827,11 @@ static void bench_second_order(void) {
         c.mode = m;
         double ms = 1e3 * median_time(mlp_run, &c, 2, 15);
         if (m == 0) base = ms;
+        double pt = ref("mlp_%s_ms_1t", keys[m]);
         printf("%-26s", names[m]);
         cell(ms, 10, 3);
+        cell(pt, 10, 3);
+        cell(ratio(ms, pt), 8, 2);
         cell(ratio(ms, base), 10, 2);
         printf("\n");
     }

@@ -18,6 +18,8 @@ workloads as bench.c:
                                    one forward + backward, measured first
   mha_fb_ms_{T}t_{BxL}             nn.MultiheadAttention(512, 8, dropout 0.1,
                                    batch_first) self-attention, fwd + bwd
+  mlp_{grad,hvp,jvp}_ms_1t         a tanh MLP's gradient, Hessian-vector product
+                                   and jvp (bench section 5)
   op_ns_{nograd,record,fb}_1t      a chain of 10,000 tiny ops on (4, 4):
                                    no grad, recording, forward + backward
   copy_ms_{T}t_d{64,512}           one training step of The Annotated
@@ -216,6 +218,36 @@ def bench_overhead():
         x.grad = None
     for name, fn in (("nograd", nograd), ("record", record), ("fb", fb)):
         put(f"op_ns_{name}_1t", median_ms(fn, 2, 11) * 1e6 / CHAIN)
+
+
+# Second order and forward mode on a tanh MLP (32,64) -> 256 -> 256 -> 1, f32,
+# 1 thread: a gradient, a Hessian-vector product (create_graph, then a second
+# backward) and torch.func.jvp (torch 1.13: functorch.jvp).
+def mlp_loss(x, w):
+    h = torch.tanh(x @ w[0])
+    h = torch.tanh(h @ w[1])
+    return (h @ w[2]).mean()
+
+
+def bench_second_order():
+    torch.manual_seed(4)
+    x = torch.randn(32, 64)
+    w = [torch.randn(*s, requires_grad=True) for s in ((64, 256), (256, 256), (256, 1))]
+    v = [torch.randn_like(t) for t in w]
+
+    def grad():
+        torch.autograd.grad(mlp_loss(x, w), w)
+
+    def hvp():
+        g = torch.autograd.grad(mlp_loss(x, w), w, create_graph=True)
+        gv = sum((a * b).sum() for a, b in zip(g, v))
+        torch.autograd.grad(gv, w)
+
+    def jvp():
+        from functorch import jvp as fjvp
+        fjvp(lambda *ws: mlp_loss(x, ws), tuple(t.detach() for t in w), tuple(v))
+    for name, fn in (("grad", grad), ("hvp", hvp), ("jvp", jvp)):
+        put(f"mlp_{name}_ms_1t", median_ms(fn, 2, 15))
 
 
 # ---------------------------------------------------------------- copy task
@@ -552,6 +584,7 @@ def main():
     set_threads(1)
     bench_attn_memory()
     bench_overhead()
+    bench_second_order()
     for t in THREADS:
         set_threads(t)
         bench_matmul(t)
