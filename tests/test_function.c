@@ -2024,11 +2024,14 @@ START_TEST(gradcheck_fails_on_nan) {
 }
 END_TEST
 
-/* y = x * w, w = 1, 2, 3, ... in row-major order, whose backward reads its
- * upstream gradient through nb_data as if it were contiguous (strides
- * ignored), as a kernel written for the contiguous case does. Past the
- * elements the gradient's view spans it reads zeros, where a real one would
- * read past the buffer: the test stays memory safe. */
+/* y = x * w, w = 1, 2, 3, ... in row-major order, and backwards that read
+ * the upstream gradient wrongly through nb_data, as a kernel written for
+ * one layout does: RAMP_RAW as if it were contiguous (strides ignored),
+ * RAMP_ZERO_AS_ONE through its strides but taking a stride of 0 for 1 (as
+ * code that guards a loop step might), right for every layout but an
+ * expanded one. Past the elements the gradient's view spans they read
+ * zeros, where a real kernel would read past the buffer: the test stays
+ * memory safe. */
 static nb_tensor *ramp_forward(nb_function_ctx *ctx, nb_tensor **in, int n, void *user) {
     (void)n, (void)user, (void)ctx;
     nb_tensor *x = nb_contiguous(in[0]);
@@ -2038,19 +2041,6 @@ static nb_tensor *ramp_forward(nb_function_ctx *ctx, nb_tensor **in, int n, void
     double *py = nb_data(y);
     for (int64_t i = 0; i < nb_numel(x); i++) py[i] = px[i] * (double)(i + 1);
     return y;
-}
-
-static int ramp_backward_raw(nb_function_ctx *ctx, nb_tensor *gy, nb_tensor **gin, void *user) {
-    (void)ctx, (void)user;
-    int64_t span = 1; /* elements from the first to the last one the view reaches */
-    for (int d = 0; d < nb_ndim(gy); d++) span += (nb_shape(gy)[d] - 1) * nb_strides(gy)[d];
-    nb_tensor *gx = nb_empty(NB_F64, nb_ndim(gy), nb_shape(gy));
-    if (!gx) return -1;
-    const double *pg = nb_data(gy);
-    double *pgx = nb_data(gx);
-    for (int64_t i = 0; i < nb_numel(gy); i++) pgx[i] = (i < span ? pg[i] : 0) * (double)(i + 1);
-    gin[0] = gx;
-    return 0;
 }
 
 static int ramp_backward(nb_function_ctx *ctx, nb_tensor *gy, nb_tensor **gin, void *user) {
@@ -2064,38 +2054,75 @@ static int ramp_backward(nb_function_ctx *ctx, nb_tensor *gy, nb_tensor **gin, v
     return 0;
 }
 
+typedef enum { AS_CONTIGUOUS, ZERO_STRIDE_AS_ONE } misread;
+
+static int ramp_backward_misread(nb_tensor *gy, nb_tensor **gin, misread how) {
+    int nd = nb_ndim(gy);
+    const int64_t *sh = nb_shape(gy), *st = nb_strides(gy);
+    int64_t span = 1; /* elements from the first to the last one the view reaches */
+    for (int d = 0; d < nd; d++) span += (sh[d] - 1) * st[d];
+    nb_tensor *gx = nb_empty(NB_F64, nd, sh);
+    if (!gx) return -1;
+    const double *pg = nb_data(gy);
+    double *pgx = nb_data(gx);
+    for (int64_t i = 0; i < nb_numel(gy); i++) {
+        int64_t at = i; /* AS_CONTIGUOUS */
+        if (how == ZERO_STRIDE_AS_ONE) {
+            at = 0;
+            for (int64_t d = nd - 1, rest = i; d >= 0; rest /= sh[d], d--)
+                at += rest % sh[d] * (st[d] ? st[d] : 1);
+        }
+        pgx[i] = (at < span ? pg[at] : 0) * (double)(i + 1);
+    }
+    gin[0] = gx;
+    return 0;
+}
+static int ramp_backward_raw(nb_function_ctx *ctx, nb_tensor *gy, nb_tensor **gin, void *user) {
+    (void)ctx, (void)user;
+    return ramp_backward_misread(gy, gin, AS_CONTIGUOUS);
+}
+static int ramp_backward_zero_as_one(nb_function_ctx *ctx, nb_tensor *gy, nb_tensor **gin,
+                                     void *user) {
+    (void)ctx, (void)user;
+    return ramp_backward_misread(gy, gin, ZERO_STRIDE_AS_ONE);
+}
+
 static const nb_function RAMP = {.name = "ramp", .forward = ramp_forward,
                                  .backward = ramp_backward};
-
 static const nb_function RAMP_RAW = {.name = "ramp_raw", .forward = ramp_forward,
                                      .backward = ramp_backward_raw};
+static const nb_function RAMP_ZERO_AS_ONE = {.name = "ramp_zero_as_one", .forward = ramp_forward,
+                                             .backward = ramp_backward_zero_as_one};
 
 /* The layouts nb_gradcheck hands a rule: the same output gradient laid out
  * contiguously, then transposed (2-d and up) or strided (1-d), must give the
  * same gradients; a gradient of ones read through stride 0 must give the
- * Jacobian's row sums. A (1, n) gradient transposed reads as a contiguous
- * one, so there the stride-0 layout is what exposes the rule. */
+ * Jacobian's row sums. Each misreading rule is caught, by the layout that
+ * exposes it, and the rule reading through its strides passes. */
 START_TEST(gradcheck_catches_a_rule_that_ignores_strides) {
-    static const struct {
+    static const char *const other_layout = "(laid out contiguously, then transposed or strided)";
+    static const char *const stride0 = "backward from an output gradient of ones read through "
+                                       "stride 0 gave";
+    const struct {
+        const nb_function *f;
         int ndim;
         int64_t shape[2];
         const char *says;
     } cases[] = {
-        {2, {2, 3}, "(laid out contiguously, then transposed or strided)"},
-        {1, {6, 0}, "(laid out contiguously, then transposed or strided)"},
-        {2, {1, 4}, "backward from an output gradient of ones read through stride 0 gave"},
+        {&RAMP_RAW, 2, {2, 3}, other_layout},
+        {&RAMP_RAW, 1, {6, 0}, other_layout},
+        {&RAMP_ZERO_AS_ONE, 2, {2, 3}, stride0},
+        {&RAMP_ZERO_AS_ONE, 1, {6, 0}, stride0},
     };
-    applier a = {&RAMP_RAW, NULL};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         nb_tensor *x = rand_leaf(80 + k, cases[k].ndim, cases[k].shape);
         nb_gradcheck_result r;
-        ck_assert_msg(!nb_gradcheck(apply_fn, &a, 1, &x, NULL, &r), "case %zu passed: %s", k,
-                      r.message);
+        ck_assert_msg(!nb_gradcheck(apply_fn, &((applier){cases[k].f, NULL}), 1, &x, NULL, &r),
+                      "case %zu passed: %s", k, r.message);
         expect_has(r.message, "nb_gradcheck: first-order");
         expect_has(r.message, cases[k].says);
         ck_assert_str_eq(r.message, nb_last_error());
         nb_clear_error();
-        /* read through its strides, the same rule passes */
         nb_tensor *in[1] = {x};
         expect_gradcheck("ramp (custom, strides read)", apply_fn, &((applier){&RAMP, NULL}), 1,
                          in);
