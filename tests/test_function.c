@@ -2095,7 +2095,8 @@ static const nb_function RAMP_ZERO_AS_ONE = {.name = "ramp_zero_as_one", .forwar
                                              .backward = ramp_backward_zero_as_one};
 
 /* The layouts nb_gradcheck hands a rule: the same output gradient laid out
- * contiguously, then transposed (2-d and up) or strided (1-d), must give the
+ * contiguously, then transposed (two dims or more of more than one element)
+ * or strided (one such dim: (6), (1, 4)), must give the
  * same gradients; a gradient of ones read through stride 0 must give the
  * Jacobian's row sums. Each misreading rule is caught, by the layout that
  * exposes it, and the rule reading through its strides passes. */
@@ -2111,6 +2112,7 @@ START_TEST(gradcheck_catches_a_rule_that_ignores_strides) {
     } cases[] = {
         {&RAMP_RAW, 2, {2, 3}, other_layout},
         {&RAMP_RAW, 1, {6, 0}, other_layout},
+        {&RAMP_RAW, 2, {1, 4}, other_layout}, /* a (1, n) gradient reversed reads as contiguous */
         {&RAMP_ZERO_AS_ONE, 2, {2, 3}, stride0},
         {&RAMP_ZERO_AS_ONE, 1, {6, 0}, stride0},
     };
