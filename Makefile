@@ -110,6 +110,15 @@ test: check-deps
 	@bash tests/layers_check.sh $(BUILD)
 	@sh tests/examples_check.sh $(BUILD)
 
+# make mutation-check [MUTANTS=name,...] [MUTATION_TIMEOUT=s]: how strong the
+# tests are: each one-line mutant of tests/mutants.txt (a plausible bug) is
+# applied to a scratch copy under build/mutation, built (-j2) and run against
+# the suites; prints killed or SURVIVED per mutant and the score. Slow (about
+# a minute a mutant); not part of make test or CI.
+.PHONY: mutation-check
+mutation-check: check-deps
+	@MUTANTS="$(MUTANTS)" MUTATION_TIMEOUT="$(MUTATION_TIMEOUT)" bash tests/mutation_check.sh
+
 # The library's folders form layers, tensor < autograd < ops < nn, none
 # reaching up (by include or by symbol); make test runs this too.
 layers-check: $(BUILD)/libnabla.a

@@ -154,18 +154,26 @@ static int check_no_grad_inputs(const check *c) {
 }
 
 /* The same values as g in another layout: dims reversed (a transposed
- * upstream gradient), or every other element of a buffer twice as long for
- * one dim; the rule must read either as it reads g. */
+ * upstream gradient) when two dims or more have more than one element, else
+ * every other element of a buffer twice as long (reversing the dims of a
+ * (1, n) gradient would give a layout read exactly as a contiguous one); the
+ * rule must read either as it reads g. */
 static nb_tensor *relaid(nb_tensor *g) {
-    int nd = g->ndim;
+    int nd = g->ndim, wide = 0; /* dims of more than one element */
     if (nd == 0 || g->numel < 2) return g;
+    for (int d = 0; d < nd; d++) wide += g->shape[d] > 1;
     int64_t shape[NB_MAX_DIMS] = {0}, st[NB_MAX_DIMS], rev[NB_MAX_DIMS];
-    for (int d = 0; d < nd; d++) shape[d] = g->shape[nd - 1 - d];
-    if (nd == 1) shape[0] = 2 * g->numel;
-    nb_tensor *t = nbi_new(FN, NB_F64, nd, shape, true);
+    nb_tensor *t;
+    if (wide < 2) { /* every other element */
+        t = nbi_new(FN, NB_F64, 1, (const int64_t[]){2 * g->numel}, true);
+        for (int d = 0; d < nd; d++) rev[d] = 2;
+    } else { /* dims reversed */
+        for (int d = 0; d < nd; d++) shape[d] = g->shape[nd - 1 - d];
+        t = nbi_new(FN, NB_F64, nd, shape, true);
+        nbi_contiguous_strides(nd, shape, st);
+        for (int d = 0; d < nd; d++) rev[d] = st[nd - 1 - d];
+    }
     if (!t) return NULL;
-    nbi_contiguous_strides(nd, shape, st);
-    for (int d = 0; d < nd; d++) rev[d] = nd == 1 ? 2 : st[nd - 1 - d];
     nb_tensor *v = nbi_make_view(t, nd, g->shape, rev, 0);
     if (v) nbi_copy_strided(v, g->strides, g);
     return v;

@@ -1,6 +1,8 @@
 /* test_autograd.c: the engine (accumulation, shared subgraphs, broadcast,
- * views, grad mode, detach, in-place checks, early frees, deep graphs) and
- * nb_gradcheck itself (it must catch a wrong gradient and say where). */
+ * views, grad mode, detach, in-place checks, early frees, deep graphs),
+ * nb_gradcheck itself (it must catch a wrong gradient and say where), and
+ * what create_graph and nb_jvp must not lose (a sum's graph, a leaf .grad
+ * a graph was recorded from, a tangent rule, a once-differentiable refusal). */
 #include "test_util.h"
 
 #include <stdlib.h>
@@ -598,6 +600,122 @@ START_TEST(grad_hook_errors) {
 }
 END_TEST
 
+/* ------------------------------------------ create_graph and nb_jvp: nothing lost */
+static const nb_backward_opts CREATE = {.create_graph = true};
+
+/* Under create_graph, the gradient a tensor gets is a sum; when one part has
+ * a graph and another has none (c x contributes g c, which involves no
+ * input), the sum must keep the graph, whichever arrives first:
+ * f = sum(c x) + sum(x^3) has f' = c + 3x^2 and f'' = 6x. */
+START_TEST(create_graph_sum_keeps_the_graph) {
+    const double xs[3] = {0.5, -1.5, 2}, cs[3] = {3, -1, 0.25};
+    for (int order = 0; order < 2; order++) {
+        nb_scope_begin();
+        nb_tensor *x = nb_set_requires_grad(vec(3, xs), true), *c = vec(3, cs), *g, *h;
+        nb_tensor *lin = nb_sum_all(nb_mul(c, x)), *cube = nb_sum_all(nb_mul(nb_mul(x, x), x));
+        nb_tensor *f = order ? nb_add(cube, lin) : nb_add(lin, cube);
+        ck_assert_int_eq(nb_autograd_grad(&f, 1, NULL, &x, 1, &CREATE, &g), 0);
+        double want_g[3], want_h[3];
+        for (int i = 0; i < 3; i++) want_g[i] = cs[i] + 3 * xs[i] * xs[i], want_h[i] = 6 * xs[i];
+        expect_values(g, 3, want_g, 1e-12);
+        ck_assert_msg(nb_requires_grad(g), "order %d: the gradient lost its graph", order);
+        nb_tensor *s = nb_sum_all(g);
+        ck_assert_msg(nb_autograd_grad(&s, 1, NULL, &x, 1, NULL, &h) == 0, "order %d: %s", order,
+                      nb_last_error());
+        expect_values(h, 3, want_h, 1e-12);
+        nb_scope_end();
+    }
+}
+END_TEST
+
+/* A leaf's .grad made with create_graph is a tensor a graph was recorded
+ * from; a later plain backward must replace it, never add into it: what was
+ * computed from it (p = .grad^2 here) still differentiates. */
+START_TEST(create_graph_leaf_grad_is_replaced_not_written) {
+    nb_scope_begin();
+    nb_tensor *x = nb_set_requires_grad(nb_full(NB_F64, 0, NULL, 2.0), true);
+    ck_assert_int_eq(nb_backward_with_opts(nb_mul(nb_mul(x, x), x), NULL, &CREATE), 0);
+    nb_tensor *g = nb_grad(x); /* 3x^2 = 12, with a graph */
+    nb_tensor *p = nb_mul(g, g); /* saves g: (3x^2)^2, p' = 36 x^3 = 288 */
+    ck_assert_int_eq(nb_backward(nb_mul_scalar(x, 5.0)), 0);
+    ck_assert_double_eq_tol(nb_item(nb_grad(x)), 17, 1e-12);
+    ck_assert_msg(nb_backward(p) == 0, "%s", nb_last_error());
+    ck_assert_double_eq_tol(nb_item(nb_grad(x)), 17 + 288, 1e-9);
+    nb_scope_end();
+}
+END_TEST
+
+/* y = a * b as a custom function with a tangent rule: ta b + a tb, where a
+ * NULL tangent is zero. nb_jvp must run the rule when any input has a
+ * tangent, the first or the last. */
+static nb_tensor *mul2_fwd(nb_function_ctx *c, nb_tensor **in, int n, void *u) {
+    (void)n, (void)u;
+    return nb_function_save(c, in[0]) || nb_function_save(c, in[1]) ? NULL : nb_mul(in[0], in[1]);
+}
+static int mul2_bwd(nb_function_ctx *c, nb_tensor *g, nb_tensor **gin, void *u) {
+    (void)u;
+    gin[0] = nb_mul(g, nb_function_saved(c, 1));
+    gin[1] = nb_mul(g, nb_function_saved(c, 0));
+    return gin[0] && gin[1] ? 0 : -1;
+}
+static nb_tensor *mul2_jvp(nb_function_ctx *c, nb_tensor **t, int n, void *u) {
+    (void)n, (void)u;
+    nb_tensor *a = nb_function_saved(c, 0), *b = nb_function_saved(c, 1);
+    if (!t[0]) return nb_mul(a, t[1]);
+    if (!t[1]) return nb_mul(t[0], b);
+    return nb_add(nb_mul(t[0], b), nb_mul(a, t[1]));
+}
+static const nb_function MUL2 = {.name = "mul2", .forward = mul2_fwd, .backward = mul2_bwd,
+                                 .jvp = mul2_jvp};
+static nb_tensor *mul2(nb_tensor **in, int n, void *ctx) {
+    (void)ctx;
+    return nb_function_apply(&MUL2, in, n, NULL);
+}
+
+START_TEST(jvp_runs_a_rule_whichever_input_has_a_tangent) {
+    nb_scope_begin();
+    const double av[2] = {1, 2}, bv[2] = {3, -4}, tv[2] = {0.5, -2};
+    nb_tensor *in[2] = {vec(2, av), vec(2, bv)}, *t = vec(2, tv), *y, *ty;
+    nb_tensor *first[2] = {t, NULL}, *last[2] = {NULL, t}, *both[2] = {t, t};
+    ck_assert_msg(nb_jvp(mul2, NULL, 2, in, first, &y, &ty) == 0, "%s", nb_last_error());
+    expect_values(ty, 2, (double[]){0.5 * 3, -2 * -4}, 1e-15); /* t b */
+    ck_assert_msg(nb_jvp(mul2, NULL, 2, in, last, &y, &ty) == 0, "%s", nb_last_error());
+    expect_values(ty, 2, (double[]){1 * 0.5, 2 * -2}, 1e-15); /* a t */
+    ck_assert_msg(nb_jvp(mul2, NULL, 2, in, both, &y, &ty) == 0, "%s", nb_last_error());
+    expect_values(ty, 2, (double[]){0.5 * 4, -2 * -2}, 1e-15); /* t (a + b) */
+    nb_scope_end();
+}
+END_TEST
+
+/* A custom backward that reads a tensor its forward made and saved (neither
+ * an input nor the output: it has no history) cannot give a gradient that
+ * differentiates again; the second derivative is refused, naming it. */
+static nb_tensor *sq_saving_2x_fwd(nb_function_ctx *c, nb_tensor **in, int n, void *u) {
+    (void)n, (void)u;
+    nb_tensor *two_x = nb_mul_scalar(in[0], 2.0); /* made here */
+    return nb_function_save(c, two_x) ? NULL : nb_mul(in[0], in[0]);
+}
+static int sq_saving_2x_bwd(nb_function_ctx *c, nb_tensor *g, nb_tensor **gin, void *u) {
+    (void)u;
+    return (gin[0] = nb_mul(g, nb_function_saved(c, 0))) ? 0 : -1;
+}
+static const nb_function SQ_SAVING_2X = {.name = "sq_saving_2x", .forward = sq_saving_2x_fwd,
+                                         .backward = sq_saving_2x_bwd};
+
+START_TEST(saved_forward_temporary_is_once_differentiable) {
+    nb_scope_begin();
+    nb_tensor *x = nb_set_requires_grad(vec(2, (double[]){1.5, -2}), true), *g, *h;
+    nb_tensor *y = nb_sum_all(nb_function_apply(&SQ_SAVING_2X, &x, 1, NULL));
+    ck_assert_int_eq(nb_autograd_grad(&y, 1, NULL, &x, 1, &CREATE, &g), 0);
+    expect_values(g, 2, (double[]){3, -4}, 1e-15);
+    nb_tensor *s = nb_sum_all(g);
+    expect_error_rc(nb_autograd_grad(&s, 1, NULL, &x, 1, NULL, &h),
+                    "the gradient made by the backward of sq_saving_2x cannot be differentiated "
+                    "again");
+    nb_scope_end();
+}
+END_TEST
+
 Suite *suite_autograd(void) {
     Suite *s = suite_create("autograd");
     TCase *tc = tcase_create("engine");
@@ -629,5 +747,12 @@ Suite *suite_autograd(void) {
     tcase_add_test(gc, gradcheck_passes_and_restores_state);
     tcase_add_test(gc, gradcheck_rejects_bad_inputs);
     suite_add_tcase(s, gc);
+    TCase *hc = tcase_create("higher_order");
+    tcase_set_timeout(hc, 60);
+    tcase_add_test(hc, create_graph_sum_keeps_the_graph);
+    tcase_add_test(hc, create_graph_leaf_grad_is_replaced_not_written);
+    tcase_add_test(hc, jvp_runs_a_rule_whichever_input_has_a_tangent);
+    tcase_add_test(hc, saved_forward_temporary_is_once_differentiable);
+    suite_add_tcase(s, hc);
     return s;
 }

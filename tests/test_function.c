@@ -1931,6 +1931,208 @@ START_TEST(gradcheck_restores_inputs) {
 }
 END_TEST
 
+/* --------------------------------------------- gradcheck fed NaNs and layouts */
+/* y = x^2 elementwise (f64, 1-d), made wrong at entry (x1, y1) in three ways
+ * that nb_gradcheck must each fail, as PyTorch's allclose with
+ * equal_nan=False does: a NaN in the analytic Jacobian (the backward), in
+ * the numeric one (a forward that gives NaN only once x1 has moved off its
+ * starting value, i.e. under the finite-difference perturbation), or in both. */
+typedef struct {
+    bool nan_backward;  /* d y1 / d x1 is NaN */
+    bool nan_perturbed; /* y1 is NaN whenever x1 is not x1_at_start */
+    double x1_at_start;
+} sq_user;
+
+static nb_tensor *sq_forward(nb_function_ctx *ctx, nb_tensor **in, int n, void *user) {
+    (void)n;
+    const sq_user *u = user;
+    nb_tensor *x = nb_contiguous(in[0]);
+    nb_tensor *y = x ? nb_empty(NB_F64, nb_ndim(x), nb_shape(x)) : NULL;
+    if (!y || nb_function_save(ctx, x) != 0) return NULL;
+    const double *px = nb_data(x);
+    double *py = nb_data(y);
+    for (int64_t i = 0; i < nb_numel(x); i++) py[i] = px[i] * px[i];
+    if (u->nan_perturbed && px[1] != u->x1_at_start) py[1] = NAN;
+    return y;
+}
+
+static int sq_backward(nb_function_ctx *ctx, nb_tensor *gy, nb_tensor **gin, void *user) {
+    const sq_user *u = user;
+    nb_tensor *x = nb_function_saved(ctx, 0), *g = nb_contiguous(gy);
+    nb_tensor *gx = x ? nb_empty(NB_F64, nb_ndim(x), nb_shape(x)) : NULL;
+    if (!g || !gx) return -1;
+    const double *px = nb_data(x), *pg = nb_data(g);
+    double *pgx = nb_data(gx);
+    for (int64_t i = 0; i < nb_numel(x); i++) pgx[i] = 2 * px[i] * pg[i];
+    if (u->nan_backward && pg[1] != 0) pgx[1] = NAN; /* row 1 of the Jacobian only */
+    gin[0] = gx;
+    return 0;
+}
+
+static const nb_function SQ = {.name = "sq", .forward = sq_forward, .backward = sq_backward};
+
+/* Full mode: exactly entry (x1, y1) mismatched, named in the message. */
+static void expect_nan_mismatch(const char *what, sq_user *u, nb_tensor *x, bool nan_a,
+                                bool nan_n) {
+    applier a = {&SQ, u};
+    nb_gradcheck_result r;
+    bool ok = nb_gradcheck(apply_fn, &a, 1, &x, NULL, &r);
+    ck_assert_msg(!ok && !r.ok, "%s: nb_gradcheck passed: %s", what, r.message);
+    expect_has(r.message, "MISMATCH");
+    expect_has(r.message, "1 of 9 entries outside tolerance");
+    expect_has(r.message, "input 0 at (1) (flat 1), output element 1");
+    ck_assert_str_eq(r.message, nb_last_error());
+    nb_clear_error();
+    ck_assert_int_eq(r.mismatched, 1);
+    ck_assert_int_eq(r.input, 0);
+    ck_assert_int_eq(r.index, 1);
+    ck_assert_int_eq(r.output_index, 1);
+    ck_assert_msg(isnan(r.analytic) == nan_a && isnan(r.numeric) == nan_n,
+                  "%s: analytic %g, numeric %g", what, r.analytic, r.numeric);
+    ck_assert(isnan(r.max_abs_err));
+    if (!nan_a) ck_assert_double_eq_tol(r.analytic, -2.5, 1e-12); /* 2 x1 */
+    if (!nan_n) ck_assert_double_eq_tol(r.numeric, -2.5, 1e-6);
+}
+
+START_TEST(gradcheck_fails_on_nan) {
+    nb_tensor *x = leaf_of(NB_SHAPE(3), ((double[]){0.5, -1.25, 2.0}));
+    sq_user good = {.x1_at_start = -1.25};
+    expect_gradcheck("sq (custom, x^2)", apply_fn, &((applier){&SQ, &good}), 1, &x);
+    sq_user analytic = {.nan_backward = true, .x1_at_start = -1.25};
+    expect_nan_mismatch("NaN in the backward", &analytic, x, true, false);
+    sq_user numeric = {.nan_perturbed = true, .x1_at_start = -1.25};
+    expect_nan_mismatch("NaN in the forward under perturbation", &numeric, x, false, true);
+    sq_user both = {.nan_backward = true, .nan_perturbed = true, .x1_at_start = -1.25};
+    expect_nan_mismatch("NaN on both sides", &both, x, true, true);
+    /* fast mode too: a NaN in a projection is a mismatch */
+    nb_gradcheck_opts o = NB_GRADCHECK_DEFAULTS;
+    o.fast_mode = true;
+    o.fast_probes = 2;
+    sq_user *modes[3] = {&analytic, &numeric, &both};
+    for (int k = 0; k < 3; k++) {
+        nb_gradcheck_result r;
+        ck_assert_msg(!nb_gradcheck(apply_fn, &((applier){&SQ, modes[k]}), 1, &x, &o, &r),
+                      "fast mode, case %d: passed: %s", k, r.message);
+        expect_has(r.message, "MISMATCH");
+        expect_has(r.message, "projection");
+        ck_assert_int_eq(r.mismatched, 2);
+        nb_clear_error();
+    }
+    ck_assert_msg(nb_gradcheck(apply_fn, &((applier){&SQ, &good}), 1, &x, &o, NULL), "%s",
+                  nb_last_error());
+    nb_free(x);
+}
+END_TEST
+
+/* y = x * w, w = 1, 2, 3, ... in row-major order, and backwards that read
+ * the upstream gradient wrongly through nb_data, as a kernel written for
+ * one layout does: RAMP_RAW as if it were contiguous (strides ignored),
+ * RAMP_ZERO_AS_ONE through its strides but taking a stride of 0 for 1 (as
+ * code that guards a loop step might), right for every layout but an
+ * expanded one. Past the elements the gradient's view spans they read
+ * zeros, where a real kernel would read past the buffer: the test stays
+ * memory safe. */
+static nb_tensor *ramp_forward(nb_function_ctx *ctx, nb_tensor **in, int n, void *user) {
+    (void)n, (void)user, (void)ctx;
+    nb_tensor *x = nb_contiguous(in[0]);
+    nb_tensor *y = x ? nb_empty(NB_F64, nb_ndim(x), nb_shape(x)) : NULL;
+    if (!y) return NULL;
+    const double *px = nb_data(x);
+    double *py = nb_data(y);
+    for (int64_t i = 0; i < nb_numel(x); i++) py[i] = px[i] * (double)(i + 1);
+    return y;
+}
+
+static int ramp_backward(nb_function_ctx *ctx, nb_tensor *gy, nb_tensor **gin, void *user) {
+    (void)ctx, (void)user;
+    nb_tensor *g = nb_contiguous(gy), *gx = g ? nb_empty(NB_F64, nb_ndim(g), nb_shape(g)) : NULL;
+    if (!gx) return -1;
+    const double *pg = nb_data(g);
+    double *pgx = nb_data(gx);
+    for (int64_t i = 0; i < nb_numel(g); i++) pgx[i] = pg[i] * (double)(i + 1);
+    gin[0] = gx;
+    return 0;
+}
+
+typedef enum { AS_CONTIGUOUS, ZERO_STRIDE_AS_ONE } misread;
+
+static int ramp_backward_misread(nb_tensor *gy, nb_tensor **gin, misread how) {
+    int nd = nb_ndim(gy);
+    const int64_t *sh = nb_shape(gy), *st = nb_strides(gy);
+    int64_t span = 1; /* elements from the first to the last one the view reaches */
+    for (int d = 0; d < nd; d++) span += (sh[d] - 1) * st[d];
+    nb_tensor *gx = nb_empty(NB_F64, nd, sh);
+    if (!gx) return -1;
+    const double *pg = nb_data(gy);
+    double *pgx = nb_data(gx);
+    for (int64_t i = 0; i < nb_numel(gy); i++) {
+        int64_t at = i; /* AS_CONTIGUOUS */
+        if (how == ZERO_STRIDE_AS_ONE) {
+            at = 0;
+            for (int64_t d = nd - 1, rest = i; d >= 0; rest /= sh[d], d--)
+                at += rest % sh[d] * (st[d] ? st[d] : 1);
+        }
+        pgx[i] = (at < span ? pg[at] : 0) * (double)(i + 1);
+    }
+    gin[0] = gx;
+    return 0;
+}
+static int ramp_backward_raw(nb_function_ctx *ctx, nb_tensor *gy, nb_tensor **gin, void *user) {
+    (void)ctx, (void)user;
+    return ramp_backward_misread(gy, gin, AS_CONTIGUOUS);
+}
+static int ramp_backward_zero_as_one(nb_function_ctx *ctx, nb_tensor *gy, nb_tensor **gin,
+                                     void *user) {
+    (void)ctx, (void)user;
+    return ramp_backward_misread(gy, gin, ZERO_STRIDE_AS_ONE);
+}
+
+static const nb_function RAMP = {.name = "ramp", .forward = ramp_forward,
+                                 .backward = ramp_backward};
+static const nb_function RAMP_RAW = {.name = "ramp_raw", .forward = ramp_forward,
+                                     .backward = ramp_backward_raw};
+static const nb_function RAMP_ZERO_AS_ONE = {.name = "ramp_zero_as_one", .forward = ramp_forward,
+                                             .backward = ramp_backward_zero_as_one};
+
+/* The layouts nb_gradcheck hands a rule: the same output gradient laid out
+ * contiguously, then transposed (two dims or more of more than one element)
+ * or strided (one such dim: (6), (1, 4)), must give the
+ * same gradients; a gradient of ones read through stride 0 must give the
+ * Jacobian's row sums. Each misreading rule is caught, by the layout that
+ * exposes it, and the rule reading through its strides passes. */
+START_TEST(gradcheck_catches_a_rule_that_ignores_strides) {
+    static const char *const other_layout = "(laid out contiguously, then transposed or strided)";
+    static const char *const stride0 = "backward from an output gradient of ones read through "
+                                       "stride 0 gave";
+    const struct {
+        const nb_function *f;
+        int ndim;
+        int64_t shape[2];
+        const char *says;
+    } cases[] = {
+        {&RAMP_RAW, 2, {2, 3}, other_layout},
+        {&RAMP_RAW, 1, {6, 0}, other_layout},
+        {&RAMP_RAW, 2, {1, 4}, other_layout}, /* a (1, n) gradient reversed reads as contiguous */
+        {&RAMP_ZERO_AS_ONE, 2, {2, 3}, stride0},
+        {&RAMP_ZERO_AS_ONE, 1, {6, 0}, stride0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        nb_tensor *x = rand_leaf(80 + k, cases[k].ndim, cases[k].shape);
+        nb_gradcheck_result r;
+        ck_assert_msg(!nb_gradcheck(apply_fn, &((applier){cases[k].f, NULL}), 1, &x, NULL, &r),
+                      "case %zu passed: %s", k, r.message);
+        expect_has(r.message, "nb_gradcheck: first-order");
+        expect_has(r.message, cases[k].says);
+        ck_assert_str_eq(r.message, nb_last_error());
+        nb_clear_error();
+        nb_tensor *in[1] = {x};
+        expect_gradcheck("ramp (custom, strides read)", apply_fn, &((applier){&RAMP, NULL}), 1,
+                         in);
+        nb_free(x);
+    }
+}
+END_TEST
+
 Suite *suite_function(void) {
     Suite *s = suite_create("function");
     TCase *tc = tcase_create("single");
@@ -1972,6 +2174,8 @@ Suite *suite_function(void) {
     tcase_add_test(gc, gradcheck_no_grad_input_must_get_no_gradient);
     tcase_add_test(gc, gradcheck_fast_mode);
     tcase_add_test(gc, gradcheck_restores_inputs);
+    tcase_add_test(gc, gradcheck_fails_on_nan);
+    tcase_add_test(gc, gradcheck_catches_a_rule_that_ignores_strides);
     suite_add_tcase(s, gc);
     return s;
 }
