@@ -716,6 +716,49 @@ START_TEST(saved_forward_temporary_is_once_differentiable) {
 }
 END_TEST
 
+/* x^3 whose backward has a recorded form (create_graph: grad mode is on)
+ * that is wrong but self-consistent: 2x^2 g where the plain form gives
+ * 3x^2 g. gradgradcheck differentiates the recorded gradient (4x v, the
+ * same analytically and numerically), so only comparing it with the plain
+ * gradient finds the error. */
+static double cube_k_recorded = 3;
+static nb_tensor *cube_k_fwd(nb_function_ctx *c, nb_tensor **in, int n, void *u) {
+    (void)n, (void)u;
+    return nb_function_save(c, in[0]) ? NULL : nb_mul(nb_mul(in[0], in[0]), in[0]);
+}
+static int cube_k_bwd(nb_function_ctx *c, nb_tensor *g, nb_tensor **gin, void *u) {
+    (void)u;
+    nb_tensor *x = nb_function_saved(c, 0);
+    double k = nb_grad_enabled() ? cube_k_recorded : 3;
+    return (gin[0] = nb_mul(nb_mul_scalar(nb_mul(x, x), k), g)) ? 0 : -1;
+}
+static const nb_function CUBE_K = {.name = "cube_k", .forward = cube_k_fwd,
+                                   .backward = cube_k_bwd};
+static nb_tensor *cube_k(nb_tensor **in, int n, void *ctx) {
+    (void)ctx;
+    return nb_function_apply(&CUBE_K, in, n, NULL);
+}
+
+START_TEST(gradgradcheck_compares_the_recorded_gradient_with_the_plain_one) {
+    nb_scope_begin();
+    nb_tensor *x = nb_set_requires_grad(vec(3, (double[]){0.5, -1.25, 2}), true);
+    cube_k_recorded = 3;
+    expect_gradgradcheck("cube_k (custom), both forms right", cube_k, NULL, 1, &x);
+    cube_k_recorded = 2;
+    expect_gradcheck("cube_k (custom), plain form right", cube_k, NULL, 1, &x);
+    nb_gradcheck_result r;
+    ck_assert(!nb_gradgradcheck(cube_k, NULL, 1, &x, NULL, &r));
+    ck_assert(!r.ok);
+    ck_assert_ptr_nonnull(strstr(r.message, "nb_gradgradcheck: second-order: the gradient made "
+                                            "with create_graph differs from the plain "
+                                            "backward's for input 0 at (0) (flat 0)"));
+    ck_assert_str_eq(r.message, nb_last_error());
+    nb_clear_error();
+    cube_k_recorded = 3;
+    nb_scope_end();
+}
+END_TEST
+
 Suite *suite_autograd(void) {
     Suite *s = suite_create("autograd");
     TCase *tc = tcase_create("engine");
@@ -753,6 +796,7 @@ Suite *suite_autograd(void) {
     tcase_add_test(hc, create_graph_leaf_grad_is_replaced_not_written);
     tcase_add_test(hc, jvp_runs_a_rule_whichever_input_has_a_tangent);
     tcase_add_test(hc, saved_forward_temporary_is_once_differentiable);
+    tcase_add_test(hc, gradgradcheck_compares_the_recorded_gradient_with_the_plain_one);
     suite_add_tcase(s, hc);
     return s;
 }
