@@ -86,7 +86,10 @@ step "cc prog.c \$(pkg-config --cflags --libs nabla)"
 needed=$(readelf -d "$tmp/prog" | grep NEEDED || true)
 [[ $needed == *"[libnabla.so.$major]"* ]] || fail "prog does not need libnabla.so.$major; readelf -d says: $needed"
 if command -v ldd >/dev/null; then
-    LD_LIBRARY_PATH=$prefix/lib ldd "$tmp/prog" | grep -q "libnabla.so.$major => $prefix/lib/libnabla.so.$major" ||
+    # captured first: grep -q closing the pipe early would fail ldd with
+    # SIGPIPE, and the pipeline with it under pipefail (a flaky failure)
+    resolved=$(LD_LIBRARY_PATH=$prefix/lib ldd "$tmp/prog")
+    [[ $resolved == *"libnabla.so.$major => $prefix/lib/libnabla.so.$major"* ]] ||
         fail "ldd does not resolve libnabla.so.$major into $prefix/lib"
 fi
 out=$(LD_LIBRARY_PATH=$prefix/lib "$tmp/prog") || fail "prog (shared) exited with an error; output: $out"
