@@ -327,7 +327,26 @@ static nb_tensor *tanh_prod(nb_tensor **in, int n, void *ctx) {
     return nb_tanh(nb_mul(in[0], in[1]));
 }
 
+/* gather with repeated indices: its backward is a scatter that adds, and
+ * forward over reverse pushes tangents through that scatter */
+static nb_tensor *gather_rep(nb_tensor **in, int n, void *idx) {
+    (void)n;
+    return nb_mul(nb_gather(in[0], 1, idx), nb_gather(in[0], 1, idx));
+}
+
 START_TEST(forward_over_reverse_and_empty) {
+    {
+        nb_tensor *x = nb_set_requires_grad(nb_from_data(NB_F64, NB_SHAPE(2, 3),
+                                                         (double[]){0.3, -1.1, 0.8, 1.7, -0.4, 0.9}),
+                                            true);
+        nb_tensor *idx = nb_from_data(NB_I64, NB_SHAPE(2, 4), (int64_t[]){0, 0, 2, 0, 1, 1, 1, 2});
+        nb_gradcheck_opts o = NB_GRADCHECK_DEFAULTS;
+        o.check_forward_ad = true;
+        nb_gradcheck_result r;
+        ck_assert_msg(nb_gradgradcheck(gather_rep, idx, 1, &x, &o, &r), "%s", r.message);
+        nb_free(x);
+        nb_free(idx);
+    }
     nb_scope_begin();
     nb_tensor *in[2] = {vec_leaf(), vec_leaf()};
     nb_gradcheck_opts o = NB_GRADCHECK_DEFAULTS;
