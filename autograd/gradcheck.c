@@ -198,10 +198,11 @@ static int vjp(const check *c, nb_tensor *y, nb_tensor *g, bool retain, double *
             }
             double first = G[i][e * stride];
             if (fabs(v - first) <= c->o.nondet_tol || (v != v && first != first)) continue;
-            nbi_error("%s: %s: backward is not deterministic: two backward passes from the same "
-                      "output gradient (laid out contiguously, then transposed or strided) gave "
-                      "%.17g, then %.17g for input %d element %lld (nondet_tol %g)", FN, c->order,
-                      first, v, i, (long long)e, c->o.nondet_tol);
+            nbi_error("%s: %s: the same output gradient laid out contiguously, then transposed "
+                      "or strided, gave different gradients: %.17g, then %.17g for input %d "
+                      "element %lld (nondet_tol %g); a rule reads its upstream gradient's layout "
+                      "wrongly, or backward is not deterministic", FN, c->order, first, v, i,
+                      (long long)e, c->o.nondet_tol);
             rc = -1;
         }
     }
