@@ -439,7 +439,11 @@ NB_API bool nb_detect_anomaly(void);
  * the analytic Jacobian from backward: |analytic - numeric| <= atol + rtol*|numeric|.
  * Also as torch: backward runs twice from each output gradient and must give
  * the same gradients (within nondet_tol), and inputs that do not require
- * grad must get no gradient.
+ * grad must get no gradient. The second run gets the same output gradient
+ * transposed (strided for one dim), and in full mode one more backward from
+ * an expanded (stride-0) gradient of ones must give the Jacobian's row sums:
+ * a rule that reads its upstream gradient's layout wrongly fails. Gradients
+ * come from nb_autograd_grad: no leaf's .grad is touched.
  * fast_mode (torch's fast_mode) compares, for each input i, the scalar
  * v^T J_i u for random unit vectors v (output) and u (input) instead of J_i
  * itself: one backward and two forwards per probe and input, so inputs of
