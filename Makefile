@@ -10,8 +10,13 @@ ifeq ($(MPI),1)
 BUILD   ?= build-mpi
 endif
 BUILD   ?= build
-# parallel compiles inside test, valgrind, asan and tsan
-JOBS    ?= 2
+# Every build uses all the CPUs unless the command line says -jN (make -j1:
+# one at a time). JOBS: parallel compiles inside test, valgrind, asan and tsan.
+NPROC   := $(shell nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
+ifeq ($(filter -j%,$(MAKEFLAGS)),)
+MAKEFLAGS += -j$(NPROC)
+endif
+JOBS    ?= $(NPROC)
 
 # Install locations (GNU style: files go to $(DESTDIR)$(LIBDIR) etc.).
 PREFIX     ?= /usr/local
@@ -191,6 +196,13 @@ $(BUILD)/bench/bench: bench/bench.c $(BUILD)/libnabla.a nabla.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -I. -DNB_BENCH_DIR='"$(CURDIR)/bench"' $(if $(filter 1,$(BLAS)),-DNB_BENCH_BLAS) \
 	  $< $(BUILD)/libnabla.a $(if $(filter 1,$(BLAS)),-lopenblas) $(LDLIBS) -o $@
+
+# make clean-clone-times [TIMES="run test gpt"]: the times README.md quotes,
+# each command in a fresh clone of HEAD, build included (tests/clean_clone_times.sh).
+TIMES ?= run test gpt
+.PHONY: clean-clone-times
+clean-clone-times:
+	@sh tests/clean_clone_times.sh $(TIMES)
 
 # The documentation still works: every C program of README.md and docs/*.md
 # (a ```c block opening with "/* name.c:") compiled and run, its output
@@ -449,9 +461,14 @@ $(BUILD)/mpi/ddp.o: mpi/ddp.c mpi/nabla_mpi.h nabla.h | mpi-deps
 $(BUILD)/libnabla_mpi.a: $(BUILD)/mpi/ddp.o
 	ar rcs $@ $^
 
+# make mpi: the library (build/libnabla_mpi.a) and the examples with --dist
+# (build-mpi/, as make MPI=1 builds them), all docs/distributed.md runs.
 mpi: all mpi-deps
 	@$(MAKE) --no-print-directory $(BUILD)/libnabla_mpi.a
-	@echo "make mpi: $(BUILD)/libnabla_mpi.a (link with $(BUILD)/libnabla.a, $(MPICC))"
+	@$(MAKE) --no-print-directory MPI=1 BUILD=build-mpi all build-mpi/libnabla_mpi.a
+	@echo "make mpi: $(BUILD)/libnabla_mpi.a (link with $(BUILD)/libnabla.a, $(MPICC)) and the" \
+	  "examples with --dist in build-mpi/examples/, e.g.:"
+	@echo "    mpirun -np 2 build-mpi/examples/copy_task --dist"
 
 $(BUILD)/mpi/test_mpi: tests/mpi/test_mpi.c $(BUILD)/libnabla_mpi.a $(BUILD)/libnabla.a | check-deps
 	$(MPICC) $(CFLAGS) $$(pkg-config --cflags check 2>/dev/null) -I. -Impi $< \

@@ -1,0 +1,29 @@
+#!/bin/sh
+# clean_clone_times.sh TARGET...: how long each `make TARGET` takes from a
+# clean clone of this repository's HEAD, build included, as README.md and
+# docs/ quote them: each target in a fresh clone of its own (so none reuses
+# another's build), with make's default parallelism (every CPU). Prints one
+# line per target: the whole command's wall time and how much of it the
+# build (make all, timed in a second fresh clone) was.
+set -u
+repo=$(git rev-parse --show-toplevel) || exit 1
+cpus=$(nproc 2>/dev/null || echo 1)
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -1)
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT INT TERM
+secs() { # seconds of: make -C dir target (its output to dir/.log)
+    t0=$(date +%s.%N)
+    make -C "$1" --no-print-directory "$2" > "$1/.log" 2>&1 || { tail -20 "$1/.log"; return 1; }
+    t1=$(date +%s.%N)
+    echo "$t0 $t1" | awk '{ printf "%.0f", $2 - $1 }'
+}
+git clone -q "$repo" "$tmp/build-only" || exit 1
+build=$(secs "$tmp/build-only" all) || { echo "clean-clone-times: make failed"; exit 1; }
+echo "clean-clone-times: HEAD $(git -C "$repo" rev-parse --short HEAD), $cpus CPU(s), $cpu"
+echo "make (the build alone): $build s"
+for t in "$@"; do
+    rm -rf "$tmp/c"
+    git clone -q "$repo" "$tmp/c" || exit 1
+    s=$(secs "$tmp/c" "$t") || { echo "make $t: FAILED"; exit 1; }
+    echo "make $t: $s s from a clean clone (the build about $build s of it)"
+done
