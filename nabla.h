@@ -1067,6 +1067,19 @@ typedef struct nb_gpt_sample_opts {
     double temperature; /* > 0; logits are divided by it (1 = as the model says) */
     int64_t top_k;      /* keep the k most likely tokens; 0 = all */
     bool greedy;        /* take the most likely token (temperature and top_k unused) */
+    /* The linear layers' weights (lm_head included) as read: 0 or NB_F32 as
+     * the model has them; NB_BF16 from bf16 copies (rounded to nearest even),
+     * with bf16 products and f32 sums as under nb_autocast_begin(NB_BF16), the
+     * activations rounded to bf16 as they enter each product; about half the
+     * bytes per token, so about twice the tokens/s where memory bandwidth is
+     * the limit. Everything else (layer norms, attention, softmax) stays f32.
+     * The logits differ from f32's by about bf16's precision (relative 2^-8
+     * per operand): greedy tokens mostly agree, not always. The copies (half
+     * the model's size) are made at the first bf16 generation and kept in the
+     * model's cache until nb_gpt_free; each generation checks 62 sampled
+     * elements of every weight against them and makes them again when one
+     * differs (after training or a load). An f32 model only. */
+    nb_dtype dtype;
 } nb_gpt_sample_opts;
 /* Continues prompt[0..n_prompt) (n_prompt >= 1 tokens) by n_new tokens
  * written to out[0..n_new), one sequence, with grad mode off. Keys and values

@@ -19,7 +19,11 @@
  *      autocast): ms/step, GFLOP/s, % of peak,
  *      the first step, peak RSS, on 1 thread and all CPUs (each a fresh
  *      process), and whether both give the same bits
- *   9. the process's peak RSS
+ *   9. GPT-2 124M construction (nb_gpt_init) and generation (nb_gpt_generate
+ *      with its KV cache, f32 and bf16 weights, prompts of 1 and 512 tokens,
+ *      1 thread and all CPUs) beside the memory-bandwidth bound measured in
+ *      the same run: weight bytes per token / streaming read bandwidth
+ *  10. the process's peak RSS
  *
  * Each figure is the median of several timed runs (CLOCK_MONOTONIC) after
  * warm-up runs; "1t" runs with nb_set_num_threads(1), "Nt" with one thread
@@ -1237,6 +1241,161 @@ static void bench_gpt2(void) {
            "forward and loss; llm.c's train_gpt2.c (f32, B=4 T=64) measured here: 2.46 GiB RSS\n");
 }
 
+/* ------------------------------------------------------------ generation */
+/* Streaming read bandwidth: a buffer 16x a 32 MiB LLC (more than any current
+ * x86 LLC per core group), summed by `threads` threads; the median of 7 reads
+ * after one that faults the pages in. Integer sums (never latency-bound),
+ * compiled for the widest vectors the CPU has (target_clones: chosen at run
+ * time; SSE2 loads measured 10-25% below AVX-512's here). */
+enum { BW_MIB = 512 };
+typedef struct {
+    const uint64_t *p;
+    size_t n;
+    uint64_t sum;
+} bw_part;
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+static void *bw_read(void *arg) {
+    bw_part *b = arg;
+    uint64_t s[8] = {0};
+    for (size_t i = 0; i + 8 <= b->n; i += 8)
+        for (int q = 0; q < 8; q++) s[q] += b->p[i + q];
+    b->sum = s[0] ^ s[1] ^ s[2] ^ s[3] ^ s[4] ^ s[5] ^ s[6] ^ s[7];
+    return NULL;
+}
+
+typedef struct {
+    const uint64_t *buf;
+    size_t n;
+    int threads;
+} bw_ctx;
+
+static volatile uint64_t bw_sink;
+
+static void bw_run(void *p) {
+    bw_ctx *c = p;
+    pthread_t th[64];
+    bw_part part[64];
+    size_t per = c->n / (size_t)c->threads / 8 * 8;
+    for (int t = 0; t < c->threads; t++) {
+        part[t] = (bw_part){c->buf + (size_t)t * per, per, 0};
+        if (t > 0) pthread_create(&th[t], NULL, bw_read, &part[t]);
+    }
+    bw_read(&part[0]);
+    for (int t = 1; t < c->threads; t++) pthread_join(th[t], NULL);
+    for (int t = 0; t < c->threads; t++) bw_sink ^= part[t].sum;
+}
+
+/* GB/s (1e9 bytes), or NaN when the buffer cannot be had */
+static double read_bandwidth(int threads) {
+    size_t bytes = (size_t)BW_MIB << 20;
+    uint64_t *buf = malloc(bytes);
+    if (!buf) return NAN;
+    memset(buf, 1, bytes);
+    bw_ctx c = {buf, bytes / sizeof *buf, threads};
+    double t = median_time(bw_run, &c, 1, 7);
+    free(buf);
+    return (double)bytes / t / 1e9;
+}
+
+/* Times between generated tokens (on_token), after the first: the first
+ * token's time includes the prompt's forward. */
+enum { GEN_TOKENS = 33 };
+typedef struct {
+    double last, dt[GEN_TOKENS];
+    int n;
+} gen_clock;
+
+static bool gen_tick(int64_t tok, void *user) {
+    (void)tok;
+    gen_clock *g = user;
+    double t = now();
+    if (g->n > 0) g->dt[g->n - 1] = t - g->last;
+    g->last = t;
+    g->n++;
+    return true;
+}
+
+/* tokens/s: 1 / the median time per generated token (GEN_TOKENS - 1 of them) */
+static double gen_rate(nb_GPT *m, int64_t plen, nb_dtype dt) {
+    int64_t *prompt = malloc((size_t)plen * sizeof *prompt);
+    if (!prompt) die("prompt");
+    for (int64_t i = 0; i < plen; i++) prompt[i] = (i * 7919 + 13) % m->cfg.vocab_size;
+    nb_gpt_sample_opts o = {.greedy = true, .dtype = dt};
+    gen_clock g = {0};
+    if (nb_gpt_generate(m, prompt, plen, GEN_TOKENS, &o, NULL, NULL, gen_tick, &g) != GEN_TOKENS)
+        die("nb_gpt_generate");
+    free(prompt);
+    qsort(g.dt, GEN_TOKENS - 1, sizeof g.dt[0], cmp_double);
+    return 1.0 / g.dt[(GEN_TOKENS - 1) / 2];
+}
+
+typedef struct {
+    nb_GPT m;
+    nb_params *ps;
+} gpt_model;
+
+static void gpt_make(void *p) {
+    gpt_model *g = p;
+    if (g->ps) {
+        nb_gpt_free(&g->m);
+        nb_params_free(g->ps);
+    }
+    nb_GPTConfig cfg = NB_GPT2_CONFIG;
+    nb_rng rng = {1, 0};
+    if (!(g->ps = nb_params_new()) || nb_gpt_init(&g->m, g->ps, &cfg, &rng)) die("nb_gpt_init");
+}
+
+static void bench_generate(void) {
+    section("9. GPT-2 124M generation: nb_gpt_generate with the KV cache, greedy, random weights "
+            "(nb_gpt_init); tokens/s = 1 / median time per token over 32 generated tokens after "
+            "the prompt's (the first token's time, prompt included, is left out); bound = "
+            "streaming read bandwidth / weight bytes read per token");
+    double bw[2] = {NAN, NAN}, init[2] = {NAN, NAN};
+    int thr[2] = {1, ncpu};
+    int nthr = ncpu > 1 ? 2 : 1;
+    gpt_model g = {0};
+    for (int i = 0; i < nthr; i++) {
+        nb_set_num_threads(thr[i]);
+        bw[i] = read_bandwidth(thr[i]);
+        init[i] = median_time(gpt_make, &g, 0, 3);
+    }
+    printf("streaming read of %d MiB (median of 7): 1t %.1f GB/s", BW_MIB, bw[0]);
+    if (nthr == 2) printf(", %dt %.1f GB/s", ncpu, bw[1]);
+    printf("\nconstruction nb_gpt_init(NB_GPT2_CONFIG) (median of 3): 1t %.2f s", init[0]);
+    if (nthr == 2) printf(", %dt %.2f s", ncpu, init[1]);
+    /* bytes read per token: every parameter but wpe (one row of it is read); a
+     * tied lm_head is wte, counted once. bf16: the linear weights (lm_head
+     * included) in 2 bytes, the rest (biases, layer norms) in 4. */
+    double all = 0, lin = 0;
+    for (int i = 0; i < nb_params_count(g.ps); i++) {
+        const char *name;
+        nb_tensor *p = nb_params_at(g.ps, i, &name);
+        if (strstr(name, "wpe")) continue;
+        all += (double)nb_numel(p);
+        if (strstr(name, "wte") || (strstr(name, ".weight") && nb_ndim(p) == 2)) lin += (double)nb_numel(p);
+    }
+    double bytes[2] = {4 * all, 2 * lin + 4 * (all - lin)};
+    printf("\nweight bytes per token: f32 %.1f MB, bf16 %.1f MB (1 MB = 1e6 bytes)\n",
+           bytes[0] / 1e6, bytes[1] / 1e6);
+    printf("%-5s %7s %4s %9s %9s %8s\n", "dtype", "prompt", "thr", "tokens/s", "bound", "% bound");
+    for (int d = 0; d < 2; d++)
+        for (int pl = 0; pl < 2; pl++)
+            for (int i = 0; i < nthr; i++) {
+                int64_t plen = pl ? 512 : 1;
+                nb_set_num_threads(thr[i]);
+                double r = gen_rate(&g.m, plen, d ? NB_BF16 : NB_F32);
+                double bound = bw[i] * 1e9 / bytes[d];
+                printf("%-5s %7lld %4d %9.1f %9.1f %8.0f\n", d ? "bf16" : "f32", (long long)plen,
+                       thr[i], r, bound, 100 * r / bound);
+            }
+    nb_set_num_threads(ncpu);
+    nb_gpt_free(&g.m);
+    nb_params_free(g.ps);
+}
+
 /* ------------------------------------------------------------------- main */
 
 /* `bench` runs every section; `bench 1 3` only sections 1 and 3. */
@@ -1258,9 +1417,9 @@ static void print_footer(double start) {
 }
 
 int main(int argc, char **argv) {
-    static void (*const sections[8])(void) = {bench_peak,     bench_matmul, bench_attention,
+    static void (*const sections[9])(void) = {bench_peak,     bench_matmul, bench_attention,
                                               bench_mha,      bench_overhead, bench_copy,
-                                              bench_checkpoint, bench_gpt2};
+                                              bench_checkpoint, bench_gpt2, bench_generate};
     if (argc == 6 && !strcmp(argv[1], "--gpt2-child"))
         return gpt2_child(atoi(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]) != 0);
     double start = now();
@@ -1272,9 +1431,9 @@ int main(int argc, char **argv) {
     load_refs();
     print_header();
     if (wanted(argc, argv, 8) && !wanted(argc, argv, 1)) bench_peak(); /* its % of peak */
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < 9; i++)
         if (wanted(argc, argv, i + 1)) sections[i]();
-    section("9. process");
+    section("10. process");
     print_footer(start);
     return 0;
 }

@@ -26,6 +26,11 @@
 
 struct nb_gpt_cache {
     nb_tensor **k, **v; /* per layer (1, H, block_size, D), persistent */
+    /* bf16 generation: bf16 copies of the linear weights, 4 per layer (c_attn,
+     * attn.c_proj, c_fc, mlp.c_proj) then lm_head, persistent; made at the first
+     * bf16 generation, made again when the weights changed (wb_stale) */
+    nb_tensor **wb;
+    bool use_bf16;      /* this generation reads wb */
     int64_t pos;        /* positions filled */
     /* nb_gpt_generate is running on the model (on_token may call nabla), and
      * nb_gpt_free was called meanwhile: it takes effect when generation ends */
@@ -156,6 +161,22 @@ int nb_gpt_init(nb_GPT *m, nb_params *ps, const nb_GPTConfig *cfg, nb_rng *rng) 
     return nn_leave_rc("nb_gpt_init", nn_gpt_make(m, ps, cfg, rng, true));
 }
 
+/* The linear weights bf16 generation copies: 4 per layer, then lm_head. */
+static int64_t wb_count(const nb_GPT *m) { return 4 * m->cfg.n_layer + 1; }
+static nb_tensor *wb_source(const nb_GPT *m, int64_t i) {
+    if (i == 4 * m->cfg.n_layer) return m->lm_head.weight;
+    const nb_GPTBlock *b = &m->h[i / 4];
+    const nb_Linear *l[4] = {&b->c_attn, &b->attn_proj, &b->c_fc, &b->mlp_proj};
+    return l[i % 4]->weight;
+}
+
+static void wb_free(nb_GPT *m) {
+    struct nb_gpt_cache *c = m->cache;
+    for (int64_t i = 0; c->wb && i < wb_count(m); i++) nb_free(c->wb[i]);
+    free(c->wb);
+    c->wb = NULL;
+}
+
 static void cache_free(nb_GPT *m) {
     struct nb_gpt_cache *c = m->cache;
     if (!c) return;
@@ -165,6 +186,7 @@ static void cache_free(nb_GPT *m) {
     }
     free(c->k);
     free(c->v);
+    wb_free(m);
     free(c);
     m->cache = NULL;
 }
@@ -195,14 +217,27 @@ static nb_tensor *then(nb_tensor *done, nb_tensor *next) {
     return next;
 }
 
+/* x w^T + b, f32 (B,T,out): by l's weight, or when wb (l's weight in bf16,
+ * for generation) is given, with bf16 products and f32 sums (autocast). */
+static nb_tensor *lin(const nb_Linear *l, nb_tensor *x, nb_tensor *wb) {
+    if (!wb || !x) return nb_linear_forward(l, x);
+    if (nb_autocast_begin(NB_BF16)) return NULL;
+    nb_tensor *wt = nb_transpose(wb, 0, 1);
+    nb_tensor *y = nb_matmul(x, wt);
+    nb_autocast_end();
+    nb_free(wt);
+    return l->bias ? then(y, nb_add(y, l->bias)) : y;
+}
+
 /* x (B,T,C) -> causal self-attention (B,T,C). keep: (T,Lk) or NULL; with a
  * cache (generation), k and v of these T positions are written at pos and
  * the attention reads positions [0, pos + T). */
 static nb_tensor *attention(const nb_GPT *m, const nb_GPTBlock *b, nb_tensor *x, nb_tensor *keep,
-                            bool training, nb_rng *rng, nb_tensor *kc, nb_tensor *vc, int64_t pos) {
+                            bool training, nb_rng *rng, nb_tensor *kc, nb_tensor *vc, int64_t pos,
+                            nb_tensor *const *wb) {
     if (!x) return NULL; /* an earlier step failed: its message stands */
     int64_t B = nb_shape(x)[0], T = nb_shape(x)[1], C = m->cfg.n_embd, H = m->cfg.n_head;
-    nb_tensor *qkv = nb_linear_forward(&b->c_attn, x); /* (B,T,3C) */
+    nb_tensor *qkv = lin(&b->c_attn, x, wb ? wb[0] : NULL); /* (B,T,3C) */
     nb_tensor *hd[3];
     for (int i = 0; i < 3; i++) { /* (B,T,C) -> (B,T,H,D) -> (B,H,T,D), views */
         nb_tensor *part = nb_narrow(qkv, 2, i * C, C);
@@ -223,15 +258,15 @@ static nb_tensor *attention(const nb_GPT *m, const nb_GPTBlock *b, nb_tensor *x,
     for (int i = 0; i < 3; i++) nb_free(hd[i]);
     y = then(y, nb_transpose(y, 1, 2));
     y = then(y, nb_reshape(y, NB_SHAPE(B, T, C))); /* merge heads (a copy) */
-    y = then(y, nb_linear_forward(&b->attn_proj, y));
+    y = then(y, lin(&b->attn_proj, y, wb ? wb[1] : NULL));
     return m->cfg.dropout > 0 && training ? then(y, nb_dropout(y, m->cfg.dropout, true, rng)) : y;
 }
 
 static nb_tensor *mlp(const nb_GPT *m, const nb_GPTBlock *b, nb_tensor *x, bool training,
-                      nb_rng *rng) {
-    nb_tensor *h = nb_linear_forward(&b->c_fc, x);
+                      nb_rng *rng, nb_tensor *const *wb) {
+    nb_tensor *h = lin(&b->c_fc, x, wb ? wb[2] : NULL);
     h = then(h, nb_gelu_tanh(h));
-    h = then(h, nb_linear_forward(&b->mlp_proj, h));
+    h = then(h, lin(&b->mlp_proj, h, wb ? wb[3] : NULL));
     return m->cfg.dropout > 0 && training ? then(h, nb_dropout(h, m->cfg.dropout, true, rng)) : h;
 }
 
@@ -289,10 +324,11 @@ static nb_tensor *trunk(nb_GPT *m, nb_tensor *idx, bool training, nb_rng *rng,
     for (int64_t i = 0; i < m->cfg.n_layer; i++) {
         const nb_GPTBlock *b = &m->h[i];
         nb_tensor *h = nb_layernorm_forward(&b->ln_1, x);
+        nb_tensor *const *wb = c && c->use_bf16 ? c->wb + 4 * i : NULL;
         x = residual(x, h, attention(m, b, h, keep, training, rng, c ? c->k[i] : NULL,
-                                     c ? c->v[i] : NULL, pos));
+                                     c ? c->v[i] : NULL, pos, wb));
         h = nb_layernorm_forward(&b->ln_2, x);
-        x = residual(x, h, mlp(m, b, h, training, rng));
+        x = residual(x, h, mlp(m, b, h, training, rng, wb));
     }
     return then(x, nb_layernorm_forward(&m->ln_f, x));
 }
@@ -418,6 +454,49 @@ static int cache_make(nb_GPT *m) {
     return 0;
 }
 
+/* Whether copy (bf16) still matches w: sampled elements (61 spread over w,
+ * and the last) compared after rounding. A training step or a load changes
+ * far more than that, so a stale copy is found; a change of a few elements
+ * that avoids the samples is not (documented at nb_gpt_sample_opts). */
+static bool wb_matches(nb_tensor *w, nb_tensor *copy) {
+    if (!copy || nb_numel(copy) != nb_numel(w)) return false;
+    nb_scope_begin();
+    int64_t n = nb_numel(w);
+    nb_tensor *wf = nb_reshape(w, NB_SHAPE(n)), *cf = nb_reshape(copy, NB_SHAPE(n));
+    bool same = wf && cf;
+    for (int64_t s = 0; same && s <= 61; s++) {
+        int64_t i = s == 61 ? n - 1 : s * (n / 61);
+        nb_tensor *a = nb_to(nb_to(nb_narrow(wf, 0, i, 1), NB_BF16), NB_F32);
+        nb_tensor *b = nb_to(nb_narrow(cf, 0, i, 1), NB_F32);
+        same = a && b && nb_item(a) == nb_item(b); /* (a NaN weight: made again each time) */
+    }
+    nb_scope_end();
+    return same;
+}
+
+/* The bf16 copies of the linear weights (made, or made again when stale). */
+static int wb_make(nb_GPT *m) {
+    struct nb_gpt_cache *c = m->cache;
+    int64_t n = wb_count(m);
+    if (c->wb) {
+        bool fresh = true;
+        for (int64_t i = 0; fresh && i < n; i++) fresh = wb_matches(wb_source(m, i), c->wb[i]);
+        if (fresh) return 0;
+        wb_free(m);
+    }
+    if (!(c->wb = calloc((size_t)n, sizeof *c->wb)))
+        return (nn_error("nb_gpt_generate: out of memory"), -1);
+    nb_scope_begin();
+    for (int64_t i = 0; i < n; i++) {
+        nb_tensor *w = nb_to(wb_source(m, i), NB_BF16);
+        c->wb[i] = w ? nb_persistent(w) : NULL;
+    }
+    nb_scope_end();
+    for (int64_t i = 0; i < n; i++)
+        if (!c->wb[i]) return (wb_free(m), -1);
+    return 0;
+}
+
 /* Runs tokens[0..n) at the cache's next positions; the logits (V) of the
  * last one, in the current scope. Keep-mask (n, pos+n): position pos+i sees
  * positions up to pos+i. */
@@ -437,7 +516,14 @@ static nb_tensor *feed(nb_GPT *m, const int64_t *tokens, int64_t n) {
     nb_tensor *idx = nb_from_data(NB_I64, NB_SHAPE(1, n), tokens);
     nb_tensor *x = trunk(m, idx, false, NULL, c, keep);
     nb_tensor *last = nb_select(nb_select(x, 0, 0), 0, n - 1); /* (C) */
-    nb_tensor *logits = nb_matmul(m->lm_head.weight, last);   /* (V) */
+    nb_tensor *logits;                                        /* (V) */
+    if (c->use_bf16) {
+        if (nb_autocast_begin(NB_BF16)) return NULL;
+        logits = nb_matmul(c->wb[4 * m->cfg.n_layer], last);
+        nb_autocast_end();
+    } else {
+        logits = nb_matmul(m->lm_head.weight, last);
+    }
     if (logits) c->pos = Lk;
     return logits;
 }
@@ -550,7 +636,15 @@ static int64_t gpt_generate_body(nb_GPT *m, const int64_t *prompt, int64_t n_pro
     if (m->cache && m->cache->generating)
         return (nn_error("%s: the model is generating already (an on_token called "
                          "nb_gpt_generate on it); one generation at a time per model", fn), -1);
-    if (cache_make(m)) return -1;
+    if (o.dtype != 0 && o.dtype != NB_F32 && o.dtype != NB_BF16)
+        return (nn_error("%s: dtype must be 0 or f32 (the model's weights) or bf16 (bf16 copies "
+                         "of the linear weights), got %s", fn, nb_dtype_name(o.dtype)), -1);
+    bool bf16 = o.dtype == NB_BF16;
+    if (bf16 && nb_dtype_of(m->lm_head.weight) != NB_F32)
+        return (nn_error("%s: dtype bf16 needs an f32 model, got %s weights", fn,
+                         nb_dtype_name(nb_dtype_of(m->lm_head.weight))), -1);
+    if (cache_make(m) || (bf16 && wb_make(m))) return -1;
+    m->cache->use_bf16 = bf16;
     int64_t keep0 = n_prompt < block ? n_prompt : block;
     history h = {.v = malloc((size_t)(2 * block) * sizeof *h.v), .cap = 2 * block, .block = block};
     if (!h.v) return (nn_error("%s: out of memory", fn), -1);

@@ -697,6 +697,8 @@ static int current_path(void) {
     return p;
 }
 
+int nbi_gemm_path_now(void) { return current_path(); }
+
 int nbi_gemm_blocks_force(int f64, const nbi_gemm_blocks *b) {
     nbi_gemm_blocks *bk = (nbi_gemm_blocks *)gemm_blocks();
     int i;

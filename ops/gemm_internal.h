@@ -42,6 +42,8 @@ int nbi_gemm_f64(nbi_gemm_ws *ws, int64_t M, int64_t N, int64_t K, const double 
  * after the call (a forced path the CPU lacks falls back to the portable one). */
 enum { NBI_GEMM_AUTO = -1, NBI_GEMM_PORTABLE = 0, NBI_GEMM_AVX2 = 1, NBI_GEMM_AVX512 = 2 };
 int nbi_gemm_path(int force);
+/* The path in use, unchanged. */
+int nbi_gemm_path_now(void);
 
 /* bf16: C (M,N) f32 = A (M,K) * B (K,N) with both operands in bf16 and f32
  * accumulation (gemm_bf16.c). An operand is bf16 (uint16_t) data, or f32 data
@@ -86,5 +88,20 @@ int nbi_gemm_blocks_force(int f64, const nbi_gemm_blocks *b);
  * and these, remembered per thread. */
 int64_t nbi_gemm_mc_in_place(const struct nbi_cpu *cpu, const nbi_gemm_blocks *b,
                              int elem_bytes, int at, int64_t stride, int64_t base, int64_t M);
+
+/* Matrix-vector products (gemv.c): y[j*sy] = sum over k of w[j*ldw + k] x[k]
+ * for j < N, with the bits of the general kernel's path (nbi_gemm_f32 /
+ * nbi_gemm_bf16 on a (1,K) x (K,N) or (N,K) x (K,1) product), W streamed in
+ * place instead of packed. x contiguous; for bf16, x as pairs (word p = bf16
+ * x[2p] | x[2p+1] << 16, nbi_gemv_pairs: bf16 data, or f32 rounded). Return 0,
+ * or 1 when this CPU path has no such kernel (nothing written: use the
+ * general one). nbi_gemv_available: whether they would run (bf16 = 1: the
+ * bf16 one). */
+int nbi_gemv_f32(int64_t N, int64_t K, const float *w, int64_t ldw, const float *x, float *y,
+                 int64_t sy);
+int nbi_gemv_bf16(int64_t N, int64_t K, const uint16_t *w, int64_t ldw, const uint32_t *xp,
+                  float *y, int64_t sy);
+void nbi_gemv_pairs(int64_t K, const void *x, int x_f32, int64_t sx, uint32_t *xp);
+int nbi_gemv_available(int bf16);
 
 #endif

@@ -21,6 +21,7 @@
 #include "gemm_internal.h"
 
 #include <stdatomic.h>
+#include <stdlib.h>
 #include "ops_internal.h"
 
 static const char *FN = "nb_matmul";
@@ -127,6 +128,69 @@ static void mm_tasks(void *ctx, int64_t lo, int64_t hi) {
     nbi_gemm_ws_free(&ws);
 }
 
+/* ------------------------------------------------------------------- gemv */
+/* A product with one row of output (x (1,K) times b = W^T, W's rows
+ * contiguous: a linear layer on one token) or one column (a row-major W
+ * (M,K) times a vector: lm_head on one token) is a matrix-vector product:
+ * gemv.c streams W once in place where the general kernel would pack it,
+ * with the same bits (see gemm_internal.h). Threads split W's rows (the
+ * outputs) in blocks of 16, never the sums. */
+typedef struct {
+    const void *w;   /* W's first row */
+    int64_t ldw, es; /* W's row stride (elements), element size */
+    int64_t N, K;
+    const float *x;  /* f32: x contiguous */
+    const uint32_t *xp; /* bf16: x as pairs */
+    float *y;
+    int64_t sy;
+} gv_job;
+
+static void gv_tasks(void *ctx, int64_t lo, int64_t hi) {
+    const gv_job *j = ctx;
+    int64_t r0 = lo * 16, n = (hi * 16 < j->N ? hi * 16 : j->N) - r0;
+    const char *w = (const char *)j->w + r0 * j->ldw * j->es;
+    if (j->xp) nbi_gemv_bf16(n, j->K, (const uint16_t *)w, j->ldw, j->xp, j->y + r0 * j->sy, j->sy);
+    else nbi_gemv_f32(n, j->K, (const float *)w, j->ldw, j->x, j->y + r0 * j->sy, j->sy);
+}
+
+/* 1 when the product is not one gemv.c does on this CPU (the general kernel
+ * then runs), else 0, or -1 (message set) when out of memory. rows, sam: a's
+ * rows after folding the batch (fold_batch). */
+static int try_gemv(const mm_geom *g, const mm_types *t, int64_t rows, int64_t sam,
+                    const char *pa, const char *pb, float *pc) {
+    bool by_rows_of_b = rows == 1 && g->sbk == 1;   /* W = b^T, x = a's row */
+    bool by_rows_of_a = !by_rows_of_b && g->N == 1 && g->sak == 1; /* W = a, x = b's column */
+    if ((!by_rows_of_b && !by_rows_of_a) || g->K == 0 || t->c != NB_F32) return 1;
+    nb_dtype wdt = by_rows_of_b ? t->b : t->a, xdt = by_rows_of_b ? t->a : t->b;
+    if (t->bf16 ? wdt != NB_BF16 : wdt != NB_F32) return 1; /* f32 weights under autocast: packed */
+    if (!nbi_gemv_available(t->bf16)) return 1;
+    int64_t es = (int64_t)nbi_dtype_size(wdt);
+    gv_job j = {.w = by_rows_of_b ? pb : pa, .ldw = by_rows_of_b ? g->sbn : sam, .es = es,
+                .N = by_rows_of_b ? g->N : rows, .K = g->K, .y = pc, .sy = 1};
+    const char *x = by_rows_of_b ? pa : pb;
+    int64_t sx = by_rows_of_b ? g->sak : g->sbk;
+    void *buf = NULL;
+    if (t->bf16) {
+        if (!(buf = malloc((size_t)(g->K / 2 + 1) * sizeof(uint32_t)))) goto oom;
+        nbi_gemv_pairs(g->K, x, xdt == NB_F32, sx, buf);
+        j.xp = buf;
+    } else if (sx != 1) {
+        if (!(buf = malloc((size_t)g->K * sizeof(float)))) goto oom;
+        for (int64_t k = 0; k < g->K; k++) ((float *)buf)[k] = ((const float *)x)[k * sx];
+        j.x = buf;
+    } else {
+        j.x = (const float *)x;
+    }
+    /* at least ~128 KiB of W per task: below that the pool's wake-up costs more */
+    int64_t blocks = (j.N + 15) / 16, per_block = 16 * g->K * es;
+    nbi_parallel_for(blocks, ((int64_t)128 << 10) / per_block + 1, gv_tasks, &j);
+    free(buf);
+    return 0;
+oom:
+    nbi_error("%s: out of memory for a %lld-element vector", FN, (long long)g->K);
+    return -1;
+}
+
 /* a (B...,M,K), b (B...,K,N) -> c (B...,M,N) contiguous. A batch whose b is
  * shared and whose a steps over its rows is one taller matrix. A single
  * product is cut into one task per thread along its longer side: along N
@@ -147,6 +211,10 @@ static int matmul_batched(const mm_geom *g, const nb_tensor *a, const nb_tensor 
                 .esc = (int64_t)nbi_dtype_size(c->dtype), .pa = nbi_ptr(a), .pb = nbi_ptr(b),
                 .pc = nbi_ptr(c), .M = g->M, .sam = g->sam};
     if (nbat > 1 && fold_batch(g, &j.M, &j.sam)) nbat = 1;
+    if (nbat == 1) {
+        int rc = try_gemv(g, &j.t, j.M, j.sam, j.pa, j.pb, (float *)j.pc);
+        if (rc <= 0) return rc;
+    }
     mm_geom flat = *g;
     if (nbat == 1) flat.nbatch = 0; /* one matrix: no batch offsets */
     j.g = &flat;

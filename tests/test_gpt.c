@@ -868,6 +868,61 @@ static void expect_like_reference(nb_GPT *m, const int64_t *prompt, int64_t np, 
     ck_assert_int_eq(r1.offset, r2.offset);
 }
 
+/* dtype NB_BF16: generation from bf16 copies of the linear weights. The
+ * first greedy token of 24 prompts mostly agrees with f32's (bf16 logits are
+ * f32's to about 2^-8 relative per operand, so near-ties may flip); the
+ * result is the same on 1 and 2 threads and on a second call (the copies
+ * kept); after the weights change the copies are made again (the tokens are
+ * those of a fresh model with the new weights); a bad dtype is refused. */
+START_TEST(generate_bf16) {
+    nb_GPTConfig c = gen_cfg();
+    c.vocab_size = 50, c.n_embd = 32, c.block_size = 16;
+    nb_params *ps = nb_params_new();
+    nb_GPT m;
+    init_dt(&m, ps, &c, 11, NB_F32);
+    scramble(ps, 12, 0.3);
+    nb_gpt_sample_opts f = {.greedy = true}, b = {.greedy = true, .dtype = NB_BF16};
+    int agree = 0;
+    for (int64_t i = 0; i < 24; i++) {
+        int64_t p[3] = {i % 50, (7 * i + 3) % 50, (11 * i + 5) % 50}, tf, tb;
+        ck_assert_int_eq(nb_gpt_generate(&m, p, 3, 1, &f, NULL, &tf, NULL, NULL), 1);
+        ck_assert_msg(nb_gpt_generate(&m, p, 3, 1, &b, NULL, &tb, NULL, NULL) == 1, "%s",
+                      nb_last_error());
+        agree += tf == tb;
+    }
+    ck_assert_msg(agree >= 20, "bf16 agreed with f32 on %d of 24 first tokens", agree);
+    const int64_t p[] = {1, 2, 3};
+    int64_t t1[12], t2[12], t3[12];
+    int before = nb_num_threads();
+    nb_set_num_threads(1);
+    ck_assert_int_eq(nb_gpt_generate(&m, p, 3, 12, &b, NULL, t1, NULL, NULL), 12);
+    nb_set_num_threads(2);
+    ck_assert_int_eq(nb_gpt_generate(&m, p, 3, 12, &b, NULL, t2, NULL, NULL), 12);
+    nb_set_num_threads(before);
+    expect_tokens(t2, t1, 12, "bf16, 2 threads vs 1");
+    /* new weights: the copies follow them */
+    scramble(ps, 13, 0.3);
+    ck_assert_int_eq(nb_gpt_generate(&m, p, 3, 12, &b, NULL, t2, NULL, NULL), 12);
+    nb_params *ps2 = nb_params_new();
+    nb_GPT m2;
+    init_dt(&m2, ps2, &c, 11, NB_F32);
+    scramble(ps2, 13, 0.3);
+    ck_assert_int_eq(nb_gpt_generate(&m2, p, 3, 12, &b, NULL, t3, NULL, NULL), 12);
+    expect_tokens(t2, t3, 12, "bf16 after the weights changed vs a fresh model");
+    int differ = 0;
+    for (int i = 0; i < 12; i++) differ += t1[i] != t2[i];
+    ck_assert(differ > 0); /* the change mattered (else the test is weak) */
+    nb_gpt_sample_opts bad = {.greedy = true, .dtype = NB_I64};
+    ck_assert_int_eq(nb_gpt_generate(&m, p, 3, 1, &bad, NULL, t1, NULL, NULL), -1);
+    ck_assert_str_eq(nb_last_error(), "nb_gpt_generate: dtype must be 0 or f32 (the model's "
+                                      "weights) or bf16 (bf16 copies of the linear weights), got i64");
+    nb_gpt_free(&m2);
+    nb_params_free(ps2);
+    nb_gpt_free(&m);
+    nb_params_free(ps);
+}
+END_TEST
+
 START_TEST(generate_matches_full_forward) {
     int64_t base = nb_live_tensors();
     nb_GPTConfig c = gen_cfg();
@@ -1654,6 +1709,7 @@ Suite *suite_gpt(void) {
     tcase_add_test(tc, loss_gradcheck);
     tcase_add_test(tc, loss_higher_order);
     tcase_add_test(tc, generate_matches_full_forward);
+    tcase_add_test(tc, generate_bf16);
     tcase_add_test(tc, trained_model_continues_pattern);
     tcase_add_test(tc, sampling_options);
     tcase_add_test(tc, on_token_stops_early);

@@ -6,6 +6,7 @@
  * double backward of bf16 and autocast products; and the error messages of
  * bad input. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "ops/gemm_internal.h" /* to force each kernel path */
 #include "test_util.h"
@@ -565,12 +566,105 @@ START_TEST(test_every_kernel_path) {
 }
 END_TEST
 
+/* One-row and one-column products (x W^T, W x: generation's shapes) take
+ * gemv.c where the CPU has its path: the bits must be those of the general
+ * kernel (here: row 0 of a 3-row product, which packs), for f32, bf16 x bf16
+ * and autocast (f32 x with bf16 W); x strided (a column of a matrix) too;
+ * the same on 1 and 2 threads; and the values near a double reference. */
+static bool same_bits(nb_tensor *a, nb_tensor *b) {
+    nb_tensor *x = nb_contiguous(nb_to(a, NB_F32)), *y = nb_contiguous(nb_to(b, NB_F32));
+    return x && y && nb_numel(x) == nb_numel(y) &&
+           !memcmp(nb_data(x), nb_data(y), (size_t)nb_numel(x) * sizeof(float));
+}
+
+START_TEST(test_gemv_bits_of_gemm) {
+    static const int64_t Ks[] = {1, 2, 15, 16, 17, 33, 300, 1001};
+    static const int64_t Ns[] = {1, 5, 16, 17, 33, 100};
+    for (int mode = 0; mode < 3; mode++) /* f32; bf16 x bf16; autocast, bf16 W */
+        for (size_t a = 0; a < sizeof Ks / sizeof *Ks; a++)
+            for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++) {
+                int64_t K = Ks[a], N = Ns[b];
+                nb_scope_begin();
+                nb_rng r;
+                nb_rng_seed(&r, (uint64_t)(K * 1000 + N));
+                nb_tensor *w = nb_randn(NB_F32, NB_SHAPE(N, K), &r);
+                nb_tensor *x3 = nb_randn(NB_F32, NB_SHAPE(3, K), &r);
+                nb_tensor *xs = nb_transpose(nb_randn(NB_F32, NB_SHAPE(K, 2), &r), 0, 1);
+                if (mode >= 1) w = nb_to(w, NB_BF16);
+                if (mode == 1) x3 = nb_to(x3, NB_BF16), xs = nb_to(xs, NB_BF16);
+                if (mode == 2) ck_assert_int_eq(nb_autocast_begin(NB_BF16), 0);
+                nb_tensor *wt = nb_transpose(w, 0, 1);
+                nb_tensor *gemm = nb_narrow(nb_matmul(x3, wt), 0, 0, 1);  /* (1,N) packed */
+                nb_tensor *row = nb_matmul(nb_narrow(x3, 0, 0, 1), wt);    /* (1,N) gemv */
+                nb_tensor *col = nb_matmul(w, nb_select(x3, 0, 0));        /* (N) gemv */
+                nb_tensor *gs = nb_narrow(nb_matmul(xs, wt), 0, 0, 1);
+                nb_tensor *rs = nb_matmul(nb_narrow(xs, 0, 0, 1), wt);     /* x strided */
+                nb_tensor *cs = nb_matmul(w, nb_select(xs, 0, 0));
+                if (mode == 2) ck_assert_int_eq(nb_autocast_end(), 0);
+                ck_assert_msg(gemm && row && col && gs && rs && cs, "%s", nb_last_error());
+                ck_assert_msg(same_bits(row, gemm) && same_bits(nb_unsqueeze(col, 0), gemm),
+                              "mode %d K %lld N %lld: gemv differs from gemm", mode, (long long)K,
+                              (long long)N);
+                ck_assert_msg(same_bits(rs, gs) && same_bits(nb_unsqueeze(cs, 0), gs),
+                              "mode %d K %lld N %lld: strided x", mode, (long long)K, (long long)N);
+                /* values: against a double sum of the (rounded) operands */
+                nb_tensor *wd = nb_contiguous(nb_to(w, NB_F64));
+                nb_tensor *xd = nb_contiguous(nb_to(mode == 2 ? nb_to(x3, NB_BF16) : x3, NB_F64));
+                nb_tensor *rowf = nb_contiguous(nb_to(row, NB_F64));
+                const double *W = nb_data(wd), *X = nb_data(xd), *Y = nb_data(rowf);
+                for (int64_t j = 0; j < N; j++) {
+                    double want = 0, mag = 0;
+                    for (int64_t k = 0; k < K; k++)
+                        want += W[j * K + k] * X[k], mag += fabs(W[j * K + k] * X[k]);
+                    double tol = (mode == 1 ? 1e-2 : 1e-5) * (mag + 1e-30);
+                    ck_assert_msg(fabs(Y[j] - want) <= tol, "mode %d K %lld N %lld j %lld: %.9g vs %.9g",
+                                  mode, (long long)K, (long long)N, (long long)j, Y[j], want);
+                }
+                nb_scope_end();
+            }
+}
+END_TEST
+
+START_TEST(test_gemv_threads_and_paths) {
+    nb_rng r;
+    nb_rng_seed(&r, 7);
+    int before = nb_num_threads();
+    nb_scope_begin();
+    nb_tensor *w = nb_randn(NB_F32, NB_SHAPE(1003, 515), &r);
+    nb_tensor *x = nb_randn(NB_F32, NB_SHAPE(1, 515), &r);
+    nb_tensor *wb = nb_to(w, NB_BF16);
+    nb_tensor *y[2][2];
+    for (int t = 0; t < 2; t++) {
+        nb_set_num_threads(t + 1);
+        y[t][0] = nb_matmul(x, nb_transpose(w, 0, 1));
+        ck_assert_int_eq(nb_autocast_begin(NB_BF16), 0);
+        y[t][1] = nb_matmul(x, nb_transpose(wb, 0, 1));
+        ck_assert_int_eq(nb_autocast_end(), 0);
+    }
+    nb_set_num_threads(before);
+    ck_assert(same_bits(y[0][0], y[1][0]) && same_bits(y[0][1], y[1][1]));
+    /* a forced narrower path: no gemv there, the general kernel of that path */
+    if (nbi_gemm_path(NBI_GEMM_AVX2) == NBI_GEMM_AVX2) {
+        ck_assert(!nbi_gemv_available(0));
+        float out[4];
+        ck_assert_int_eq(nbi_gemv_f32(4, 515, nb_data(w), 515, nb_data(x), out, 1), 1);
+        nb_tensor *a = nb_matmul(x, nb_transpose(w, 0, 1));
+        nb_tensor *b = nb_narrow(nb_matmul(nb_cat((nb_tensor *[]){x, x}, 2, 0), nb_transpose(w, 0, 1)), 0, 0, 1);
+        ck_assert(a && b && same_bits(a, b));
+    }
+    nbi_gemm_path(NBI_GEMM_AUTO);
+    nb_scope_end();
+}
+END_TEST
+
 Suite *suite_matmul(void) {
     Suite *s = suite_create("matmul");
     TCase *tc = tcase_create("forward");
     tcase_add_loop_test(tc, test_forward_fixtures, 0, NPLAIN);
     tcase_add_test(tc, test_zero_inner_is_zeros);
     tcase_add_test(tc, test_every_kernel_path);
+    tcase_add_test(tc, test_gemv_bits_of_gemm);
+    tcase_add_test(tc, test_gemv_threads_and_paths);
     tcase_add_test(tc, test_output_shapes);
     suite_add_tcase(s, tc);
 

@@ -1,0 +1,227 @@
+/* gemv.c: matrix-vector products for nb_matmul's one-row (or one-column)
+ * products, the shape of every product of token-by-token generation:
+ *
+ *   y (N) = W (N,K) x (K)      y[j] = sum over k = 0..K-1 of w[j][k] x[k]
+ *
+ * with W's rows contiguous (w[j][k] at w[j*ldw + k]): a linear layer's
+ * x (1,K) w^T, or a row-major matrix times a vector (lm_head). The general
+ * kernels (gemm.c, gemm_bf16.c) pack W for every call, and for one row of
+ * output that copy is most of the work: here W is streamed once, in place.
+ *
+ * Bits: the same as the general kernel on the same path. Each y[j] is one
+ * chain of fused multiply-adds over k in increasing order from 0 (f32), or
+ * one vdpbf16ps per pair (2p, 2p+1) in increasing p, an odd K's last pair
+ * being (K-1, zero) (bf16): exactly what gemm.c's AVX-512 path and
+ * gemm_bf16.c's AVX512_BF16 path compute. So 16 outputs are made at once, one
+ * per lane of a vector: a block of 16 rows x 16 words (f32 elements or bf16
+ * pairs, 64 bytes per row) is loaded and transposed in registers, so that
+ * vector t holds word t of the 16 rows, then multiplied in order. The rows
+ * of a block are 16 sequential streams through W (a contiguous block of 16
+ * rows). Outputs are independent of each other, so any split of the rows
+ * (over threads, by the caller) gives the same bits.
+ *
+ * Paths: AVX-512F (f32) and AVX512_BF16 (bf16), from tensor/cpu.c's nbi_isa;
+ * elsewhere the functions return 1 and the caller takes the general kernel,
+ * whose bits these are. */
+#include "gemm_internal.h"
+
+#include "../tensor/bf16_internal.h"
+#include "../tensor/cpu_internal.h"
+
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define GV_X86 1
+#include <immintrin.h>
+#else
+#define GV_X86 0
+#endif
+
+#if GV_X86
+#define GV_AVX512 __attribute__((target("avx512f")))
+#define GV_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define GV_INLINE inline __attribute__((always_inline))
+
+/* r[t] = word t of rows 0..15 (r[i] holds row i's 16 words on entry): the
+ * 16 x 16 transpose of 32-bit words in four rounds (pairs, quads, 128-bit
+ * lanes twice). Target attribute only: inlined into each caller's path. */
+static GV_AVX512 GV_INLINE void gv_transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    /* t[i + h] (h < 2) holds, per 128-bit lane l, words 4l + 2h, 4l + 2h + 1 of rows i, i+1
+     * interleaved: pairs of 64 bits make word 4l + q of rows i..i+3 in r[i + q] */
+    for (int i = 0; i < 16; i += 4)
+        for (int h = 0; h < 2; h++) {
+            __m512d a = _mm512_castps_pd(t[i + h]), b = _mm512_castps_pd(t[i + h + 2]);
+            r[i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+            r[i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        }
+    /* lane l of r[4g + q] is word 4l + q of rows 4g..4g+3: gather lane l of the four
+     * groups into one vector, in two rounds of 128-bit shuffles (0x88 takes lanes 0, 2
+     * of each source; 0xdd lanes 1, 3) */
+    for (int q = 0; q < 4; q++)
+        for (int g = 0; g < 2; g++) { /* groups (0, 1) and (2, 3) */
+            t[q + 8 * g] = _mm512_shuffle_f32x4(r[8 * g + q], r[8 * g + 4 + q], 0x88);
+            t[q + 4 + 8 * g] = _mm512_shuffle_f32x4(r[8 * g + q], r[8 * g + 4 + q], 0xdd);
+        }
+    /* t[q + 8g]: lanes (l0, l2) of groups 2g, 2g+1; t[q + 4 + 8g]: (l1, l3) */
+    for (int q = 0; q < 4; q++)
+        for (int s = 0; s < 2; s++) {
+            __m512 lo = t[q + 4 * s], hi = t[q + 4 * s + 8];
+            r[q + 4 * s] = _mm512_shuffle_f32x4(lo, hi, 0x88);     /* word 4s + q (lane 0 or 1) */
+            r[q + 4 * s + 8] = _mm512_shuffle_f32x4(lo, hi, 0xdd); /* word 8 + 4s + q */
+        }
+}
+
+/* Rows [0, n) of the block (n < 16 at the N edge: the others read as
+ * zeros, never touched), words [k, k + m) (m <= 16: a masked load). */
+static GV_AVX512 GV_INLINE void gv_load16(__m512 r[16], const void *w, int64_t ldw_bytes, int n,
+                                          __mmask16 km) {
+    for (int i = 0; i < 16; i++)
+        r[i] = i < n ? _mm512_maskz_loadu_ps(km, (const char *)w + i * ldw_bytes)
+                     : _mm512_setzero_ps();
+}
+
+/* y[j*sy] for the block's n rows from the lanes of acc */
+static GV_AVX512 GV_INLINE void gv_store(float *y, int64_t sy, int n, __m512 acc) {
+    if (sy == 1) {
+        _mm512_mask_storeu_ps(y, (__mmask16)((1u << n) - 1), acc);
+        return;
+    }
+    float tmp[16];
+    _mm512_storeu_ps(tmp, acc);
+    for (int i = 0; i < n; i++) y[i * sy] = tmp[i];
+}
+
+/* ------------------------------------------------------------------- f32 */
+/* 16 rows (n of them valid): acc lane i = chain over k of w[i][k] x[k]. One
+ * group of 16 rows at a time: 16 sequential streams through W, which the
+ * hardware prefetchers follow (measured here: two groups side by side, 32
+ * streams, read 17 GB/s against 31; software prefetches did not help). */
+static GV_AVX512 void gv_f32_rows(int n, int64_t K, const float *w, int64_t ldw,
+                                  const float *x, float *y, int64_t sy) {
+    __m512 acc = _mm512_setzero_ps(), r[16];
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        gv_load16(r, w + k, ldw * 4, n, 0xffff);
+        gv_transpose16(r);
+        for (int t = 0; t < 16; t++) acc = _mm512_fmadd_ps(_mm512_set1_ps(x[k + t]), r[t], acc);
+    }
+    if (k < K) { /* the last m < 16 words: only those are multiplied (no zero padding in k:
+                  * an added 0 x 0 would turn a -0 sum into +0) */
+        int m = (int)(K - k);
+        gv_load16(r, w + k, ldw * 4, n, (__mmask16)((1u << m) - 1));
+        gv_transpose16(r);
+        for (int t = 0; t < m; t++) acc = _mm512_fmadd_ps(_mm512_set1_ps(x[k + t]), r[t], acc);
+    }
+    gv_store(y, sy, n, acc);
+}
+
+static GV_AVX512 void gv_f32(int64_t N, int64_t K, const float *w, int64_t ldw, const float *x,
+                             float *y, int64_t sy) {
+    for (int64_t j = 0; j < N; j += 16)
+        gv_f32_rows(N - j < 16 ? (int)(N - j) : 16, K, w + j * ldw, ldw, x, y + j * sy, sy);
+}
+
+/* ------------------------------------------------------------------ bf16 */
+/* x as bf16 pairs: word p = x[2p] (low half) | x[2p+1] (high half), an odd
+ * K's last high half 0. */
+static GV_BF16 void gv_bf16_rows(int n, int64_t K, const uint16_t *w, int64_t ldw,
+                                 const uint32_t *xp, float *y, int64_t sy) {
+    __m512 acc = _mm512_setzero_ps(), r[16];
+    const int64_t P = K / 2; /* whole pairs in each row */
+    int64_t p = 0;
+    for (; p + 16 <= P; p += 16) {
+        gv_load16(r, w + 2 * p, ldw * 2, n, 0xffff);
+        gv_transpose16(r);
+        for (int t = 0; t < 16; t++)
+            acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32((int)xp[p + t]),
+                                   (__m512bh)_mm512_castps_si512(r[t]));
+    }
+    if (p < P) {
+        int m = (int)(P - p);
+        gv_load16(r, w + 2 * p, ldw * 2, n, (__mmask16)((1u << m) - 1));
+        gv_transpose16(r);
+        for (int t = 0; t < m; t++)
+            acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32((int)xp[p + t]),
+                                   (__m512bh)_mm512_castps_si512(r[t]));
+    }
+    if (K % 2) { /* the pair (K-1, zero): the rows' last elements, read one by one */
+        uint32_t last[16] = {0};
+        for (int i = 0; i < n; i++) last[i] = w[i * ldw + K - 1];
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32((int)xp[P]),
+                               (__m512bh)_mm512_loadu_si512(last));
+    }
+    gv_store(y, sy, n, acc);
+}
+
+static GV_BF16 void gv_bf16(int64_t N, int64_t K, const uint16_t *w, int64_t ldw,
+                            const uint32_t *xp, float *y, int64_t sy) {
+    for (int64_t j = 0; j < N; j += 16)
+        gv_bf16_rows(N - j < 16 ? (int)(N - j) : 16, K, w + j * ldw, ldw, xp, y + j * sy, sy);
+}
+#endif /* GV_X86 */
+
+/* The path: 2 AVX-512 f32, 3 and bf16 too, else 0 (not here: the caller
+ * takes the general kernel). The general f32 kernel's path is gemm.c's, which
+ * tests may force lower: this one follows it. */
+static int gv_path(void) {
+#if GV_X86
+    if (nbi_gemm_path_now() != NBI_GEMM_AVX512) return 0;
+    return nbi_isa() >= NBI_ISA_AVX512BF16 ? 3 : 2;
+#else
+    return 0;
+#endif
+}
+
+int nbi_gemv_f32(int64_t N, int64_t K, const float *w, int64_t ldw, const float *x, float *y,
+                 int64_t sy) {
+#if GV_X86
+    if (gv_path() < 2) return 1;
+    if (N <= 0) return 0;
+    gv_f32(N, K, w, ldw, x, y, sy);
+    return 0;
+#else
+    (void)N, (void)K, (void)w, (void)ldw, (void)x, (void)y, (void)sy;
+    return 1;
+#endif
+}
+
+void nbi_gemv_pairs(int64_t K, const void *x, int x_f32, int64_t sx, uint32_t *xp) {
+    for (int64_t p = 0; 2 * p < K; p++) {
+        uint32_t lo, hi = 0;
+        if (x_f32) {
+            lo = nbi_bf16_from_f32(((const float *)x)[2 * p * sx]);
+            if (2 * p + 1 < K) hi = nbi_bf16_from_f32(((const float *)x)[(2 * p + 1) * sx]);
+        } else {
+            lo = ((const uint16_t *)x)[2 * p * sx];
+            if (2 * p + 1 < K) hi = ((const uint16_t *)x)[(2 * p + 1) * sx];
+        }
+        xp[p] = lo | hi << 16;
+    }
+}
+
+int nbi_gemv_bf16(int64_t N, int64_t K, const uint16_t *w, int64_t ldw, const uint32_t *xp,
+                  float *y, int64_t sy) {
+#if GV_X86
+    if (nbi_gemm_bf16_path() != NBI_ISA_AVX512BF16) return 1;
+    if (N <= 0) return 0;
+    gv_bf16(N, K, w, ldw, xp, y, sy);
+    return 0;
+#else
+    (void)N, (void)K, (void)w, (void)ldw, (void)xp, (void)y, (void)sy;
+    return 1;
+#endif
+}
+
+int nbi_gemv_available(int bf16) {
+#if GV_X86
+    return bf16 ? nbi_gemm_bf16_path() == NBI_ISA_AVX512BF16 : gv_path() >= 2;
+#else
+    (void)bf16;
+    return 0;
+#endif
+}
