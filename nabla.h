@@ -138,6 +138,11 @@ NB_API void *nb_data(nb_tensor *t);
  * t (or a view of its storage) then refuses to backpropagate through stale
  * values, as after nb_copy_into. */
 NB_API void nb_mark_modified(nb_tensor *t);
+/* How many times t's storage has been written in place: nb_copy_into,
+ * nb_mark_modified, an optimizer step, a load (PyTorch's t._version). Views
+ * share their storage's count. A cache of something made from t is stale
+ * when it changed. 0 for NULL (with a message). */
+NB_API uint64_t nb_write_version(const nb_tensor *t);
 NB_API double nb_item(const nb_tensor *t);           /* one element -> double; NaN on error */
 /* Writes t's numel values, row-major, into out (room for numel doubles); 0 or -1. */
 NB_API int nb_copy_to_f64(const nb_tensor *t, double *out);
@@ -1076,9 +1081,10 @@ typedef struct nb_gpt_sample_opts {
      * The logits differ from f32's by about bf16's precision (relative 2^-8
      * per operand): greedy tokens mostly agree, not always. The copies (half
      * the model's size) are made at the first bf16 generation and kept in the
-     * model's cache until nb_gpt_free; each generation checks 62 sampled
-     * elements of every weight against them and makes them again when one
-     * differs (after training or a load). An f32 model only. */
+     * model's cache until nb_gpt_free, and made again when a weight was
+     * written since (nb_write_version: a training step, a load, nb_copy_into,
+     * nb_mark_modified; write through nb_data only with nb_mark_modified, as
+     * autograd also asks). An f32 model only. */
     nb_dtype dtype;
 } nb_gpt_sample_opts;
 /* Continues prompt[0..n_prompt) (n_prompt >= 1 tokens) by n_new tokens

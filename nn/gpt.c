@@ -30,6 +30,7 @@ struct nb_gpt_cache {
      * attn.c_proj, c_fc, mlp.c_proj) then lm_head, persistent; made at the first
      * bf16 generation, made again when the weights changed (wb_stale) */
     nb_tensor **wb;
+    uint64_t *wb_version; /* each source weight's nb_write_version when copied */
     bool use_bf16;      /* this generation reads wb */
     int64_t pos;        /* positions filled */
     /* nb_gpt_generate is running on the model (on_token may call nabla), and
@@ -174,7 +175,9 @@ static void wb_free(nb_GPT *m) {
     struct nb_gpt_cache *c = m->cache;
     for (int64_t i = 0; c->wb && i < wb_count(m); i++) nb_free(c->wb[i]);
     free(c->wb);
+    free(c->wb_version);
     c->wb = NULL;
+    c->wb_version = NULL;
 }
 
 static void cache_free(nb_GPT *m) {
@@ -454,12 +457,12 @@ static int cache_make(nb_GPT *m) {
     return 0;
 }
 
-/* Whether copy (bf16) still matches w: sampled elements (61 spread over w,
- * and the last) compared after rounding. A training step or a load changes
- * far more than that, so a stale copy is found; a change of a few elements
- * that avoids the samples is not (documented at nb_gpt_sample_opts). */
-static bool wb_matches(nb_tensor *w, nb_tensor *copy) {
-    if (!copy || nb_numel(copy) != nb_numel(w)) return false;
+/* Whether copy (bf16) still matches w: w not written since it was made
+ * (nb_write_version: optimizer steps, loads, nb_copy_into, nb_mark_modified)
+ * and, against raw writes through nb_data that were not marked, sampled
+ * elements (61 spread over w, and the last) compared after rounding. */
+static bool wb_matches(nb_tensor *w, nb_tensor *copy, uint64_t version) {
+    if (!copy || nb_numel(copy) != nb_numel(w) || nb_write_version(w) != version) return false;
     nb_scope_begin();
     int64_t n = nb_numel(w);
     nb_tensor *wf = nb_reshape(w, NB_SHAPE(n)), *cf = nb_reshape(copy, NB_SHAPE(n));
@@ -480,14 +483,17 @@ static int wb_make(nb_GPT *m) {
     int64_t n = wb_count(m);
     if (c->wb) {
         bool fresh = true;
-        for (int64_t i = 0; fresh && i < n; i++) fresh = wb_matches(wb_source(m, i), c->wb[i]);
+        for (int64_t i = 0; fresh && i < n; i++)
+            fresh = wb_matches(wb_source(m, i), c->wb[i], c->wb_version[i]);
         if (fresh) return 0;
         wb_free(m);
     }
-    if (!(c->wb = calloc((size_t)n, sizeof *c->wb)))
-        return (nn_error("nb_gpt_generate: out of memory"), -1);
+    c->wb = calloc((size_t)n, sizeof *c->wb);
+    c->wb_version = calloc((size_t)n, sizeof *c->wb_version);
+    if (!c->wb || !c->wb_version) return (wb_free(m), nn_error("nb_gpt_generate: out of memory"), -1);
     nb_scope_begin();
     for (int64_t i = 0; i < n; i++) {
+        c->wb_version[i] = nb_write_version(wb_source(m, i));
         nb_tensor *w = nb_to(wb_source(m, i), NB_BF16);
         c->wb[i] = w ? nb_persistent(w) : NULL;
     }

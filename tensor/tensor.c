@@ -310,6 +310,10 @@ void nb_mark_modified(nb_tensor *t) {
     if (nbi_opt_arg("nb_mark_modified", t, 0) && t) t->storage->version++;
 }
 
+uint64_t nb_write_version(const nb_tensor *t) {
+    return nbi_arg("nb_write_version", t, 0) ? t->storage->version : 0;
+}
+
 int64_t nb_size(const nb_tensor *t, int dim) {
     if (!nbi_arg("nb_size", t, 0)) return -1;
     if (t->ndim == 0) return (nbi_error("nb_size: a 0-d tensor has no dim %d", dim), -1);

@@ -171,6 +171,42 @@ START_TEST(mark_modified_invalidates_saved_tensors) {
 }
 END_TEST
 
+/* nb_write_version counts in-place writes of a storage: nb_copy_into,
+ * nb_mark_modified and an optimizer step each add one, views share the
+ * count, and reading (nb_data without a mark, an op) adds none. */
+START_TEST(write_version_counts_writes) {
+    nb_tensor *w = nb_set_requires_grad(vec(4, (double[]){1, 2, 3, 4}), true);
+    ck_assert_uint_eq(nb_write_version(w), 0);
+    nb_scope_begin();
+    nb_tensor *v = nb_narrow(w, 0, 1, 2);
+    nb_tensor *y = nb_sum_all(nb_mul(w, w));
+    (void)nb_data(w);
+    ck_assert_uint_eq(nb_write_version(w), 0);
+    ck_assert_int_eq(nb_copy_into(v, nb_scalar(NB_F64, 7)), 0);
+    ck_assert_uint_eq(nb_write_version(w), 1);
+    ck_assert_uint_eq(nb_write_version(v), 1);
+    nb_mark_modified(v);
+    ck_assert_uint_eq(nb_write_version(w), 2);
+    nb_scope_end();
+    (void)y;
+    nb_params *ps = nb_params_new();
+    nb_tensor *p = nb_params_add(ps, "p", nb_set_requires_grad(vec(2, (double[]){1, 2}), true));
+    nb_optim *opt = nb_sgd(ps, 0.1, 0.0, 0.0);
+    nb_scope_begin();
+    ck_assert_int_eq(nb_backward(nb_sum_all(nb_mul(p, p))), 0);
+    nb_scope_end();
+    uint64_t before = nb_write_version(p);
+    nb_optim_step(opt);
+    ck_assert_uint_eq(nb_write_version(p), before + 1);
+    ck_assert_uint_eq(nb_write_version(NULL), 0);
+    ck_assert_str_eq(nb_last_error(), "nb_write_version: input 0 is NULL");
+    nb_clear_error();
+    nb_optim_free(opt);
+    nb_params_free(ps);
+    nb_free(w);
+}
+END_TEST
+
 START_TEST(requires_grad_rules) {
     nb_tensor *i = nb_arange(NB_I64, 3);
     expect_error(nb_set_requires_grad(i, true), "nb_set_requires_grad", "floating", "i64");
@@ -773,6 +809,7 @@ Suite *suite_autograd(void) {
     tcase_add_test(tc, detach_shares_storage_and_stops_gradient);
     tcase_add_test(tc, in_place_change_of_saved_input_is_caught);
     tcase_add_test(tc, mark_modified_invalidates_saved_tensors);
+    tcase_add_test(tc, write_version_counts_writes);
     tcase_add_test(tc, requires_grad_rules);
     tcase_add_test(tc, graph_keeps_freed_intermediates_alive);
     tcase_add_test(tc, deep_chain_does_not_overflow_the_stack);

@@ -923,6 +923,58 @@ START_TEST(generate_bf16) {
 }
 END_TEST
 
+/* Adds delta to element k (flat) of ps's parameter name, through nb_copy_into. */
+static void bump_element(nb_params *ps, const char *name, int64_t k, double delta) {
+    nb_tensor *w = nb_params_get(ps, name);
+    nb_scope_begin();
+    nb_tensor *e = nb_narrow(nb_reshape(w, NB_SHAPE(nb_numel(w))), 0, k, 1);
+    ck_assert_int_eq(nb_copy_into(e, nb_add_scalar(e, delta)), 0);
+    nb_scope_end();
+}
+
+/* The bf16 copies follow a change of one weight element that an element
+ * sample would miss: their staleness is the weight's nb_write_version. The
+ * change is one that alters the greedy tokens (found by trying elements of
+ * the first token's lm_head row on fresh models, skipping those a sample of
+ * 62 elements, the rule this replaced, would see), and the model that had
+ * copies must then give what a fresh model with the change gives. */
+START_TEST(generate_bf16_follows_one_element) {
+    nb_GPTConfig c = gen_cfg();
+    c.vocab_size = 50, c.n_embd = 32, c.block_size = 16;
+    nb_gpt_sample_opts b = {.greedy = true, .dtype = NB_BF16};
+    const int64_t p[] = {1, 2, 3};
+    const char *name = "transformer.wte.weight"; /* lm_head's (tied) */
+    nb_params *ps = nb_params_new();
+    nb_GPT m;
+    init_dt(&m, ps, &c, 11, NB_F32);
+    scramble(ps, 12, 0.3);
+    int64_t t1[8], t2[8], t3[8], found = -1;
+    ck_assert_int_eq(nb_gpt_generate(&m, p, 3, 8, &b, NULL, t1, NULL, NULL), 8);
+    double delta = 0;
+    for (int64_t j = 1; j < c.n_embd && found < 0; j += 2) {
+        for (int sign = -1; sign <= 1 && found < 0; sign += 2) {
+            int64_t k = t1[0] * c.n_embd + j, n = c.vocab_size * c.n_embd;
+            if ((k % (n / 61) == 0 && k / (n / 61) <= 60) || k == n - 1) continue; /* sampled */
+            nb_params *ps2 = nb_params_new();
+            nb_GPT m2;
+            init_dt(&m2, ps2, &c, 11, NB_F32);
+            scramble(ps2, 12, 0.3);
+            bump_element(ps2, name, t1[0] * c.n_embd + j, 3.0 * sign);
+            ck_assert_int_eq(nb_gpt_generate(&m2, p, 3, 8, &b, NULL, t3, NULL, NULL), 8);
+            if (memcmp(t1, t3, sizeof t1)) found = t1[0] * c.n_embd + j, delta = 3.0 * sign;
+            nb_gpt_free(&m2);
+            nb_params_free(ps2);
+        }
+    }
+    ck_assert_msg(found >= 0, "no one-element change altered the greedy tokens");
+    bump_element(ps, name, found, delta);
+    ck_assert_int_eq(nb_gpt_generate(&m, p, 3, 8, &b, NULL, t2, NULL, NULL), 8);
+    expect_tokens(t2, t3, 8, "bf16 after one element changed vs a fresh model with it");
+    nb_gpt_free(&m);
+    nb_params_free(ps);
+}
+END_TEST
+
 START_TEST(generate_matches_full_forward) {
     int64_t base = nb_live_tensors();
     nb_GPTConfig c = gen_cfg();
@@ -1710,6 +1762,7 @@ Suite *suite_gpt(void) {
     tcase_add_test(tc, loss_higher_order);
     tcase_add_test(tc, generate_matches_full_forward);
     tcase_add_test(tc, generate_bf16);
+    tcase_add_test(tc, generate_bf16_follows_one_element);
     tcase_add_test(tc, trained_model_continues_pattern);
     tcase_add_test(tc, sampling_options);
     tcase_add_test(tc, on_token_stops_early);

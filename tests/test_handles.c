@@ -292,6 +292,7 @@ static bool mha_failed(nb_tensor **in) {
     X(nb_is_contiguous, 1, one, !nb_is_contiguous(in[0]))                                        \
     X(nb_data, 1, one, nb_data(in[0]) == NULL)                                                   \
     X(nb_mark_modified, 1, one, VOID_FAILED(nb_mark_modified(in[0])))                            \
+    X(nb_write_version, 1, one, VOID_FAILED((void)nb_write_version(in[0])))                      \
     X(nb_item, 1, scalar, isnan(nb_item(in[0])))                                                 \
     X(nb_copy_to_f64, 1, one, copy_failed(in[0]))                                                \
     X(nb_print, 1, one, print_failed(in[0]))                                                     \
