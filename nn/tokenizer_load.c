@@ -509,7 +509,7 @@ static int64_t lookup(const loader *L, const char *s, int64_t n) {
 }
 
 /* Indexes the entries by bytes; a token twice is an error, but for an added
- * token the vocabulary already has with its id (dropped). */
+ * token the vocabulary also has with its id (the second is dropped). */
 static int index_tokens(loader *L) {
     uint64_t slots = 16;
     while (slots < (uint64_t)L->nt * 2) slots <<= 1;
@@ -528,7 +528,7 @@ static int index_tokens(loader *L) {
         }
         char sh[200];
         shown(L->tb.p + e->off, e->len, sh, sizeof sh);
-        if (e->added && L->t[old].id == e->id) {
+        if ((e->added || L->t[old].added) && L->t[old].id == e->id) {
             e->dropped = true;
             continue;
         }
