@@ -115,18 +115,26 @@ static int heap_push(nn_tok_scratch *s, cand c) {
     return 0;
 }
 
-static cand heap_pop(nn_tok_scratch *s) {
-    cand top = s->heap[0], last = s->heap[--s->heap_n];
-    int64_t i = 0, n = s->heap_n;
+/* Moves the entry at i down to its place among entries [0, n). */
+static void sift_down(cand *h, int64_t n, int64_t i) {
+    cand x = h[i];
     for (;;) {
         int64_t k = 2 * i + 1;
         if (k >= n) break;
-        if (k + 1 < n && before(&s->heap[k + 1], &s->heap[k])) k++;
-        if (!before(&s->heap[k], &last)) break;
-        s->heap[i] = s->heap[k];
+        if (k + 1 < n && before(&h[k + 1], &h[k])) k++;
+        if (!before(&h[k], &x)) break;
+        h[i] = h[k];
         i = k;
     }
-    if (n) s->heap[i] = last;
+    h[i] = x;
+}
+
+static cand heap_pop(nn_tok_scratch *s) {
+    cand top = s->heap[0];
+    if (--s->heap_n) {
+        s->heap[0] = s->heap[s->heap_n];
+        sift_down(s->heap, s->heap_n, 0);
+    }
     return top;
 }
 
@@ -159,8 +167,13 @@ int nn_tok_bpe(const nb_tokenizer *tok, nn_tok_scratch *s, const unsigned char *
         s->prev[i] = i - 1;
         s->next[i] = i + 1 < n ? i + 1 : -1;
     }
-    for (int64_t i = 0; i + 1 < n; i++)
-        if (offer(tok, s, i, i + 1, 0)) return -1;
+    /* the first candidates: all in, then one heapify (O(n), not n pushes) */
+    if (grow(&s->heap, &s->heap_cap, n)) return -1;
+    for (int64_t i = 0; i + 1 < n; i++) {
+        int32_t result, r = nn_tok_pairs_find(&tok->pairs, s->id[i], s->id[i + 1], &result);
+        if (r >= 0) s->heap[s->heap_n++] = (cand){r, s->id[i], s->id[i + 1], i, i + 1};
+    }
+    for (int64_t i = s->heap_n / 2 - 1; i >= 0; i--) sift_down(s->heap, s->heap_n, i);
     int32_t cur = -1; /* the rank being merged */
     for (;;) {
         if (s->wait_n && (s->heap_n == 0 || s->heap[0].rank != cur)) {
