@@ -104,7 +104,7 @@ $(TEST_BIN): $(TEST_SRC) tests/test_util.h $(BUILD)/libnabla.a nabla.h | check-d
 # ops/registry.h must have run successfully at least once.
 test: check-deps
 	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BIN) $(BUILD)/fuzz/replay $(BUILD)/examples/gpt \
-	  $(BUILD)/examples/newton $(BUILD)/examples/gradient_penalty
+	  $(BUILD)/examples/newton $(BUILD)/examples/gradient_penalty $(BUILD)/examples/tokenize
 	$(TEST_BIN)
 	$(BUILD)/fuzz/replay fuzz/corpus/ops
 	@bash tests/layers_check.sh $(BUILD)
