@@ -417,7 +417,7 @@ static int read_merges_beside(loader *L) {
     const char *base = L->path + dir;
     const char *names[2] = {"merges.txt", "vocab.bpe"};
     if (strcmp(base, "encoder.json") == 0) names[0] = "vocab.bpe", names[1] = "merges.txt";
-    char first_msg[640] = "";
+    char first[512] = "";
     for (int k = 0; k < 2; k++) {
         free(L->merges_path);
         L->merges_path = malloc(dir + strlen(names[k]) + 1);
@@ -434,11 +434,11 @@ static int read_merges_beside(loader *L) {
             return rc;
         }
         if (err != ENOENT) return -1;
-        if (k == 0) snprintf(first_msg, sizeof first_msg, "%s", L->msg);
+        if (k == 0) snprintf(first, sizeof first, "%s", L->merges_path);
         L->msg[0] = 0;
     }
-    return lfail(L, "\"%s\": no merges beside it (%s; nor %s there)", L->path, first_msg,
-                 names[1]);
+    return lfail(L, "\"%s\": no merges file beside it (no \"%s\", no \"%s\")", L->path, first,
+                 L->merges_path);
 }
 
 static uint32_t le32(const unsigned char *p) {
