@@ -210,7 +210,8 @@ SHORT_COPY = --batches 3 --d-model 32 --d-ff 64 --all-epochs --check 100
 SHORT_ARGS = $$(case $$e in *copy_task) echo --epochs 1 $(SHORT_COPY) --save $(BUILD)/short.ckpt \
   --attn-map $(BUILD)/short-maps --loss-plot $(BUILD)/short-loss.svg;; \
   *gpt) echo --config tiny --steps 3 --batch 2 --seq 16 --shuffle --sample 16 --top-k 5 \
-  --save $(BUILD)/short-gpt.ckpt;; esac)
+  --save $(BUILD)/short-gpt.ckpt;; \
+  *tokenize) echo --tokenizer tests/fixtures/gpt2/encoder.json --in README.md;; esac)
 RESUME_SHORT = --epochs 2 $(SHORT_COPY) --load $(BUILD)/short.ckpt
 VALGRIND := valgrind -q --leak-check=full --errors-for-leak-kinds=definite --error-exitcode=1
 # valgrind runs a process on one core at a time: the examples run beside the

@@ -1,8 +1,8 @@
 /* tokenize.c: GPT-2's tokenizer from the command line (nb_tokenizer).
  *
- *   build/examples/tokenize --tokenizer PATH [--decode] [--out FILE]
+ *   build/examples/tokenize --tokenizer PATH [--decode] [--out FILE] [--in FILE]
  *
- * Reads standard input. By default encodes it (all of it, as bytes) and
+ * Reads standard input (or --in FILE). By default encodes it (all of it, as bytes) and
  * prints the ids on one line, separated by single spaces; --out FILE writes
  * llm.c's token file instead (a header of 256 int32 LE: 20240520, 1, the
  * count; then the ids as uint16 LE), which examples/gpt and nb_load_tokens
@@ -20,7 +20,7 @@
 
 static void usage(FILE *f, const char *prog) {
     fprintf(f,
-            "usage: %s --tokenizer PATH [--decode] [--out FILE] < input\n"
+            "usage: %s --tokenizer PATH [--decode] [--out FILE] [--in FILE] < input\n"
             "  GPT-2's byte-level BPE tokenizer (docs/tokenizer.md).\n"
             "  --tokenizer PATH  tokenizer.json, vocab.json (+ merges.txt beside it),\n"
             "                    encoder.json (+ vocab.bpe beside it), or llm.c's\n"
@@ -28,6 +28,7 @@ static void usage(FILE *f, const char *prog) {
             "  (default)         encode standard input; print the ids on one line\n"
             "  --out FILE        write llm.c's token file (uint16 ids) to FILE instead\n"
             "  --decode          read whitespace-separated ids; write their bytes\n"
+            "  --in FILE         read FILE instead of standard input\n"
             "  --help            this text\n"
             "example: echo 'Hello, world' | %s --tokenizer encoder.json\n"
             "         -> 15496 11 995 198\n",
@@ -140,20 +141,22 @@ static int decode(nb_tokenizer *tok) {
 }
 
 int main(int argc, char **argv) {
-    const char *path = NULL, *out = NULL;
+    const char *path = NULL, *out = NULL, *in = NULL;
     int dec = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout, argv[0]), 0;
         if (!strcmp(a, "--decode")) dec = 1;
-        else if ((!strcmp(a, "--tokenizer") || !strcmp(a, "--out")) && i + 1 < argc)
-            *(a[2] == 't' ? &path : &out) = argv[++i];
-        else if (!strcmp(a, "--tokenizer") || !strcmp(a, "--out"))
+        else if ((!strcmp(a, "--tokenizer") || !strcmp(a, "--out") || !strcmp(a, "--in")) &&
+                 i + 1 < argc)
+            *(a[2] == 't' ? &path : a[2] == 'o' ? &out : &in) = argv[++i];
+        else if (!strcmp(a, "--tokenizer") || !strcmp(a, "--out") || !strcmp(a, "--in"))
             return fail("%s needs a value (see --help)%s", a, "");
         else return fail("unknown option %s (see --help)%s", a, "");
     }
     if (!path) return fail("--tokenizer PATH is required (see --help)%s%s", "", "");
     if (dec && out) return fail("--out writes encoded ids; it does not go with --decode%s%s", "", "");
+    if (in && !freopen(in, "rb", stdin)) return fail("--in: cannot read \"%s\": %s", in, strerror(errno));
     nb_tokenizer *tok = nb_tokenizer_load(path);
     if (!tok) return fail("%s%s", nb_last_error(), "");
     int rc = dec ? decode(tok) : encode(tok, out);
