@@ -35,7 +35,7 @@ struct nb_tokenizer {
     char *path;      /* the file it was loaded from, for messages */
 };
 
-/* tokenizer_pairs.c: the merge table. */
+/* tokenizer_bpe.c: the merge table. */
 int nn_tok_pairs_init(nn_tok_pairs *p, int64_t count); /* 0 or -1 (out of memory) */
 void nn_tok_pairs_free(nn_tok_pairs *p);
 /* Adds (left, right) -> (rank, result): 0, 1 when the pair is already there
@@ -69,7 +69,7 @@ void nn_tok_scratch_free(nn_tok_scratch *s);
 int nn_tok_bpe(const nb_tokenizer *tok, nn_tok_scratch *s, const unsigned char *piece, int64_t n,
                void (*emit)(void *ctx, int32_t id), void *ctx);
 
-/* tokenizer_bytes.c: GPT-2's byte-to-unicode map (bytes as printable
+/* tokenizer_pretok.c: GPT-2's byte-to-unicode map (bytes as printable
  * characters in vocab files). The byte a code point stands for, or -1. */
 int nn_tok_byte_of_cp(uint32_t cp);
 /* Decodes one UTF-8 character of s[0..n) (n > 0): its length (1..4) and *cp,

@@ -358,6 +358,7 @@ static int read_file(loader *L, const char *path, char **data, int64_t *len, int
     struct stat st;
     char m[400];
     *err = 0;
+    errno = 0; /* a file that is there but not regular leaves it 0 */
     int fd = nn_open_regular(path, &st, m, sizeof m);
     if (fd < 0) {
         *err = errno;

@@ -178,6 +178,7 @@ static void copy_file(const char *from, const char *to) {
 /* ------------------------------------------------------------------- tests */
 static void expect_cases(const nb_tokenizer *tok, const char *label) {
     load_cases();
+    nb_clear_error();
     int64_t *ids = malloc(70000 * sizeof *ids);
     char *back = malloc(70000);
     for (int c = 0; c < n_cases; c++) {
