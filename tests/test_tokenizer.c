@@ -553,6 +553,35 @@ START_TEST(bad_llmc_bin) {
 }
 END_TEST
 
+
+/* tokenizer.json whose vocabulary lacks <|endoftext|>: added_tokens brings it */
+START_TEST(added_tokens) {
+    small_vocab(", \"ab\": 256", NULL, -1);
+    size_t n;
+    char *v = test_read_file(test_tmp_path("vocab.json"), &n);
+    char *j = malloc(n + 512);
+    int k = snprintf(j, n + 512, "{\"added_tokens\": [{\"id\": 257, \"special\": true, "
+                     "\"content\": \"<|endoftext|>\"}], \"model\": {\"type\": \"BPE\", "
+                     "\"merges\": [[\"a\", \"b\"]], \"vocab\": %s}}", v);
+    const char *p = test_tmp_path("tokenizer.json");
+    test_write_bytes(p, j, (size_t)k);
+    nb_tokenizer *tok = load_ok(p);
+    ck_assert_int_eq(nb_tokenizer_vocab_size(tok), 258);
+    ck_assert_int_eq(nb_tokenizer_eot(tok), 257);
+    int64_t ids[8];
+    ck_assert_int_eq(nb_tokenizer_encode(tok, "ab<|endoftext|>b", 16, ids, 8), 3);
+    ck_assert(ids[0] == 256 && ids[1] == 257 && ids[2] == 'b');
+    nb_tokenizer_free(tok);
+    /* an added token on an id the vocabulary gives another token */
+    k = snprintf(j, n + 512, "{\"added_tokens\": [{\"id\": 256, \"content\": \"<|endoftext|>\"}], "
+                 "\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": %s}}", v);
+    test_write_bytes(p, j, (size_t)k);
+    expect_message(!nb_tokenizer_load(p), "nb_tokenizer_load: \"%s\": id 256 is given to two "
+                   "tokens, \"<|endoftext|>\" and \"ab\"", p);
+    free(v), free(j);
+}
+END_TEST
+
 static void make_dir(void) { test_make_tmp_dir("tokenizer"); }
 
 Suite *suite_tokenizer(void) {
@@ -572,6 +601,7 @@ Suite *suite_tokenizer(void) {
     tcase_add_test(tc, missing_byte_and_merges);
     tcase_add_test(tc, not_json_or_not_bpe);
     tcase_add_test(tc, bad_llmc_bin);
+    tcase_add_test(tc, added_tokens);
     suite_add_tcase(s, tc);
     return s;
 }
