@@ -301,6 +301,16 @@ static int parse_added(loader *L, nn_tj *j) {
     return more ? json_failed(L, j) : 0;
 }
 
+/* Whether the value after the key just read (and its ':') is a number. */
+static bool number_follows(const nn_tj *j) {
+    const char *p = j->p;
+    for (int colon = 0; p < j->end; p++) {
+        if (*p == ':' && !colon++) continue;
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') break;
+    }
+    return p < j->end && (*p == '-' || (*p >= '0' && *p <= '9'));
+}
+
 /* A vocab.json / encoder.json (flat: every member is "token": id) or a
  * tokenizer.json (the members "model" and "added_tokens" read, others skipped). */
 static int parse_json(loader *L, const char *data, int64_t len, bool *is_tokenizer_json) {
@@ -311,13 +321,7 @@ static int parse_json(loader *L, const char *data, int64_t len, bool *is_tokeniz
     if (nn_tj_peek(&j) == '}') j.p++;
     else do {
         if (nn_tj_string(&j)) goto done;
-        const char *colon = j.p;
-        while (colon < j.end && (*colon == ' ' || *colon == '\t' || *colon == '\n' || *colon == '\r'))
-            colon++;
-        const char *v = colon < j.end ? colon + 1 : colon;
-        while (v < j.end && (*v == ' ' || *v == '\t' || *v == '\n' || *v == '\r')) v++;
-        bool number = v < j.end && (*v == '-' || (*v >= '0' && *v <= '9'));
-        if (number) {
+        if (number_follows(&j)) {
             flat = true;
             if (vocab_member(L, &j)) goto done;
         } else if (strcmp(j.s, "model") == 0 && !model) {
