@@ -1162,6 +1162,41 @@ NB_API int nb_gpt_from_file(nb_GPT *m, nb_params *ps, const char *path);
  * error naming its position. An empty file is an error. */
 NB_API nb_tensor *nb_load_tokens(const char *path, int64_t vocab_size);
 
+/* ---------------------------------------------------- nn: GPT-2 tokenizer */
+/* GPT-2's byte-level BPE (OpenAI's encoder.py, exactly; docs/tokenizer.md):
+ * any bytes in, token ids out, and back. A loaded tokenizer is read-only:
+ * any number of threads may encode and decode with it at once. */
+typedef struct nb_tokenizer nb_tokenizer; /* opaque */
+/* path: a Hugging Face tokenizer.json; a vocab.json (merges.txt beside it);
+ * an OpenAI encoder.json (vocab.bpe beside it); or llm.c's
+ * gpt2_tokenizer.bin (decoding only). The caller's, freed by
+ * nb_tokenizer_free. NULL + a message naming the file (and line) and the
+ * first problem: not JSON, ids not 0..n-1 each once, a token twice, a merge
+ * whose parts or result are not in the vocabulary, no merges file, ... */
+NB_API nb_tokenizer *nb_tokenizer_load(const char *path);
+NB_API void nb_tokenizer_free(nb_tokenizer *tok); /* NULL is ok */
+NB_API int64_t nb_tokenizer_vocab_size(const nb_tokenizer *tok); /* 50257 for GPT-2 */
+NB_API int64_t nb_tokenizer_eot(const nb_tokenizer *tok); /* id of <|endoftext|>, or -1 */
+/* false for gpt2_tokenizer.bin (it has no merges) or a NULL tok */
+NB_API bool nb_tokenizer_can_encode(const nb_tokenizer *tok);
+/* Encodes len bytes of text (any bytes: a byte that is not part of valid
+ * UTF-8 is a character of its own, neither letter, number nor space);
+ * "<|endoftext|>" in the text is the special token, as Hugging Face's
+ * GPT2Tokenizer reads it. Returns how many ids the whole text encodes to
+ * (never more than len) and writes the first min(that, cap) to ids
+ * (snprintf-style: cap 0 and ids NULL count), or -1. Sets no error on success. */
+NB_API int64_t nb_tokenizer_encode(const nb_tokenizer *tok, const char *text, int64_t len,
+                                   int64_t *ids, int64_t cap);
+/* Writes the bytes of ids[0..n) to out (at most cap; not NUL-terminated) and
+ * returns the total byte count (snprintf-style), or -1 with a message naming
+ * the first id out of [0, vocab_size) and its position (nothing written). */
+NB_API int64_t nb_tokenizer_decode(const nb_tokenizer *tok, const int64_t *ids, int64_t n,
+                                   char *out, int64_t cap);
+/* The bytes of one token (borrowed from tok, not NUL-terminated; *len set),
+ * or NULL + message: for streaming output a token at a time. A token may
+ * hold part of a UTF-8 character (GPT-2 splits some across tokens). */
+NB_API const char *nb_tokenizer_token(const nb_tokenizer *tok, int64_t id, int64_t *len);
+
 /* -------------------------------------------- nn: optimizers and schedules */
 /* Optimizers: state is allocated at creation; step reads each parameter's
  * .grad (parameters without one are skipped) and updates it in place.

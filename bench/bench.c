@@ -23,7 +23,9 @@
  *      with its KV cache, f32 and bf16 weights, prompts of 1 and 512 tokens,
  *      1 thread and all CPUs) beside the memory-bandwidth bound measured in
  *      the same run: weight bytes per token / streaming read bandwidth
- *  10. the process's peak RSS
+ *  10. the GPT-2 tokenizer: encode (tokens/s, MB/s) and decode of 1 MiB
+ *      of English and of one long word
+ *  11. the process's peak RSS
  *
  * Each figure is the median of several timed runs (CLOCK_MONOTONIC) after
  * warm-up runs; "1t" runs with nb_set_num_threads(1), "Nt" with one thread
@@ -1396,6 +1398,61 @@ static void bench_generate(void) {
     nb_params_free(g.ps);
 }
 
+/* ------------------------------------------------------ 10. GPT-2 tokenizer */
+typedef struct {
+    const nb_tokenizer *tok;
+    const char *text;
+    int64_t len, *ids, n;
+} tok_ctx;
+
+static void tok_encode(void *p) {
+    tok_ctx *c = p;
+    c->n = nb_tokenizer_encode(c->tok, c->text, c->len, c->ids, c->len);
+    if (c->n < 0) die("nb_tokenizer_encode");
+}
+
+static void tok_decode(void *p) {
+    tok_ctx *c = p;
+    if (nb_tokenizer_decode(c->tok, c->ids, c->n, (char *)c->text, c->len) != c->len)
+        die("nb_tokenizer_decode");
+}
+
+static void tok_row(const char *label, tok_ctx *c) {
+    double te = median_time(tok_encode, c, 1, 5), td = median_time(tok_decode, c, 1, 5);
+    printf("%-34s %9.2f %10.0f %10.1f %10.1f\n", label, te * 1e3, (double)c->n / te,
+           (double)c->len / te / 1e6, (double)c->len / td / 1e6);
+}
+
+/* encode and decode of 1 MB (one thread: a call never splits its work) */
+static void bench_tokenizer(void) {
+    section("10. GPT-2 tokenizer (nb_tokenizer, tests/fixtures/gpt2/encoder.json), 1 MiB, 1 thread");
+    double t0 = now();
+    nb_tokenizer *tok = nb_tokenizer_load(NB_BENCH_DIR "/../tests/fixtures/gpt2/encoder.json");
+    if (!tok) die("nb_tokenizer_load");
+    printf("load encoder.json + vocab.bpe: %.1f ms\n", (now() - t0) * 1e3);
+    int64_t n = 1 << 20;
+    char *text = malloc((size_t)n), *kjv = NULL;
+    int64_t *ids = malloc((size_t)n * sizeof *ids), kn = 0;
+    if (!text || !ids) die("malloc");
+    FILE *f = fopen(NB_BENCH_DIR "/../examples/data/kjv.txt", "rb");
+    if (f && (kjv = malloc((size_t)n))) kn = (int64_t)fread(kjv, 1, (size_t)n, f);
+    if (f) fclose(f);
+    printf("%-34s %9s %10s %10s %10s\n", "text", "enc ms", "tokens/s", "enc MB/s", "dec MB/s");
+    tok_ctx c = {tok, text, n, ids, 0};
+    for (int64_t i = 0; kn > 0 && i < n; i++) text[i] = kjv[i % kn];
+    if (kn > 0) tok_row("English (examples/data/kjv.txt)", &c);
+    uint64_t s = 1;
+    for (int64_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005u + 1442695040888963407u;
+        text[i] = (char)('a' + (s >> 33) % 26);
+    }
+    tok_row("one word of random letters", &c);
+    memset(text, 'a', (size_t)n);
+    tok_row("one word \"aaa...\"", &c);
+    free(text), free(kjv), free(ids);
+    nb_tokenizer_free(tok);
+}
+
 /* ------------------------------------------------------------------- main */
 
 /* `bench` runs every section; `bench 1 3` only sections 1 and 3. */
@@ -1417,9 +1474,10 @@ static void print_footer(double start) {
 }
 
 int main(int argc, char **argv) {
-    static void (*const sections[9])(void) = {bench_peak,     bench_matmul, bench_attention,
+    static void (*const sections[10])(void) = {bench_peak,     bench_matmul, bench_attention,
                                               bench_mha,      bench_overhead, bench_copy,
-                                              bench_checkpoint, bench_gpt2, bench_generate};
+                                              bench_checkpoint, bench_gpt2, bench_generate,
+                                              bench_tokenizer};
     if (argc == 6 && !strcmp(argv[1], "--gpt2-child"))
         return gpt2_child(atoi(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]) != 0);
     double start = now();
@@ -1431,9 +1489,9 @@ int main(int argc, char **argv) {
     load_refs();
     print_header();
     if (wanted(argc, argv, 8) && !wanted(argc, argv, 1)) bench_peak(); /* its % of peak */
-    for (int i = 0; i < 9; i++)
+    for (int i = 0; i < 10; i++)
         if (wanted(argc, argv, i + 1)) sections[i]();
-    section("10. process");
+    section("11. process");
     print_footer(start);
     return 0;
 }

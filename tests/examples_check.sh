@@ -4,7 +4,8 @@
 # the last), and --sample of any size streams tokens (nothing holds all of
 # them: 2^61 used to wrap a malloc and abort); the second-order examples
 # (newton, gradient_penalty) run to the end and their last line says they
-# reached what PyTorch reaches. Run by make test.
+# reached what PyTorch reaches; tokenize encodes, decodes and writes llm.c's
+# token file with GPT-2's vocabulary, and refuses bad ids and files. Run by make test.
 set -u
 b=${1:-build}
 gpt=$b/examples/gpt
@@ -47,5 +48,27 @@ last_line() {
 last_line newton "newton: converged to (1, 1) in 7 steps; Hv and the jvp agree with the references"
 last_line gradient_penalty "gradient_penalty: loss fell from 8.725266 to 1.957491 in 10 steps"
 
-[ "$fails" -eq 0 ] && say "ok (--save checked before training; --sample 2^61 streams; newton and gradient_penalty converge)"
+# tokenize: GPT-2's tokenizer on the real vocabulary (tests/fixtures/gpt2)
+tk=$b/examples/tokenize
+voc=tests/fixtures/gpt2/encoder.json
+got=$(printf 'Hello, world<|endoftext|> caf\303\251\n' | "$tk" --tokenizer "$voc")
+[ "$got" = "15496 11 995 50256 40304 198" ] || bad "tokenize: got \"$got\""
+back=$(printf '15496 11\n995  50256\t40304' | "$tk" --tokenizer "$voc" --decode)
+[ "$back" = "$(printf 'Hello, world<|endoftext|> caf\303\251')" ] || bad "tokenize --decode: got \"$back\""
+printf 'Hello, world' | "$tk" --tokenizer "$voc" --out "$b/examples-check.tok" || bad "tokenize --out failed"
+# llm.c's token file: 1024-byte header (20240520, 1, 3), then 3 uint16 LE
+hdr=$(od -An -tu4 -N12 "$b/examples-check.tok" | tr -s ' ')
+[ "$hdr" = " 20240520 1 3" ] || bad "tokenize --out: header \"$hdr\""
+ids=$(od -An -tu2 -j1024 "$b/examples-check.tok" | tr -s ' ')
+[ "$ids" = " 15496 11 995" ] || bad "tokenize --out: ids \"$ids\""
+rm -f "$b/examples-check.tok"
+out=$(echo "1 50257" | "$tk" --tokenizer "$voc" --decode 2>&1 >/dev/null)
+[ $? -eq 1 ] && [ "$out" = "tokenize: --decode: id 50257 at position 1 is not in the vocabulary (nb_tokenizer_token: id 50257 is not in [0, 50257))" ] ||
+    bad "tokenize --decode 50257: \"$out\""
+out=$(echo hi | "$tk" --tokenizer /nonexistent/vocab.json 2>&1)
+[ $? -eq 1 ] && [ "$out" = "tokenize: nb_tokenizer_load: cannot open \"/nonexistent/vocab.json\": No such file or directory" ] ||
+    bad "tokenize on a missing file: \"$out\""
+"$tk" --help | grep -q "usage: .*--tokenizer PATH" || bad "tokenize --help"
+
+[ "$fails" -eq 0 ] && say "ok (--save checked before training; --sample 2^61 streams; newton and gradient_penalty converge; tokenize encodes, decodes and writes llm.c token files)"
 exit "$fails"

@@ -143,6 +143,7 @@ Suite *suite_gpt(void);    /* test_gpt.c: the model, generation, weight decay gr
 Suite *suite_gpt_io(void); /* test_gpt_io.c: llm.c / Hugging Face checkpoint files */
 Suite *suite_gpt_torch(void); /* test_gpt_torch.c: agreement with PyTorch on generated files */
 Suite *suite_tokens(void);   /* test_tokens.c: nb_load_tokens (llm.c token files, bytes) */
+Suite *suite_tokenizer(void); /* test_tokenizer.c: nb_tokenizer (GPT-2 BPE) */
 /* test_second_order.c: Hessians, Hv, jvp and a gradient penalty against PyTorch */
 Suite *suite_second_order(void);
 

@@ -1,0 +1,661 @@
+/* tokenizer_load.c: nb_tokenizer_load, GPT-2's vocabulary and merges from
+ * the files people have:
+ * - Hugging Face's tokenizer.json ({"model": {"type": "BPE", "vocab": {...},
+ *   "merges": ["a b", ...] or [["a", "b"], ...]}, "added_tokens": [...]});
+ * - a vocab.json with merges.txt beside it (Hugging Face), or OpenAI's
+ *   encoder.json with vocab.bpe beside it (the same two formats): tokens as
+ *   GPT-2 writes them, each byte as a printable character (byte-to-unicode),
+ *   merges one "a b" a line after an optional "#version" line;
+ * - llm.c's gpt2_tokenizer.bin: 256 uint32 LE (magic 20240328, version 1 or
+ *   2, vocab_size, eot in version 2), then per token a uint8 length (>= 1)
+ *   and its bytes. No merges: decoding only.
+ * Files are read whole and checked in one pass each, then the vocabulary is
+ * indexed by a hash of its bytes: linear time whatever they hold. The first
+ * problem found is the message. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "files_internal.h"
+#include "nn_internal.h"
+#include "tokenizer_internal.h"
+#include "tokenizer_json.h"
+
+static const char *FN = "nb_tokenizer_load";
+
+#define BIN_MAGIC 20240328u
+#define BIN_HEADER_BYTES 1024
+#define MAX_FILE_BYTES (INT64_C(1) << 30)
+
+typedef struct {
+    int64_t off, len, id;
+    bool added, dropped; /* from added_tokens; the same token already in the vocab */
+} tok_entry;
+
+typedef struct {
+    int64_t a, a_len, b, b_len, where; /* bytes in mbuf; line (text) or index (JSON) */
+} merge_entry;
+
+typedef struct {
+    char *p;
+    int64_t len, cap;
+} bytes;
+
+typedef struct {
+    const char *path;    /* the file the tokens come from */
+    char *merges_path;   /* merges.txt / vocab.bpe, or NULL (tokenizer.json) */
+    char msg[640];
+    bytes tb, mb;        /* token bytes, merge bytes */
+    tok_entry *t;
+    int64_t nt, ct;
+    merge_entry *m;
+    int64_t nm, cm;
+    int64_t *table;      /* hash of the tokens' bytes -> entry index, -1 empty */
+    uint64_t mask;
+} loader;
+
+static int lfail(loader *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int lfail(loader *L, const char *fmt, ...) {
+    if (L->msg[0]) return -1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(L->msg, sizeof L->msg, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* s[0..n) for a message: quotes, backslashes and control bytes escaped, cut at 40 bytes. */
+static const char *shown(const char *s, int64_t n, char *out, size_t cap) {
+    size_t k = 0;
+    for (int64_t i = 0; i < n && k + 8 < cap; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (i == 40) {
+            k += (size_t)snprintf(out + k, cap - k, "...");
+            break;
+        }
+        if (c < 0x20 || c == 0x7F || c == '"' || c == '\\')
+            k += (size_t)snprintf(out + k, cap - k, "\\x%02X", c);
+        else out[k++] = (char)c;
+    }
+    out[k] = 0;
+    return out;
+}
+
+static int put(loader *L, bytes *b, const char *s, int64_t n) {
+    if (b->len + n > b->cap) {
+        int64_t c = b->cap ? b->cap : 4096;
+        while (c < b->len + n) c *= 2;
+        char *p = realloc(b->p, (size_t)c);
+        if (!p) return lfail(L, "out of memory");
+        b->p = p, b->cap = c;
+    }
+    if (n) memcpy(b->p + b->len, s, (size_t)n);
+    b->len += n;
+    return 0;
+}
+
+/* GPT-2's printable form of a token (UTF-8, one character per byte) into
+ * its bytes, appended to b: 0; or -1 with *bad the code point no byte
+ * stands for (0xFFFFFFFF: the text is not valid UTF-8). */
+static int unmap(loader *L, bytes *b, const char *s, int64_t n, uint32_t *bad) {
+    for (int64_t i = 0; i < n;) {
+        uint32_t cp;
+        int k = nn_tok_utf8((const unsigned char *)s + i, n - i, &cp);
+        int byte = k ? nn_tok_byte_of_cp(cp) : -1;
+        if (byte < 0) return *bad = k ? cp : 0xFFFFFFFFu, -1;
+        char c = (char)byte;
+        if (put(L, b, &c, 1)) return *bad = 0, -1;
+        i += k;
+    }
+    return 0;
+}
+
+static int unmap_failed(loader *L, const char *where, const char *s, int64_t n, uint32_t bad) {
+    char sh[200];
+    if (L->msg[0]) return -1;
+    if (bad == 0xFFFFFFFFu)
+        return lfail(L, "%s: \"%s\" is not valid UTF-8", where, shown(s, n, sh, sizeof sh));
+    return lfail(L, "%s: \"%s\" holds U+%04X, which is none of GPT-2's 256 byte characters "
+                 "(not a byte-level BPE vocabulary)", where, shown(s, n, sh, sizeof sh), bad);
+}
+
+/* ------------------------------------------------------------- collecting */
+static int add_token(loader *L, const char *s, int64_t n, bool map) {
+    if (L->nt == L->ct) {
+        int64_t c = L->ct ? L->ct * 2 : 1024;
+        tok_entry *t = realloc(L->t, (size_t)c * sizeof *t);
+        if (!t) return lfail(L, "out of memory");
+        L->t = t, L->ct = c;
+    }
+    tok_entry *e = &L->t[L->nt];
+    *e = (tok_entry){.off = L->tb.len, .id = -1, .added = !map};
+    uint32_t bad;
+    if (map ? unmap(L, &L->tb, s, n, &bad) : put(L, &L->tb, s, n)) {
+        char where[300];
+        snprintf(where, sizeof where, "\"%s\": token %lld", L->path, (long long)L->nt);
+        return unmap_failed(L, where, s, n, bad);
+    }
+    e->len = L->tb.len - e->off;
+    if (e->len == 0) return lfail(L, "\"%s\": token %lld is the empty string", L->path,
+                                  (long long)L->nt);
+    L->nt++;
+    return 0;
+}
+
+static int add_merge(loader *L, const char *a, int64_t an, const char *b, int64_t bn,
+                     int64_t where, const char *where_text) {
+    if (L->nm == L->cm) {
+        int64_t c = L->cm ? L->cm * 2 : 1024;
+        merge_entry *m = realloc(L->m, (size_t)c * sizeof *m);
+        if (!m) return lfail(L, "out of memory");
+        L->m = m, L->cm = c;
+    }
+    merge_entry *e = &L->m[L->nm];
+    uint32_t bad;
+    e->where = where;
+    e->a = L->mb.len;
+    if (unmap(L, &L->mb, a, an, &bad)) return unmap_failed(L, where_text, a, an, bad);
+    e->a_len = L->mb.len - e->a;
+    e->b = L->mb.len;
+    if (unmap(L, &L->mb, b, bn, &bad)) return unmap_failed(L, where_text, b, bn, bad);
+    e->b_len = L->mb.len - e->b;
+    L->nm++;
+    return 0;
+}
+
+/* "a b": exactly two non-empty parts around one space. */
+static int add_merge_line(loader *L, const char *s, int64_t n, int64_t where,
+                          const char *where_text) {
+    const char *sp = memchr(s, ' ', (size_t)n);
+    char sh[200];
+    if (!sp || sp == s || sp == s + n - 1 || memchr(sp + 1, ' ', (size_t)(s + n - sp - 1)))
+        return lfail(L, "%s: \"%s\" is not two tokens separated by one space", where_text,
+                     shown(s, n, sh, sizeof sh));
+    return add_merge(L, s, sp - s, sp + 1, s + n - sp - 1, where, where_text);
+}
+
+/* ------------------------------------------------------------------ JSON */
+static int json_failed(loader *L, nn_tj *j) {
+    return lfail(L, "\"%s\": %s", L->path, j->msg[0] ? j->msg : "out of memory");
+}
+
+/* "token": id, the current member of a vocabulary object (key in j->s). */
+static int vocab_member(loader *L, nn_tj *j) {
+    if (add_token(L, j->s, (int64_t)j->s_len, true) || nn_tj_expect(j, ':')) return -1;
+    if (nn_tj_int(j, 0, NN_TOK_MAX_VOCAB - 1, &L->t[L->nt - 1].id) == 0) return 0;
+    char sh[200];
+    tok_entry *e = &L->t[L->nt - 1];
+    return lfail(L, "\"%s\": the id of token \"%s\": %s", L->path,
+                 shown(L->tb.p + e->off, e->len, sh, sizeof sh), j->msg);
+}
+
+static int parse_vocab(loader *L, nn_tj *j) {
+    if (nn_tj_expect(j, '{')) return json_failed(L, j);
+    if (nn_tj_peek(j) == '}') return j->p++, 0;
+    int more;
+    do {
+        if (nn_tj_string(j)) return json_failed(L, j);
+        if (vocab_member(L, j)) return L->msg[0] ? -1 : json_failed(L, j);
+    } while ((more = nn_tj_more(j, '}')) == 1);
+    return more ? json_failed(L, j) : 0;
+}
+
+static int parse_merges(loader *L, nn_tj *j) {
+    if (nn_tj_expect(j, '[')) return json_failed(L, j);
+    if (nn_tj_peek(j) == ']') return j->p++, 0;
+    int more;
+    do {
+        char where[300];
+        snprintf(where, sizeof where, "\"%s\": model.merges[%lld]", L->path, (long long)L->nm);
+        if (nn_tj_peek(j) == '"') {
+            if (nn_tj_string(j)) return json_failed(L, j);
+            if (add_merge_line(L, j->s, (int64_t)j->s_len, L->nm, where)) return -1;
+            continue;
+        }
+        /* ["a", "b"]: the first part is kept while the second is read */
+        int64_t mark = L->mb.len;
+        if (nn_tj_expect(j, '[') || nn_tj_string(j)) return json_failed(L, j);
+        if (put(L, &L->mb, j->s, (int64_t)j->s_len)) return -1;
+        int64_t an = L->mb.len - mark;
+        if (nn_tj_expect(j, ',') || nn_tj_string(j) || nn_tj_expect(j, ']'))
+            return json_failed(L, j);
+        char *a = malloc((size_t)an + 1);
+        if (!a) return lfail(L, "out of memory");
+        memcpy(a, L->mb.p + mark, (size_t)an);
+        L->mb.len = mark;
+        int rc = add_merge(L, a, an, j->s, (int64_t)j->s_len, L->nm, where);
+        free(a);
+        if (rc) return -1;
+    } while ((more = nn_tj_more(j, ']')) == 1);
+    return more ? json_failed(L, j) : 0;
+}
+
+/* {"type": "BPE", "vocab": {...}, "merges": [...], ...} */
+static int parse_model(loader *L, nn_tj *j) {
+    bool vocab = false, merges = false;
+    if (nn_tj_expect(j, '{')) return json_failed(L, j);
+    if (nn_tj_peek(j) != '}') {
+        int more;
+        do {
+            if (nn_tj_string(j) || nn_tj_expect(j, ':')) return json_failed(L, j);
+            if (strcmp(j->s, "vocab") == 0) {
+                if (vocab) return lfail(L, "\"%s\": model.vocab appears twice", L->path);
+                vocab = true;
+                if (parse_vocab(L, j)) return -1;
+            } else if (strcmp(j->s, "merges") == 0) {
+                if (merges) return lfail(L, "\"%s\": model.merges appears twice", L->path);
+                merges = true;
+                if (parse_merges(L, j)) return -1;
+            } else if (strcmp(j->s, "type") == 0) {
+                if (nn_tj_string(j)) return json_failed(L, j);
+                char sh[200];
+                if (strcmp(j->s, "BPE") != 0)
+                    return lfail(L, "\"%s\": model.type is \"%s\", not \"BPE\"", L->path,
+                                 shown(j->s, (int64_t)j->s_len, sh, sizeof sh));
+            } else if (nn_tj_skip(j)) {
+                return json_failed(L, j);
+            }
+        } while ((more = nn_tj_more(j, '}')) == 1);
+        if (more) return json_failed(L, j);
+    } else {
+        j->p++;
+    }
+    if (!vocab) return lfail(L, "\"%s\": \"model\" has no \"vocab\"", L->path);
+    if (!merges) return lfail(L, "\"%s\": \"model\" has no \"merges\"", L->path);
+    return 0;
+}
+
+/* [{"id": 50256, "content": "<|endoftext|>", ...}, ...]: tokens matched in
+ * the text as they are (not byte-mapped) */
+static int parse_added(loader *L, nn_tj *j) {
+    if (nn_tj_expect(j, '[')) return json_failed(L, j);
+    if (nn_tj_peek(j) == ']') return j->p++, 0;
+    int more;
+    do {
+        int64_t id = -1, index = L->nt;
+        bool content = false;
+        if (nn_tj_expect(j, '{')) return json_failed(L, j);
+        int inner = nn_tj_peek(j) == '}' ? (j->p++, 0) : 1;
+        while (inner == 1) {
+            if (nn_tj_string(j) || nn_tj_expect(j, ':')) return json_failed(L, j);
+            if (strcmp(j->s, "id") == 0) {
+                if (nn_tj_int(j, 0, NN_TOK_MAX_VOCAB - 1, &id)) return json_failed(L, j);
+            } else if (strcmp(j->s, "content") == 0 && !content) {
+                content = true;
+                if (nn_tj_string(j) || add_token(L, j->s, (int64_t)j->s_len, false))
+                    return L->msg[0] ? -1 : json_failed(L, j);
+            } else if (nn_tj_skip(j)) {
+                return json_failed(L, j);
+            }
+            inner = nn_tj_more(j, '}');
+        }
+        if (inner < 0) return json_failed(L, j);
+        if (!content || id < 0)
+            return lfail(L, "\"%s\": an entry of added_tokens has no %s", L->path,
+                         content ? "\"id\"" : "\"content\"");
+        L->t[index].id = id;
+    } while ((more = nn_tj_more(j, ']')) == 1);
+    return more ? json_failed(L, j) : 0;
+}
+
+/* Whether the value after the key just read (and its ':') is a number. */
+static bool number_follows(const nn_tj *j) {
+    const char *p = j->p;
+    for (int colon = 0; p < j->end; p++) {
+        if (*p == ':' && !colon++) continue;
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') break;
+    }
+    return p < j->end && (*p == '-' || (*p >= '0' && *p <= '9'));
+}
+
+/* A vocab.json / encoder.json (flat: every member is "token": id) or a
+ * tokenizer.json (the members "model" and "added_tokens" read, others skipped). */
+static int parse_json(loader *L, const char *data, int64_t len, bool *is_tokenizer_json) {
+    nn_tj j = {.start = data, .p = data, .end = data + len};
+    bool flat = false, model = false;
+    int rc = -1, more = 0;
+    if (nn_tj_expect(&j, '{')) goto done;
+    if (nn_tj_peek(&j) == '}') j.p++;
+    else do {
+        if (nn_tj_string(&j)) goto done;
+        if (number_follows(&j)) {
+            flat = true;
+            if (vocab_member(L, &j)) goto done;
+        } else if (strcmp(j.s, "model") == 0 && !model) {
+            model = true;
+            if (nn_tj_expect(&j, ':') || parse_model(L, &j)) goto done;
+        } else if (strcmp(j.s, "added_tokens") == 0) {
+            if (nn_tj_expect(&j, ':') || parse_added(L, &j)) goto done;
+        } else if (nn_tj_expect(&j, ':') || nn_tj_skip(&j)) {
+            goto done;
+        }
+    } while ((more = nn_tj_more(&j, '}')) == 1);
+    if (more < 0) goto done;
+    if (nn_tj_peek(&j)) {
+        nn_tj_fail(&j, "bytes after the JSON object");
+        goto done;
+    }
+    if (flat && model) {
+        lfail(L, "\"%s\": has both \"token\": id members (a vocab.json) and a \"model\" "
+              "(a tokenizer.json)", L->path);
+        goto done;
+    }
+    if (!flat && !model) {
+        lfail(L, "\"%s\": neither a vocab.json (\"token\": id members) nor a tokenizer.json "
+              "(a \"model\" object)", L->path);
+        goto done;
+    }
+    *is_tokenizer_json = model;
+    rc = 0;
+done:
+    if (rc && !L->msg[0]) json_failed(L, &j);
+    nn_tj_free(&j);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ files */
+/* The whole file: 0, or -1 with a message (ENOENT in *err when it is not there). */
+static int read_file(loader *L, const char *path, char **data, int64_t *len, int *err) {
+    struct stat st;
+    char m[400];
+    *err = 0;
+    errno = 0; /* a file that is there but not regular leaves it 0 */
+    int fd = nn_open_regular(path, &st, m, sizeof m);
+    if (fd < 0) {
+        *err = errno;
+        return lfail(L, "%s", m);
+    }
+    if ((int64_t)st.st_size > MAX_FILE_BYTES) {
+        close(fd);
+        return lfail(L, "\"%s\": %lld bytes, larger than any tokenizer file (1 GiB)", path,
+                     (long long)st.st_size);
+    }
+    *len = (int64_t)st.st_size;
+    *data = malloc((size_t)*len + 1);
+    if (!*data) {
+        close(fd);
+        return lfail(L, "\"%s\": out of memory for %lld bytes", path, (long long)*len);
+    }
+    for (int64_t got = 0; got < *len;) {
+        ssize_t r = read(fd, *data + got, (size_t)(*len - got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            close(fd);
+            free(*data);
+            *data = NULL;
+            return lfail(L, "cannot read \"%s\": %s", path,
+                         r < 0 ? strerror(errno) : "the file shrank while being read");
+        }
+        got += r;
+    }
+    close(fd);
+    return 0;
+}
+
+/* merges.txt / vocab.bpe: "#version..." first (optional), then "a b" a line. */
+static int parse_merges_text(loader *L, const char *data, int64_t len) {
+    int64_t line = 0;
+    for (const char *p = data, *end = data + len; p < end;) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *e = nl ? nl : end;
+        line++;
+        int64_t n = e - p;
+        if (n && p[n - 1] == '\r') n--;
+        if (!(line == 1 && n >= 8 && memcmp(p, "#version", 8) == 0) && n > 0) {
+            char where[300];
+            snprintf(where, sizeof where, "\"%s\" line %lld", L->merges_path, (long long)line);
+            if (add_merge_line(L, p, n, line, where)) return -1;
+        }
+        p = nl ? nl + 1 : end;
+    }
+    return 0;
+}
+
+/* The merges beside a vocab.json (merges.txt) or an encoder.json (vocab.bpe):
+ * the usual one for the file's name first, then the other. */
+static int read_merges_beside(loader *L) {
+    const char *slash = strrchr(L->path, '/');
+    size_t dir = slash ? (size_t)(slash - L->path + 1) : 0;
+    const char *base = L->path + dir;
+    const char *names[2] = {"merges.txt", "vocab.bpe"};
+    if (strcmp(base, "encoder.json") == 0) names[0] = "vocab.bpe", names[1] = "merges.txt";
+    char first[512] = "";
+    for (int k = 0; k < 2; k++) {
+        free(L->merges_path);
+        L->merges_path = malloc(dir + strlen(names[k]) + 1);
+        if (!L->merges_path) return lfail(L, "out of memory");
+        memcpy(L->merges_path, L->path, dir);
+        strcpy(L->merges_path + dir, names[k]);
+        char *data = NULL;
+        int64_t len = 0;
+        int err;
+        int rc = read_file(L, L->merges_path, &data, &len, &err);
+        if (rc == 0) {
+            rc = parse_merges_text(L, data, len);
+            free(data);
+            return rc;
+        }
+        if (err != ENOENT) return -1;
+        if (k == 0) snprintf(first, sizeof first, "%s", L->merges_path);
+        L->msg[0] = 0;
+    }
+    return lfail(L, "\"%s\": no merges file beside it (no \"%s\", no \"%s\")", L->path, first,
+                 L->merges_path);
+}
+
+static uint32_t le32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* llm.c's gpt2_tokenizer.bin, into tok (tokens only; can_encode stays false). */
+static int load_bin(loader *L, nb_tokenizer *tok, const unsigned char *d, int64_t len) {
+    if (len < BIN_HEADER_BYTES)
+        return lfail(L, "\"%s\": %lld bytes, shorter than llm.c's tokenizer header (%d)", L->path,
+                     (long long)len, BIN_HEADER_BYTES);
+    uint32_t version = le32(d + 4), n = le32(d + 8), eot = le32(d + 12);
+    if (version != 1 && version != 2)
+        return lfail(L, "\"%s\": llm.c tokenizer version %u (1 and 2 are known)", L->path, version);
+    if (n == 0 || n > NN_TOK_MAX_VOCAB)
+        return lfail(L, "\"%s\": vocab_size %u is not in [1, %lld]", L->path, n,
+                     (long long)NN_TOK_MAX_VOCAB);
+    if (version == 2 && eot >= n)
+        return lfail(L, "\"%s\": eot token %u is not below vocab_size %u", L->path, eot, n);
+    /* one pass to check the lengths, before allocating anything by them */
+    int64_t p = BIN_HEADER_BYTES, total = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (p >= len || p + 1 + d[p] > len)
+            return lfail(L, "\"%s\": token %u of %u is cut short (the file ends at byte %lld)",
+                         L->path, i, n, (long long)len);
+        if (d[p] == 0) return lfail(L, "\"%s\": token %u has length 0", L->path, i);
+        total += d[p];
+        p += 1 + d[p];
+    }
+    if (p != len)
+        return lfail(L, "\"%s\": %lld bytes after the last of its %u tokens", L->path,
+                     (long long)(len - p), n);
+    tok->n = n;
+    tok->off = malloc(((size_t)n + 1) * sizeof *tok->off);
+    tok->bytes = malloc((size_t)total);
+    if (!tok->off || !tok->bytes) return lfail(L, "out of memory");
+    p = BIN_HEADER_BYTES;
+    tok->off[0] = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        memcpy(tok->bytes + tok->off[i], d + p + 1, d[p]);
+        tok->off[i + 1] = tok->off[i] + d[p];
+        p += 1 + d[p];
+    }
+    tok->eot = version == 2 ? (int64_t)eot : -1;
+    for (uint32_t i = 0; version == 1 && i < n; i++)
+        if (tok->off[i + 1] - tok->off[i] == NN_TOK_EOT_LEN &&
+            memcmp(tok->bytes + tok->off[i], NN_TOK_EOT_TEXT, NN_TOK_EOT_LEN) == 0) {
+            tok->eot = i;
+            break;
+        }
+    return 0;
+}
+
+/* ------------------------------------------------------------ the vocabulary */
+static uint64_t hash_bytes(const char *s, int64_t n) {
+    uint64_t h = UINT64_C(1469598103934665603);
+    for (int64_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * UINT64_C(1099511628211);
+    return h ^ h >> 32;
+}
+
+/* The entry whose bytes are s[0..n), or -1. */
+static int64_t lookup(const loader *L, const char *s, int64_t n) {
+    for (uint64_t i = hash_bytes(s, n) & L->mask;; i = (i + 1) & L->mask) {
+        int64_t k = L->table[i];
+        if (k < 0) return -1;
+        if (L->t[k].len == n && memcmp(L->tb.p + L->t[k].off, s, (size_t)n) == 0) return k;
+    }
+}
+
+/* Indexes the entries by bytes; a token twice is an error, but for an added
+ * token the vocabulary also has with its id (the second is dropped). */
+static int index_tokens(loader *L) {
+    uint64_t slots = 16;
+    while (slots < (uint64_t)L->nt * 2) slots <<= 1;
+    L->mask = slots - 1;
+    L->table = malloc(slots * sizeof *L->table);
+    if (!L->table) return lfail(L, "out of memory");
+    memset(L->table, 0xFF, slots * sizeof *L->table);
+    for (int64_t k = 0; k < L->nt; k++) {
+        tok_entry *e = &L->t[k];
+        int64_t old = lookup(L, L->tb.p + e->off, e->len);
+        if (old < 0) {
+            uint64_t i = hash_bytes(L->tb.p + e->off, e->len) & L->mask;
+            while (L->table[i] >= 0) i = (i + 1) & L->mask;
+            L->table[i] = k;
+            continue;
+        }
+        char sh[200];
+        shown(L->tb.p + e->off, e->len, sh, sizeof sh);
+        if ((e->added || L->t[old].added) && L->t[old].id == e->id) {
+            e->dropped = true;
+            continue;
+        }
+        return lfail(L, "\"%s\": token \"%s\" appears twice (ids %lld and %lld)", L->path, sh,
+                     (long long)L->t[old].id, (long long)e->id);
+    }
+    return 0;
+}
+
+/* Ids must be 0..n-1, each once; then the tokens go to tok in id order. */
+static int place_tokens(loader *L, nb_tokenizer *tok) {
+    int64_t n = 0;
+    for (int64_t k = 0; k < L->nt; k++) n += !L->t[k].dropped;
+    if (n == 0) return lfail(L, "\"%s\": the vocabulary is empty", L->path);
+    int64_t *slot = malloc((size_t)n * sizeof *slot);
+    tok->off = malloc(((size_t)n + 1) * sizeof *tok->off);
+    tok->bytes = malloc((size_t)L->tb.len + 1);
+    if (!slot || !tok->off || !tok->bytes) return free(slot), lfail(L, "out of memory");
+    memset(slot, 0xFF, (size_t)n * sizeof *slot);
+    int rc = 0;
+    char sh[200], sh2[200];
+    for (int64_t k = 0; k < L->nt && rc == 0; k++) {
+        tok_entry *e = &L->t[k];
+        if (e->dropped) continue;
+        shown(L->tb.p + e->off, e->len, sh, sizeof sh);
+        if (e->id >= n)
+            rc = lfail(L, "\"%s\": token \"%s\" has id %lld, but there are %lld tokens "
+                       "(ids must be 0..%lld)", L->path, sh, (long long)e->id, (long long)n,
+                       (long long)n - 1);
+        else if (slot[e->id] >= 0)
+            rc = lfail(L, "\"%s\": id %lld is given to two tokens, \"%s\" and \"%s\"", L->path,
+                       (long long)e->id,
+                       shown(L->tb.p + L->t[slot[e->id]].off, L->t[slot[e->id]].len, sh2,
+                             sizeof sh2), sh);
+        else slot[e->id] = k;
+    }
+    tok->n = n;
+    tok->off[0] = 0;
+    for (int64_t i = 0; i < n && rc == 0; i++) {
+        const tok_entry *e = &L->t[slot[i]];
+        memcpy(tok->bytes + tok->off[i], L->tb.p + e->off, (size_t)e->len);
+        tok->off[i + 1] = tok->off[i] + e->len;
+    }
+    free(slot);
+    return rc;
+}
+
+/* The merges as pairs of ids, ranked by their order. */
+static int place_merges(loader *L, nb_tokenizer *tok) {
+    for (int b = 0; b < 256; b++) {
+        char c = (char)b;
+        int64_t k = lookup(L, &c, 1);
+        if (k < 0)
+            return lfail(L, "\"%s\": no token is the byte 0x%02X alone (a byte-level BPE "
+                         "vocabulary has all 256)", L->path, b);
+        tok->byte_id[b] = (int32_t)L->t[k].id;
+    }
+    if (L->nm > INT32_MAX) return lfail(L, "\"%s\": more than 2^31 merges", L->path);
+    if (nn_tok_pairs_init(&tok->pairs, L->nm)) return lfail(L, "out of memory");
+    bytes cat = {0};
+    int rc = 0;
+    for (int64_t i = 0; i < L->nm && rc == 0; i++) {
+        const merge_entry *m = &L->m[i];
+        const char *a = L->mb.p + m->a, *b = L->mb.p + m->b;
+        char where[400], sh[200], sh2[200];
+        if (L->merges_path)
+            snprintf(where, sizeof where, "\"%s\" line %lld", L->merges_path, (long long)m->where);
+        else snprintf(where, sizeof where, "\"%s\": model.merges[%lld]", L->path, (long long)m->where);
+        int64_t ka = lookup(L, a, m->a_len), kb = lookup(L, b, m->b_len), kr = -1;
+        cat.len = 0;
+        if (ka >= 0 && kb >= 0 && put(L, &cat, a, m->a_len) == 0 && put(L, &cat, b, m->b_len) == 0)
+            kr = lookup(L, cat.p, cat.len);
+        int32_t old;
+        if (L->msg[0]) rc = -1;
+        else if (ka < 0 || kb < 0)
+            rc = lfail(L, "%s: \"%s\" is not in the vocabulary of \"%s\"", where,
+                       ka < 0 ? shown(a, m->a_len, sh, sizeof sh) : shown(b, m->b_len, sh, sizeof sh),
+                       L->path);
+        else if (kr < 0)
+            rc = lfail(L, "%s: the merge of \"%s\" and \"%s\" is not in the vocabulary of \"%s\"",
+                       where, shown(a, m->a_len, sh, sizeof sh), shown(b, m->b_len, sh2, sizeof sh2),
+                       L->path);
+        else if (nn_tok_pairs_add(&tok->pairs, (int32_t)L->t[ka].id, (int32_t)L->t[kb].id,
+                                  (int32_t)i, (int32_t)L->t[kr].id, &old) != 0)
+            rc = lfail(L, "%s: the merge \"%s %s\" is there already (merge %d)", where,
+                       shown(a, m->a_len, sh, sizeof sh), shown(b, m->b_len, sh2, sizeof sh2), old);
+    }
+    free(cat.p);
+    return rc;
+}
+
+static int build(loader *L, nb_tokenizer *tok) {
+    if (index_tokens(L) || place_tokens(L, tok) || place_merges(L, tok)) return -1;
+    int64_t k = lookup(L, NN_TOK_EOT_TEXT, NN_TOK_EOT_LEN);
+    tok->eot = k >= 0 ? L->t[k].id : -1;
+    tok->can_encode = true;
+    return 0;
+}
+
+static void loader_free(loader *L) {
+    free(L->merges_path), free(L->tb.p), free(L->mb.p), free(L->t), free(L->m), free(L->table);
+}
+
+nb_tokenizer *nb_tokenizer_load(const char *path) {
+    if (!path) return nn_error("%s: path is NULL", FN);
+    loader L = {.path = path};
+    nb_tokenizer *tok = calloc(1, sizeof *tok);
+    char *data = NULL;
+    int64_t len = 0;
+    int err, rc = -1;
+    bool tj = false;
+    if (!tok) lfail(&L, "out of memory");
+    else if (read_file(&L, path, &data, &len, &err) == 0) {
+        if (len >= 4 && le32((const unsigned char *)data) == BIN_MAGIC)
+            rc = load_bin(&L, tok, (const unsigned char *)data, len);
+        else if (parse_json(&L, data, len, &tj) == 0 && (tj || read_merges_beside(&L) == 0))
+            rc = build(&L, tok);
+    }
+    free(data);
+    if (rc == 0 && !(tok->path = strdup(path))) rc = lfail(&L, "out of memory");
+    loader_free(&L);
+    if (rc == 0) return tok;
+    nb_tokenizer_free(tok);
+    return nn_error("%s: %s", FN, L.msg);
+}
