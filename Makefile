@@ -109,11 +109,20 @@ $(TEST_BIN): $(TEST_SRC) tests/test_util.h $(BUILD)/libnabla.a nabla.h | check-d
 # ops/registry.h must have run successfully at least once.
 test: check-deps
 	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BIN) $(BUILD)/fuzz/replay $(BUILD)/examples/gpt \
-	  $(BUILD)/examples/newton $(BUILD)/examples/gradient_penalty $(BUILD)/examples/tokenize
+	  $(BUILD)/examples/newton $(BUILD)/examples/gradient_penalty $(BUILD)/examples/tokenize \
+	  $(BUILD)/tests/gpt_sample_check
 	$(TEST_BIN)
 	$(BUILD)/fuzz/replay fuzz/corpus/ops
 	@bash tests/layers_check.sh $(BUILD)
 	@sh tests/examples_check.sh $(BUILD)
+	@$(BUILD)/tests/gpt_sample_check $(BUILD)/examples/gpt tests/fixtures/gpt2/encoder.json $(BUILD)
+
+# examples/gpt with GPT-2's tokenizer on a 1-layer model of GPT-2's vocabulary:
+# samples text without training, tokenizes text for training, refuses what
+# cannot be right (tests/tools/gpt_sample_check.c).
+$(BUILD)/tests/gpt_sample_check: tests/tools/gpt_sample_check.c tests/gpt_files.h $(BUILD)/libnabla.a nabla.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I. $< $(BUILD)/libnabla.a $(LDLIBS) -o $@
 
 # make mutation-check [MUTANTS=name,...] [MUTATION_TIMEOUT=s]: how strong the
 # tests are: each one-line mutant of tests/mutants.txt (a plausible bug) is

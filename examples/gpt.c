@@ -15,9 +15,20 @@
  * per 64 channels, as every GPT-2 size has). The --n-layer, --n-head,
  * --n-embd, --block-size and --dropout options change the configuration.
  *
- * --data FILE is a token file (nb_load_tokens): llm.c's (uint16 tokens after
- * a 256-int header, as its dev/data scripts write), or any other file as
- * bytes. Training reads batches of B rows of T+1 consecutive tokens (inputs,
+ * What it does is said, never implied: --steps N trains (a fresh model,
+ * --init's weights or --load's checkpoint); --sample N and --eval use the
+ * model as it is and never train it unless --steps is given; --init or
+ * --load with none of the three is an error; with nothing at all a fresh
+ * model trains for 1000 steps (make gpt's run). --export FILE writes the
+ * model alone at the end (llm.c's checkpoint, or Hugging Face's
+ * model.safetensors for a .safetensors name), which --init reads: with
+ * --init alone, a conversion between the two formats.
+ *
+ * --data FILE is llm.c's token file (uint16 tokens after a 256-int header,
+ * as its dev/data scripts and build/examples/tokenize --out write), or text:
+ * tokenized by --tokenizer (nb_tokenizer: GPT-2's byte-level BPE), or read
+ * as bytes by a byte model (vocabulary 256), and refused for any other
+ * vocabulary (bytes are not GPT-2's tokens). Training reads batches of B rows of T+1 consecutive tokens (inputs,
  * and the targets shifted by one) in file order: row r of step i (counted
  * from 0) starts at token (i*B + r)*T, wrapping around at the end of the
  * file. --shuffle draws each row's start from the seeded data stream
@@ -37,8 +48,9 @@
  *
  * --sample N generates N tokens at the end (nb_gpt_generate, which keeps a
  * key/value cache) from --prompt: text for a byte vocabulary (default: a
- * newline), token ids otherwise (e.g. "50256 464"; default 50256, GPT-2's
- * <|endoftext|>), printed as text, or as ids since there is no tokenizer.
+ * newline) or with --tokenizer (default: its <|endoftext|>), printed as
+ * text; token ids otherwise (e.g. "50256 464"; default 50256), printed as
+ * ids. A tokenizer with more tokens than the model has rows is refused.
  *
  * --save FILE writes a checkpoint (safetensors) at the end (and every
  * --save-every N steps): the model's parameters under their own names
@@ -89,11 +101,12 @@ typedef struct {
     const char *config; /* named configuration, NULL: "char" (or --init's file) */
     int64_t n_layer, n_head, n_embd, block_size; /* overrides (0: the config's) */
     double dropout;
-    const char *init, *data, *save, *load, *prompt, *dtype;
+    const char *init, *data, *save, *load, *prompt, *dtype, *tokenizer, *export;
     int64_t batch, seq, steps, threads, sample, top_k, save_every, warmup;
     double lr, temperature, weight_decay, clip;
     int64_t seed;
     bool shuffle, eval, dist, zero;
+    bool train; /* --steps given, or a fresh model with nothing else to do */
     bool bf16; /* --dtype bf16: the products under nb_autocast_begin(NB_BF16) */
 } options;
 
@@ -110,10 +123,10 @@ static int fail(const char *fmt, ...) {
     return -1;
 }
 
-/* --save's folder exists and takes files: checked (on the rank that writes)
- * before the model is made and any step trains, not found out after the
- * last one. 0, or -1 with nabla's message set. */
-static int writable_dir(const char *path) {
+/* --save's (or --export's) folder exists and takes files: checked (on the
+ * rank that writes) before the model is made and any step trains, not found
+ * out after the last one. 0, or -1 with nabla's message set. */
+static int writable_dir(const char *flag, const char *path) {
     const char *slash = strrchr(path, '/');
     char dir[4096];
     int n = slash ? snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path)
@@ -121,14 +134,14 @@ static int writable_dir(const char *path) {
     if (slash == path) snprintf(dir, sizeof dir, "/");
     struct stat st;
     if (n < 0 || (size_t)n >= sizeof dir)
-        nb_report_error("--save: the path \"%s\" is too long", path);
+        nb_report_error("%s: the path \"%s\" is too long", flag, path);
     else if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-        nb_report_error("--save: \"%s\" is a folder; give a file name in it", path);
+        nb_report_error("%s: \"%s\" is a folder; give a file name in it", flag, path);
     else if (stat(dir, &st) != 0 || (S_ISDIR(st.st_mode) && access(dir, W_OK) != 0))
-        nb_report_error("--save: cannot write \"%s\": its folder \"%s\": %s", path, dir,
+        nb_report_error("%s: cannot write \"%s\": its folder \"%s\": %s", flag, path, dir,
                         strerror(errno));
     else if (!S_ISDIR(st.st_mode))
-        nb_report_error("--save: cannot write \"%s\": \"%s\" is not a folder", path, dir);
+        nb_report_error("%s: cannot write \"%s\": \"%s\" is not a folder", flag, path, dir);
     else
         return 0;
     return -1;
@@ -137,6 +150,16 @@ static int writable_dir(const char *path) {
 static void usage(FILE *f, const char *prog) {
     fprintf(f,
             "usage: %s [options]\n"
+            "what it does: --steps N trains (from a fresh model, --init's weights or\n"
+            "  --load's checkpoint); --sample N and --eval use the model as it is and\n"
+            "  never train unless --steps is given; with none of them, a fresh model\n"
+            "  trains for 1000 steps. Examples (GPT-2's files: llm.c's gpt2_124M.bin,\n"
+            "  Hugging Face's model.safetensors + tokenizer.json or vocab.json):\n"
+            "  sample:    %s --init gpt2_124M.bin --tokenizer tokenizer.json \\\n"
+            "               --prompt \"Hello, my name is\" --sample 40\n"
+            "  fine-tune: %s --init gpt2_124M.bin --tokenizer tokenizer.json \\\n"
+            "               --data my.txt --steps 100 --lr 1e-4 --seq 256 --save ft.ckpt\n"
+            "  loss:      %s --init gpt2_124M.bin --data val.bin --eval\n"
             "model:\n"
             "  --config NAME      char (the default: bytes, context 64, 4 layers, 4 heads,\n"
             "                     n_embd 128), tiny (bytes, context 32, 2 layers, 2 heads,\n"
@@ -146,11 +169,15 @@ static void usage(FILE *f, const char *prog) {
             "  --init FILE        llm.c's checkpoint or Hugging Face's model.safetensors\n"
             "  --seed N           initialization, data order, dropout and sampling (default 1)\n"
             "training:\n"
-            "  --data FILE        llm.c token file, or any file as bytes\n"
+            "  --data FILE        llm.c token file, or text: tokenized by --tokenizer, or\n"
+            "                     read as bytes by a byte model (--config char or tiny)\n"
             "                     (default " DEFAULT_DATA ")\n"
+            "  --tokenizer PATH   GPT-2's: tokenizer.json, vocab.json (merges.txt beside\n"
+            "                     it), encoder.json (vocab.bpe beside it), or llm.c's\n"
+            "                     gpt2_tokenizer.bin (prints samples as text only)\n"
             "  --batch B          rows per step (default 8)\n"
             "  --seq T            tokens per row (default: the context)\n"
-            "  --steps N          train until N steps are done (default 1000)\n"
+            "  --steps N          train until N steps are done (see above)\n"
             "  --shuffle          rows from random places instead of in file order\n"
             "  --lr F             AdamW's learning rate (default 0.003)\n"
             "  --warmup N         linear warmup over the first N steps (default 20)\n"
@@ -162,16 +189,19 @@ static void usage(FILE *f, const char *prog) {
             "                     softmax, layer norm and the loss stay f32\n"
             "  --save FILE        checkpoint at the end (and every --save-every N steps)\n"
             "  --load FILE        resume from a checkpoint of a run with the same flags\n"
+            "  --export FILE      the model alone at the end, as --init reads it: llm.c's\n"
+            "                     checkpoint, or Hugging Face's for a .safetensors name\n"
             "  --eval             no training: print \"loss X\" of the first batch in file order\n"
             "  --dist             data-parallel on the mpirun ranks (a build with make MPI=1):\n"
             "                     --batch rows per rank, each rank its own rows and dropout\n"
             "  --zero             with --dist: AdamW's state sharded over the ranks (ZeRO-1)\n"
             "sampling:\n"
             "  --sample N         generate N tokens at the end\n"
-            "  --prompt TEXT      text (byte vocabulary) or token ids to start from\n"
+            "  --prompt TEXT      text (byte model or --tokenizer) or token ids (e.g.\n"
+            "                     \"50256 464\") to start from\n"
             "  --temperature F    (default 0.8)\n"
             "  --top-k K          sample among the K likeliest tokens (default 0: all)\n",
-            prog);
+            prog, prog, prog, prog);
 }
 
 /* strict number parsing: the whole string */
@@ -193,9 +223,27 @@ static bool parse_f64(const char *s, double *out) {
     return true;
 }
 
+/* What the run does. Training needs --steps, except for a fresh model
+ * given nothing else to do (the default run trains the char model):
+ * --sample and --eval never train a model they were not asked to. */
+static int modes(options *o) {
+    if (o->eval && o->train)
+        return fail("--eval measures the loss of the model as it is and trains nothing: drop "
+                    "--steps (or --eval)");
+    if (o->train || o->eval || o->sample > 0) return 0;
+    if ((o->init || o->load) && o->export) return 0; /* a conversion */
+    if (o->init || o->load)
+        return fail("--%s %s: nothing to do; --sample N samples from it, --eval measures its "
+                    "loss, --steps N trains it (on --data)", o->init ? "init" : "load",
+                    o->init ? o->init : o->load);
+    o->train = true; /* the default run: train a fresh model */
+    o->steps = 1000;
+    return 0;
+}
+
 /* 0, 1 (--help) or -1 after a message */
 static int parse(int argc, char **argv, options *o) {
-    *o = (options){.batch = 8, .steps = 1000, .lr = 3e-3, .warmup = 20, .weight_decay = 0.1,
+    *o = (options){.batch = 8, .lr = 3e-3, .warmup = 20, .weight_decay = 0.1,
                    .clip = 1.0, .temperature = 0.8, .seed = 1, .dropout = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -213,9 +261,11 @@ static int parse(int argc, char **argv, options *o) {
                             : !strcmp(a, "--init") ? &o->init
                             : !strcmp(a, "--data") ? &o->data
                             : !strcmp(a, "--save") ? &o->save
+                            : !strcmp(a, "--export") ? &o->export
                             : !strcmp(a, "--load") ? &o->load
                             : !strcmp(a, "--prompt") ? &o->prompt
                             : !strcmp(a, "--dtype") ? &o->dtype
+                            : !strcmp(a, "--tokenizer") ? &o->tokenizer
                                                      : NULL;
         struct {
             const char *name;
@@ -253,6 +303,7 @@ static int parse(int argc, char **argv, options *o) {
                 return fail("%s needs an integer >= %lld, got \"%s\"", a,
                             (long long)ints[ki].min, v);
             *ints[ki].v = x;
+            if (ints[ki].v == &o->steps) o->train = true;
         } else {
             double x;
             if (!parse_f64(v, &x) || x < reals[kr].min)
@@ -265,7 +316,7 @@ static int parse(int argc, char **argv, options *o) {
         return fail("--dtype must be f32 or bf16, got \"%s\"", o->dtype);
     o->bf16 = o->dtype && !strcmp(o->dtype, "bf16");
     if (o->zero && !o->dist) return fail("--zero shards the optimizer over --dist's ranks: give --dist too");
-    return 0;
+    return modes(o);
 }
 
 /* ------------------------------------------------------------ the model */
@@ -303,6 +354,7 @@ typedef struct {
     bool model_made;
     nb_optim *opt;     /* with --zero, this rank's shard optimizer (nb_ddp's) */
     nb_optim *held;    /* --zero with --save/--load, rank 0: the whole state, for checkpoints */
+    nb_tokenizer *tok; /* --tokenizer, or NULL */
     nb_tensor *tokens; /* persistent, the whole --data file */
     int64_t n_tokens;
     int64_t *xb, *yb;  /* a batch's inputs and targets (B*T each) */
@@ -349,10 +401,91 @@ static int make_model(run *r, const options *o) {
     return 0;
 }
 
+/* --tokenizer: its vocabulary must fit the model's (a model may have more
+ * rows than the tokenizer has tokens, as nanoGPT's 50304; never fewer). */
+static int load_tokenizer(run *r, const options *o) {
+    if (!o->tokenizer) return 0;
+    if (!(r->tok = nb_tokenizer_load(o->tokenizer))) return fail("%s", err());
+    int64_t tv = nb_tokenizer_vocab_size(r->tok), mv = r->cfg.vocab_size;
+    if (tv > mv)
+        return fail("--tokenizer %s has %lld tokens, more than the model's vocabulary of %lld "
+                    "(config %s): its ids would not fit", o->tokenizer, (long long)tv,
+                    (long long)mv, r->cfg_name);
+    return 0;
+}
+
 /* ------------------------------------------------------------- the data */
+/* Whether the file starts with llm.c's token-file magic: 1, 0, or -1. */
+static int is_token_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return fail("--data: cannot open \"%s\": %s", path, strerror(errno));
+    unsigned char b[4] = {0};
+    size_t n = fread(b, 1, 4, f);
+    fclose(f);
+    return n == 4 && (b[0] | b[1] << 8 | b[2] << 16 | (uint32_t)b[3] << 24) == 20240520u;
+}
+
+/* A whole file in memory (malloc'ed, *len bytes), or NULL after a message. */
+static char *read_file(const char *path, int64_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return fail("--data: cannot open \"%s\": %s", path, strerror(errno)), NULL;
+    char *buf = NULL;
+    size_t n = 0, cap = 0, got;
+    do {
+        if (n == cap) {
+            char *more = realloc(buf, cap = cap ? 2 * cap : 1 << 16);
+            if (!more) return free(buf), fclose(f), fail("out of memory reading \"%s\"", path), NULL;
+            buf = more;
+        }
+        got = fread(buf + n, 1, cap - n, f);
+        n += got;
+    } while (got > 0);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) return free(buf), fail("--data: cannot read \"%s\"", path), NULL;
+    *len = (int64_t)n;
+    return buf;
+}
+
+/* A text file through --tokenizer: a persistent 1-D NB_I64 tensor. */
+static nb_tensor *tokenize_file(run *r, const char *path) {
+    int64_t len = 0;
+    char *text = read_file(path, &len);
+    int64_t *ids = text ? malloc((size_t)(len > 0 ? len : 1) * sizeof *ids) : NULL;
+    nb_tensor *t = NULL;
+    int64_t n = ids ? nb_tokenizer_encode(r->tok, text, len, ids, len) : -1;
+    if (!text) return NULL;
+    if (!ids) fail("out of memory tokenizing \"%s\"", path);
+    else if (n < 0) fail("%s", err());
+    else if (n == 0) fail("--data \"%s\" is empty", path);
+    else {
+        nb_scope_begin();
+        t = nb_persistent(nb_from_data(NB_I64, 1, &n, ids));
+        nb_scope_end();
+        if (!t) fail("%s", err());
+    }
+    free(ids);
+    free(text);
+    return t;
+}
+
+/* --data: llm.c's token file as it is; text through --tokenizer, or as
+ * bytes for a byte vocabulary, and refused for any other vocabulary. */
 static int load_data(run *r, const options *o, int64_t T) {
     const char *path = o->data ? o->data : r->default_data;
-    r->tokens = nb_load_tokens(path, r->cfg.vocab_size);
+    int tokens = is_token_file(path);
+    if (tokens < 0) return -1;
+    if (!tokens && r->tok) {
+        if (!(r->tokens = tokenize_file(r, path))) return -1;
+    } else if (!tokens && r->cfg.vocab_size != 256) {
+        return fail("--data \"%s\" is not an llm.c token file: read as text, its bytes would be "
+                    "token ids 0-255 of a model whose vocabulary has %lld tokens; give "
+                    "--tokenizer PATH to tokenize it (or write a token file: "
+                    "build/examples/tokenize --tokenizer PATH --out FILE < TEXT)", path,
+                    (long long)r->cfg.vocab_size);
+    } else {
+        r->tokens = nb_load_tokens(path, r->cfg.vocab_size);
+    }
     if (!r->tokens) {
         if (!o->data) fail("%s (give the text to train on with --data FILE)", err());
         else fail("%s", err());
@@ -438,6 +571,20 @@ static int load_checkpoint(run *r, const char *path, bool quiet) {
     }
     r->drop.seed += DROP_SEED_STEP * (uint64_t)r->ds.rank;
     if (!quiet) printf("resumed from %s: %lld steps done\n", path, (long long)r->step);
+    return 0;
+}
+
+/* --export: the model alone, as --init reads it: Hugging Face's
+ * model.safetensors for a name ending in .safetensors, else llm.c's
+ * checkpoint. Rank 0 writes; a failure stops every rank. */
+static int export_model(run *r, const char *path) {
+    size_t n = strlen(path), ext = strlen(".safetensors");
+    bool hf = n >= ext && !strcmp(path + n - ext, ".safetensors");
+    int rc = r->ds.rank != 0 ? 0 : hf ? nb_gpt_save_hf(&r->model, path)
+                                      : nb_gpt_save_llmc(&r->model, path);
+    if (dist_agree(&r->ds, "--export", rc) != 0) return fail("%s", err());
+    printf("exported %s (%s; --init reads it)\n", path,
+           hf ? "Hugging Face's model.safetensors" : "llm.c's checkpoint");
     return 0;
 }
 
@@ -574,13 +721,17 @@ static int evaluate(run *r, const options *o, int64_t B, int64_t T) {
 }
 
 /* ------------------------------------------------------------- sampling */
-/* the 256 byte values: text in and out; other vocabularies take and print ids */
-static bool byte_vocab(const run *r) { return r->cfg.vocab_size == 256; }
+/* the 256 byte values: text in and out; with --tokenizer text in and out
+ * through it; other vocabularies take and print ids */
+static bool byte_vocab(const run *r) { return r->cfg.vocab_size == 256 && !r->tok; }
 
 static bool print_token(int64_t token, void *user) {
     const run *r = user;
-    if (byte_vocab(r)) putchar((int)token);
-    else printf(" %lld", (long long)token);
+    int64_t len = 0;
+    const char *bytes = r->tok ? nb_tokenizer_token(r->tok, token, &len) : NULL;
+    if (bytes) fwrite(bytes, 1, (size_t)len, stdout);
+    else if (byte_vocab(r)) putchar((int)token);
+    else printf(" %lld", (long long)token); /* also a model row the tokenizer lacks */
     fflush(stdout);
     return true;
 }
@@ -592,8 +743,12 @@ static int64_t *prompt_tokens(const run *r, const options *o, int64_t *n) {
     int64_t *t = malloc((len + 1) * sizeof *t);
     if (!t) return fail("out of memory"), NULL;
     *n = 0;
+    int64_t eot = r->tok ? nb_tokenizer_eot(r->tok) : -1;
     if (!p || !*p) {
-        t[(*n)++] = byte_vocab(r) ? '\n' : r->cfg.vocab_size == 50257 ? 50256 : 0;
+        t[(*n)++] = byte_vocab(r) ? '\n' : eot >= 0 ? eot : r->cfg.vocab_size == 50257 ? 50256 : 0;
+    } else if (r->tok) {
+        *n = nb_tokenizer_encode(r->tok, p, (int64_t)len, t, (int64_t)len);
+        if (*n < 0) return free(t), fail("--prompt: %s", err()), NULL;
     } else if (byte_vocab(r)) {
         for (size_t i = 0; i < len; i++) t[(*n)++] = (unsigned char)p[i];
     } else {
@@ -607,7 +762,8 @@ static int64_t *prompt_tokens(const run *r, const options *o, int64_t *n) {
             if (end == s || v < 0) {
                 free(t);
                 return fail("--prompt for a vocabulary of %lld takes token ids (e.g. \"50256 "
-                            "464\"), got \"%s\"", (long long)r->cfg.vocab_size, p), NULL;
+                            "464\"), got \"%s\"; give --tokenizer PATH for text",
+                            (long long)r->cfg.vocab_size, p), NULL;
             }
             t[(*n)++] = v;
             s = end;
@@ -623,7 +779,7 @@ static int sample(run *r, const options *o) {
     printf("sample (%lld tokens, temperature %g, top-k %lld):\n", (long long)o->sample,
            o->temperature, (long long)o->top_k);
     for (int64_t i = 0; i < n_prompt; i++)
-        if (!(i == 0 && !o->prompt)) print_token(prompt[i], r); /* the default prompt unshown */
+        if (o->prompt && *o->prompt) print_token(prompt[i], r); /* the default prompt unshown */
     nb_gpt_sample_opts so = {.temperature = o->temperature, .top_k = o->top_k};
     if (o->bf16) nb_autocast_begin(NB_BF16);
     /* print_token takes the tokens as they come: nothing holds all of them */
@@ -692,6 +848,7 @@ static void teardown(run *r) {
     if (r->model_made) nb_gpt_free(&r->model);
     nb_params_free(r->ps);
     nb_free(r->tokens);
+    nb_tokenizer_free(r->tok);
     free(r->xb);
     free(r->yb);
 }
@@ -699,9 +856,13 @@ static void teardown(run *r) {
 static int run_all(run *r, const options *o) {
     dist_threads(&r->ds, o->threads);
     if (o->threads > 0 && nb_num_threads() != o->threads) return fail("%s", err());
-    if (o->save && dist_agree(&r->ds, "--save", r->ds.rank == 0 ? writable_dir(o->save) : 0) != 0)
+    if (o->save &&
+        dist_agree(&r->ds, "--save", r->ds.rank == 0 ? writable_dir("--save", o->save) : 0) != 0)
         return fail("%s", err());
-    if (make_model(r, o) != 0) return -1;
+    if (o->export &&
+        dist_agree(&r->ds, "--export", r->ds.rank == 0 ? writable_dir("--export", o->export) : 0))
+        return fail("%s", err());
+    if (make_model(r, o) != 0 || load_tokenizer(r, o) != 0) return -1;
     int64_t B = o->batch, T = o->seq ? o->seq : r->cfg.block_size;
     if (T > r->cfg.block_size)
         return fail("--seq %lld is longer than the model's context (block size %lld)",
@@ -718,7 +879,13 @@ static int run_all(run *r, const options *o) {
                (long long)c->n_embd, (double)nb_params_numel(r->ps) / 1e6);
     if ((o->save || o->load) && checkpoint_registry(r) != 0) return -1;
     if (o->load && load_checkpoint(r, o->load, o->eval) != 0) return -1;
-    bool train_now = !o->eval && r->step < o->steps;
+    bool train_now = o->train && r->step < o->steps;
+    if (!o->train && !o->eval && !o->init && !o->load)
+        fprintf(stderr, "gpt: warning: sampling from an untrained model (random weights; give "
+                        "--steps N to train it first, or --init FILE)\n");
+    else if (!o->train && !o->eval)
+        printf("gpt: no training (no --steps): sampling from %s as it is\n",
+               o->load ? o->load : o->init);
     if (o->eval || train_now) {
         if (B > INT64_MAX / 8 / T) return fail("--batch %lld x --seq %lld is too large",
                                                (long long)B, (long long)T);
@@ -739,6 +906,7 @@ static int run_all(run *r, const options *o) {
         if (train(r, o, B, T) != 0) return -1;
         dist_report(&r->ds);
     }
+    if (o->export && export_model(r, o->export) != 0) return -1;
     if (o->sample > 0 && sample(r, o) != 0) return -1;
     return 0;
 }

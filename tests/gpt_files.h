@@ -69,8 +69,15 @@ static const gf_config GF_GPT2 = {.name = "gpt2", .vocab = 50257, .vocab_padded 
                                   .block = 1024, .n_layer = 12, .n_head = 12, .n_embd = 768,
                                   .seed = 2, .n_tokens = 1024, .batch = 4, .seq = 64};
 
+/* GPT-2's vocabulary on a tiny model: text in and out through the real
+ * tokenizer in seconds (tests/tools/gpt_sample_check.c). */
+static const gf_config GF_VOCAB = {.name = "vocab", .vocab = 50257, .vocab_padded = 50304,
+                                   .block = 64, .n_layer = 1, .n_head = 1, .n_embd = 64,
+                                   .seed = 3, .n_tokens = 200, .batch = 2, .seq = 16};
+
 static inline const gf_config *gf_config_named(const char *name) {
     if (!strcmp(name, GF_SMALL.name)) return &GF_SMALL;
+    if (!strcmp(name, GF_VOCAB.name)) return &GF_VOCAB;
     if (!strcmp(name, GF_GPT2.name)) return &GF_GPT2;
     return NULL;
 }
