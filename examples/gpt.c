@@ -44,7 +44,9 @@
  * --dtype bf16 runs the forward passes (training, --eval, --sample) inside
  * nb_autocast_begin(NB_BF16): the matrix products in bfloat16 with f32
  * accumulation, their backward likewise; weights, AdamW, softmax, layer norm
- * and the loss stay f32. It prints the same lines as f32.
+ * and the loss stay f32. It prints the same lines as f32. --sample then
+ * generates from bf16 copies of the linear weights (nb_gpt_sample_opts.dtype:
+ * half the bytes read per token).
  *
  * --sample N generates N tokens at the end (nb_gpt_generate, which keeps a
  * key/value cache) from --prompt: text for a byte vocabulary (default: a
@@ -158,8 +160,10 @@ static void usage(FILE *f, const char *prog) {
             "  sample:    %s --init gpt2_124M.bin --tokenizer tokenizer.json \\\n"
             "               --prompt \"Hello, my name is\" --sample 40\n"
             "  fine-tune: %s --init gpt2_124M.bin --tokenizer tokenizer.json \\\n"
-            "               --data my.txt --steps 100 --lr 1e-4 --seq 256 --save ft.ckpt\n"
+            "               --data my.txt --steps 100 --lr 1e-4 --seq 256 --export ft.bin\n"
             "  loss:      %s --init gpt2_124M.bin --data val.bin --eval\n"
+            "  (GPT-2's encoder.json + vocab.bpe ship in tests/fixtures/gpt2/; a real run\n"
+            "  on a small model of GPT-2's vocabulary: docs/gpt.md)\n"
             "model:\n"
             "  --config NAME      char (the default: bytes, context 64, 4 layers, 4 heads,\n"
             "                     n_embd 128), tiny (bytes, context 32, 2 layers, 2 heads,\n"
@@ -186,7 +190,8 @@ static void usage(FILE *f, const char *prog) {
             "  --threads K        kernel threads (default: NABLA_NUM_THREADS or the CPUs)\n"
             "  --dtype D          f32 (the default) or bf16: matrix products in bfloat16\n"
             "                     with f32 accumulation (autocast); weights, optimizer,\n"
-            "                     softmax, layer norm and the loss stay f32\n"
+            "                     softmax, layer norm and the loss stay f32; --sample\n"
+            "                     reads bf16 copies of the weights (half the bytes)\n"
             "  --save FILE        checkpoint at the end (and every --save-every N steps)\n"
             "  --load FILE        resume from a checkpoint of a run with the same flags\n"
             "  --export FILE      the model alone at the end, as --init reads it: llm.c's\n"
@@ -780,7 +785,9 @@ static int sample(run *r, const options *o) {
            o->temperature, (long long)o->top_k);
     for (int64_t i = 0; i < n_prompt; i++)
         if (o->prompt && *o->prompt) print_token(prompt[i], r); /* the default prompt unshown */
-    nb_gpt_sample_opts so = {.temperature = o->temperature, .top_k = o->top_k};
+    /* bf16: the weights read as bf16 copies (half the bytes per token) */
+    nb_gpt_sample_opts so = {.temperature = o->temperature, .top_k = o->top_k,
+                             .dtype = o->bf16 ? NB_BF16 : 0};
     if (o->bf16) nb_autocast_begin(NB_BF16);
     /* print_token takes the tokens as they come: nothing holds all of them */
     int64_t n = nb_gpt_generate(&r->model, prompt, n_prompt, o->sample, &so, &r->sampler, NULL,
