@@ -96,7 +96,8 @@
 #include "progress.h"
 
 #define DEFAULT_DATA "examples/data/kjv.txt"
-#define LLMC_MODEL_MAGIC 20240326
+#define LLMC_MODEL_MAGIC 20240326u
+#define LLMC_TOKENS_MAGIC 20240520u
 #define DROP_SEED_STEP 7919 /* rank r's dropout stream: seed + 2 + r * this */
 
 typedef struct {
@@ -339,16 +340,16 @@ static int named_config(const char *name, nb_GPTConfig *c) {
     return 0;
 }
 
-/* Reads the first 4 bytes: llm.c's checkpoint magic or not. */
-static int is_llmc_checkpoint(const char *path) {
+/* Whether the file (of option flag) starts with the little-endian magic
+ * (llm.c's files: checkpoint 20240326, tokens 20240520): 1, 0, or -1. */
+static int file_magic(const char *flag, const char *path, uint32_t magic) {
     FILE *f = fopen(path, "rb");
-    if (!f) return fail("--init: cannot open \"%s\": %s", path, strerror(errno));
+    if (!f) return fail("%s: cannot open \"%s\": %s", flag, path, strerror(errno));
     unsigned char b[4] = {0};
     size_t n = fread(b, 1, 4, f);
     fclose(f);
-    uint32_t magic = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
-                     (uint32_t)b[3] << 24;
-    return n == 4 && magic == LLMC_MODEL_MAGIC;
+    return n == 4 && ((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+                      (uint32_t)b[3] << 24) == magic;
 }
 
 typedef struct {
@@ -398,7 +399,7 @@ static int make_model(run *r, const options *o) {
     if (nb_gpt_init(&r->model, r->ps, &r->cfg, &init) != 0) return fail("%s", err());
     r->model_made = true;
     if (o->init) {
-        int llmc = is_llmc_checkpoint(o->init);
+        int llmc = file_magic("--init", o->init, LLMC_MODEL_MAGIC);
         if (llmc < 0) return -1;
         int rc = llmc ? nb_gpt_load_llmc(&r->model, o->init) : nb_gpt_load_hf(&r->model, o->init);
         if (rc != 0) return fail("%s", err());
@@ -420,16 +421,6 @@ static int load_tokenizer(run *r, const options *o) {
 }
 
 /* ------------------------------------------------------------- the data */
-/* Whether the file starts with llm.c's token-file magic: 1, 0, or -1. */
-static int is_token_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return fail("--data: cannot open \"%s\": %s", path, strerror(errno));
-    unsigned char b[4] = {0};
-    size_t n = fread(b, 1, 4, f);
-    fclose(f);
-    return n == 4 && (b[0] | b[1] << 8 | b[2] << 16 | (uint32_t)b[3] << 24) == 20240520u;
-}
-
 /* A whole file in memory (malloc'ed, *len bytes), or NULL after a message. */
 static char *read_file(const char *path, int64_t *len) {
     FILE *f = fopen(path, "rb");
@@ -478,7 +469,7 @@ static nb_tensor *tokenize_file(run *r, const char *path) {
  * bytes for a byte vocabulary, and refused for any other vocabulary. */
 static int load_data(run *r, const options *o, int64_t T) {
     const char *path = o->data ? o->data : r->default_data;
-    int tokens = is_token_file(path);
+    int tokens = file_magic("--data", path, LLMC_TOKENS_MAGIC);
     if (tokens < 0) return -1;
     if (!tokens && r->tok) {
         if (!(r->tokens = tokenize_file(r, path))) return -1;
