@@ -1,8 +1,9 @@
 /* test_tokenizer.c: nb_tokenizer (GPT-2's byte-level BPE) against
- * tests/fixtures/tokenizer.txt (OpenAI's encoder.py on the real vocabulary
- * in tests/fixtures/gpt2/, cross-checked with js-tiktoken and gpt-3-encoder:
- * gen_tokenizer.py), in every file format (derived here from encoder.json +
- * vocab.bpe into a temporary directory); decode round trips; the API's
+ * tests/fixtures/tokenizer.txt (gen_tokenizer.py: GPT-2's pattern in the
+ * Python regex module, then js-tiktoken's gpt2 BPE on each word's bytes;
+ * cross-checked with whole-text js-tiktoken and gpt-3-encoder), in every
+ * file format (derived here from encoder.json + vocab.bpe into a temporary
+ * directory); decode round trips; the API's
  * snprintf-style counts; threads sharing one tokenizer; and the exact
  * message of each way a file can be wrong. */
 #include "test_util.h"
