@@ -524,6 +524,61 @@ def bench_gpt2(t, b=4, seq=64, bf16=False):
     put(f"{key}_rss_mib_{t}t", rss)
 
 
+# ---------------------------------------------------------------- GPT-2 generation
+# Greedy decoding of GPT-2 124M (the GPT2 class above, random weights, eval,
+# no grad) with a key/value cache written by hand (torch 1.13 has none built
+# in): each new token runs one position through the blocks and attends over
+# the cached keys and values, as nb_gpt_generate does. tokens/s is 1 / the
+# median time per token over 32 tokens after a prompt of plen tokens. bf16:
+# the whole model in bfloat16 (model.to(torch.bfloat16)), as a PyTorch user
+# halves the bytes per token.
+GEN_TOKENS = 32
+
+
+@torch.no_grad()
+def gen_rate(model, plen, dtype):
+    c, nh = model.wte.weight.shape[1], model.h[0].h
+    d = c // nh
+    kc = [torch.zeros(1, nh, 1024, d, dtype=dtype) for _ in model.h]
+    vc = [torch.zeros(1, nh, 1024, d, dtype=dtype) for _ in model.h]
+
+    def feed(idx, pos):
+        n = idx.shape[1]
+        x = model.wte(idx) + model.wpe(torch.arange(pos, pos + n))
+        for i, b in enumerate(model.h):
+            q, k, v = b.c_attn(b.ln_1(x)).split(c, dim=2)
+            q, k, v = (z.view(1, n, nh, d).transpose(1, 2) for z in (q, k, v))
+            kc[i][:, :, pos:pos + n] = k
+            vc[i][:, :, pos:pos + n] = v
+            att = (q @ kc[i][:, :, :pos + n].transpose(-2, -1)) / math.sqrt(d)
+            if n > 1:
+                att = att.masked_fill(~model.mask[pos:pos + n, :pos + n], float("-inf"))
+            y = (F.softmax(att, dim=-1) @ vc[i][:, :, :pos + n]).transpose(1, 2).reshape(1, n, c)
+            x = x + b.attn_proj(y)
+            x = x + b.mlp_proj(F.gelu(b.c_fc(b.ln_2(x)), approximate="tanh"))
+        return model.lm_head(model.ln_f(x[:, -1]))
+
+    prompt = torch.tensor([[(i * 7919 + 13) % 50257 for i in range(plen)]])
+    logits, pos, times = feed(prompt, 0), plen, []
+    for _ in range(GEN_TOKENS):
+        t0 = time.perf_counter()
+        logits = feed(logits.argmax(-1).view(1, 1), pos)
+        times.append(time.perf_counter() - t0)
+        pos += 1
+    return 1.0 / statistics.median(times)
+
+
+def bench_generate(t):
+    torch.manual_seed(0)
+    model = GPT2().eval()
+    for bf16 in (False, True):
+        if bf16:
+            model = model.to(torch.bfloat16)
+        dtype = torch.bfloat16 if bf16 else torch.float32
+        for plen in (1, 512):
+            put(f"gen{'_bf16' if bf16 else ''}_tok_s_{t}t_p{plen}", gen_rate(model, plen, dtype))
+
+
 # ---------------------------------------------------------------- main
 def blas_name():
     try:
@@ -596,6 +651,7 @@ def main():
         bench_gpt2(t, bf16=True)
         bench_gpt2(t, 1, 1024)
         bench_gpt2(t, 1, 1024, bf16=True)
+        bench_generate(t)
     version = ".".join(torch.__version__.split(".")[:2])
     header = (f"# torch {version}, {datetime.date.today().isoformat()}, {cpu_model()}, "
               f"{os.cpu_count()} CPUs, BLAS {blas_name()} (kernel {openblas_core()}), "
@@ -607,8 +663,30 @@ def main():
     print(f"wrote {OUT} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
 
 
+def update_generate():
+    """--generate: only the generation figures, merged into OUT's others."""
+    old = {}
+    with open(OUT) as f:
+        header = f.readline().rstrip("\n")
+        for line in f:
+            key, value = line.split()
+            old[key] = float(value)
+    for t in THREADS:
+        set_threads(t)
+        bench_generate(t)
+    old.update(results)
+    with open(OUT, "w") as f:
+        f.write(header + f"; gen_* keys {datetime.date.today().isoformat()}, load average "
+                f"{loadavg()}\n")
+        for key, value in old.items():
+            f.write(f"{key} {value:.6g}\n")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "--gpt2-child":
+    if len(sys.argv) == 2 and sys.argv[1] == "--generate":
+        OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_results.txt")
+        update_generate()
+    elif len(sys.argv) == 6 and sys.argv[1] == "--gpt2-child":
         gpt2_child(*(int(v) for v in sys.argv[2:5]), sys.argv[5] == "1")
     else:
         main()
