@@ -103,7 +103,11 @@ NB_API nb_tensor *nb_from_data(nb_dtype dtype, int ndim, const int64_t *shape, c
 NB_API nb_tensor *nb_scalar(nb_dtype dtype, double value);     /* 0-d tensor, value as nb_full */
 NB_API nb_tensor *nb_arange(nb_dtype dtype, int64_t n); /* (n): 0, 1, ..., n-1; n >= 0, no bool */
 /* Standard normal / uniform [0,1) tensors (dtype NB_F32 or NB_F64) drawn from
- * rng (NULL = the global generator), whose offset advances. */
+ * rng (NULL = the global generator), whose offset advances. Normal element i
+ * is Box-Muller of draws offset + 2i, offset + 2i + 1 in double (libm's log,
+ * cos, sqrt), rounded to the dtype: the same values on any thread count and
+ * instruction set (f32 runs a vector path, checked to round as libm's value
+ * would). */
 NB_API nb_tensor *nb_randn(nb_dtype dtype, int ndim, const int64_t *shape, struct nb_rng *rng);
 NB_API nb_tensor *nb_rand(nb_dtype dtype, int ndim, const int64_t *shape, struct nb_rng *rng);
 /* (rows, cols) NB_BOOL, true on and below the diagonal: the causal keep-mask. */

@@ -28,6 +28,7 @@
 #include "../tensor/bf16_internal.h"
 #include "../tensor/cpu_internal.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -85,6 +86,25 @@ static GV_AVX512 GV_INLINE void gv_load16(__m512 r[16], const void *w, int64_t l
                      : _mm512_setzero_ps();
 }
 
+/* Warms the next block of 16 rows (row stride ldw_bytes) at the words about
+ * to be read in this one, one line per row: 16 more streams running a block
+ * ahead, so that each block's short rows (3 KiB of f32, 1.5 KiB of bf16 at
+ * K = 768) do not start cold; GPT-2 124M generation 50 -> 60 tokens/s (f32)
+ * and 85 -> 117 (bf16) here on 1 thread. Used when a block fits in half the
+ * L2 read at run time (gv_prefetching: else the lines would be evicted
+ * before their turn). Prefetches do not fault: past W's end they do nothing. */
+static GV_AVX512 GV_INLINE void gv_prefetch16(uintptr_t next_block, int64_t ldw_bytes) {
+    for (int i = 0; i < 16; i++)
+        _mm_prefetch((const char *)(next_block + (uintptr_t)(i * ldw_bytes)), _MM_HINT_T1);
+}
+
+/* Whether to warm the next block: a block of 16 rows fits in half the L2
+ * (1 MiB assumed when unknown). */
+static bool gv_prefetching(int64_t ldw_bytes) {
+    int64_t l2 = nbi_cpu_info()->l2;
+    return 16 * ldw_bytes <= (l2 > 0 ? l2 : (int64_t)1 << 20) / 2;
+}
+
 /* y[j*sy] for the block's n rows from the lanes of acc */
 static GV_AVX512 GV_INLINE void gv_store(float *y, int64_t sy, int n, __m512 acc) {
     if (sy == 1) {
@@ -100,12 +120,15 @@ static GV_AVX512 GV_INLINE void gv_store(float *y, int64_t sy, int n, __m512 acc
 /* 16 rows (n of them valid): acc lane i = chain over k of w[i][k] x[k]. One
  * group of 16 rows at a time: 16 sequential streams through W, which the
  * hardware prefetchers follow (measured here: two groups side by side, 32
- * streams, read 17 GB/s against 31; software prefetches did not help). */
+ * streams, read 17 GB/s against 31; prefetches ahead in the block's own rows
+ * did not help), with the next block's rows warmed (gv_prefetch16). */
 static GV_AVX512 void gv_f32_rows(int n, int64_t K, const float *w, int64_t ldw,
-                                  const float *x, float *y, int64_t sy) {
+                                  const float *x, float *y, int64_t sy, bool pf) {
     __m512 acc = _mm512_setzero_ps(), r[16];
     int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
+    uintptr_t ahead = (uintptr_t)(w + k) + (uintptr_t)(16 * ldw * 4);
+    for (; k + 16 <= K; k += 16, ahead += 64) {
+        if (pf) gv_prefetch16(ahead, ldw * 4);
         gv_load16(r, w + k, ldw * 4, n, 0xffff);
         gv_transpose16(r);
         for (int t = 0; t < 16; t++) acc = _mm512_fmadd_ps(_mm512_set1_ps(x[k + t]), r[t], acc);
@@ -122,19 +145,22 @@ static GV_AVX512 void gv_f32_rows(int n, int64_t K, const float *w, int64_t ldw,
 
 static GV_AVX512 void gv_f32(int64_t N, int64_t K, const float *w, int64_t ldw, const float *x,
                              float *y, int64_t sy) {
+    bool pf = gv_prefetching(ldw * 4);
     for (int64_t j = 0; j < N; j += 16)
-        gv_f32_rows(N - j < 16 ? (int)(N - j) : 16, K, w + j * ldw, ldw, x, y + j * sy, sy);
+        gv_f32_rows(N - j < 16 ? (int)(N - j) : 16, K, w + j * ldw, ldw, x, y + j * sy, sy, pf);
 }
 
 /* ------------------------------------------------------------------ bf16 */
 /* x as bf16 pairs: word p = x[2p] (low half) | x[2p+1] (high half), an odd
  * K's last high half 0. */
 static GV_BF16 void gv_bf16_rows(int n, int64_t K, const uint16_t *w, int64_t ldw,
-                                 const uint32_t *xp, float *y, int64_t sy) {
+                                 const uint32_t *xp, float *y, int64_t sy, bool pf) {
     __m512 acc = _mm512_setzero_ps(), r[16];
     const int64_t P = K / 2; /* whole pairs in each row */
     int64_t p = 0;
-    for (; p + 16 <= P; p += 16) {
+    uintptr_t ahead = (uintptr_t)w + (uintptr_t)(16 * ldw * 2);
+    for (; p + 16 <= P; p += 16, ahead += 64) {
+        if (pf) gv_prefetch16(ahead, ldw * 2);
         gv_load16(r, w + 2 * p, ldw * 2, n, 0xffff);
         gv_transpose16(r);
         for (int t = 0; t < 16; t++)
@@ -160,8 +186,9 @@ static GV_BF16 void gv_bf16_rows(int n, int64_t K, const uint16_t *w, int64_t ld
 
 static GV_BF16 void gv_bf16(int64_t N, int64_t K, const uint16_t *w, int64_t ldw,
                             const uint32_t *xp, float *y, int64_t sy) {
+    bool pf = gv_prefetching(ldw * 2);
     for (int64_t j = 0; j < N; j += 16)
-        gv_bf16_rows(N - j < 16 ? (int)(N - j) : 16, K, w + j * ldw, ldw, xp, y + j * sy, sy);
+        gv_bf16_rows(N - j < 16 ? (int)(N - j) : 16, K, w + j * ldw, ldw, xp, y + j * sy, sy, pf);
 }
 #endif /* GV_X86 */
 

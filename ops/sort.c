@@ -4,7 +4,11 @@
  * keyed as doubles (exact for f32 and f64), NaN above +inf, -0 equal to +0,
  * and equal keys keep their index order whichever direction is asked (as
  * torch.sort(stable=True)). topk is the first k of that order, so its ties
- * go to the lower index first. Slices are independent, so they are split
+ * go to the lower index first. A topk with k <= len / 8 (sampling's top 40
+ * of 50257 logits) selects instead of sorting: a heap of the k first in that
+ * order so far (one comparison per element against the heap's last), then
+ * the k sorted: the same k in the same order, O(len + k log k log len)
+ * rather than a sort of the whole slice. Slices are independent, so they are split
  * across threads whole: the result never depends on the thread count.
  *
  * The gradient puts g back at the picked positions (zeros elsewhere), from
@@ -49,12 +53,60 @@ typedef struct {
     int failed;
 } sort_job;
 
+/* Element a comes before element b (a != b) in the stable order: by key,
+ * equal keys by index. */
+static inline bool before(const double *key, bool desc, int64_t a, int64_t b) {
+    double x = key[a], y = key[b];
+    if (desc ? key_less(y, x) : key_less(x, y)) return true;
+    if (desc ? key_less(x, y) : key_less(y, x)) return false;
+    return a < b;
+}
+
+/* h[0..n) a heap whose root comes last of its elements: h[i]'s subtree
+ * restored */
+static void sift_down(const double *key, bool desc, int64_t *h, int64_t n, int64_t i) {
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= n) return;
+        if (c + 1 < n && before(key, desc, h[c], h[c + 1])) c++;
+        if (!before(key, desc, h[i], h[c])) return;
+        int64_t t = h[i];
+        h[i] = h[c], h[c] = t;
+        i = c;
+    }
+}
+
+static int cmp_index(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* ord[0..k) = the first k of key[0..n)'s stable order (1 <= k <= n; tmp: 2k
+ * scratch slots, sub: k keys) */
+static void select_k(const double *key, bool desc, int64_t *ord, int64_t *tmp, double *sub,
+                     int64_t n, int64_t k) {
+    int64_t *h = tmp;
+    for (int64_t i = 0; i < k; i++) h[i] = i;
+    for (int64_t i = k / 2; i-- > 0;) sift_down(key, desc, h, k, i);
+    for (int64_t r = k; r < n; r++)
+        if (before(key, desc, r, h[0])) {
+            h[0] = r;
+            sift_down(key, desc, h, k, 0);
+        }
+    /* in index order, then the stable sort of their keys keeps it among ties */
+    qsort(h, (size_t)k, sizeof *h, cmp_index);
+    for (int64_t i = 0; i < k; i++) sub[i] = key[h[i]];
+    merge_sort(sub, desc, ord, tmp + k, k);
+    for (int64_t i = 0; i < k; i++) ord[i] = h[ord[i]];
+}
+
 /* x (..., len, ...) -> values, indices (..., k, ...): per slice */
 static void sort_span(void *ctx, int64_t lo, int64_t hi) {
     sort_job *j = ctx;
-    int64_t n = j->len;
-    double *key = malloc((size_t)(n ? n : 1) * sizeof *key);
-    int64_t *ord = malloc((size_t)(2 * n + 1) * sizeof *ord);
+    int64_t n = j->len, k = j->k;
+    bool sel = k > 0 && k <= n / 8;
+    double *key = malloc((size_t)(n + (sel ? k : 0) + 1) * sizeof *key);
+    int64_t *ord = malloc((size_t)(sel ? 3 * k : 2 * n + 1) * sizeof *ord);
     if (!key || !ord) {
         __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
         free(key);
@@ -70,7 +122,8 @@ static void sort_span(void *ctx, int64_t lo, int64_t hi) {
                 for (int64_t r = 0; r < n; r++) key[r] = ((const float *)j->pt)[xo + r * j->ts];
             else
                 for (int64_t r = 0; r < n; r++) key[r] = ((const double *)j->pt)[xo + r * j->ts];
-            merge_sort(key, j->desc, ord, ord + n, n);
+            if (sel) select_k(key, j->desc, ord, ord + k, key + n, n, k);
+            else merge_sort(key, j->desc, ord, ord + n, n);
             for (int64_t r = 0; r < j->k; r++) {
                 int64_t src = ord[r];
                 j->pi[io + r * j->is] = src;

@@ -83,7 +83,7 @@ nb_tensor *nb_arange(nb_dtype dtype, int64_t n) {
 }
 
 /* Random numbers: element i of the tensor uses draws base + 2i, base + 2i + 1
- * (normal: Box-Muller) or base + i (uniform). */
+ * (normal: Box-Muller, tensor/randn.c) or base + i (uniform). */
 static nb_tensor *random_tensor(const char *fn, nb_dtype dtype, int ndim, const int64_t *shape,
                                 nb_rng *rng, bool normal) {
     if (!nbi_is_float(dtype))
@@ -92,15 +92,12 @@ static nb_tensor *random_tensor(const char *fn, nb_dtype dtype, int ndim, const 
     if (!t) return NULL;
     if (!rng) rng = nb_global_rng();
     uint64_t base = nbi_rng_take(rng, (uint64_t)t->numel * (normal ? 2 : 1));
+    if (normal) {
+        nbi_randn_fill(dtype, nbi_ptr(t), t->numel, rng->seed, base);
+        return t;
+    }
     for (int64_t i = 0; i < t->numel; i++) {
-        double v;
-        if (normal) {
-            double u1 = 1.0 - nbi_rng_uniform(rng->seed, base + 2 * (uint64_t)i);
-            double u2 = nbi_rng_uniform(rng->seed, base + 2 * (uint64_t)i + 1);
-            v = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-        } else {
-            v = nbi_rng_uniform(rng->seed, base + (uint64_t)i);
-        }
+        double v = nbi_rng_uniform(rng->seed, base + (uint64_t)i);
         if (dtype == NB_F32) ((float *)nbi_ptr(t))[i] = (float)v;
         else ((double *)nbi_ptr(t))[i] = v;
     }

@@ -322,5 +322,18 @@ static inline double nbi_rng_uniform_key(uint64_t key, uint64_t counter) {
 double nbi_rng_uniform(uint64_t seed, uint64_t counter);
 /* Reserves n draws: returns the first counter and advances the stream. */
 uint64_t nbi_rng_take(nb_rng *rng, uint64_t n);
+/* nb_randn's values (tensor/randn.c): dst[i] (f32 or f64, n of them) <- the
+ * normal draw of counters base + 2i, base + 2i + 1 of seed's stream, on the
+ * thread pool. nbi_randn_path picks the f32 fast path's instruction set as
+ * nbi_gemm_path does (NBI_RANDN_AUTO: the best the CPU has; tests force
+ * one; the values are the same on every path). nbi_randn_from_u: for tests,
+ * f32 values of given draws u (u1 = 1 - u), u2 through a path (out), and
+ * that path's unrounded doubles before the check against libm (raw), their
+ * bits moved by nudge (standing for an error of nudge double ulps). */
+enum { NBI_RANDN_AUTO = -1, NBI_RANDN_PORTABLE = 0, NBI_RANDN_AVX2 = 1, NBI_RANDN_AVX512 = 2 };
+void nbi_randn_fill(nb_dtype dtype, void *dst, int64_t n, uint64_t seed, uint64_t base);
+int nbi_randn_path(int force);
+void nbi_randn_from_u(int path, const double *u, const double *u2, float *out, double *raw,
+                      int64_t n, int64_t nudge);
 
 #endif

@@ -26,6 +26,7 @@ int main(void) {
         return 0;
     }
     SRunner *sr = srunner_create(suite_tensor());
+    srunner_add_suite(sr, suite_randn());
     srunner_add_suite(sr, suite_views());
     srunner_add_suite(sr, suite_elementwise());
     srunner_add_suite(sr, suite_reduce());

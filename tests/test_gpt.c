@@ -868,6 +868,70 @@ static void expect_like_reference(nb_GPT *m, const int64_t *prompt, int64_t np, 
     ck_assert_int_eq(r1.offset, r2.offset);
 }
 
+/* The logits bf16 generation picks from: nb_gpt_generate's bf16 products
+ * are autocast's (the weights rounded to bf16, the activations rounded as
+ * they enter each product, f32 sums), so the last position's logits of
+ * nb_gpt_forward under nb_autocast_begin(NB_BF16) are those logits up to
+ * f32 rounding (the cache sums attention in another order). They are within
+ * a bf16-sized distance of f32's: |bf16 - f32| <= 2^-4 x the largest |f32
+ * logit| on 16 prompts (each of the 9 products on the way, 2 layers x 4 and
+ * lm_head, rounds both operands by up to 2^-9 relative and the errors
+ * compound through the layer norms: measured 0.024 = 2^-5.4 here, logits
+ * up to about 7), and not equal to them (bf16 did run); and where the top two
+ * bf16 logits are further apart than 1e-3, the greedy bf16 generation takes
+ * the bf16 argmax (so these are the logits it decided on). */
+START_TEST(generate_bf16_logits_near_f32) {
+    nb_GPTConfig c = gen_cfg();
+    c.vocab_size = 50, c.n_embd = 64, c.n_head = 4, c.block_size = 16;
+    nb_params *ps = nb_params_new();
+    nb_GPT m;
+    init_dt(&m, ps, &c, 21, NB_F32);
+    scramble(ps, 22, 0.3);
+    nb_gpt_sample_opts b = {.greedy = true, .dtype = NB_BF16};
+    double worst = 0;
+    int decided = 0;
+    for (int64_t i = 0; i < 16; i++) {
+        int64_t p[5] = {i % 50, (7 * i + 3) % 50, (11 * i + 5) % 50, (13 * i + 1) % 50, i * 3 % 50};
+        nb_scope_begin();
+        nb_tensor *idx = nb_from_data(NB_I64, NB_SHAPE(1, 5), p);
+        nb_tensor *lf = nb_select(nb_select(nb_gpt_forward(&m, idx, false, NULL), 0, 0), 0, 4);
+        ck_assert_int_eq(nb_autocast_begin(NB_BF16), 0);
+        nb_tensor *lb = nb_select(nb_select(nb_gpt_forward(&m, idx, false, NULL), 0, 0), 0, 4);
+        nb_autocast_end();
+        double f[50], g[50], big = 0, diff = 0;
+        ck_assert_int_eq(nb_copy_to_f64(lf, f), 0);
+        ck_assert_int_eq(nb_copy_to_f64(lb, g), 0);
+        int top = 0, second = -1;
+        for (int v = 0; v < 50; v++) {
+            big = fmax(big, fabs(f[v]));
+            diff = fmax(diff, fabs(g[v] - f[v]));
+            if (g[v] > g[top]) top = v;
+        }
+        for (int v = 0; v < 50; v++)
+            if (v != top && (second < 0 || g[v] > g[second])) second = v;
+        ck_assert_msg(diff <= 0x1p-4 * big, "prompt %lld: bf16 logits %g from f32's (largest %g)",
+                      (long long)i, diff, big);
+        ck_assert_msg(diff > 0, "prompt %lld: bf16 logits equal f32's (not bf16 products?)",
+                      (long long)i);
+        worst = fmax(worst, diff / big);
+        int64_t tok;
+        ck_assert_int_eq(nb_gpt_generate(&m, p, 5, 1, &b, NULL, &tok, NULL, NULL), 1);
+        if (g[top] - g[second] > 1e-3) {
+            decided++;
+            ck_assert_msg(tok == top, "prompt %lld: bf16 generation took %lld, the bf16 argmax "
+                          "is %d", (long long)i, (long long)tok, top);
+        }
+        nb_scope_end();
+    }
+    printf("gpt bf16 logits: within %.2g of f32's (relative to the largest); greedy bf16 "
+           "generation took the bf16 argmax on the %d of 16 prompts with a clear one\n",
+           worst, decided);
+    ck_assert_int_ge(decided, 12);
+    nb_gpt_free(&m);
+    nb_params_free(ps);
+}
+END_TEST
+
 /* dtype NB_BF16: generation from bf16 copies of the linear weights. The
  * first greedy token of 24 prompts mostly agrees with f32's (bf16 logits are
  * f32's to about 2^-8 relative per operand, so near-ties may flip); the
@@ -1763,6 +1827,7 @@ Suite *suite_gpt(void) {
     tcase_add_test(tc, generate_matches_full_forward);
     tcase_add_test(tc, generate_bf16);
     tcase_add_test(tc, generate_bf16_follows_one_element);
+    tcase_add_test(tc, generate_bf16_logits_near_f32);
     tcase_add_test(tc, trained_model_continues_pattern);
     tcase_add_test(tc, sampling_options);
     tcase_add_test(tc, on_token_stops_early);

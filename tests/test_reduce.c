@@ -753,6 +753,51 @@ START_TEST(test_sort_ties) {
 }
 END_TEST
 
+/* topk selects (a heap) when k <= len / 8: the same values and indices as
+ * the first k of the stable sort, on slices full of ties (values from a few
+ * levels), NaNs and both zeros, along a contiguous and a strided dim, both
+ * directions, f32 and f64, k from 1 to past len / 8 (where it sorts). */
+START_TEST(test_topk_selection_equals_sort) {
+    nb_scope_begin();
+    enum { ROWS = 3, LEN = 700 };
+    double v[ROWS * LEN];
+    uint64_t z = 12345;
+    const double levels[] = {-1.5, -0.0, 0.0, 2.0, 3.25, NAN, INFINITY, -INFINITY};
+    for (int i = 0; i < ROWS * LEN; i++) {
+        z = z * 6364136223846793005ULL + 1442695040888963407ULL;
+        int r = (int)(z >> 33) % 64;
+        v[i] = r < 8 ? levels[r] : (double)(r % 23) * 0.125 + (double)((z >> 20) % 5);
+    }
+    for (int dt = 0; dt < 2; dt++) {
+        nb_tensor *x = nb_to(nb_from_data(NB_F64, NB_SHAPE(ROWS, LEN), v), dt ? NB_F64 : NB_F32);
+        const int64_t ks[] = {1, 2, 40, 87, 88, 89, 200};
+        for (int d = 0; d < 2; d++) /* dim 1 contiguous; dim 0 of the transpose */
+            for (int desc = 0; desc < 2; desc++)
+                for (size_t q = 0; q < sizeof ks / sizeof ks[0]; q++) {
+                    nb_tensor *t = d ? nb_transpose(x, 0, 1) : x;
+                    int dim = d ? 0 : 1;
+                    nb_tensor *si = NULL, *ti = NULL;
+                    nb_tensor *s = nb_narrow(nb_sort(t, dim, desc, &si), dim, 0, ks[q]);
+                    nb_tensor *tk = nb_topk(t, ks[q], dim, desc, true, &ti);
+                    si = nb_narrow(si, dim, 0, ks[q]);
+                    double a[ROWS * 200], b[ROWS * 200], ia[ROWS * 200], ib[ROWS * 200];
+                    int64_t n = nb_numel(tk);
+                    ck_assert_int_eq(n, ROWS * ks[q]);
+                    ck_assert_int_eq(nb_copy_to_f64(s, a), 0);
+                    ck_assert_int_eq(nb_copy_to_f64(tk, b), 0);
+                    ck_assert_int_eq(nb_copy_to_f64(si, ia), 0);
+                    ck_assert_int_eq(nb_copy_to_f64(ti, ib), 0);
+                    for (int64_t i = 0; i < n; i++)
+                        if (memcmp(&a[i], &b[i], 8) != 0 || ia[i] != ib[i])
+                            ck_abort_msg("dtype %d dim %d desc %d k %lld: element %lld is %g at "
+                                         "%g, the sort's %g at %g", dt, dim, desc,
+                                         (long long)ks[q], (long long)i, b[i], ib[i], a[i], ia[i]);
+                }
+    }
+    nb_scope_end();
+}
+END_TEST
+
 /* The gradient lands on the picked positions; indices along a strided dim. */
 START_TEST(test_sort_grad) {
     nb_scope_begin();
@@ -1019,6 +1064,7 @@ Suite *suite_reduce(void) {
 
     tc = tcase_create("sort");
     tcase_add_test(tc, test_sort_ties);
+    tcase_add_test(tc, test_topk_selection_equals_sort);
     tcase_add_test(tc, test_sort_grad);
     tcase_add_test(tc, test_sort_errors);
     tcase_add_test(tc, test_sort_no_leak);
