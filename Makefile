@@ -31,9 +31,13 @@ VERSION := $(VERSION_MAJOR).$(call nb_version_part,MINOR).$(call nb_version_part
 ifneq ($(words $(subst ., ,$(VERSION))),3)
 $(error could not read NB_VERSION_MAJOR/MINOR/PATCH from nabla.h (got "$(VERSION)"))
 endif
-# Programs record the soname (major version) and run against any library that
-# has it: libnabla.so -> libnabla.so.MAJOR -> libnabla.so.MAJOR.MINOR.PATCH.
-SONAME  := libnabla.so.$(VERSION_MAJOR)
+# Programs record the soname and run against any library that has it:
+# libnabla.so -> libnabla.so.ABI -> libnabla.so.MAJOR.MINOR.PATCH. ABI is the
+# major version, or 0.MINOR while the major is 0: a 0.x minor version may
+# change the ABI (an option struct grows), so a program built against 0.11
+# never loads 0.12.
+VERSION_ABI := $(if $(filter 0,$(VERSION_MAJOR)),0.$(call nb_version_part,MINOR),$(VERSION_MAJOR))
+SONAME  := libnabla.so.$(VERSION_ABI)
 SHLIB   := libnabla.so.$(VERSION)
 
 LIB_SRC := $(wildcard tensor/*.c ops/*.c autograd/*.c nn/*.c)

@@ -19,6 +19,8 @@ command -v readelf >/dev/null || fail "readelf is not installed (apt-get install
 part() { awk -v m="NB_VERSION_$1" '$2 == m {print $3; exit}' nabla.h; }
 major=$(part MAJOR)
 version=$major.$(part MINOR).$(part PATCH)
+# the soname's version: the major, or 0.MINOR while the major is 0 (Makefile)
+if [ "$major" = 0 ]; then major=0.$(part MINOR); fi
 [[ $version =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || fail "cannot read the version from nabla.h (got '$version')"
 
 tmp=$(mktemp -d)
