@@ -30,13 +30,20 @@ char nn_json_peek(nn_json *j) {
     return j->p < j->end ? *j->p : 0;
 }
 
+/* What is at j->p, for a message: "'x'", "byte 0x00" (a byte that would
+ * not show), or "the end of the <doc>" (a NUL byte is not the end). */
+static const char *found(const nn_json *j, char *buf, size_t cap) {
+    if (j->p == j->end) snprintf(buf, cap, "the end of the %s", j->doc);
+    else if (*j->p > 0x20 && *j->p < 0x7F) snprintf(buf, cap, "'%c'", *j->p);
+    else snprintf(buf, cap, "byte 0x%02X", (unsigned char)*j->p);
+    return buf;
+}
+
 int nn_json_expect(nn_json *j, char c) {
     if (j->msg[0]) return -1;
-    char got = nn_json_peek(j);
-    if (got != c) {
-        if (!got) return nn_json_fail(j, "expected '%c', found the end of the %s", c, j->doc);
-        return nn_json_fail(j, "expected '%c', found '%c'", c, got);
-    }
+    char f[48];
+    if (nn_json_peek(j) != c)
+        return nn_json_fail(j, "expected '%c', found %s", c, found(j, f, sizeof f));
     j->p++;
     return 0;
 }
@@ -50,11 +57,10 @@ int nn_json_open(nn_json *j, char open) {
 
 int nn_json_more(nn_json *j, char c) {
     if (j->msg[0]) return -1;
-    char got = nn_json_peek(j);
+    char got = nn_json_peek(j), f[48];
     if (got == ',') return j->p++, 1;
     if (got == c) return j->p++, 0;
-    if (!got) return nn_json_fail(j, "expected ',' or '%c', found the end of the %s", c, j->doc);
-    return nn_json_fail(j, "expected ',' or '%c', found '%c'", c, got);
+    return nn_json_fail(j, "expected ',' or '%c', found %s", c, found(j, f, sizeof f));
 }
 
 static int put(nn_json *j, const char *b, size_t n) {
@@ -208,7 +214,7 @@ static int skip_at(nn_json *j, int depth) {
         size_t n = strlen(lit[i]);
         if ((size_t)(j->end - j->p) >= n && memcmp(j->p, lit[i], n) == 0) return j->p += n, 0;
     }
-    if (!c) return nn_json_fail(j, "expected a value, found the end of the %s", j->doc);
+    if (j->p == j->end) return nn_json_fail(j, "expected a value, found the end of the %s", j->doc);
     return skip_number(j);
 }
 
@@ -216,7 +222,8 @@ int nn_json_skip(nn_json *j) { return j->msg[0] ? -1 : skip_at(j, 0); }
 
 int nn_json_end(nn_json *j) {
     if (j->msg[0]) return -1;
-    return nn_json_peek(j) ? nn_json_fail(j, "bytes after the JSON object") : 0;
+    nn_json_peek(j);
+    return j->p < j->end ? nn_json_fail(j, "bytes after the JSON object") : 0;
 }
 
 void nn_json_free(nn_json *j) {

@@ -368,11 +368,11 @@ static nb_params *small_registry(void) {
     return ps;
 }
 
-/* A file with this header text and data_len bytes of 0x3f (1.0f pieces). */
-static const char *write_file(const char *name, const char *header, size_t data_len) {
+/* A file with this header of n bytes and data_len bytes of 0x3f (1.0f pieces). */
+static const char *write_file_n(const char *name, const char *header, uint64_t n,
+                                size_t data_len) {
     const char *path = test_tmp_path(name);
     FILE *f = fopen(path, "wb");
-    uint64_t n = strlen(header);
     unsigned char len[8];
     for (int i = 0; i < 8; i++) len[i] = (unsigned char)(n >> (8 * i));
     fwrite(len, 1, 8, f);
@@ -380,6 +380,10 @@ static const char *write_file(const char *name, const char *header, size_t data_
     for (size_t i = 0; i < data_len; i++) fputc(0x3f, f);
     fclose(f);
     return path;
+}
+
+static const char *write_file(const char *name, const char *header, size_t data_len) {
+    return write_file_n(name, header, strlen(header), data_len);
 }
 
 static void expect_untouched(nb_params *ps) {
@@ -477,6 +481,16 @@ START_TEST(test_bad_files_change_nothing) {
         nb_clear_error();
         expect_untouched(ps);
     }
+    /* a NUL byte is neither the end of the header nor padding (spaces are) */
+    static const char nul_pad[] = "{" GOOD_A "," GOOD_B "}\0\0\0\0\0";
+    expect_error_rc(nb_load(ps, write_file_n("nulpad", nul_pad, sizeof nul_pad - 1, 12)),
+                    "nb_load", "invalid safetensors header: bytes after the JSON object (JSON, "
+                    "byte 108)");
+    static const char nul_colon[] = "{\"a\"\0{}}";
+    expect_error_rc(nb_load(ps, write_file_n("nulcolon", nul_colon, sizeof nul_colon - 1, 0)),
+                    "nb_load", "invalid safetensors header: expected ':', found byte 0x00 (JSON, "
+                    "byte 4)");
+    expect_untouched(ps);
     nb_params_free(ps);
     test_remove_tmp_dir();
 }
