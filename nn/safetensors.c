@@ -3,7 +3,8 @@
  * The header is JSON:
  *   {"__metadata__": {"format": "pt"},
  *    "<name>": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...}
- * padded with spaces to a multiple of 8. Parsing checks everything that can
+ * padded with spaces to a multiple of 8. Parsing (through nn/json.c, the
+ * reader the tokenizer's files use too) checks everything that can
  * be checked without the registry: syntax (integers without leading zeros,
  * as JSON writes them), known dtypes, at most NB_MAX_DIMS dims, sizes that
  * fit int64, unique names (looked up in a hash index, not scanned: headers
