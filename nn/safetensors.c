@@ -3,7 +3,8 @@
  * The header is JSON:
  *   {"__metadata__": {"format": "pt"},
  *    "<name>": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...}
- * padded with spaces to a multiple of 8. Parsing checks everything that can
+ * padded with spaces to a multiple of 8. Parsing (through nn/json.c, the
+ * reader the tokenizer's files use too) checks everything that can
  * be checked without the registry: syntax (integers without leading zeros,
  * as JSON writes them), known dtypes, at most NB_MAX_DIMS dims, sizes that
  * fit int64, unique names (looked up in a hash index, not scanned: headers
@@ -11,10 +12,13 @@
  * would disagree on which counts), and data_offsets that match the
  * sizes and tile the data section exactly (no holes, no overlaps, nothing
  * past the end: the reference implementation's rules). */
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "json_internal.h"
 #include "safetensors_internal.h"
 
 static const struct {
@@ -157,187 +161,56 @@ static int build_header(strbuf *b, const nn_st_item *v, int n) {
 }
 
 /* ------------------------------------------------------------------ parsing */
-/* A cursor over the JSON nn_st_header; errors set msg and stop everything. */
+/* The JSON cursor (nn/json.c) and what the header's checks keep; errors set
+ * j.msg and stop everything. */
 typedef struct {
-    const char *start, *p, *end;
-    char msg[320];
+    nn_json j;
     bool metadata; /* __metadata__ seen */
     bool any_dtype; /* foreign dtypes accepted (nn_st_header_parse_any) */
-} json;
+} reader;
 
-static int fail(json *j, const char *what) {
-    if (!j->msg[0]) snprintf(j->msg, sizeof j->msg, "%s", what);
+/* A problem of the header's meaning (no byte offset: JSON's own problems
+ * have theirs, from nn_json_fail). The first problem stays. */
+static int fail(reader *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(reader *r, const char *fmt, ...) {
+    if (r->j.msg[0]) return -1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->j.msg, sizeof r->j.msg, fmt, ap);
+    va_end(ap);
     return -1;
 }
 
-static void skip_ws(json *j) {
-    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
-        j->p++;
-}
-
-static int expect(json *j, char c) {
-    skip_ws(j);
-    if (j->p >= j->end || *j->p != c) {
-        char m[64];
-        snprintf(m, sizeof m, "expected '%c' at byte %ld of the header", c, (long)(j->p - j->start));
-        return fail(j, m);
-    }
-    j->p++;
-    return 0;
-}
-
-static int hex4(json *j, unsigned *out) {
-    if (j->end - j->p < 4) return fail(j, "a \\u escape is cut short");
-    unsigned v = 0;
-    for (int i = 0; i < 4; i++) {
-        char c = *j->p++;
-        v <<= 4;
-        if (c >= '0' && c <= '9') v |= (unsigned)(c - '0');
-        else if (c >= 'a' && c <= 'f') v |= (unsigned)(c - 'a' + 10);
-        else if (c >= 'A' && c <= 'F') v |= (unsigned)(c - 'A' + 10);
-        else return fail(j, "a \\u escape has a non-hex digit");
-    }
-    *out = v;
-    return 0;
-}
-
-static void put_utf8(strbuf *b, unsigned cp) {
-    char u[4];
-    size_t n;
-    if (cp < 0x80) u[0] = (char)cp, n = 1;
-    else if (cp < 0x800) u[0] = (char)(0xC0 | cp >> 6), u[1] = (char)(0x80 | (cp & 63)), n = 2;
-    else if (cp < 0x10000)
-        u[0] = (char)(0xE0 | cp >> 12), u[1] = (char)(0x80 | (cp >> 6 & 63)),
-        u[2] = (char)(0x80 | (cp & 63)), n = 3;
-    else
-        u[0] = (char)(0xF0 | cp >> 18), u[1] = (char)(0x80 | (cp >> 12 & 63)),
-        u[2] = (char)(0x80 | (cp >> 6 & 63)), u[3] = (char)(0x80 | (cp & 63)), n = 4;
-    put(b, u, n);
-}
-
-/* A JSON string into *out (malloc'ed, NUL-terminated; NUL inside refused). */
-static int parse_string(json *j, char **out) {
-    if (expect(j, '"')) return -1;
-    strbuf b = {0};
-    put(&b, "", 0);
-    while (j->p < j->end && *j->p != '"') {
-        unsigned char c = (unsigned char)*j->p++;
-        if (c < 0x20) {
-            free(b.p);
-            return fail(j, "a string holds a raw control character");
-        }
-        if (c != '\\') {
-            put(&b, (const char *)&c, 1);
-            continue;
-        }
-        if (j->p >= j->end) break;
-        char e = *j->p++;
-        const char *plain = strchr("\"\\/bfnrt", e);
-        if (plain && e) {
-            put(&b, &"\"\\/\b\f\n\r\t"[plain - "\"\\/bfnrt"], 1);
-            continue;
-        }
-        unsigned cp, lo;
-        if (e != 'u' || hex4(j, &cp)) {
-            free(b.p);
-            return fail(j, "a string has an invalid escape");
-        }
-        if (cp >= 0xD800 && cp < 0xDC00) { /* a surrogate pair */
-            if (j->end - j->p < 6 || j->p[0] != '\\' || j->p[1] != 'u' || (j->p += 2, hex4(j, &lo)) ||
-                lo < 0xDC00 || lo >= 0xE000) {
-                free(b.p);
-                return fail(j, "a string has an unpaired surrogate escape");
-            }
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-        } else if ((cp >= 0xDC00 && cp < 0xE000) || cp == 0) {
-            free(b.p);
-            return fail(j, cp ? "a string has an unpaired surrogate escape"
-                              : "a string holds \\u0000");
-        }
-        put_utf8(&b, cp);
-    }
-    if (j->p >= j->end || b.oom) {
-        free(b.p);
-        return fail(j, b.oom ? "out of memory" : "a string is not terminated");
-    }
-    j->p++;
-    *out = b.p;
-    return 0;
-}
-
-/* A non-negative integer that fits int64 (all the header's numbers). */
-static int parse_uint(json *j, uint64_t *out) {
-    skip_ws(j);
-    if (j->p >= j->end || *j->p < '0' || *j->p > '9')
-        return fail(j, "expected a non-negative integer");
-    if (*j->p == '0' && j->end - j->p > 1 && j->p[1] >= '0' && j->p[1] <= '9')
-        return fail(j, "an integer has a leading zero (not JSON)");
-    uint64_t v = 0;
-    while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
-        unsigned d = (unsigned)(*j->p++ - '0');
-        if (v > ((uint64_t)INT64_MAX - d) / 10) return fail(j, "an integer is larger than 2^63-1");
-        v = v * 10 + d;
-    }
-    if (j->p < j->end && (*j->p == '.' || *j->p == 'e' || *j->p == 'E'))
-        return fail(j, "expected an integer, found a fraction or exponent");
-    *out = v;
-    return 0;
-}
-
-/* [a, b, ...] of up to max integers; *n gets the count. */
-static int parse_uint_array(json *j, uint64_t *v, int max, int *n, const char *what) {
-    if (expect(j, '[')) return -1;
+/* [a, b, ...] of up to max integers in [0, 2^63-1]; *n gets the count. */
+static int parse_uint_array(reader *r, uint64_t *v, int max, int *n, const char *what) {
     *n = 0;
-    skip_ws(j);
-    if (j->p < j->end && *j->p == ']') return j->p++, 0;
-    for (;;) {
-        if (*n == max) {
-            char m[96];
-            snprintf(m, sizeof m, "%s has more than %d entries", what, max);
-            return fail(j, m);
-        }
-        if (parse_uint(j, &v[(*n)++])) return -1;
-        skip_ws(j);
-        if (j->p < j->end && *j->p == ',') {
-            j->p++;
-            continue;
-        }
-        return expect(j, ']');
+    int more = nn_json_open(&r->j, '[');
+    while (more == 1) {
+        if (*n == max) return fail(r, "%s has more than %d entries", what, max);
+        int64_t x;
+        if (nn_json_int(&r->j, 0, INT64_MAX, &x)) return -1;
+        v[(*n)++] = (uint64_t)x;
+        more = nn_json_more(&r->j, ']');
     }
+    return more;
 }
 
-/* Calls field(j, key, ctx) for each member of an object; field parses the value. */
-static int parse_object(json *j, int (*field)(json *, const char *, void *), void *ctx) {
-    if (expect(j, '{')) return -1;
-    skip_ws(j);
-    if (j->p < j->end && *j->p == '}') return j->p++, 0;
-    for (;;) {
-        char *key = NULL;
-        if (parse_string(j, &key) || expect(j, ':')) {
-            free(key);
-            return -1;
-        }
-        int rc = field(j, key, ctx);
-        free(key);
-        if (rc) return -1;
-        skip_ws(j);
-        if (j->p < j->end && *j->p == ',') {
-            j->p++;
-            continue;
-        }
-        return expect(j, '}');
+/* Calls field(r, ctx) for each member of an object, its key in r->j.s;
+ * field parses the value (and may use the key only before that). */
+static int parse_object(reader *r, int (*field)(reader *, void *), void *ctx) {
+    int more = nn_json_open(&r->j, '{');
+    while (more == 1) {
+        if (nn_json_string(&r->j) || nn_json_expect(&r->j, ':') || field(r, ctx)) return -1;
+        more = nn_json_more(&r->j, '}');
     }
+    return more;
 }
 
 /* __metadata__: string values only, as the format says; kept for nothing. */
-static int metadata_field(json *j, const char *key, void *ctx) {
-    (void)key, (void)ctx;
-    skip_ws(j);
-    if (j->p >= j->end || *j->p != '"') return fail(j, "__metadata__ values must be strings");
-    char *s = NULL;
-    int rc = parse_string(j, &s);
-    free(s);
-    return rc;
+static int metadata_field(reader *r, void *ctx) {
+    (void)ctx;
+    if (nn_json_peek(&r->j) != '"') return fail(r, "__metadata__ values must be strings");
+    return nn_json_string(&r->j);
 }
 
 typedef struct {
@@ -345,56 +218,46 @@ typedef struct {
     unsigned seen; /* bit 0 dtype, 1 shape, 2 data_offsets */
 } tensor_ctx;
 
-static int tensor_field(json *j, const char *key, void *ctx) {
+static int parse_dtype(reader *r, tensor_ctx *t) {
+    if (nn_json_string(&r->j)) return -1;
+    const char *s = r->j.s;
+    size_t k = 0, nd = sizeof dtypes / sizeof *dtypes, nf = sizeof foreign_dtypes /
+                                                            sizeof *foreign_dtypes;
+    while (k < nd && strcmp(dtypes[k].name, s)) k++;
+    if (k < nd) {
+        t->it.dtype = dtypes[k].dtype;
+        return 0;
+    }
+    size_t f = 0;
+    while (r->any_dtype && f < nf && strcmp(foreign_dtypes[f].name, s)) f++;
+    if (!r->any_dtype || f == nf)
+        return fail(r, "unsupported dtype \"%.40s\" (nabla reads F32, F64, BF16, I64, BOOL)", s);
+    t->it.dtype = NN_ST_FOREIGN;
+    t->it.foreign = foreign_dtypes[f].name;
+    return 0;
+}
+
+static int tensor_field(reader *r, void *ctx) {
     tensor_ctx *t = ctx;
-    char m[160];
+    const char *key = r->j.s;
     unsigned bit = !strcmp(key, "dtype") ? 1 : !strcmp(key, "shape") ? 2
                  : !strcmp(key, "data_offsets") ? 4 : 0;
-    if (t->seen & bit) { /* which one would count is a guess: refuse */
-        snprintf(m, sizeof m, "field \"%s\" appears twice", key);
-        return fail(j, m);
-    }
-    if (!strcmp(key, "dtype")) {
-        char *s = NULL;
-        if (parse_string(j, &s)) return -1;
-        size_t k = 0, nd = sizeof dtypes / sizeof *dtypes, nf = sizeof foreign_dtypes /
-                                                                sizeof *foreign_dtypes;
-        while (k < nd && strcmp(dtypes[k].name, s)) k++;
-        size_t f = 0;
-        while (k == nd && j->any_dtype && f < nf && strcmp(foreign_dtypes[f].name, s)) f++;
-        if (k == nd && j->any_dtype && f < nf) {
-            free(s);
-            t->it.dtype = NN_ST_FOREIGN;
-            t->it.foreign = foreign_dtypes[f].name;
-            t->seen |= 1;
-            return 0;
-        }
-        if (k == nd) {
-            snprintf(m, sizeof m, "unsupported dtype \"%.40s\" (nabla reads F32, F64, BF16, I64, BOOL)",
-                     s);
-            free(s);
-            return fail(j, m);
-        }
-        free(s);
-        t->it.dtype = dtypes[k].dtype;
-        t->seen |= 1;
-    } else if (!strcmp(key, "shape")) {
-        uint64_t v[NB_MAX_DIMS];
-        if (parse_uint_array(j, v, NB_MAX_DIMS, &t->it.ndim, "shape")) return -1;
+    if (!bit) return fail(r, "unknown field \"%.40s\"", key);
+    if (t->seen & bit) /* which one would count is a guess: refuse */
+        return fail(r, "field \"%s\" appears twice", key);
+    t->seen |= bit;
+    if (bit == 1) return parse_dtype(r, t);
+    uint64_t v[NB_MAX_DIMS];
+    if (bit == 2) {
+        if (parse_uint_array(r, v, NB_MAX_DIMS, &t->it.ndim, "shape")) return -1;
         for (int d = 0; d < t->it.ndim; d++) t->it.shape[d] = (int64_t)v[d];
-        t->seen |= 2;
-    } else if (!strcmp(key, "data_offsets")) {
-        uint64_t v[2];
-        int n = 0;
-        if (parse_uint_array(j, v, 2, &n, "data_offsets")) return -1;
-        if (n != 2) return fail(j, "data_offsets must be [begin, end]");
-        t->it.begin = v[0];
-        t->it.end = v[1];
-        t->seen |= 4;
-    } else {
-        snprintf(m, sizeof m, "unknown field \"%.40s\"", key);
-        return fail(j, m);
+        return 0;
     }
+    int n = 0;
+    if (parse_uint_array(r, v, 2, &n, "data_offsets")) return -1;
+    if (n != 2) return fail(r, "data_offsets must be [begin, end]");
+    t->it.begin = v[0];
+    t->it.end = v[1];
     return 0;
 }
 
@@ -409,70 +272,70 @@ int nn_st_header_find(const nn_st_header *h, const char *name) {
     return nn_index_get(&h->index, name);
 }
 
-static int top_field(json *j, const char *key, void *ctx) {
+/* Room for one more entry in h. */
+static int header_grow(reader *r, nn_st_header *h) {
+    if (nn_index_reserve(&h->index, (size_t)h->n + 1) != 0) return fail(r, "out of memory");
+    if (h->n < h->cap) return 0;
+    int cap = h->cap ? 2 * h->cap : 16;
+    nn_st_item *v = realloc(h->v, (size_t)cap * sizeof *v);
+    if (v) h->v = v;
+    char **nm = v ? realloc(h->names, (size_t)cap * sizeof *nm) : NULL;
+    if (!nm) return fail(r, "out of memory");
+    h->names = nm;
+    h->cap = cap;
+    return 0;
+}
+
+/* "<name>": {...} or "__metadata__": {...}, the key in r->j.s. */
+static int top_field(reader *r, void *ctx) {
     nn_st_header *h = ctx;
-    char m[320];
-    if (!strcmp(key, "__metadata__")) {
-        if (j->metadata) return fail(j, "__metadata__ appears twice");
-        j->metadata = true;
-        return parse_object(j, metadata_field, NULL);
+    if (!strcmp(r->j.s, "__metadata__")) {
+        if (r->metadata) return fail(r, "__metadata__ appears twice");
+        r->metadata = true;
+        return parse_object(r, metadata_field, NULL);
     }
-    if (nn_index_get(&h->index, key) >= 0) {
-        snprintf(m, sizeof m, "tensor \"%.200s\" appears twice", key);
-        return fail(j, m);
+    if (nn_index_get(&h->index, r->j.s) >= 0)
+        return fail(r, "tensor \"%.200s\" appears twice", r->j.s);
+    /* the name is kept before the entry's own strings overwrite r->j.s */
+    char *name = malloc(r->j.s_len + 1);
+    if (!name) return fail(r, "out of memory");
+    memcpy(name, r->j.s, r->j.s_len + 1);
+    tensor_ctx t = {.it.name = name};
+    char inner[sizeof r->j.msg];
+    if (parse_object(r, tensor_field, &t)) {
+        snprintf(inner, sizeof inner, "%s", r->j.msg);
+        r->j.msg[0] = 0;
+        fail(r, "tensor \"%.100s\": %.200s", name, inner);
+    } else if (t.seen != 7) {
+        fail(r, "tensor \"%.200s\" lacks %s", name,
+             !(t.seen & 1) ? "dtype" : !(t.seen & 2) ? "shape" : "data_offsets");
     }
-    tensor_ctx t = {0};
-    if (parse_object(j, tensor_field, &t)) {
-        snprintf(m, sizeof m, "tensor \"%.100s\": %.200s", key, j->msg);
-        j->msg[0] = 0;
-        return fail(j, m);
+    if (r->j.msg[0] || header_grow(r, h)) {
+        free(name);
+        return -1;
     }
-    if (t.seen != 7) {
-        snprintf(m, sizeof m, "tensor \"%.200s\" lacks %s", key,
-                 !(t.seen & 1) ? "dtype" : !(t.seen & 2) ? "shape" : "data_offsets");
-        return fail(j, m);
-    }
-    if (nn_index_reserve(&h->index, (size_t)h->n + 1) != 0) return fail(j, "out of memory");
-    if (h->n == h->cap) {
-        int cap = h->cap ? 2 * h->cap : 16;
-        nn_st_item *v = realloc(h->v, (size_t)cap * sizeof *v);
-        if (v) h->v = v;
-        char **nm = v ? realloc(h->names, (size_t)cap * sizeof *nm) : NULL;
-        if (!nm) return fail(j, "out of memory");
-        h->names = nm;
-        h->cap = cap;
-    }
-    size_t len = strlen(key);
-    if (!(h->names[h->n] = malloc(len + 1))) return fail(j, "out of memory");
-    memcpy(h->names[h->n], key, len + 1);
-    t.it.name = h->names[h->n];
-    nn_index_put(&h->index, t.it.name, h->n);
+    h->names[h->n] = name;
+    nn_index_put(&h->index, name, h->n);
     h->v[h->n++] = t.it;
     return 0;
 }
 
 /* Sizes that fit int64 and data_offsets that match them. */
-static int check_sizes(json *j, const nn_st_item *it, uint64_t data_len) {
-    char m[320];
+static int check_sizes(reader *r, const nn_st_item *it, uint64_t data_len) {
     uint64_t bytes = elem_size(it);
     bool zero = false;
     for (int d = 0; d < it->ndim; d++) zero |= it->shape[d] == 0;
     for (int d = 0; d < it->ndim && !zero; d++) {
-        if (bytes > (uint64_t)INT64_MAX / (uint64_t)it->shape[d]) {
-            snprintf(m, sizeof m, "tensor \"%.200s\": its shape overflows 64-bit sizes", it->name);
-            return fail(j, m);
-        }
+        if (bytes > (uint64_t)INT64_MAX / (uint64_t)it->shape[d])
+            return fail(r, "tensor \"%.200s\": its shape overflows 64-bit sizes", it->name);
         bytes *= (uint64_t)it->shape[d];
     }
     if (zero) bytes = 0;
-    if (it->begin > it->end || it->end > data_len || it->end - it->begin != bytes) {
-        snprintf(m, sizeof m,
-                 "tensor \"%.150s\": data_offsets [%llu, %llu] do not hold %llu bytes within "
-                 "the %llu-byte data section", it->name, (unsigned long long)it->begin,
-                 (unsigned long long)it->end, (unsigned long long)bytes,
-                 (unsigned long long)data_len);
-        return fail(j, m);
-    }
+    if (it->begin > it->end || it->end > data_len || it->end - it->begin != bytes)
+        return fail(r, "tensor \"%.150s\": data_offsets [%llu, %llu] do not hold %llu bytes within "
+                    "the %llu-byte data section", it->name, (unsigned long long)it->begin,
+                    (unsigned long long)it->end, (unsigned long long)bytes,
+                    (unsigned long long)data_len);
     return 0;
 }
 
@@ -483,39 +346,31 @@ static int by_begin(const void *a, const void *b) {
 }
 
 /* The tensors must tile [0, data_len) with no gap and no overlap. */
-static int check_tiling(json *j, nn_st_header *h, uint64_t data_len) {
+static int check_tiling(reader *r, nn_st_header *h, uint64_t data_len) {
     nn_st_item **order = malloc((size_t)(h->n > 0 ? h->n : 1) * sizeof *order);
-    if (!order) return fail(j, "out of memory");
+    if (!order) return fail(r, "out of memory");
     for (int i = 0; i < h->n; i++) order[i] = &h->v[i];
     qsort(order, (size_t)h->n, sizeof *order, by_begin);
     uint64_t at = 0;
-    char m[320];
-    for (int i = 0; i < h->n && !j->msg[0]; i++) {
-        if (order[i]->begin != at) {
-            snprintf(m, sizeof m, "tensor \"%.150s\" starts at byte %llu of the data section, "
-                     "expected %llu (tensors must not overlap or leave gaps)", order[i]->name,
-                     (unsigned long long)order[i]->begin, (unsigned long long)at);
-            fail(j, m);
-        }
+    for (int i = 0; i < h->n && !r->j.msg[0]; i++) {
+        if (order[i]->begin != at)
+            fail(r, "tensor \"%.150s\" starts at byte %llu of the data section, expected %llu "
+                 "(tensors must not overlap or leave gaps)", order[i]->name,
+                 (unsigned long long)order[i]->begin, (unsigned long long)at);
         at = order[i]->end;
     }
     free(order);
-    if (!j->msg[0] && at != data_len) {
-        snprintf(m, sizeof m, "the data section has %llu bytes but the tensors cover %llu",
-                 (unsigned long long)data_len, (unsigned long long)at);
-        fail(j, m);
-    }
-    return j->msg[0] ? -1 : 0;
+    if (!r->j.msg[0] && at != data_len)
+        fail(r, "the data section has %llu bytes but the tensors cover %llu",
+             (unsigned long long)data_len, (unsigned long long)at);
+    return r->j.msg[0] ? -1 : 0;
 }
 
-static int parse_header(json *j, nn_st_header *h, uint64_t data_len) {
-    skip_ws(j);
-    if (parse_object(j, top_field, h)) return -1;
-    skip_ws(j);
-    if (j->p != j->end) return fail(j, "the header has bytes after its JSON object");
+static int parse_header(reader *r, nn_st_header *h, uint64_t data_len) {
+    if (parse_object(r, top_field, h) || nn_json_end(&r->j)) return -1;
     for (int i = 0; i < h->n; i++)
-        if (check_sizes(j, &h->v[i], data_len)) return -1;
-    return check_tiling(j, h, data_len);
+        if (check_sizes(r, &h->v[i], data_len)) return -1;
+    return check_tiling(r, h, data_len);
 }
 
 /* The whole file in memory (a regular file, at least the 8-byte size). */
@@ -531,10 +386,12 @@ char *nn_st_header_build(const nn_st_item *v, int n, size_t *len) {
 
 static int header_parse(const char *text, size_t len, uint64_t data_len, nn_st_header *h,
                         char *msg, size_t cap, bool any_dtype) {
-    json j = {.start = text, .p = text, .end = text + len, .msg = "", .any_dtype = any_dtype};
-    if (parse_header(&j, h, data_len) == 0) return 0;
-    snprintf(msg, cap, "%s", j.msg);
-    return -1;
+    reader r = {.any_dtype = any_dtype};
+    nn_json_init(&r.j, text, len, "header");
+    int rc = parse_header(&r, h, data_len);
+    if (rc) snprintf(msg, cap, "%s", r.j.msg[0] ? r.j.msg : "out of memory");
+    nn_json_free(&r.j);
+    return rc;
 }
 
 int nn_st_header_parse(const char *text, size_t len, uint64_t data_len, nn_st_header *h,

@@ -22,7 +22,7 @@
 #include "files_internal.h"
 #include "nn_internal.h"
 #include "tokenizer_internal.h"
-#include "tokenizer_json.h"
+#include "json_internal.h"
 
 static const char *FN = "nb_tokenizer_load";
 
@@ -178,91 +178,89 @@ static int add_merge_line(loader *L, const char *s, int64_t n, int64_t where,
 }
 
 /* ------------------------------------------------------------------ JSON */
-static int json_failed(loader *L, nn_tj *j) {
+static int json_failed(loader *L, nn_json *j) {
     return lfail(L, "\"%s\": %s", L->path, j->msg[0] ? j->msg : "out of memory");
 }
 
 /* "token": id, the current member of a vocabulary object (key in j->s). */
-static int vocab_member(loader *L, nn_tj *j) {
-    if (add_token(L, j->s, (int64_t)j->s_len, true) || nn_tj_expect(j, ':')) return -1;
-    if (nn_tj_int(j, 0, NN_TOK_MAX_VOCAB - 1, &L->t[L->nt - 1].id) == 0) return 0;
+static int vocab_member(loader *L, nn_json *j) {
+    if (add_token(L, j->s, (int64_t)j->s_len, true) || nn_json_expect(j, ':')) return -1;
+    if (nn_json_int(j, 0, NN_TOK_MAX_VOCAB - 1, &L->t[L->nt - 1].id) == 0) return 0;
     char sh[200];
     tok_entry *e = &L->t[L->nt - 1];
     return lfail(L, "\"%s\": the id of token \"%s\": %s", L->path,
                  shown(L->tb.p + e->off, e->len, sh, sizeof sh), j->msg);
 }
 
-static int parse_vocab(loader *L, nn_tj *j) {
-    if (nn_tj_expect(j, '{')) return json_failed(L, j);
-    if (nn_tj_peek(j) == '}') return j->p++, 0;
-    int more;
-    do {
-        if (nn_tj_string(j)) return json_failed(L, j);
+static int parse_vocab(loader *L, nn_json *j) {
+    int more = nn_json_open(j, '{');
+    while (more == 1) {
+        if (nn_json_string(j)) return json_failed(L, j);
         if (vocab_member(L, j)) return L->msg[0] ? -1 : json_failed(L, j);
-    } while ((more = nn_tj_more(j, '}')) == 1);
+        more = nn_json_more(j, '}');
+    }
     return more ? json_failed(L, j) : 0;
 }
 
-static int parse_merges(loader *L, nn_tj *j) {
-    if (nn_tj_expect(j, '[')) return json_failed(L, j);
-    if (nn_tj_peek(j) == ']') return j->p++, 0;
-    int more;
-    do {
-        char where[300];
-        snprintf(where, sizeof where, "\"%s\": model.merges[%lld]", L->path, (long long)L->nm);
-        if (nn_tj_peek(j) == '"') {
-            if (nn_tj_string(j)) return json_failed(L, j);
-            if (add_merge_line(L, j->s, (int64_t)j->s_len, L->nm, where)) return -1;
-            continue;
-        }
-        /* ["a", "b"]: the first part is kept while the second is read */
-        int64_t mark = L->mb.len;
-        if (nn_tj_expect(j, '[') || nn_tj_string(j)) return json_failed(L, j);
-        if (put(L, &L->mb, j->s, (int64_t)j->s_len)) return -1;
-        int64_t an = L->mb.len - mark;
-        if (nn_tj_expect(j, ',') || nn_tj_string(j) || nn_tj_expect(j, ']'))
-            return json_failed(L, j);
-        char *a = malloc((size_t)an + 1);
-        if (!a) return lfail(L, "out of memory");
-        memcpy(a, L->mb.p + mark, (size_t)an);
-        L->mb.len = mark;
-        int rc = add_merge(L, a, an, j->s, (int64_t)j->s_len, L->nm, where);
-        free(a);
-        if (rc) return -1;
-    } while ((more = nn_tj_more(j, ']')) == 1);
+/* One merge: "a b" or ["a", "b"]. */
+static int parse_merge(loader *L, nn_json *j) {
+    char where[300];
+    snprintf(where, sizeof where, "\"%s\": model.merges[%lld]", L->path, (long long)L->nm);
+    if (nn_json_peek(j) == '"') {
+        if (nn_json_string(j)) return json_failed(L, j);
+        return add_merge_line(L, j->s, (int64_t)j->s_len, L->nm, where);
+    }
+    /* ["a", "b"]: the first part is kept while the second is read */
+    int64_t mark = L->mb.len;
+    if (nn_json_expect(j, '[') || nn_json_string(j)) return json_failed(L, j);
+    if (put(L, &L->mb, j->s, (int64_t)j->s_len)) return -1;
+    int64_t an = L->mb.len - mark;
+    if (nn_json_expect(j, ',') || nn_json_string(j) || nn_json_expect(j, ']'))
+        return json_failed(L, j);
+    char *a = malloc((size_t)an + 1);
+    if (!a) return lfail(L, "out of memory");
+    memcpy(a, L->mb.p + mark, (size_t)an);
+    L->mb.len = mark;
+    int rc = add_merge(L, a, an, j->s, (int64_t)j->s_len, L->nm, where);
+    free(a);
+    return rc;
+}
+
+static int parse_merges(loader *L, nn_json *j) {
+    int more = nn_json_open(j, '[');
+    while (more == 1) {
+        if (parse_merge(L, j)) return -1;
+        more = nn_json_more(j, ']');
+    }
     return more ? json_failed(L, j) : 0;
 }
 
 /* {"type": "BPE", "vocab": {...}, "merges": [...], ...} */
-static int parse_model(loader *L, nn_tj *j) {
+static int parse_model(loader *L, nn_json *j) {
     bool vocab = false, merges = false;
-    if (nn_tj_expect(j, '{')) return json_failed(L, j);
-    if (nn_tj_peek(j) != '}') {
-        int more;
-        do {
-            if (nn_tj_string(j) || nn_tj_expect(j, ':')) return json_failed(L, j);
-            if (strcmp(j->s, "vocab") == 0) {
-                if (vocab) return lfail(L, "\"%s\": model.vocab appears twice", L->path);
-                vocab = true;
-                if (parse_vocab(L, j)) return -1;
-            } else if (strcmp(j->s, "merges") == 0) {
-                if (merges) return lfail(L, "\"%s\": model.merges appears twice", L->path);
-                merges = true;
-                if (parse_merges(L, j)) return -1;
-            } else if (strcmp(j->s, "type") == 0) {
-                if (nn_tj_string(j)) return json_failed(L, j);
-                char sh[200];
-                if (strcmp(j->s, "BPE") != 0)
-                    return lfail(L, "\"%s\": model.type is \"%s\", not \"BPE\"", L->path,
-                                 shown(j->s, (int64_t)j->s_len, sh, sizeof sh));
-            } else if (nn_tj_skip(j)) {
-                return json_failed(L, j);
-            }
-        } while ((more = nn_tj_more(j, '}')) == 1);
-        if (more) return json_failed(L, j);
-    } else {
-        j->p++;
+    int more = nn_json_open(j, '{');
+    while (more == 1) {
+        if (nn_json_string(j) || nn_json_expect(j, ':')) return json_failed(L, j);
+        if (strcmp(j->s, "vocab") == 0) {
+            if (vocab) return lfail(L, "\"%s\": model.vocab appears twice", L->path);
+            vocab = true;
+            if (parse_vocab(L, j)) return -1;
+        } else if (strcmp(j->s, "merges") == 0) {
+            if (merges) return lfail(L, "\"%s\": model.merges appears twice", L->path);
+            merges = true;
+            if (parse_merges(L, j)) return -1;
+        } else if (strcmp(j->s, "type") == 0) {
+            if (nn_json_string(j)) return json_failed(L, j);
+            char sh[200];
+            if (strcmp(j->s, "BPE") != 0)
+                return lfail(L, "\"%s\": model.type is \"%s\", not \"BPE\"", L->path,
+                             shown(j->s, (int64_t)j->s_len, sh, sizeof sh));
+        } else if (nn_json_skip(j)) {
+            return json_failed(L, j);
+        }
+        more = nn_json_more(j, '}');
     }
+    if (more) return json_failed(L, j);
     if (!vocab) return lfail(L, "\"%s\": \"model\" has no \"vocab\"", L->path);
     if (!merges) return lfail(L, "\"%s\": \"model\" has no \"merges\"", L->path);
     return 0;
@@ -270,39 +268,42 @@ static int parse_model(loader *L, nn_tj *j) {
 
 /* [{"id": 50256, "content": "<|endoftext|>", ...}, ...]: tokens matched in
  * the text as they are (not byte-mapped) */
-static int parse_added(loader *L, nn_tj *j) {
-    if (nn_tj_expect(j, '[')) return json_failed(L, j);
-    if (nn_tj_peek(j) == ']') return j->p++, 0;
-    int more;
-    do {
-        int64_t id = -1, index = L->nt;
-        bool content = false;
-        if (nn_tj_expect(j, '{')) return json_failed(L, j);
-        int inner = nn_tj_peek(j) == '}' ? (j->p++, 0) : 1;
-        while (inner == 1) {
-            if (nn_tj_string(j) || nn_tj_expect(j, ':')) return json_failed(L, j);
-            if (strcmp(j->s, "id") == 0) {
-                if (nn_tj_int(j, 0, NN_TOK_MAX_VOCAB - 1, &id)) return json_failed(L, j);
-            } else if (strcmp(j->s, "content") == 0 && !content) {
-                content = true;
-                if (nn_tj_string(j) || add_token(L, j->s, (int64_t)j->s_len, false))
-                    return L->msg[0] ? -1 : json_failed(L, j);
-            } else if (nn_tj_skip(j)) {
-                return json_failed(L, j);
-            }
-            inner = nn_tj_more(j, '}');
+static int parse_added_entry(loader *L, nn_json *j) {
+    int64_t id = -1, index = L->nt;
+    bool content = false;
+    int more = nn_json_open(j, '{');
+    while (more == 1) {
+        if (nn_json_string(j) || nn_json_expect(j, ':')) return json_failed(L, j);
+        if (strcmp(j->s, "id") == 0) {
+            if (nn_json_int(j, 0, NN_TOK_MAX_VOCAB - 1, &id)) return json_failed(L, j);
+        } else if (strcmp(j->s, "content") == 0 && !content) {
+            content = true;
+            if (nn_json_string(j) || add_token(L, j->s, (int64_t)j->s_len, false))
+                return L->msg[0] ? -1 : json_failed(L, j);
+        } else if (nn_json_skip(j)) {
+            return json_failed(L, j);
         }
-        if (inner < 0) return json_failed(L, j);
-        if (!content || id < 0)
-            return lfail(L, "\"%s\": an entry of added_tokens has no %s", L->path,
-                         content ? "\"id\"" : "\"content\"");
-        L->t[index].id = id;
-    } while ((more = nn_tj_more(j, ']')) == 1);
+        more = nn_json_more(j, '}');
+    }
+    if (more < 0) return json_failed(L, j);
+    if (!content || id < 0)
+        return lfail(L, "\"%s\": an entry of added_tokens has no %s", L->path,
+                     content ? "\"id\"" : "\"content\"");
+    L->t[index].id = id;
+    return 0;
+}
+
+static int parse_added(loader *L, nn_json *j) {
+    int more = nn_json_open(j, '[');
+    while (more == 1) {
+        if (parse_added_entry(L, j)) return -1;
+        more = nn_json_more(j, ']');
+    }
     return more ? json_failed(L, j) : 0;
 }
 
 /* Whether the value after the key just read (and its ':') is a number. */
-static bool number_follows(const nn_tj *j) {
+static bool number_follows(const nn_json *j) {
     const char *p = j->p;
     for (int colon = 0; p < j->end; p++) {
         if (*p == ':' && !colon++) continue;
@@ -314,30 +315,25 @@ static bool number_follows(const nn_tj *j) {
 /* A vocab.json / encoder.json (flat: every member is "token": id) or a
  * tokenizer.json (the members "model" and "added_tokens" read, others skipped). */
 static int parse_json(loader *L, const char *data, int64_t len, bool *is_tokenizer_json) {
-    nn_tj j = {.start = data, .p = data, .end = data + len};
+    nn_json j;
+    nn_json_init(&j, data, (size_t)len, "file");
     bool flat = false, model = false;
-    int rc = -1, more = 0;
-    if (nn_tj_expect(&j, '{')) goto done;
-    if (nn_tj_peek(&j) == '}') j.p++;
-    else do {
-        if (nn_tj_string(&j)) goto done;
+    int rc = -1, more = nn_json_open(&j, '{');
+    for (; more == 1; more = nn_json_more(&j, '}')) {
+        if (nn_json_string(&j)) goto done;
         if (number_follows(&j)) {
             flat = true;
             if (vocab_member(L, &j)) goto done;
         } else if (strcmp(j.s, "model") == 0 && !model) {
             model = true;
-            if (nn_tj_expect(&j, ':') || parse_model(L, &j)) goto done;
+            if (nn_json_expect(&j, ':') || parse_model(L, &j)) goto done;
         } else if (strcmp(j.s, "added_tokens") == 0) {
-            if (nn_tj_expect(&j, ':') || parse_added(L, &j)) goto done;
-        } else if (nn_tj_expect(&j, ':') || nn_tj_skip(&j)) {
+            if (nn_json_expect(&j, ':') || parse_added(L, &j)) goto done;
+        } else if (nn_json_expect(&j, ':') || nn_json_skip(&j)) {
             goto done;
         }
-    } while ((more = nn_tj_more(&j, '}')) == 1);
-    if (more < 0) goto done;
-    if (nn_tj_peek(&j)) {
-        nn_tj_fail(&j, "bytes after the JSON object");
-        goto done;
     }
+    if (more < 0 || nn_json_end(&j)) goto done;
     if (flat && model) {
         lfail(L, "\"%s\": has both \"token\": id members (a vocab.json) and a \"model\" "
               "(a tokenizer.json)", L->path);
@@ -352,7 +348,7 @@ static int parse_json(loader *L, const char *data, int64_t len, bool *is_tokeniz
     rc = 0;
 done:
     if (rc && !L->msg[0]) json_failed(L, &j);
-    nn_tj_free(&j);
+    nn_json_free(&j);
     return rc;
 }
 

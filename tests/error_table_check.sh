@@ -18,7 +18,8 @@
 # 1. A leading function name ("nb_matmul: ") must appear in the sources as
 #    the start of a string literal ("nb_matmul" or "nb_matmul: ...).
 # 2. The rest is cut into literal pieces at the values a format string fills
-#    in (numbers, "quoted" and 'quoted' text, shapes (2,3), [0, 24], dtype
+#    in (numbers, "quoted" and 'quoted' text, shapes (2,3), [0, 24], the
+#    "(JSON, byte 5)" nn/json.c appends to what it reports, dtype
 #    names, nb_* names, NaN/Inf, and the words the tables use for a user's
 #    own code: rmsnorm and split, names of custom functions, and boom, the
 #    message their callbacks report) and at ": " and "; ", where messages are
@@ -83,6 +84,7 @@ awk '
     # of the ": "-separated part piece k belongs to
     function pieces(s,    n, p, rest, vre, cut, sep, parts) {
         vre = "\"[^\"]*\"|\047[^\047]*\047|\\(-?[0-9]*(,-?[0-9]+)*\\)|\\[[0-9, ]*]|" \
+              "\\(JSON, byte [0-9]+\\)|" \
               "nb_[A-Za-z0-9_]+|-?(NaN|nan|Inf|inf)|(f32|f64|i64|bool|F32|F64|I64|BOOL)|" \
               "-?[0-9]+([.][0-9]+)?(e[-+]?[0-9]+)?|rmsnorm|split|boom"
         n = 0; parts = 1

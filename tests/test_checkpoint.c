@@ -368,11 +368,11 @@ static nb_params *small_registry(void) {
     return ps;
 }
 
-/* A file with this header text and data_len bytes of 0x3f (1.0f pieces). */
-static const char *write_file(const char *name, const char *header, size_t data_len) {
+/* A file with this header of n bytes and data_len bytes of 0x3f (1.0f pieces). */
+static const char *write_file_n(const char *name, const char *header, uint64_t n,
+                                size_t data_len) {
     const char *path = test_tmp_path(name);
     FILE *f = fopen(path, "wb");
-    uint64_t n = strlen(header);
     unsigned char len[8];
     for (int i = 0; i < 8; i++) len[i] = (unsigned char)(n >> (8 * i));
     fwrite(len, 1, 8, f);
@@ -380,6 +380,10 @@ static const char *write_file(const char *name, const char *header, size_t data_
     for (size_t i = 0; i < data_len; i++) fputc(0x3f, f);
     fclose(f);
     return path;
+}
+
+static const char *write_file(const char *name, const char *header, size_t data_len) {
+    return write_file_n(name, header, strlen(header), data_len);
 }
 
 static void expect_untouched(nb_params *ps) {
@@ -407,17 +411,24 @@ static const struct {
     {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1,2],\"data_offsets\":[0,8]}," GOOD_B "}", 12,
      "tensor \"a\" has shape (1,2) in the file but (2) in the registry", NULL},
     /* the header itself */
-    {"{" GOOD_A "," GOOD_B, 12, "invalid safetensors header", "expected '}'"},
-    {"[]", 0, "invalid safetensors header", "expected '{'"},
+    /* JSON's own problems (nn/json.c) with their byte in the header */
+    {"{" GOOD_A "," GOOD_B, 12, "invalid safetensors header: expected ',' or '}', found the end "
+     "of the header (JSON, byte 107)", NULL},
+    {"[]", 0, "invalid safetensors header: expected '{', found '[' (JSON, byte 0)", NULL},
+    {"{\"a\\u12g4\":{}}", 0, "a \\u escape needs 4 hex digits (JSON, byte 7)", NULL},
     {"{" GOOD_A "," GOOD_A "," GOOD_B "}", 12, "tensor \"a\" appears twice", NULL},
     {"{\"a\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,4]}," GOOD_B "}", 8,
      "tensor \"a\"", "unsupported dtype \"F16\""},
     {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,8]}}", 8,
      "tensor \"a\"", "overflows"},
     {"{\"a\":{\"dtype\":\"F32\",\"shape\":[99999999999999999999],\"data_offsets\":[0,8]}}", 8,
-     "larger than 2^63-1", NULL},
+     "tensor \"a\": the integer 99999999999999999999 is outside [0, 9223372036854775807] "
+     "(JSON, byte 29)", NULL},
+    /* 2^63-1 itself is an integer the header may hold (then too large a shape) */
+    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[9223372036854775807],\"data_offsets\":[0,8]}}", 8,
+     "tensor \"a\": its shape overflows 64-bit sizes", NULL},
     {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8,
-     "expected a non-negative integer", NULL},
+     "tensor \"a\": the integer -2 is outside [0, 9223372036854775807] (JSON, byte 29)", NULL},
     {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}," 
      "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,112]}}", 12,
      "data_offsets [8, 112] do not hold 4 bytes within the 12-byte data section", NULL},
@@ -434,7 +445,7 @@ static const struct {
      "unknown field \"x\"", NULL},
     {"{\"__metadata__\":{\"format\":7}," GOOD_A "," GOOD_B "}", 12,
      "__metadata__ values must be strings", NULL},
-    {"{" GOOD_A "," GOOD_B "} x", 12, "bytes after its JSON object", NULL},
+    {"{" GOOD_A "," GOOD_B "} x", 12, "bytes after the JSON object (JSON, byte 109)", NULL},
     {"{\"a\\u0000\":{}}", 0, "\\u0000", NULL},
     {"{\"a\\ud800\":{}}", 0, "unpaired surrogate", NULL},
     {"{\"a", 0, "not terminated", NULL},
@@ -470,6 +481,16 @@ START_TEST(test_bad_files_change_nothing) {
         nb_clear_error();
         expect_untouched(ps);
     }
+    /* a NUL byte is neither the end of the header nor padding (spaces are) */
+    static const char nul_pad[] = "{" GOOD_A "," GOOD_B "}\0\0\0\0\0";
+    expect_error_rc(nb_load(ps, write_file_n("nulpad", nul_pad, sizeof nul_pad - 1, 12)),
+                    "nb_load", "invalid safetensors header: bytes after the JSON object (JSON, "
+                    "byte 108)");
+    static const char nul_colon[] = "{\"a\"\0{}}";
+    expect_error_rc(nb_load(ps, write_file_n("nulcolon", nul_colon, sizeof nul_colon - 1, 0)),
+                    "nb_load", "invalid safetensors header: expected ':', found byte 0x00 (JSON, "
+                    "byte 4)");
+    expect_untouched(ps);
     nb_params_free(ps);
     test_remove_tmp_dir();
 }

@@ -510,6 +510,13 @@ START_TEST(not_json_or_not_bpe) {
                      "vocabulary has all 256)");
         expect_message(!nb_tokenizer_load(p), "nb_tokenizer_load: \"%s\": %s", p, msg);
     }
+    /* a NUL byte is not the end of the file */
+    test_write_bytes(p, "{\"a\": 0}\0", 9);
+    expect_message(!nb_tokenizer_load(p), "nb_tokenizer_load: \"%s\": bytes after the JSON object "
+                   "(JSON, byte 8)", p);
+    test_write_bytes(p, "{\"a\"\0: 0}", 10);
+    expect_message(!nb_tokenizer_load(p), "nb_tokenizer_load: \"%s\": expected ':', found byte "
+                   "0x00 (JSON, byte 4)", p);
     expect_message(!nb_tokenizer_load(test_tmp_path("none.json")),
                    "nb_tokenizer_load: cannot open \"%s\": No such file or directory",
                    test_tmp_path("none.json"));
