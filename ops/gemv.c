@@ -1,10 +1,13 @@
 /* gemv.c: matrix-vector products for nb_matmul's one-row (or one-column)
  * products, the shape of every product of token-by-token generation:
  *
- *   y (N) = W (N,K) x (K)      y[j] = sum over k = 0..K-1 of w[j][k] x[k]
+ *   rows form  y (N) = W (N,K) x (K)   y[j] = sum over k = 0..K-1 of w[j][k] x[k]
+ *   x W form   y (N) = x (K) W (K,N)   y[j] = sum over k = 0..K-1 of x[k] w[k][j]
  *
- * with W's rows contiguous (w[j][k] at w[j*ldw + k]): a linear layer's
- * x (1,K) w^T, or a row-major matrix times a vector (lm_head). The general
+ * with W's rows contiguous (w[j][k] at w[j*ldw + k], resp. w[k][j] at
+ * w[k*ldw + j]). The rows form is a linear layer's x (1,K) w^T, a row-major
+ * matrix times a vector (lm_head), or attention's q K^T over a KV cache (one
+ * per head); the x W form is attention's p V over the cache. The general
  * kernels (gemm.c, gemm_bf16.c) pack W for every call, and for one row of
  * output that copy is most of the work: here W is streamed once, in place.
  *
@@ -12,21 +15,26 @@
  * chain of fused multiply-adds over k in increasing order from 0 (f32), or
  * one vdpbf16ps per pair (2p, 2p+1) in increasing p, an odd K's last pair
  * being (K-1, zero) (bf16): exactly what gemm.c's AVX-512 path and
- * gemm_bf16.c's AVX512_BF16 path compute. So 16 outputs are made at once, one
- * per lane of a vector: a block of 16 rows x 16 words (f32 elements or bf16
- * pairs, 64 bytes per row) is loaded and transposed in registers, so that
- * vector t holds word t of the 16 rows, then multiplied in order. The rows
- * of a block are 16 sequential streams through W (a contiguous block of 16
- * rows). Outputs are independent of each other, so any split of the rows
- * (over threads, by the caller) gives the same bits.
+ * gemm_bf16.c's AVX512_BF16 path compute. In the rows form 16 outputs are
+ * made at once, one per lane of a vector: a block of 16 rows x 16 words (f32
+ * elements or bf16 pairs, 64 bytes per row) is loaded and transposed in
+ * registers, so that vector t holds word t of the 16 rows, then multiplied
+ * in order. The rows of a block are 16 sequential streams through W (a
+ * contiguous block of 16 rows). In the x W form the lanes are W's columns
+ * already: one FMA per row of W per vector of columns. Outputs are
+ * independent of each other, so any split of them (over threads, by the
+ * caller) gives the same bits.
  *
- * Paths: AVX-512F (f32) and AVX512_BF16 (bf16), from tensor/cpu.c's nbi_isa;
- * elsewhere the functions return 1 and the caller takes the general kernel,
- * whose bits these are. */
+ * Paths: AVX-512F (f32) and AVX512_BF16 (bf16) here, from tensor/cpu.c's
+ * nbi_isa; AVX2+FMA (f32, and bf16 weights widened to f32 where gemm_bf16.c
+ * takes its f32 fallback, AVX-512F without BF16 too) in gemv_avx2.c, with
+ * that path's bits; elsewhere the functions return 1 and the caller takes
+ * the general kernel, whose bits these are. */
 #include "gemm_internal.h"
 
 #include "../tensor/bf16_internal.h"
 #include "../tensor/cpu_internal.h"
+#include "gemv_internal.h"
 
 #include <stdbool.h>
 #include <string.h>
@@ -37,6 +45,12 @@
 #else
 #define GV_X86 0
 #endif
+
+/* A block of 16 rows fits in half the L2 (1 MiB assumed when unknown). */
+bool nbi_gemv_prefetching(int64_t ldw_bytes) {
+    int64_t l2 = nbi_cpu_info()->l2;
+    return 16 * ldw_bytes <= (l2 > 0 ? l2 : (int64_t)1 << 20) / 2;
+}
 
 #if GV_X86
 #define GV_AVX512 __attribute__((target("avx512f")))
@@ -91,18 +105,11 @@ static GV_AVX512 GV_INLINE void gv_load16(__m512 r[16], const void *w, int64_t l
  * ahead, so that each block's short rows (3 KiB of f32, 1.5 KiB of bf16 at
  * K = 768) do not start cold; GPT-2 124M generation 50 -> 60 tokens/s (f32)
  * and 85 -> 117 (bf16) here on 1 thread. Used when a block fits in half the
- * L2 read at run time (gv_prefetching: else the lines would be evicted
+ * L2 read at run time (nbi_gemv_prefetching: else the lines would be evicted
  * before their turn). Prefetches do not fault: past W's end they do nothing. */
 static GV_AVX512 GV_INLINE void gv_prefetch16(uintptr_t next_block, int64_t ldw_bytes) {
     for (int i = 0; i < 16; i++)
         _mm_prefetch((const char *)(next_block + (uintptr_t)(i * ldw_bytes)), _MM_HINT_T1);
-}
-
-/* Whether to warm the next block: a block of 16 rows fits in half the L2
- * (1 MiB assumed when unknown). */
-static bool gv_prefetching(int64_t ldw_bytes) {
-    int64_t l2 = nbi_cpu_info()->l2;
-    return 16 * ldw_bytes <= (l2 > 0 ? l2 : (int64_t)1 << 20) / 2;
 }
 
 /* y[j*sy] for the block's n rows from the lanes of acc */
@@ -145,7 +152,7 @@ static GV_AVX512 void gv_f32_rows(int n, int64_t K, const float *w, int64_t ldw,
 
 static GV_AVX512 void gv_f32(int64_t N, int64_t K, const float *w, int64_t ldw, const float *x,
                              float *y, int64_t sy) {
-    bool pf = gv_prefetching(ldw * 4);
+    bool pf = nbi_gemv_prefetching(ldw * 4);
     for (int64_t j = 0; j < N; j += 16)
         gv_f32_rows(N - j < 16 ? (int)(N - j) : 16, K, w + j * ldw, ldw, x, y + j * sy, sy, pf);
 }
@@ -186,19 +193,72 @@ static GV_BF16 void gv_bf16_rows(int n, int64_t K, const uint16_t *w, int64_t ld
 
 static GV_BF16 void gv_bf16(int64_t N, int64_t K, const uint16_t *w, int64_t ldw,
                             const uint32_t *xp, float *y, int64_t sy) {
-    bool pf = gv_prefetching(ldw * 2);
+    bool pf = nbi_gemv_prefetching(ldw * 2);
     for (int64_t j = 0; j < N; j += 16)
         gv_bf16_rows(N - j < 16 ? (int)(N - j) : 16, K, w + j * ldw, ldw, xp, y + j * sy, sy, pf);
 }
+
+/* --------------------------------------------------------- x W form, f32 */
+/* Columns [0, n) of y, n in (16 (NV - 1), 16 NV]: NV vectors of columns
+ * (the edge masked; masked lanes read nothing), each lane one chain
+ * y[j] = fma over k of (x[k], w[k][j]) from +0, rows of W in order. */
+static GV_AVX512 GV_INLINE void gv_vm(const int NV, int n, int64_t K, const float *w,
+                                      int64_t ldw, const float *x, float *y) {
+    __m512 acc[8];
+    __mmask16 m[8];
+    for (int v = 0; v < NV; v++) {
+        int left = n - 16 * v;
+        m[v] = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        acc[v] = _mm512_setzero_ps();
+    }
+    for (int64_t k = 0; k < K; k++) {
+        const __m512 s = _mm512_set1_ps(x[k]);
+        for (int v = 0; v < NV; v++)
+            acc[v] = _mm512_fmadd_ps(s, _mm512_maskz_loadu_ps(m[v], w + k * ldw + 16 * v), acc[v]);
+    }
+    for (int v = 0; v < NV; v++) _mm512_mask_storeu_ps(y + 16 * v, m[v], acc[v]);
+}
+
+/* 128 columns (8 vectors) at a time: every row of W in turn */
+static GV_AVX512 void gv_vm_cols(int n, int64_t K, const float *w, int64_t ldw, const float *x,
+                                 float *y) {
+    switch ((n + 15) / 16) {
+    case 1: gv_vm(1, n, K, w, ldw, x, y); break;
+    case 2: gv_vm(2, n, K, w, ldw, x, y); break;
+    case 3: gv_vm(3, n, K, w, ldw, x, y); break;
+    case 4: gv_vm(4, n, K, w, ldw, x, y); break;
+    case 5: gv_vm(5, n, K, w, ldw, x, y); break;
+    case 6: gv_vm(6, n, K, w, ldw, x, y); break;
+    case 7: gv_vm(7, n, K, w, ldw, x, y); break;
+    default: gv_vm(8, n, K, w, ldw, x, y); break;
+    }
+}
+
+static GV_AVX512 void gv_vecmat(int64_t N, int64_t K, const float *w, int64_t ldw,
+                                const float *x, float *y) {
+    for (int64_t j = 0; j < N; j += 128)
+        gv_vm_cols(N - j < 128 ? (int)(N - j) : 128, K, w + j, ldw, x, y + j);
+}
 #endif /* GV_X86 */
 
-/* The path: 2 AVX-512 f32, 3 and bf16 too, else 0 (not here: the caller
- * takes the general kernel). The general f32 kernel's path is gemm.c's, which
+/* The f32 path: 2 AVX-512, 1 AVX2+FMA, else 0 (not here: the caller takes
+ * the general kernel). The general f32 kernel's path is gemm.c's, which
  * tests may force lower: this one follows it. */
 static int gv_path(void) {
 #if GV_X86
-    if (nbi_gemm_path_now() != NBI_GEMM_AVX512) return 0;
-    return nbi_isa() >= NBI_ISA_AVX512BF16 ? 3 : 2;
+    int p = nbi_gemm_path_now();
+    return p == NBI_GEMM_AVX512 ? 2 : p == NBI_GEMM_AVX2 ? 1 : 0;
+#else
+    return 0;
+#endif
+}
+
+/* The bf16 path: 3 vdpbf16ps (AVX512_BF16), 1 widened to f32 FMA (where
+ * gemm_bf16.c falls to its AVX-512F or AVX2 f32 kernel), else 0. */
+static int gv_bf16_path(void) {
+#if GV_X86
+    int p = nbi_gemm_bf16_path();
+    return p == NBI_ISA_AVX512BF16 ? 3 : p == NBI_ISA_AVX512 || p == NBI_ISA_AVX2 ? 1 : 0;
 #else
     return 0;
 #endif
@@ -206,15 +266,25 @@ static int gv_path(void) {
 
 int nbi_gemv_f32(int64_t N, int64_t K, const float *w, int64_t ldw, const float *x, float *y,
                  int64_t sy) {
-#if GV_X86
-    if (gv_path() < 2) return 1;
+    int p = gv_path();
+    if (!p) return 1;
     if (N <= 0) return 0;
-    gv_f32(N, K, w, ldw, x, y, sy);
-    return 0;
-#else
-    (void)N, (void)K, (void)w, (void)ldw, (void)x, (void)y, (void)sy;
-    return 1;
+#if GV_X86
+    if (p == 2) gv_f32(N, K, w, ldw, x, y, sy);
+    else nbi_gemv_f32_avx2(N, K, w, ldw, x, y, sy);
 #endif
+    return 0;
+}
+
+int nbi_vecmat_f32(int64_t N, int64_t K, const float *w, int64_t ldw, const float *x, float *y) {
+    int p = gv_path();
+    if (!p) return 1;
+    if (N <= 0) return 0;
+#if GV_X86
+    if (p == 2) gv_vecmat(N, K, w, ldw, x, y);
+    else nbi_vecmat_f32_avx2(N, K, w, ldw, x, y);
+#endif
+    return 0;
 }
 
 void nbi_gemv_pairs(int64_t K, const void *x, int x_f32, int64_t sx, uint32_t *xp) {
@@ -233,22 +303,14 @@ void nbi_gemv_pairs(int64_t K, const void *x, int x_f32, int64_t sx, uint32_t *x
 
 int nbi_gemv_bf16(int64_t N, int64_t K, const uint16_t *w, int64_t ldw, const uint32_t *xp,
                   float *y, int64_t sy) {
-#if GV_X86
-    if (nbi_gemm_bf16_path() != NBI_ISA_AVX512BF16) return 1;
+    int p = gv_bf16_path();
+    if (!p) return 1;
     if (N <= 0) return 0;
-    gv_bf16(N, K, w, ldw, xp, y, sy);
-    return 0;
-#else
-    (void)N, (void)K, (void)w, (void)ldw, (void)xp, (void)y, (void)sy;
-    return 1;
+#if GV_X86
+    if (p == 3) gv_bf16(N, K, w, ldw, xp, y, sy);
+    else nbi_gemv_bf16_avx2(N, K, w, ldw, xp, y, sy);
 #endif
+    return 0;
 }
 
-int nbi_gemv_available(int bf16) {
-#if GV_X86
-    return bf16 ? nbi_gemm_bf16_path() == NBI_ISA_AVX512BF16 : gv_path() >= 2;
-#else
-    (void)bf16;
-    return 0;
-#endif
-}
+int nbi_gemv_available(int bf16) { return bf16 ? gv_bf16_path() > 0 : gv_path() > 0; }
