@@ -1382,7 +1382,8 @@ static void bench_generate(void) {
     double bytes[2] = {4 * all, 2 * lin + 4 * (all - lin)};
     printf("\nweight bytes per token: f32 %.1f MB, bf16 %.1f MB (1 MB = 1e6 bytes)\n",
            bytes[0] / 1e6, bytes[1] / 1e6);
-    printf("%-5s %7s %4s %9s %9s %8s\n", "dtype", "prompt", "thr", "tokens/s", "bound", "% bound");
+    printf("%-5s %7s %4s %9s %9s %8s %9s %6s\n", "dtype", "prompt", "thr", "tokens/s", "bound",
+           "% bound", "pt tok/s", "nb/pt");
     for (int d = 0; d < 2; d++)
         for (int pl = 0; pl < 2; pl++)
             for (int i = 0; i < nthr; i++) {
@@ -1390,9 +1391,17 @@ static void bench_generate(void) {
                 nb_set_num_threads(thr[i]);
                 double r = gen_rate(&g.m, plen, d ? NB_BF16 : NB_F32);
                 double bound = bw[i] * 1e9 / bytes[d];
-                printf("%-5s %7lld %4d %9.1f %9.1f %8.0f\n", d ? "bf16" : "f32", (long long)plen,
+                /* PyTorch's keys: gen[_bf16]_tok_s_{T}t_p{prompt} */
+                double pt = ref("gen%s_tok_s_%dt_p%lld", d ? "_bf16" : "", thr[i], (long long)plen);
+                printf("%-5s %7lld %4d %9.1f %9.1f %8.0f", d ? "bf16" : "f32", (long long)plen,
                        thr[i], r, bound, 100 * r / bound);
+                cell(pt, 10, 1);
+                cell(ratio(r, pt), 7, 2);
+                printf("\n");
             }
+    printf("PyTorch (pt): bench/torch_bench.py's GPT-2 with a hand-written KV cache, greedy, "
+           "median per-token time over 32 tokens; bf16 = the model in bfloat16; nb/pt > 1: "
+           "nabla faster\n");
     nb_set_num_threads(ncpu);
     nb_gpt_free(&g.m);
     nb_params_free(g.ps);

@@ -142,6 +142,13 @@ void nbi_gemv_bf16_avx2(int64_t N, int64_t K, const uint16_t *w, int64_t ldw,
 }
 
 /* ------------------------------------------------------------- x W form */
+/* The lines of NV vectors of a row `ahead` elements below (gemv.c's
+ * nbi_vecmat_ahead rows): one prefetch per 64 bytes, no fault past W's end. */
+static G2 G2_INLINE void g2_vm_prefetch(const int NV, const float *row, int64_t ahead) {
+    for (int v = 0; v < NV; v += 2)
+        _mm_prefetch((const char *)((uintptr_t)(row + 8 * v) + (uintptr_t)(ahead * 4)), _MM_HINT_T0);
+}
+
 /* Columns [0, n) of y, n in (8 (NV - 1), 8 NV]: NV vectors, the last one
  * masked when n is not a multiple of 8. Each vector is NV independent
  * chains' lanes: y[j] = fma over k of (x[k], w[k][j]) from +0. */
@@ -151,15 +158,18 @@ static G2 G2_INLINE void g2_vm(const int NV, int n, int64_t K, const float *w, i
     for (int v = 0; v < NV; v++) acc[v] = _mm256_setzero_ps();
     const int last = n - 8 * (NV - 1);
     const __m256i lm = g2_mask(last);
+    const int64_t ahead = nbi_vecmat_ahead(NV * 32);
     if (last == 8)
         for (int64_t k = 0; k < K; k++) {
             const __m256 s = _mm256_set1_ps(x[k]);
+            g2_vm_prefetch(NV, w + k * ldw, ahead * ldw);
             for (int v = 0; v < NV; v++)
                 acc[v] = _mm256_fmadd_ps(s, _mm256_loadu_ps(w + k * ldw + 8 * v), acc[v]);
         }
     else
         for (int64_t k = 0; k < K; k++) {
             const __m256 s = _mm256_set1_ps(x[k]);
+            g2_vm_prefetch(NV, w + k * ldw, ahead * ldw);
             for (int v = 0; v < NV - 1; v++)
                 acc[v] = _mm256_fmadd_ps(s, _mm256_loadu_ps(w + k * ldw + 8 * v), acc[v]);
             acc[NV - 1] = _mm256_fmadd_ps(

@@ -11,6 +11,8 @@
 /* Whether to warm the next block of 16 rows of row stride ldw_bytes while
  * one is read: a block fits in half the L2 (read at run time). */
 bool nbi_gemv_prefetching(int64_t ldw_bytes);
+/* Rows of W to prefetch ahead in the x W form, `bytes` read per row. */
+int64_t nbi_vecmat_ahead(int64_t bytes);
 
 #if defined(__x86_64__) || defined(__i386__)
 void nbi_gemv_f32_avx2(int64_t N, int64_t K, const float *w, int64_t ldw, const float *x,
