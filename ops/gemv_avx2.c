@@ -9,11 +9,13 @@
  * of fused multiply-adds over k in increasing order from +0 (bf16 operands
  * widened to f32 exactly, the product of two bf16 being exact in f32). So
  * the lanes of a vector are outputs, never parts of one sum: in the rows
- * form a block of 8 rows x 8 words is loaded and transposed in registers
- * (vector t = word t of the 8 rows), 16 rows (two blocks, two independent
- * chains) at a time, 16 sequential streams through W, the next block of
- * rows warmed as in gemv.c; in the x W form each of up to 8 vectors of
- * columns takes one FMA per row of W. */
+ * form a block of 8 rows x 8 32-bit words is loaded and transposed in
+ * registers (vector t = word t of the 8 rows; a bf16 word is a pair of
+ * elements, widened after the transpose: half the shuffles of widening
+ * first), 16 rows (f32) or 32 (bf16) at a time, one chain per 8, as many
+ * sequential streams through W, the next block of rows warmed as in gemv.c;
+ * in the x W form each of up to 8 vectors of columns takes one FMA per row
+ * of W, the rows ahead prefetched. */
 #include "gemv_internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -21,66 +23,73 @@
 
 #define G2 __attribute__((target("avx2,fma")))
 #define G2_INLINE inline __attribute__((always_inline))
+/* Groups of 8 rows per block, each one chain of FMAs (4-cycle latency on
+ * current x86): f32 takes 8 FMAs per 32 bytes of a row, bf16 16, so bf16
+ * needs twice the chains in flight to keep the loads coming (here: 16 rows
+ * read 20-26 GB/s of bf16, 32 rows 24-31; f32 with 32 rows was slower). */
+#define G2_F32_G 2
+#define G2_BF16_G 4
 
-/* r[t] = word t of rows 0..7 (r[i] holds row i's 8 words on entry): pairs,
- * then quads within each 128-bit lane, then the lanes. */
-static G2 G2_INLINE void g2_transpose8(__m256 r[8]) {
-    __m256 t[8], s[8];
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]); /* w0 w0' w1 w1' | w4 w4' w5 w5' */
-        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]); /* w2 w2' w3 w3' | w6 ... */
-    }
-    for (int i = 0; i < 8; i += 4) { /* s[i + q]: word q (low lane) and 4 + q (high) of rows i..i+3 */
-        s[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-        s[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
-        s[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-        s[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
-    }
-    for (int q = 0; q < 4; q++) {
-        r[q] = _mm256_permute2f128_ps(s[q], s[q + 4], 0x20);
-        r[q + 4] = _mm256_permute2f128_ps(s[q], s[q + 4], 0x31);
-    }
-}
-
-/* lanes [0, m) set */
-static G2 G2_INLINE __m256i g2_mask(int m) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
-/* Words [k, k + m) of a row (m <= 8; the rest zeros, never read) as f32:
- * f32 data, or bf16 widened (exact). */
-static G2 G2_INLINE __m256 g2_load(const char *row, int64_t k, int m, int bf16) {
-    if (!bf16) {
-        const float *p = (const float *)row + k;
-        return m == 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, g2_mask(m));
-    }
-    const uint16_t *p = (const uint16_t *)row + k;
-    uint16_t tail[8] = {0};
-    if (m < 8)
-        for (int i = 0; i < m; i++) tail[i] = p[i];
-    __m128i h = _mm_loadu_si128((const __m128i *)(m == 8 ? p : tail));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-/* acc[g] (rows 8g..8g+7 of the block, n valid) += the words [k, k + m) of
- * those rows times xk[0..m), one FMA per word in order. */
-static G2 G2_INLINE void g2_step(__m256 acc[2], int n, const char *w, int64_t ldw_bytes,
-                                 int64_t k, int m, const float *xk, int bf16) {
-    for (int g = 0; g < 2 && 8 * g < n; g++) {
-        __m256 r[8];
-        for (int i = 0; i < 8; i++)
-            r[i] = 8 * g + i < n ? g2_load(w + (8 * g + i) * ldw_bytes, k, m, bf16)
-                                 : _mm256_setzero_ps();
-        g2_transpose8(r);
-        for (int t = 0; t < m; t++) acc[g] = _mm256_fmadd_ps(_mm256_set1_ps(xk[t]), r[t], acc[g]);
+/* r[t] = 32-bit word t of rows 0..7 (row i at w + i*ld + off, 32 bytes;
+ * rows >= n8 read as zeros, never touched): each register is loaded as two
+ * 16-byte halves, rows i and i + 4 side by side, so that a 4 x 4 transpose
+ * within each 128-bit lane finishes it (16 shuffles, where whole-row loads
+ * need 24: shuffles are what limits this kernel on CPUs with one shuffle
+ * port). r[4h + q] = word 4h + q. */
+static G2 G2_INLINE void g2_block8(__m256 r[8], const char *w, int64_t ld, int n8, int64_t off) {
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 4; i++) {
+            const char *p = w + off + 16 * h;
+            __m128 lo = i < n8 ? _mm_loadu_ps((const float *)(p + i * ld)) : _mm_setzero_ps();
+            __m128 hi = i + 4 < n8 ? _mm_loadu_ps((const float *)(p + (i + 4) * ld)) : _mm_setzero_ps();
+            r[4 * h + i] = _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
+        }
+    for (int h = 0; h < 2; h++) {
+        __m256 *q = r + 4 * h;
+        __m256 t0 = _mm256_unpacklo_ps(q[0], q[1]), t1 = _mm256_unpackhi_ps(q[0], q[1]);
+        __m256 t2 = _mm256_unpacklo_ps(q[2], q[3]), t3 = _mm256_unpackhi_ps(q[2], q[3]);
+        q[0] = _mm256_shuffle_ps(t0, t2, 0x44); /* word 0 of rows 0-3 | of rows 4-7 */
+        q[1] = _mm256_shuffle_ps(t0, t2, 0xee);
+        q[2] = _mm256_shuffle_ps(t1, t3, 0x44);
+        q[3] = _mm256_shuffle_ps(t1, t3, 0xee);
     }
 }
 
-/* x[k..k+m) as f32: f32 x as it is; bf16 x (the pairs read as halves, in
- * order on a little-endian CPU) widened into xs. */
+/* acc += words r[0..8) in order, elements [0, m) of them (f32: m <= 8
+ * words; bf16: m <= 16 elements, word t the pair (2t, 2t + 1), each half
+ * widened to f32 exactly: the low one shifted up, the high one masked). */
+static G2 G2_INLINE __m256 g2_fma8(__m256 acc, const __m256 r[8], const float *xk, int m,
+                                   int bf16) {
+    for (int t = 0; t < 8; t++) {
+        if (!bf16) {
+            if (t < m) acc = _mm256_fmadd_ps(_mm256_set1_ps(xk[t]), r[t], acc);
+            continue;
+        }
+        __m256i pair = _mm256_castps_si256(r[t]);
+        if (2 * t < m)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(xk[2 * t]),
+                                  _mm256_castsi256_ps(_mm256_slli_epi32(pair, 16)), acc);
+        if (2 * t + 1 < m)
+            acc = _mm256_fmadd_ps(
+                _mm256_set1_ps(xk[2 * t + 1]),
+                _mm256_castsi256_ps(_mm256_and_si256(pair, _mm256_set1_epi32((int)0xffff0000u))),
+                acc);
+    }
+    return acc;
+}
+
+/* x[k..k+m) (m <= 16) as f32: f32 x as it is; bf16 x (the pairs read as
+ * halves, in order on a little-endian CPU) widened into xs. */
 static G2 G2_INLINE const float *g2_x(const void *x, int64_t k, int m, int bf16, float xs[16]) {
     if (!bf16) return (const float *)x + k;
     const uint16_t *h = (const uint16_t *)x + k;
+    if (m == 16) {
+        for (int q = 0; q < 2; q++) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(h + 8 * q));
+            _mm256_storeu_ps(xs + 8 * q, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16)));
+        }
+        return xs;
+    }
     for (int t = 0; t < m; t++) {
         uint32_t u = (uint32_t)h[t] << 16;
         __builtin_memcpy(&xs[t], &u, 4);
@@ -88,60 +97,76 @@ static G2 G2_INLINE const float *g2_x(const void *x, int64_t k, int m, int bf16,
     return xs;
 }
 
-/* One block of n <= 16 rows: y[i*sy] for i < n. pf: warm the next block,
- * one prefetch per row per 64 bytes read. */
-static G2 G2_INLINE void g2_rows(int n, int64_t K, const char *w, int64_t ldw_bytes,
+/* One block of n <= 8 G rows (G groups of 8, G independent chains):
+ * y[i*sy] for i < n. 32 bytes of each row per step (8 f32 words or 16 bf16
+ * elements); pf: warm the next block, one prefetch per row per 64 bytes. */
+static G2 G2_INLINE void g2_rows(const int G, int n, int64_t K, const char *w, int64_t ldw_bytes,
                                  const void *x, float *y, int64_t sy, bool pf, int bf16) {
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    const int es = bf16 ? 2 : 4;
+    __m256 acc[4], r[8];
+    for (int g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();
+    const int es = bf16 ? 2 : 4, per = 32 / es; /* elements per step */
     float xs[16];
     int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
-        if (pf && (!bf16 || k % 32 == 0))
-            for (int i = 0; i < 16; i++)
-                _mm_prefetch((const char *)((uintptr_t)w + (uintptr_t)((16 + i) * ldw_bytes + k * es)),
-                             _MM_HINT_T1); /* past W's end: no fault, nothing done */
-        const float *xk = g2_x(x, k, 16, bf16, xs);
-        g2_step(acc, n, w, ldw_bytes, k, 8, xk, bf16);
-        g2_step(acc, n, w, ldw_bytes, k + 8, 8, xk + 8, bf16);
+    for (; k + per <= K; k += per) {
+        if (pf && (k * es) % 64 == 0)
+            for (int i = 0; i < 8 * G; i++) /* past W's end: no fault, nothing done */
+                _mm_prefetch((const char *)((uintptr_t)w + (uintptr_t)((8 * G + i) * ldw_bytes + k * es)),
+                             _MM_HINT_T1);
+        const float *xk = g2_x(x, k, per, bf16, xs);
+        for (int g = 0; g < G && 8 * g < n; g++) {
+            g2_block8(r, w + 8 * g * ldw_bytes, ldw_bytes, n - 8 * g, k * es);
+            acc[g] = g2_fma8(acc[g], r, xk, per, bf16);
+        }
     }
-    for (; k < K; k += 8) { /* the last K % 16 words, only those multiplied (no 0 x 0 added) */
-        int m = K - k < 8 ? (int)(K - k) : 8;
-        g2_step(acc, n, w, ldw_bytes, k, m, g2_x(x, k, m, bf16, xs), bf16);
+    if (k < K) { /* the last elements, through a zeroed copy of 32 bytes per row; only
+                  * they are multiplied (no 0 x 0 added: a -0 sum would turn +0) */
+        int m = (int)(K - k);
+        const float *xk = g2_x(x, k, m, bf16, xs);
+        for (int g = 0; g < G && 8 * g < n; g++) {
+            char tail[8][32] = {{0}};
+            for (int i = 0; i < 8 && 8 * g + i < n; i++)
+                __builtin_memcpy(tail[i], w + (8 * g + i) * ldw_bytes + k * es, (size_t)(m * es));
+            g2_block8(r, tail[0], 32, n - 8 * g, 0);
+            acc[g] = g2_fma8(acc[g], r, xk, m, bf16);
+        }
     }
-    float out[16];
-    _mm256_storeu_ps(out, acc[0]);
-    _mm256_storeu_ps(out + 8, acc[1]);
+    float out[32];
+    for (int g = 0; g < G; g++) _mm256_storeu_ps(out + 8 * g, acc[g]);
     for (int i = 0; i < n; i++) y[i * sy] = out[i];
 }
 
 static G2 void g2_rows_f32(int n, int64_t K, const char *w, int64_t ldw_bytes, const void *x,
                            float *y, int64_t sy, bool pf) {
-    g2_rows(n, K, w, ldw_bytes, x, y, sy, pf, 0);
+    g2_rows(G2_F32_G, n, K, w, ldw_bytes, x, y, sy, pf, 0);
 }
 
 static G2 void g2_rows_bf16(int n, int64_t K, const char *w, int64_t ldw_bytes, const void *x,
                             float *y, int64_t sy, bool pf) {
-    g2_rows(n, K, w, ldw_bytes, x, y, sy, pf, 1);
+    g2_rows(G2_BF16_G, n, K, w, ldw_bytes, x, y, sy, pf, 1);
 }
 
 void nbi_gemv_f32_avx2(int64_t N, int64_t K, const float *w, int64_t ldw, const float *x,
                        float *y, int64_t sy) {
     bool pf = nbi_gemv_prefetching(ldw * 4);
-    for (int64_t j = 0; j < N; j += 16)
-        g2_rows_f32(N - j < 16 ? (int)(N - j) : 16, K, (const char *)(w + j * ldw), ldw * 4, x,
+    for (int64_t j = 0; j < N; j += 8 * G2_F32_G)
+        g2_rows_f32(N - j < 8 * G2_F32_G ? (int)(N - j) : 8 * G2_F32_G, K, (const char *)(w + j * ldw), ldw * 4, x,
                     y + j * sy, sy, pf);
 }
 
 void nbi_gemv_bf16_avx2(int64_t N, int64_t K, const uint16_t *w, int64_t ldw,
                         const uint32_t *xp, float *y, int64_t sy) {
     bool pf = nbi_gemv_prefetching(ldw * 2);
-    for (int64_t j = 0; j < N; j += 16)
-        g2_rows_bf16(N - j < 16 ? (int)(N - j) : 16, K, (const char *)(w + j * ldw), ldw * 2, xp,
+    for (int64_t j = 0; j < N; j += 8 * G2_BF16_G)
+        g2_rows_bf16(N - j < 8 * G2_BF16_G ? (int)(N - j) : 8 * G2_BF16_G, K, (const char *)(w + j * ldw), ldw * 2, xp,
                      y + j * sy, sy, pf);
 }
 
 /* ------------------------------------------------------------- x W form */
+/* lanes [0, m) set */
+static G2 G2_INLINE __m256i g2_mask(int m) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 /* The lines of NV vectors of a row `ahead` elements below (gemv.c's
  * nbi_vecmat_ahead rows): one prefetch per 64 bytes, no fault past W's end. */
 static G2 G2_INLINE void g2_vm_prefetch(const int NV, const float *row, int64_t ahead) {
