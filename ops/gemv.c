@@ -16,8 +16,8 @@
  * one vdpbf16ps per pair (2p, 2p+1) in increasing p, an odd K's last pair
  * being (K-1, zero) (bf16): exactly what gemm.c's AVX-512 path and
  * gemm_bf16.c's AVX512_BF16 path compute. In the rows form 16 outputs are
- * made at once, one per lane of a vector: a block of 16 rows x 16 words (f32
- * elements or bf16 pairs, 64 bytes per row) is loaded and transposed in
+ * made at once, one per lane of a vector: a block of 16 rows x 8 words (f32
+ * elements or bf16 pairs, 32 bytes per row) is loaded and transposed in
  * registers, so that vector t holds word t of the 16 rows, then multiplied
  * in order. The rows of a block are 16 sequential streams through W (a
  * contiguous block of 16 rows). In the x W form the lanes are W's columns
@@ -65,49 +65,6 @@ int64_t nbi_vecmat_ahead(int64_t bytes) {
 #define GV_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 #define GV_INLINE inline __attribute__((always_inline))
 
-/* r[t] = word t of rows 0..15 (r[i] holds row i's 16 words on entry): the
- * 16 x 16 transpose of 32-bit words in four rounds (pairs, quads, 128-bit
- * lanes twice). Target attribute only: inlined into each caller's path. */
-static GV_AVX512 GV_INLINE void gv_transpose16(__m512 r[16]) {
-    __m512 t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    /* t[i + h] (h < 2) holds, per 128-bit lane l, words 4l + 2h, 4l + 2h + 1 of rows i, i+1
-     * interleaved: pairs of 64 bits make word 4l + q of rows i..i+3 in r[i + q] */
-    for (int i = 0; i < 16; i += 4)
-        for (int h = 0; h < 2; h++) {
-            __m512d a = _mm512_castps_pd(t[i + h]), b = _mm512_castps_pd(t[i + h + 2]);
-            r[i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-            r[i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-        }
-    /* lane l of r[4g + q] is word 4l + q of rows 4g..4g+3: gather lane l of the four
-     * groups into one vector, in two rounds of 128-bit shuffles (0x88 takes lanes 0, 2
-     * of each source; 0xdd lanes 1, 3) */
-    for (int q = 0; q < 4; q++)
-        for (int g = 0; g < 2; g++) { /* groups (0, 1) and (2, 3) */
-            t[q + 8 * g] = _mm512_shuffle_f32x4(r[8 * g + q], r[8 * g + 4 + q], 0x88);
-            t[q + 4 + 8 * g] = _mm512_shuffle_f32x4(r[8 * g + q], r[8 * g + 4 + q], 0xdd);
-        }
-    /* t[q + 8g]: lanes (l0, l2) of groups 2g, 2g+1; t[q + 4 + 8g]: (l1, l3) */
-    for (int q = 0; q < 4; q++)
-        for (int s = 0; s < 2; s++) {
-            __m512 lo = t[q + 4 * s], hi = t[q + 4 * s + 8];
-            r[q + 4 * s] = _mm512_shuffle_f32x4(lo, hi, 0x88);     /* word 4s + q (lane 0 or 1) */
-            r[q + 4 * s + 8] = _mm512_shuffle_f32x4(lo, hi, 0xdd); /* word 8 + 4s + q */
-        }
-}
-
-/* Rows [0, n) of the block (n < 16 at the N edge: the others read as
- * zeros, never touched), words [k, k + m) (m <= 16: a masked load). */
-static GV_AVX512 GV_INLINE void gv_load16(__m512 r[16], const void *w, int64_t ldw_bytes, int n,
-                                          __mmask16 km) {
-    for (int i = 0; i < 16; i++)
-        r[i] = i < n ? _mm512_maskz_loadu_ps(km, (const char *)w + i * ldw_bytes)
-                     : _mm512_setzero_ps();
-}
-
 /* Warms the next block of 16 rows (row stride ldw_bytes) at the words about
  * to be read in this one, one line per row: 16 more streams running a block
  * ahead, so that each block's short rows (3 KiB of f32, 1.5 KiB of bf16 at
@@ -132,27 +89,56 @@ static GV_AVX512 GV_INLINE void gv_store(float *y, int64_t sy, int n, __m512 acc
 }
 
 /* ------------------------------------------------------------------- f32 */
+/* r[t] = word t of rows 0..15 (row i at w + i*ld, 8 words; rows >= n
+ * zeros): each register is four 16-byte loads, rows i, i+4, i+8, i+12 side
+ * by side, so that a 4 x 4 transpose within each 128-bit lane finishes it
+ * (16 shuffles and 24 inserts for 512 bytes, where a 16 x 16 transpose of
+ * whole-line loads took 64 shuffles for 1 KiB and read 32-34 GB/s on one
+ * thread here against 39-41 now, f32 3072 x 768; bf16 37-38 -> 39-40). */
+static GV_AVX512 GV_INLINE void gv_block16x8(__m512 r[8], const void *w, int64_t ld_bytes, int n) {
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 4; i++) {
+            __m512 v = _mm512_setzero_ps();
+            const char *p = (const char *)w + 16 * h;
+            for (int l = 0; l < 4; l++)
+                if (i + 4 * l < n)
+                    v = _mm512_insertf32x4(
+                        v, _mm_loadu_ps((const float *)(p + (i + 4 * l) * ld_bytes)), l);
+            r[4 * h + i] = v;
+        }
+    for (int h = 0; h < 2; h++) {
+        __m512 *q = r + 4 * h;
+        __m512 t0 = _mm512_unpacklo_ps(q[0], q[1]), t1 = _mm512_unpackhi_ps(q[0], q[1]);
+        __m512 t2 = _mm512_unpacklo_ps(q[2], q[3]), t3 = _mm512_unpackhi_ps(q[2], q[3]);
+        q[0] = _mm512_shuffle_ps(t0, t2, 0x44);
+        q[1] = _mm512_shuffle_ps(t0, t2, 0xee);
+        q[2] = _mm512_shuffle_ps(t1, t3, 0x44);
+        q[3] = _mm512_shuffle_ps(t1, t3, 0xee);
+    }
+}
+
 /* 16 rows (n of them valid): acc lane i = chain over k of w[i][k] x[k]. One
  * group of 16 rows at a time: 16 sequential streams through W, which the
  * hardware prefetchers follow (measured here: two groups side by side, 32
- * streams, read 17 GB/s against 31; prefetches ahead in the block's own rows
- * did not help), with the next block's rows warmed (gv_prefetch16). */
+ * streams, read 17 GB/s against 31, and again 31-32 against 39-41 with
+ * gv_block16x8's loads; prefetches ahead in the block's own rows did not
+ * help), with the next block's rows warmed (gv_prefetch16). */
 static GV_AVX512 void gv_f32_rows(int n, int64_t K, const float *w, int64_t ldw,
                                   const float *x, float *y, int64_t sy, bool pf) {
-    __m512 acc = _mm512_setzero_ps(), r[16];
+    __m512 acc = _mm512_setzero_ps(), r[8];
     int64_t k = 0;
-    uintptr_t ahead = (uintptr_t)(w + k) + (uintptr_t)(16 * ldw * 4);
-    for (; k + 16 <= K; k += 16, ahead += 64) {
-        if (pf) gv_prefetch16(ahead, ldw * 4);
-        gv_load16(r, w + k, ldw * 4, n, 0xffff);
-        gv_transpose16(r);
-        for (int t = 0; t < 16; t++) acc = _mm512_fmadd_ps(_mm512_set1_ps(x[k + t]), r[t], acc);
+    for (; k + 8 <= K; k += 8) {
+        if (pf && k % 16 == 0) /* one line per row per 64 bytes read */
+            gv_prefetch16((uintptr_t)(w + k) + (uintptr_t)(16 * ldw * 4), ldw * 4);
+        gv_block16x8(r, w + k, ldw * 4, n);
+        for (int t = 0; t < 8; t++) acc = _mm512_fmadd_ps(_mm512_set1_ps(x[k + t]), r[t], acc);
     }
-    if (k < K) { /* the last m < 16 words: only those are multiplied (no zero padding in k:
-                  * an added 0 x 0 would turn a -0 sum into +0) */
+    if (k < K) { /* the last m < 8 words, through a zeroed copy; only those are multiplied
+                  * (no zero padding in k: an added 0 x 0 would turn a -0 sum into +0) */
         int m = (int)(K - k);
-        gv_load16(r, w + k, ldw * 4, n, (__mmask16)((1u << m) - 1));
-        gv_transpose16(r);
+        float tail[16][8] = {{0}};
+        for (int i = 0; i < n; i++) memcpy(tail[i], w + i * ldw + k, (size_t)m * sizeof(float));
+        gv_block16x8(r, tail[0], 32, n);
         for (int t = 0; t < m; t++) acc = _mm512_fmadd_ps(_mm512_set1_ps(x[k + t]), r[t], acc);
     }
     gv_store(y, sy, n, acc);
@@ -166,26 +152,27 @@ static GV_AVX512 void gv_f32(int64_t N, int64_t K, const float *w, int64_t ldw, 
 }
 
 /* ------------------------------------------------------------------ bf16 */
-/* x as bf16 pairs: word p = x[2p] (low half) | x[2p+1] (high half), an odd
- * K's last high half 0. */
+/* 16 rows of bf16 (n of them valid), x as pairs: word p = x[2p] (low
+ * half) | x[2p+1] (high half), an odd K's last high half 0. 8 pairs of
+ * each row per step, one vdpbf16ps per pair in order. */
 static GV_BF16 void gv_bf16_rows(int n, int64_t K, const uint16_t *w, int64_t ldw,
                                  const uint32_t *xp, float *y, int64_t sy, bool pf) {
-    __m512 acc = _mm512_setzero_ps(), r[16];
+    __m512 acc = _mm512_setzero_ps(), r[8];
     const int64_t P = K / 2; /* whole pairs in each row */
     int64_t p = 0;
-    uintptr_t ahead = (uintptr_t)w + (uintptr_t)(16 * ldw * 2);
-    for (; p + 16 <= P; p += 16, ahead += 64) {
-        if (pf) gv_prefetch16(ahead, ldw * 2);
-        gv_load16(r, w + 2 * p, ldw * 2, n, 0xffff);
-        gv_transpose16(r);
-        for (int t = 0; t < 16; t++)
+    for (; p + 8 <= P; p += 8) {
+        if (pf && p % 16 == 0) /* one line per row per 64 bytes read */
+            gv_prefetch16((uintptr_t)(w + 2 * p) + (uintptr_t)(16 * ldw * 2), ldw * 2);
+        gv_block16x8(r, w + 2 * p, ldw * 2, n);
+        for (int t = 0; t < 8; t++)
             acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32((int)xp[p + t]),
                                    (__m512bh)_mm512_castps_si512(r[t]));
     }
-    if (p < P) {
+    if (p < P) { /* the last m < 8 pairs, through a zeroed copy */
         int m = (int)(P - p);
-        gv_load16(r, w + 2 * p, ldw * 2, n, (__mmask16)((1u << m) - 1));
-        gv_transpose16(r);
+        uint32_t tail[16][8] = {{0}};
+        for (int i = 0; i < n; i++) memcpy(tail[i], w + i * ldw + 2 * p, (size_t)m * 4);
+        gv_block16x8(r, tail[0], 32, n);
         for (int t = 0; t < m; t++)
             acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32((int)xp[p + t]),
                                    (__m512bh)_mm512_castps_si512(r[t]));
@@ -226,8 +213,9 @@ static GV_AVX512 GV_INLINE void gv_vm(const int NV, int n, int64_t K, const floa
     for (int64_t k = 0; k < K; k++) {
         const __m512 s = _mm512_set1_ps(x[k]);
         for (int v = 0; v < NV; v++) /* no fault past W's end */
-            _mm_prefetch((const char *)((uintptr_t)(w + 16 * v) + (uintptr_t)((k + ahead) * ldw * 4)),
-                         _MM_HINT_T0);
+            _mm_prefetch(
+                (const char *)((uintptr_t)(w + 16 * v) + (uintptr_t)((k + ahead) * ldw * 4)),
+                _MM_HINT_T0);
         for (int v = 0; v < NV; v++)
             acc[v] = _mm512_fmadd_ps(s, _mm512_maskz_loadu_ps(m[v], w + k * ldw + 16 * v), acc[v]);
     }

@@ -41,7 +41,8 @@ static G2 G2_INLINE void g2_block8(__m256 r[8], const char *w, int64_t ld, int n
         for (int i = 0; i < 4; i++) {
             const char *p = w + off + 16 * h;
             __m128 lo = i < n8 ? _mm_loadu_ps((const float *)(p + i * ld)) : _mm_setzero_ps();
-            __m128 hi = i + 4 < n8 ? _mm_loadu_ps((const float *)(p + (i + 4) * ld)) : _mm_setzero_ps();
+            __m128 hi = i + 4 < n8 ? _mm_loadu_ps((const float *)(p + (i + 4) * ld))
+                                   : _mm_setzero_ps();
             r[4 * h + i] = _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
         }
     for (int h = 0; h < 2; h++) {
@@ -86,7 +87,8 @@ static G2 G2_INLINE const float *g2_x(const void *x, int64_t k, int m, int bf16,
     if (m == 16) {
         for (int q = 0; q < 2; q++) {
             __m128i v = _mm_loadu_si128((const __m128i *)(h + 8 * q));
-            _mm256_storeu_ps(xs + 8 * q, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16)));
+            __m256i u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16);
+            _mm256_storeu_ps(xs + 8 * q, _mm256_castsi256_ps(u));
         }
         return xs;
     }
@@ -110,8 +112,9 @@ static G2 G2_INLINE void g2_rows(const int G, int n, int64_t K, const char *w, i
     for (; k + per <= K; k += per) {
         if (pf && (k * es) % 64 == 0)
             for (int i = 0; i < 8 * G; i++) /* past W's end: no fault, nothing done */
-                _mm_prefetch((const char *)((uintptr_t)w + (uintptr_t)((8 * G + i) * ldw_bytes + k * es)),
-                             _MM_HINT_T1);
+                _mm_prefetch(
+                    (const char *)((uintptr_t)w + (uintptr_t)((8 * G + i) * ldw_bytes + k * es)),
+                    _MM_HINT_T1);
         const float *xk = g2_x(x, k, per, bf16, xs);
         for (int g = 0; g < G && 8 * g < n; g++) {
             g2_block8(r, w + 8 * g * ldw_bytes, ldw_bytes, n - 8 * g, k * es);
@@ -149,7 +152,8 @@ void nbi_gemv_f32_avx2(int64_t N, int64_t K, const float *w, int64_t ldw, const 
                        float *y, int64_t sy) {
     bool pf = nbi_gemv_prefetching(ldw * 4);
     for (int64_t j = 0; j < N; j += 8 * G2_F32_G)
-        g2_rows_f32(N - j < 8 * G2_F32_G ? (int)(N - j) : 8 * G2_F32_G, K, (const char *)(w + j * ldw), ldw * 4, x,
+        g2_rows_f32(N - j < 8 * G2_F32_G ? (int)(N - j) : 8 * G2_F32_G, K,
+                    (const char *)(w + j * ldw), ldw * 4, x,
                     y + j * sy, sy, pf);
 }
 
@@ -157,7 +161,8 @@ void nbi_gemv_bf16_avx2(int64_t N, int64_t K, const uint16_t *w, int64_t ldw,
                         const uint32_t *xp, float *y, int64_t sy) {
     bool pf = nbi_gemv_prefetching(ldw * 2);
     for (int64_t j = 0; j < N; j += 8 * G2_BF16_G)
-        g2_rows_bf16(N - j < 8 * G2_BF16_G ? (int)(N - j) : 8 * G2_BF16_G, K, (const char *)(w + j * ldw), ldw * 2, xp,
+        g2_rows_bf16(N - j < 8 * G2_BF16_G ? (int)(N - j) : 8 * G2_BF16_G, K,
+                     (const char *)(w + j * ldw), ldw * 2, xp,
                      y + j * sy, sy, pf);
 }
 
@@ -171,7 +176,8 @@ static G2 G2_INLINE __m256i g2_mask(int m) {
  * nbi_vecmat_ahead rows): one prefetch per 64 bytes, no fault past W's end. */
 static G2 G2_INLINE void g2_vm_prefetch(const int NV, const float *row, int64_t ahead) {
     for (int v = 0; v < NV; v += 2)
-        _mm_prefetch((const char *)((uintptr_t)(row + 8 * v) + (uintptr_t)(ahead * 4)), _MM_HINT_T0);
+        _mm_prefetch((const char *)((uintptr_t)(row + 8 * v) + (uintptr_t)(ahead * 4)),
+                     _MM_HINT_T0);
 }
 
 /* Columns [0, n) of y, n in (8 (NV - 1), 8 NV]: NV vectors, the last one

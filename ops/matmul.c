@@ -171,7 +171,8 @@ static void gv_run(const gv_job *j, int64_t bt, int64_t u0, int64_t u1) {
     } else {
         int64_t es = j->xp ? 2 : 4;
         w += r0 * j->ldw * es;
-        if (j->xp) nbi_gemv_bf16(n, j->K, (const uint16_t *)w, j->ldw, j->xp + bt * (j->K / 2 + 1), y, 1);
+        if (j->xp)
+            nbi_gemv_bf16(n, j->K, (const uint16_t *)w, j->ldw, j->xp + bt * (j->K / 2 + 1), y, 1);
         else nbi_gemv_f32(n, j->K, (const float *)w, j->ldw, j->x ? j->x + bt * j->K : x, y, 1);
     }
 }
