@@ -10,7 +10,9 @@
  * narrowed views alike); nothing is copied first. Each output matrix is made
  * by one call of the blocked SIMD kernel in gemm.c (nbi_gemm_f32/f64), which
  * packs blocks of the operands through their strides; a batch whose b is
- * shared and whose a steps over its rows is one taller product. Every output
+ * shared and whose a steps over its rows is one taller product. Products
+ * with one row (or column) of output per matrix go to the matrix-vector
+ * kernels of gemv.c instead, which read the matrix in place (below). Every output
  * element is a sum over k in increasing order from 0, accumulated in the
  * output's dtype (f32 in float, as PyTorch does; fused multiply-adds where the
  * CPU has them), so the result does not depend on blocking or tiling.
@@ -191,11 +193,11 @@ static void gv_tasks(void *ctx, int64_t lo, int64_t hi) {
  * stride), or -1 when it has none gemv.c does on this CPU. */
 static int gv_form(const mm_geom *g, const mm_types *t, int64_t rows, nb_dtype *wdt) {
     if (g->K == 0 || t->c != NB_F32) return -1;
-    int form = rows == 1 && g->sbk == 1   ? GV_ROWS_B
-               : rows == 1 && g->sbn == 1 ? GV_COLS_B
-               : g->N == 1 && g->sak == 1 ? GV_ROWS_A
-                                          : -1;
-    if (form < 0 || (form == GV_COLS_B && t->bf16)) return -1;
+    int form = rows == 1 && g->sbk == 1                ? GV_ROWS_B
+               : rows == 1 && g->sbn == 1 && !t->bf16 ? GV_COLS_B /* f32 only */
+               : g->N == 1 && g->sak == 1              ? GV_ROWS_A
+                                                       : -1;
+    if (form < 0) return -1;
     *wdt = form == GV_ROWS_A ? t->a : t->b;
     if (t->bf16 ? *wdt != NB_BF16 : *wdt != NB_F32) return -1; /* f32 W under autocast: packed */
     return nbi_gemv_available(t->bf16) ? form : -1;
