@@ -22,7 +22,8 @@
  *   9. GPT-2 124M construction (nb_gpt_init) and generation (nb_gpt_generate
  *      with its KV cache, f32 and bf16 weights, prompts of 1 and 512 tokens,
  *      1 thread and all CPUs) beside the memory-bandwidth bound measured in
- *      the same run: weight bytes per token / streaming read bandwidth
+ *      the same run: weight bytes per token / streaming read bandwidth (and
+ *      with the KV cache's bytes added), and PyTorch's tokens/s
  *  10. the GPT-2 tokenizer: encode (tokens/s, MB/s) and decode of 1 MiB
  *      of English and of one long word
  *  11. the process's peak RSS
