@@ -58,7 +58,10 @@ $(BUILD)/%.o: %.c $(HDRS)
 
 # The GEMM kernel relies on multiply-adds contracting to FMA (-std=c11 turns
 # contraction off in GCC); its AVX2/AVX-512 code comes from target attributes.
-$(BUILD)/ops/gemm.o: CFLAGS += -ffp-contract=fast
+# Below -O2 (make asan's -O1) GCC contracts only some of them unless its
+# widening-mul pass runs (-fexpensive-optimizations): the one-row kernels'
+# explicit FMAs would then differ from the general kernel's bits.
+$(BUILD)/ops/gemm.o: CFLAGS += -ffp-contract=fast $(if $(findstring clang,$(CC)),,-fexpensive-optimizations)
 # sqrtf inline (no errno), so that the optimizer loops vectorize
 $(BUILD)/nn/optim.o: CFLAGS += -fno-math-errno
 
