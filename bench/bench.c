@@ -22,7 +22,8 @@
  *   9. GPT-2 124M construction (nb_gpt_init) and generation (nb_gpt_generate
  *      with its KV cache, f32 and bf16 weights, prompts of 1 and 512 tokens,
  *      1 thread and all CPUs) beside the memory-bandwidth bound measured in
- *      the same run: weight bytes per token / streaming read bandwidth
+ *      the same run: weight bytes per token / streaming read bandwidth (and
+ *      with the KV cache's bytes added), and PyTorch's tokens/s
  *  10. the GPT-2 tokenizer: encode (tokens/s, MB/s) and decode of 1 MiB
  *      of English and of one long word
  *  11. the process's peak RSS
@@ -1382,7 +1383,14 @@ static void bench_generate(void) {
     double bytes[2] = {4 * all, 2 * lin + 4 * (all - lin)};
     printf("\nweight bytes per token: f32 %.1f MB, bf16 %.1f MB (1 MB = 1e6 bytes)\n",
            bytes[0] / 1e6, bytes[1] / 1e6);
-    printf("%-5s %7s %4s %9s %9s %8s\n", "dtype", "prompt", "thr", "tokens/s", "bound", "% bound");
+    /* the KV cache read per token besides (f32 keys and values of every
+     * layer up to the token's position; the median token's is about
+     * prompt + 16): "% w+kv" is of the bound with those bytes added */
+    const double kv_per_pos = 2.0 * (double)g.m.cfg.n_layer * (double)g.m.cfg.n_embd * 4;
+    printf("KV cache read per token at position L: %.1f kB x L (f32, both dtypes)\n",
+           kv_per_pos / 1e3);
+    printf("%-5s %7s %4s %9s %9s %8s %7s %9s %6s\n", "dtype", "prompt", "thr", "tokens/s", "bound",
+           "% bound", "% w+kv", "pt tok/s", "nb/pt");
     for (int d = 0; d < 2; d++)
         for (int pl = 0; pl < 2; pl++)
             for (int i = 0; i < nthr; i++) {
@@ -1390,9 +1398,19 @@ static void bench_generate(void) {
                 nb_set_num_threads(thr[i]);
                 double r = gen_rate(&g.m, plen, d ? NB_BF16 : NB_F32);
                 double bound = bw[i] * 1e9 / bytes[d];
-                printf("%-5s %7lld %4d %9.1f %9.1f %8.0f\n", d ? "bf16" : "f32", (long long)plen,
-                       thr[i], r, bound, 100 * r / bound);
+                /* PyTorch's keys: gen[_bf16]_tok_s_{T}t_p{prompt} */
+                double pt = ref("gen%s_tok_s_%dt_p%lld", d ? "_bf16" : "", thr[i], (long long)plen);
+                double kv = kv_per_pos * (double)(plen + GEN_TOKENS / 2);
+                printf("%-5s %7lld %4d %9.1f %9.1f %8.0f %7.0f", d ? "bf16" : "f32",
+                       (long long)plen, thr[i], r, bound, 100 * r / bound,
+                       100 * r * (bytes[d] + kv) / (bw[i] * 1e9));
+                cell(pt, 10, 1);
+                cell(ratio(r, pt), 7, 2);
+                printf("\n");
             }
+    printf("PyTorch (pt): bench/torch_bench.py's GPT-2 with a hand-written KV cache, greedy, "
+           "median per-token time over 32 tokens; bf16 = the model in bfloat16; nb/pt > 1: "
+           "nabla faster\n");
     nb_set_num_threads(ncpu);
     nb_gpt_free(&g.m);
     nb_params_free(g.ps);

@@ -663,29 +663,35 @@ def main():
     print(f"wrote {OUT} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
 
 
-def update_generate():
-    """--generate: only the generation figures, merged into OUT's others."""
+def update_generate(runs=3):
+    """--generate [RUNS]: only the generation figures, each the median of RUNS
+    runs (on a shared machine one run's 2-thread figures can collapse),
+    merged into OUT's others."""
     old = {}
     with open(OUT) as f:
-        header = f.readline().rstrip("\n")
+        header = f.readline().rstrip("\n").split("; gen_* keys")[0]
         for line in f:
             key, value = line.split()
             old[key] = float(value)
-    for t in THREADS:
-        set_threads(t)
-        bench_generate(t)
-    old.update(results)
+    before, per_key = loadavg(), {}
+    for _ in range(runs):
+        for t in THREADS:
+            set_threads(t)
+            bench_generate(t)
+        for key, value in results.items():
+            per_key.setdefault(key, []).append(value)
+    old.update({key: statistics.median(v) for key, v in per_key.items()})
     with open(OUT, "w") as f:
-        f.write(header + f"; gen_* keys {datetime.date.today().isoformat()}, load average "
-                f"{loadavg()}\n")
+        f.write(header + f"; gen_* keys {datetime.date.today().isoformat()}, medians of {runs} "
+                f"runs, load average {before} before, {loadavg()} after\n")
         for key, value in old.items():
             f.write(f"{key} {value:.6g}\n")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 2 and sys.argv[1] == "--generate":
+    if len(sys.argv) in (2, 3) and sys.argv[1] == "--generate":
         OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_results.txt")
-        update_generate()
+        update_generate(int(sys.argv[2]) if len(sys.argv) == 3 else 3)
     elif len(sys.argv) == 6 and sys.argv[1] == "--gpt2-child":
         gpt2_child(*(int(v) for v in sys.argv[2:5]), sys.argv[5] == "1")
     else:

@@ -89,18 +89,24 @@ int nbi_gemm_blocks_force(int f64, const nbi_gemm_blocks *b);
 int64_t nbi_gemm_mc_in_place(const struct nbi_cpu *cpu, const nbi_gemm_blocks *b,
                              int elem_bytes, int at, int64_t stride, int64_t base, int64_t M);
 
-/* Matrix-vector products (gemv.c): y[j*sy] = sum over k of w[j*ldw + k] x[k]
- * for j < N, with the bits of the general kernel's path (nbi_gemm_f32 /
- * nbi_gemm_bf16 on a (1,K) x (K,N) or (N,K) x (K,1) product), W streamed in
- * place instead of packed. x contiguous; for bf16, x as pairs (word p = bf16
- * x[2p] | x[2p+1] << 16, nbi_gemv_pairs: bf16 data, or f32 rounded). Return 0,
- * or 1 when this CPU path has no such kernel (nothing written: use the
- * general one). nbi_gemv_available: whether they would run (bf16 = 1: the
- * bf16 one). */
+/* Matrix-vector products (gemv.c, gemv_avx2.c): y[j*sy] = sum over k of
+ * w[j*ldw + k] x[k] for j < N, with the bits of the general kernel's path
+ * (nbi_gemm_f32 / nbi_gemm_bf16 on a (1,K) x (K,N) or (N,K) x (K,1)
+ * product), W streamed in place instead of packed. x contiguous; for bf16,
+ * x as pairs (word p = bf16 x[2p] | x[2p+1] << 16, nbi_gemv_pairs: bf16
+ * data, or f32 rounded). nbi_vecmat_f32: the other layout, y[j] = sum over
+ * k of x[k] w[k*ldw + j] for j < N (x (1,K) times a W (K,N) with rows
+ * contiguous: attention's weights times V), y contiguous. Return 0, or 1
+ * when this CPU path has no such kernel (nothing written: use the general
+ * one). Paths: AVX-512 and AVX2+FMA for f32 (gemm.c's path in use), and
+ * for bf16 AVX512_BF16 or the f32 fallbacks' AVX-512F / AVX2 (gemm_bf16.c's
+ * path in use). nbi_gemv_available: whether they would run (bf16 = 1: the
+ * bf16 one; nbi_vecmat_f32 runs where the f32 one does). */
 int nbi_gemv_f32(int64_t N, int64_t K, const float *w, int64_t ldw, const float *x, float *y,
                  int64_t sy);
 int nbi_gemv_bf16(int64_t N, int64_t K, const uint16_t *w, int64_t ldw, const uint32_t *xp,
                   float *y, int64_t sy);
+int nbi_vecmat_f32(int64_t N, int64_t K, const float *w, int64_t ldw, const float *x, float *y);
 void nbi_gemv_pairs(int64_t K, const void *x, int x_f32, int64_t sx, uint32_t *xp);
 int nbi_gemv_available(int bf16);
 

@@ -10,7 +10,9 @@
  * narrowed views alike); nothing is copied first. Each output matrix is made
  * by one call of the blocked SIMD kernel in gemm.c (nbi_gemm_f32/f64), which
  * packs blocks of the operands through their strides; a batch whose b is
- * shared and whose a steps over its rows is one taller product. Every output
+ * shared and whose a steps over its rows is one taller product. Products
+ * with one row (or column) of output per matrix go to the matrix-vector
+ * kernels of gemv.c instead, which read the matrix in place (below). Every output
  * element is a sum over k in increasing order from 0, accumulated in the
  * output's dtype (f32 in float, as PyTorch does; fused multiply-adds where the
  * CPU has them), so the result does not depend on blocking or tiling.
@@ -129,66 +131,130 @@ static void mm_tasks(void *ctx, int64_t lo, int64_t hi) {
 }
 
 /* ------------------------------------------------------------------- gemv */
-/* A product with one row of output (x (1,K) times b = W^T, W's rows
- * contiguous: a linear layer on one token) or one column (a row-major W
- * (M,K) times a vector: lm_head on one token) is a matrix-vector product:
- * gemv.c streams W once in place where the general kernel would pack it,
- * with the same bits (see gemm_internal.h). Threads split W's rows (the
- * outputs) in blocks of 16, never the sums. */
+/* Products with one row of output per matrix, or one column, are
+ * matrix-vector products: gemv.c streams W once in place where the general
+ * kernel would pack it, with the same bits (see gemm_internal.h). Three forms:
+ *
+ *   ROWS_B  x (1,K) b, b = W^T with W's rows contiguous (sbk == 1): a linear
+ *           layer on one token; attention's q K^T over a KV cache
+ *   COLS_B  x (1,K) b, b's rows contiguous (sbn == 1, f32): attention's p V
+ *   ROWS_A  a (M,K) x (K,1), a's rows contiguous (sak == 1): lm_head on one
+ *           token
+ *
+ * each for one matrix or per matrix of a batch (heads: (1,H,1,D) x
+ * (1,H,D,L)). Threads split the outputs of each matrix in units (16 rows
+ * for the rows forms, 64 columns for COLS_B), never a sum. */
+enum { GV_ROWS_B, GV_COLS_B, GV_ROWS_A };
+
 typedef struct {
-    const void *w;   /* W's first row */
-    int64_t ldw, es; /* W's row stride (elements), element size */
-    int64_t N, K;
-    const float *x;  /* f32: x contiguous */
-    const uint32_t *xp; /* bf16: x as pairs */
+    int form;
+    const mm_geom *g;    /* batch offsets; NULL: one matrix */
+    const char *pa, *pb; /* the operands' first elements */
+    int64_t esa, esb;    /* their element sizes */
+    int64_t ldw;         /* W's row stride (elements) */
+    int64_t N, K;        /* outputs per matrix, sum length */
+    int64_t units, unit; /* units per matrix, outputs per unit */
+    const float *x;      /* f32: the x vectors, one per matrix, K apart; NULL: read in place */
+    const uint32_t *xp;  /* bf16: x as pairs, K / 2 + 1 words apart */
     float *y;
-    int64_t sy;
 } gv_job;
+
+/* Outputs [u0 * unit, u1 * unit) of matrix bt */
+static void gv_run(const gv_job *j, int64_t bt, int64_t u0, int64_t u1) {
+    int64_t aoff = 0, boff = 0;
+    if (j->g) batch_offsets(j->g, bt, &aoff, &boff);
+    const char *pa = j->pa + aoff * j->esa, *pb = j->pb + boff * j->esb;
+    const char *w = j->form == GV_ROWS_A ? pa : pb;
+    const void *x = j->form == GV_ROWS_A ? pb : pa; /* in place: contiguous */
+    int64_t r0 = u0 * j->unit, n = (u1 * j->unit < j->N ? u1 * j->unit : j->N) - r0;
+    float *y = j->y + bt * j->N + r0;
+    if (j->form == GV_COLS_B) {
+        nbi_vecmat_f32(n, j->K, (const float *)w + r0, j->ldw, j->x ? j->x + bt * j->K : x, y);
+    } else {
+        int64_t es = j->xp ? 2 : 4;
+        w += r0 * j->ldw * es;
+        if (j->xp)
+            nbi_gemv_bf16(n, j->K, (const uint16_t *)w, j->ldw, j->xp + bt * (j->K / 2 + 1), y, 1);
+        else nbi_gemv_f32(n, j->K, (const float *)w, j->ldw, j->x ? j->x + bt * j->K : x, y, 1);
+    }
+}
 
 static void gv_tasks(void *ctx, int64_t lo, int64_t hi) {
     const gv_job *j = ctx;
-    int64_t r0 = lo * 16, n = (hi * 16 < j->N ? hi * 16 : j->N) - r0;
-    const char *w = (const char *)j->w + r0 * j->ldw * j->es;
-    if (j->xp) nbi_gemv_bf16(n, j->K, (const uint16_t *)w, j->ldw, j->xp, j->y + r0 * j->sy, j->sy);
-    else nbi_gemv_f32(n, j->K, (const float *)w, j->ldw, j->x, j->y + r0 * j->sy, j->sy);
+    while (lo < hi) { /* runs of units within one matrix */
+        int64_t bt = lo / j->units, u0 = lo % j->units;
+        int64_t u1 = u0 + (hi - lo) < j->units ? u0 + (hi - lo) : j->units;
+        gv_run(j, bt, u0, u1);
+        lo += u1 - u0;
+    }
+}
+
+/* The form of the product (rows, sam: a's rows per matrix and their
+ * stride), or -1 when it has none gemv.c does on this CPU. */
+static int gv_form(const mm_geom *g, const mm_types *t, int64_t rows, nb_dtype *wdt) {
+    if (g->K == 0 || t->c != NB_F32) return -1;
+    int form = rows == 1 && g->sbk == 1                ? GV_ROWS_B
+               : rows == 1 && g->sbn == 1 && !t->bf16 ? GV_COLS_B /* f32 only */
+               : g->N == 1 && g->sak == 1              ? GV_ROWS_A
+                                                       : -1;
+    if (form < 0) return -1;
+    *wdt = form == GV_ROWS_A ? t->a : t->b;
+    if (t->bf16 ? *wdt != NB_BF16 : *wdt != NB_F32) return -1; /* f32 W under autocast: packed */
+    return nbi_gemv_available(t->bf16) ? form : -1;
+}
+
+/* The x vectors, one per matrix, where they cannot be read in place: as
+ * pairs (bf16), or gathered from a stride (f32). NULL when out of memory. */
+static void *gv_vectors(const gv_job *j, int64_t nbat, nb_dtype xdt, int64_t sx, bool bf16) {
+    size_t per = bf16 ? (size_t)(j->K / 2 + 1) * sizeof(uint32_t) : (size_t)j->K * sizeof(float);
+    char *buf = malloc(per * (size_t)nbat);
+    for (int64_t bt = 0; buf && bt < nbat; bt++) {
+        int64_t aoff = 0, boff = 0;
+        if (j->g) batch_offsets(j->g, bt, &aoff, &boff);
+        const char *x = j->form == GV_ROWS_A ? j->pb + boff * j->esb : j->pa + aoff * j->esa;
+        if (bf16) {
+            nbi_gemv_pairs(j->K, x, xdt == NB_F32, sx, (uint32_t *)(buf + (size_t)bt * per));
+        } else {
+            float *d = (float *)(buf + (size_t)bt * per);
+            for (int64_t k = 0; k < j->K; k++) d[k] = ((const float *)x)[k * sx];
+        }
+    }
+    return buf;
 }
 
 /* 1 when the product is not one gemv.c does on this CPU (the general kernel
- * then runs), else 0, or -1 (message set) when out of memory. rows, sam: a's
- * rows after folding the batch (fold_batch). */
-static int try_gemv(const mm_geom *g, const mm_types *t, int64_t rows, int64_t sam,
+ * then runs), else 0, or -1 (message set) when out of memory. nbat matrices
+ * (batch offsets from g when nbat > 1); rows, sam: a's rows per matrix
+ * (after folding the batch, fold_batch, when nbat == 1). */
+static int try_gemv(const mm_geom *g, const mm_types *t, int64_t nbat, int64_t rows, int64_t sam,
                     const char *pa, const char *pb, float *pc) {
-    bool by_rows_of_b = rows == 1 && g->sbk == 1;   /* W = b^T, x = a's row */
-    bool by_rows_of_a = !by_rows_of_b && g->N == 1 && g->sak == 1; /* W = a, x = b's column */
-    if ((!by_rows_of_b && !by_rows_of_a) || g->K == 0 || t->c != NB_F32) return 1;
-    nb_dtype wdt = by_rows_of_b ? t->b : t->a, xdt = by_rows_of_b ? t->a : t->b;
-    if (t->bf16 ? wdt != NB_BF16 : wdt != NB_F32) return 1; /* f32 weights under autocast: packed */
-    if (!nbi_gemv_available(t->bf16)) return 1;
+    nb_dtype wdt;
+    int form = gv_form(g, t, rows, &wdt);
+    if (form < 0) return 1;
+    nb_dtype xdt = form == GV_ROWS_A ? t->b : t->a;
     int64_t es = (int64_t)nbi_dtype_size(wdt);
-    gv_job j = {.w = by_rows_of_b ? pb : pa, .ldw = by_rows_of_b ? g->sbn : sam, .es = es,
-                .N = by_rows_of_b ? g->N : rows, .K = g->K, .y = pc, .sy = 1};
-    const char *x = by_rows_of_b ? pa : pb;
-    int64_t sx = by_rows_of_b ? g->sak : g->sbk;
+    gv_job j = {.form = form, .g = nbat > 1 ? g : NULL, .pa = pa, .pb = pb,
+                .esa = (int64_t)nbi_dtype_size(t->a), .esb = (int64_t)nbi_dtype_size(t->b),
+                .ldw = form == GV_ROWS_A ? sam : form == GV_ROWS_B ? g->sbn : g->sbk,
+                .N = form == GV_ROWS_A ? rows : g->N, .K = g->K,
+                .unit = form == GV_COLS_B ? 64 : 16, .y = pc};
+    j.units = (j.N + j.unit - 1) / j.unit;
+    int64_t sx = form == GV_ROWS_A ? g->sbk : g->sak;
     void *buf = NULL;
-    if (t->bf16) {
-        if (!(buf = malloc((size_t)(g->K / 2 + 1) * sizeof(uint32_t)))) goto oom;
-        nbi_gemv_pairs(g->K, x, xdt == NB_F32, sx, buf);
-        j.xp = buf;
-    } else if (sx != 1) {
-        if (!(buf = malloc((size_t)g->K * sizeof(float)))) goto oom;
-        for (int64_t k = 0; k < g->K; k++) ((float *)buf)[k] = ((const float *)x)[k * sx];
-        j.x = buf;
-    } else {
-        j.x = (const float *)x;
+    if (t->bf16 || sx != 1) {
+        if (!(buf = gv_vectors(&j, nbat, xdt, sx, t->bf16))) {
+            nbi_error("%s: out of memory for %lld vectors of %lld elements", FN, (long long)nbat,
+                      (long long)g->K);
+            return -1;
+        }
+        if (t->bf16) j.xp = buf;
+        else j.x = buf;
     }
     /* at least ~128 KiB of W per task: below that the pool's wake-up costs more */
-    int64_t blocks = (j.N + 15) / 16, per_block = 16 * g->K * es;
-    nbi_parallel_for(blocks, ((int64_t)128 << 10) / per_block + 1, gv_tasks, &j);
+    int64_t per_unit = j.unit * g->K * es;
+    nbi_parallel_for(nbat * j.units, ((int64_t)128 << 10) / per_unit + 1, gv_tasks, &j);
     free(buf);
     return 0;
-oom:
-    nbi_error("%s: out of memory for a %lld-element vector", FN, (long long)g->K);
-    return -1;
 }
 
 /* a (B...,M,K), b (B...,K,N) -> c (B...,M,N) contiguous. A batch whose b is
@@ -211,10 +277,8 @@ static int matmul_batched(const mm_geom *g, const nb_tensor *a, const nb_tensor 
                 .esc = (int64_t)nbi_dtype_size(c->dtype), .pa = nbi_ptr(a), .pb = nbi_ptr(b),
                 .pc = nbi_ptr(c), .M = g->M, .sam = g->sam};
     if (nbat > 1 && fold_batch(g, &j.M, &j.sam)) nbat = 1;
-    if (nbat == 1) {
-        int rc = try_gemv(g, &j.t, j.M, j.sam, j.pa, j.pb, (float *)j.pc);
-        if (rc <= 0) return rc;
-    }
+    int rc = try_gemv(g, &j.t, nbat, j.M, j.sam, j.pa, j.pb, (float *)j.pc);
+    if (rc <= 0) return rc;
     mm_geom flat = *g;
     if (nbat == 1) flat.nbatch = 0; /* one matrix: no batch offsets */
     j.g = &flat;

@@ -600,6 +600,12 @@ START_TEST(test_gemv_bits_of_gemm) {
                 nb_tensor *gs = nb_narrow(nb_matmul(xs, wt), 0, 0, 1);
                 nb_tensor *rs = nb_matmul(nb_narrow(xs, 0, 0, 1), wt);     /* x strided */
                 nb_tensor *cs = nb_matmul(w, nb_select(xs, 0, 0));
+                /* x W with W's rows contiguous (the x W form: f32 only, bf16 packs) */
+                nb_tensor *w2 = nb_contiguous(wt);
+                nb_tensor *gv = nb_narrow(nb_matmul(x3, w2), 0, 0, 1);
+                nb_tensor *vm = nb_matmul(nb_narrow(x3, 0, 0, 1), w2);
+                nb_tensor *vs = nb_matmul(nb_narrow(xs, 0, 0, 1), w2);
+                nb_tensor *gvs = nb_narrow(nb_matmul(xs, w2), 0, 0, 1);
                 if (mode == 2) ck_assert_int_eq(nb_autocast_end(), 0);
                 ck_assert_msg(gemm && row && col && gs && rs && cs, "%s", nb_last_error());
                 ck_assert_msg(same_bits(row, gemm) && same_bits(nb_unsqueeze(col, 0), gemm),
@@ -607,6 +613,9 @@ START_TEST(test_gemv_bits_of_gemm) {
                               (long long)N);
                 ck_assert_msg(same_bits(rs, gs) && same_bits(nb_unsqueeze(cs, 0), gs),
                               "mode %d K %lld N %lld: strided x", mode, (long long)K, (long long)N);
+                ck_assert_msg(gv && vm && vs && gvs && same_bits(vm, gv) && same_bits(vs, gvs),
+                              "mode %d K %lld N %lld: x W differs from gemm", mode, (long long)K,
+                              (long long)N);
                 /* values: against a double sum of the (rounded) operands */
                 nb_tensor *wd = nb_contiguous(nb_to(w, NB_F64));
                 nb_tensor *xd = nb_contiguous(nb_to(mode == 2 ? nb_to(x3, NB_BF16) : x3, NB_F64));
@@ -633,27 +642,108 @@ START_TEST(test_gemv_threads_and_paths) {
     nb_tensor *w = nb_randn(NB_F32, NB_SHAPE(1003, 515), &r);
     nb_tensor *x = nb_randn(NB_F32, NB_SHAPE(1, 515), &r);
     nb_tensor *wb = nb_to(w, NB_BF16);
-    nb_tensor *y[2][2];
+    nb_tensor *w2 = nb_randn(NB_F32, NB_SHAPE(515, 1003), &r);
+    nb_tensor *y[2][3];
     for (int t = 0; t < 2; t++) {
         nb_set_num_threads(t + 1);
         y[t][0] = nb_matmul(x, nb_transpose(w, 0, 1));
+        y[t][2] = nb_matmul(x, w2);
         ck_assert_int_eq(nb_autocast_begin(NB_BF16), 0);
         y[t][1] = nb_matmul(x, nb_transpose(wb, 0, 1));
         ck_assert_int_eq(nb_autocast_end(), 0);
     }
     nb_set_num_threads(before);
-    ck_assert(same_bits(y[0][0], y[1][0]) && same_bits(y[0][1], y[1][1]));
-    /* a forced narrower path: no gemv there, the general kernel of that path */
+    for (int i = 0; i < 3; i++) ck_assert(same_bits(y[0][i], y[1][i]));
+    /* a forced AVX2 path: its one-row kernels, with that path's bits (on an
+     * AVX2-only CPU this is the default path, tested above and in test-isa) */
+    nb_tensor *x2 = nb_cat((nb_tensor *[]){x, x}, 2, 0);
     if (nbi_gemm_path(NBI_GEMM_AVX2) == NBI_GEMM_AVX2) {
+        ck_assert(nbi_gemv_available(0));
+        nb_tensor *a = nb_matmul(x, nb_transpose(w, 0, 1));
+        nb_tensor *b = nb_narrow(nb_matmul(x2, nb_transpose(w, 0, 1)), 0, 0, 1);
+        nb_tensor *c = nb_matmul(x, w2), *d = nb_narrow(nb_matmul(x2, w2), 0, 0, 1);
+        ck_assert(a && b && c && d && same_bits(a, b) && same_bits(c, d));
+    }
+    /* portable: no one-row kernel, the general one */
+    if (nbi_gemm_path(NBI_GEMM_PORTABLE) == NBI_GEMM_PORTABLE) {
         ck_assert(!nbi_gemv_available(0));
         float out[4];
         ck_assert_int_eq(nbi_gemv_f32(4, 515, nb_data(w), 515, nb_data(x), out, 1), 1);
+        ck_assert_int_eq(nbi_vecmat_f32(4, 515, nb_data(w2), 1003, nb_data(x), out), 1);
         nb_tensor *a = nb_matmul(x, nb_transpose(w, 0, 1));
-        nb_tensor *b = nb_narrow(nb_matmul(nb_cat((nb_tensor *[]){x, x}, 2, 0), nb_transpose(w, 0, 1)), 0, 0, 1);
+        nb_tensor *b = nb_narrow(nb_matmul(x2, nb_transpose(w, 0, 1)), 0, 0, 1);
         ck_assert(a && b && same_bits(a, b));
     }
     nbi_gemm_path(NBI_GEMM_AUTO);
     nb_scope_end();
+}
+END_TEST
+
+/* Batched one-row products, attention over a KV cache per head: q (B,H,1,D)
+ * K^T and p (B,H,1,L) V with K and V narrowed views of a longer cache (the
+ * batches a stride apart that no folding joins), q as a strided view too,
+ * and a batched one-column product (K (B,H,L,D) times a column): each is
+ * row 0 (column 0) of the general kernel's 3-row (3-column) product, bit for
+ * bit, on 1 and 2 threads; f32, and autocast with a bf16 cache for the rows
+ * forms. Values near a double sum once. */
+static void batched_case(int64_t H, int64_t L, int64_t D, int bf16, nb_rng *r) {
+    nb_scope_begin();
+    const int64_t cap = L + 3; /* the cache's length: K, V are narrowed views */
+    nb_tensor *kc = nb_narrow(nb_randn(NB_F32, NB_SHAPE(2, H, cap, D), r), 2, 0, L);
+    nb_tensor *vc = nb_narrow(nb_randn(NB_F32, NB_SHAPE(2, H, cap, D), r), 2, 1, L);
+    if (bf16) kc = nb_to(kc, NB_BF16); /* contiguous again: narrow the copy */
+    if (bf16) kc = nb_narrow(nb_cat((nb_tensor *[]){kc, kc}, 2, 2), 2, 0, L);
+    nb_tensor *q3 = nb_randn(NB_F32, NB_SHAPE(2, H, 3, D), r);
+    nb_tensor *qt = nb_transpose(nb_randn(NB_F32, NB_SHAPE(2, H, D, 3), r), -1, -2); /* sak 3 */
+    nb_tensor *p3 = nb_randn(NB_F32, NB_SHAPE(2, H, 3, L), r);
+    nb_tensor *c3 = nb_randn(NB_F32, NB_SHAPE(2, H, D, 3), r);
+    nb_tensor *kt = nb_transpose(kc, -1, -2);
+    nb_tensor *got[2][4], *want[4];
+    if (bf16) ck_assert_int_eq(nb_autocast_begin(NB_BF16), 0);
+    want[0] = nb_narrow(nb_matmul(q3, kt), 2, 0, 1);
+    want[1] = nb_narrow(nb_matmul(qt, kt), 2, 0, 1);
+    want[2] = nb_narrow(nb_matmul(p3, vc), 2, 0, 1);
+    want[3] = nb_narrow(nb_matmul(kc, c3), 3, 0, 1);
+    int before = nb_num_threads();
+    for (int t = 0; t < 2; t++) {
+        nb_set_num_threads(t + 1);
+        got[t][0] = nb_matmul(nb_narrow(q3, 2, 0, 1), kt);
+        got[t][1] = nb_matmul(nb_narrow(qt, 2, 0, 1), kt);
+        got[t][2] = nb_matmul(nb_narrow(p3, 2, 0, 1), vc);
+        got[t][3] = nb_matmul(kc, nb_narrow(c3, 3, 0, 1));
+    }
+    nb_set_num_threads(before);
+    if (bf16) ck_assert_int_eq(nb_autocast_end(), 0);
+    for (int i = 0; i < 4; i++)
+        for (int t = 0; t < 2; t++)
+            ck_assert_msg(got[t][i] && want[i] && same_bits(got[t][i], want[i]),
+                          "bf16 %d H %lld L %lld D %lld product %d threads %d: %s", bf16,
+                          (long long)H, (long long)L, (long long)D, i, t + 1,
+                          got[t][i] ? "differs from gemm" : nb_last_error());
+    if (H == 3 && L == 17 && D == 65 && !bf16) { /* scores of batch 1, head 2 vs double */
+        nb_tensor *q = nb_contiguous(nb_to(nb_select(nb_select(q3, 0, 1), 0, 2), NB_F64));
+        nb_tensor *k = nb_contiguous(nb_to(nb_select(nb_select(kc, 0, 1), 0, 2), NB_F64));
+        nb_tensor *s = nb_contiguous(nb_to(nb_select(nb_select(got[0][0], 0, 1), 0, 2), NB_F64));
+        const double *Q = nb_data(q), *K = nb_data(k), *S = nb_data(s);
+        for (int64_t j = 0; j < L; j++) {
+            double want_j = 0, mag = 0;
+            for (int64_t d = 0; d < D; d++) want_j += Q[d] * K[j * D + d], mag += fabs(Q[d] * K[j * D + d]);
+            ck_assert_msg(fabs(S[j] - want_j) <= 1e-5 * mag, "j %lld: %.9g vs %.9g", (long long)j,
+                          S[j], want_j);
+        }
+    }
+    nb_scope_end();
+}
+
+START_TEST(test_gemv_batched_bits_of_gemm) {
+    static const int64_t Hs[] = {1, 3, 12}, Ls[] = {1, 5, 16, 17, 33, 100},
+                         Ds[] = {1, 7, 16, 17, 64, 65, 130};
+    nb_rng r;
+    nb_rng_seed(&r, 27);
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (size_t h = 0; h < 3; h++)
+            for (size_t l = 0; l < 6; l++)
+                for (size_t d = 0; d < 7; d++) batched_case(Hs[h], Ls[l], Ds[d], bf16, &r);
 }
 END_TEST
 
@@ -665,6 +755,7 @@ Suite *suite_matmul(void) {
     tcase_add_test(tc, test_every_kernel_path);
     tcase_add_test(tc, test_gemv_bits_of_gemm);
     tcase_add_test(tc, test_gemv_threads_and_paths);
+    tcase_add_test(tc, test_gemv_batched_bits_of_gemm);
     tcase_add_test(tc, test_output_shapes);
     suite_add_tcase(s, tc);
 
