@@ -3,8 +3,8 @@
 # clean clone of this repository's HEAD, build included, as README.md and
 # docs/ quote them: each target in a fresh clone of its own (so none reuses
 # another's build), with make's default parallelism (every CPU). Prints one
-# line per target: the whole command's wall time and how much of it the
-# build (make all, timed in a second fresh clone) was.
+# line per target, the whole command's wall time, after the time of a plain
+# make (the library and examples) in a clone of its own.
 set -u
 repo=$(git rev-parse --show-toplevel) || exit 1
 cpus=$(nproc 2>/dev/null || echo 1)
@@ -25,5 +25,5 @@ for t in "$@"; do
     rm -rf "$tmp/c"
     git clone -q "$repo" "$tmp/c" || exit 1
     s=$(secs "$tmp/c" "$t") || { echo "make $t: FAILED"; exit 1; }
-    echo "make $t: $s s from a clean clone (the build about $build s of it)"
+    echo "make $t: $s s from a clean clone (make alone builds in $build s)"
 done
