@@ -11,12 +11,11 @@ BUILD   ?= build-mpi
 endif
 BUILD   ?= build
 # Every build uses all the CPUs unless the command line says -jN (make -j1:
-# one at a time). JOBS: parallel compiles inside test, valgrind, asan and tsan.
+# one at a time); the sub-makes of test, valgrind, asan and tsan inherit it.
 NPROC   := $(shell nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
 ifeq ($(filter -j%,$(MAKEFLAGS)),)
 MAKEFLAGS += -j$(NPROC)
 endif
-JOBS    ?= $(NPROC)
 
 # Install locations (GNU style: files go to $(DESTDIR)$(LIBDIR) etc.).
 PREFIX     ?= /usr/local
@@ -115,7 +114,7 @@ $(TEST_BIN): $(TEST_SRC) tests/test_util.h $(BUILD)/libnabla.a nabla.h | check-d
 # (fuzz/replay.c): every call checked against its reference, and every op of
 # ops/registry.h must have run successfully at least once.
 test: check-deps
-	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BIN) $(BUILD)/fuzz/replay $(BUILD)/examples/gpt \
+	@$(MAKE) --no-print-directory $(TEST_BIN) $(BUILD)/fuzz/replay $(BUILD)/examples/gpt \
 	  $(BUILD)/examples/newton $(BUILD)/examples/gradient_penalty $(BUILD)/examples/tokenize \
 	  $(BUILD)/tests/gpt_sample_check
 	$(TEST_BIN)
@@ -185,7 +184,7 @@ bf16-check: all
 ISA_SUITES ?= matmul bf16 attention nn threads
 .PHONY: test-isa
 test-isa: check-deps
-	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BIN)
+	@$(MAKE) --no-print-directory $(TEST_BIN)
 	@best=$$(env -u NABLA_ISA NB_TEST_PRINT_ISA=1 $(TEST_BIN)); \
 	for isa in portable avx2 avx512 avx512bf16 amx; do \
 	  [ "$$isa" = "$$best" ] && break; \
@@ -245,7 +244,7 @@ VALGRIND := valgrind -q --leak-check=full --errors-for-leak-kinds=definite --err
 # valgrind runs a process on one core at a time: the examples run beside the
 # suites, on the other core.
 valgrind: all check-deps
-	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BIN)
+	@$(MAKE) --no-print-directory $(TEST_BIN)
 	@{ for e in $(EXAMPLES); do $(VALGRIND) $$e $(SHORT_ARGS) > /dev/null || exit 1; \
 	    echo "valgrind clean: $$e"; done; \
 	  $(VALGRIND) $(BUILD)/examples/copy_task $(RESUME_SHORT) > /dev/null && \
@@ -262,7 +261,7 @@ valgrind: all check-deps
 # valgrind checks the same suites for leaks, and the examples here keep LSan.
 ASAN_BUILD = build-asan$(if $(findstring clang,$(CC)),-clang)
 asan: check-deps
-	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=$(ASAN_BUILD) OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	@$(MAKE) --no-print-directory BUILD=$(ASAN_BUILD) OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	  LDLIBS="-fsanitize=address,undefined -lm -lpthread" $(ASAN_BUILD)/tests/run_tests all
 	ASAN_OPTIONS=$${ASAN_OPTIONS:+$$ASAN_OPTIONS:}detect_leaks=0 $(ASAN_BUILD)/tests/run_tests
 	@for e in $(EXAMPLES:$(BUILD)/%=$(ASAN_BUILD)/%); do $$e $(SHORT_ARGS) > /dev/null || exit 1; echo "asan ($(CC)) clean: $$e"; done
@@ -272,7 +271,7 @@ asan: check-deps
 # (the pool, user threads, concurrent backward), into build-tsan.
 TSAN_SUITES ?= threads concurrency registry callbacks
 tsan: check-deps
-	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build-tsan OPT="-O1 -g -fsanitize=thread" \
+	@$(MAKE) --no-print-directory BUILD=build-tsan OPT="-O1 -g -fsanitize=thread" \
 	  LDLIBS="-fsanitize=thread -lm -lpthread" build-tsan/tests/run_tests
 	@for s in $(TSAN_SUITES); do \
 	  CK_FORK=no CK_RUN_SUITE=$$s TSAN_OPTIONS="halt_on_error=1 exitcode=66" \
@@ -282,7 +281,7 @@ tsan: check-deps
 # The op tables of docs/ops.md ("full") and README.md ("short") rewritten from
 # ops/registry.h (the registry suite of make test fails when they differ).
 op-table: check-deps
-	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BIN)
+	@$(MAKE) --no-print-directory $(TEST_BIN)
 	@for fw in docs/ops.md:full README.md:short; do f=$${fw%%:*}; \
 	  NB_TEST_PRINT_OP_TABLE=$${fw##*:} $(TEST_BIN) > $(BUILD)/op-table.md || exit 1; \
 	  awk -v tf=$(BUILD)/op-table.md '/^<!-- op table: /{while ((getline l < tf) > 0) print l; skip=1; next} \
@@ -292,7 +291,7 @@ op-table: check-deps
 # The callback x misbehaviour table of docs/custom-functions.md rewritten
 # from tests/test_callbacks.c (whose suite fails when they differ).
 callback-table: check-deps
-	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BIN)
+	@$(MAKE) --no-print-directory $(TEST_BIN)
 	@NB_TEST_PRINT_CALLBACK_TABLE=1 $(TEST_BIN) > $(BUILD)/callback-table.md && \
 	  awk -v tf=$(BUILD)/callback-table.md '/^<!-- callback table: /{print; while ((getline l < tf) > 0) print l; skip=1; next} \
 	    skip && /^<!-- end of callback table -->/{skip=0} !skip' docs/custom-functions.md > $(BUILD)/callback-table.tmp && \
@@ -523,7 +522,7 @@ ASAN_MPI_ENV  = NABLA_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_m
   LSAN_OPTIONS=suppressions=$(CURDIR)/tests/mpi/lsan.supp:print_suppressions=0
 .PHONY: asan-mpi
 asan-mpi: mpi-deps check-deps
-	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build-asan OPT="$(ASAN_MPI_OPT)" \
+	@$(MAKE) --no-print-directory BUILD=build-asan OPT="$(ASAN_MPI_OPT)" \
 	  LDLIBS="$(ASAN_MPI_LIBS)" build-asan/mpi/test_mpi
 	@for e in copy_task gpt; do $(MPICC) $(WARN) $(ASAN_MPI_OPT) -D_POSIX_C_SOURCE=200809L -pthread \
 	  -DNB_MPI -Impi -I. examples/$$e.c build-asan/libnabla_mpi.a build-asan/libnabla.a \
