@@ -190,7 +190,8 @@ START_TEST(write_version_counts_writes) {
     nb_scope_end();
     (void)y;
     nb_params *ps = nb_params_new();
-    nb_tensor *p = nb_params_add(ps, "p", nb_set_requires_grad(vec(2, (double[]){1, 2}), true));
+    nb_tensor *mine = nb_set_requires_grad(vec(2, (double[]){1, 2}), true);
+    nb_tensor *p = nb_params_add(ps, "p", mine);
     nb_optim *opt = nb_sgd(ps, 0.1, 0.0, 0.0);
     nb_scope_begin();
     ck_assert_int_eq(nb_backward(nb_sum_all(nb_mul(p, p))), 0);
@@ -203,6 +204,7 @@ START_TEST(write_version_counts_writes) {
     nb_clear_error();
     nb_optim_free(opt);
     nb_params_free(ps);
+    nb_free(mine);
     nb_free(w);
 }
 END_TEST
