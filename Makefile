@@ -11,9 +11,10 @@ BUILD   ?= build-mpi
 endif
 BUILD   ?= build
 # Every build uses all the CPUs unless the command line says -jN (make -j1:
-# one at a time); the sub-makes of test, valgrind, asan and tsan inherit it.
+# one at a time); the sub-makes of test, valgrind, asan and tsan inherit it
+# (a sub-make reads MAKEFLAGS before its -j arrives: only the top level sets it).
 NPROC   := $(shell nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
-ifeq ($(filter -j%,$(MAKEFLAGS)),)
+ifeq ($(MAKELEVEL)$(filter -j%,$(MAKEFLAGS)),0)
 MAKEFLAGS += -j$(NPROC)
 endif
 
