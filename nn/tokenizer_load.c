@@ -123,13 +123,21 @@ static int unmap_failed(loader *L, const char *where, const char *s, int64_t n, 
 }
 
 /* ------------------------------------------------------------- collecting */
+/* p (n items used of *cap, of size bytes each) with room for one more:
+ * doubled when full; NULL after a message. */
+static void *room_for_one(loader *L, void *p, int64_t n, int64_t *cap, size_t size) {
+    if (n < *cap) return p;
+    int64_t c = *cap ? *cap * 2 : 1024;
+    void *q = realloc(p, (size_t)c * size);
+    if (!q) return lfail(L, "out of memory"), NULL;
+    *cap = c;
+    return q;
+}
+
 static int add_token(loader *L, const char *s, int64_t n, bool map) {
-    if (L->nt == L->ct) {
-        int64_t c = L->ct ? L->ct * 2 : 1024;
-        tok_entry *t = realloc(L->t, (size_t)c * sizeof *t);
-        if (!t) return lfail(L, "out of memory");
-        L->t = t, L->ct = c;
-    }
+    tok_entry *t = room_for_one(L, L->t, L->nt, &L->ct, sizeof *t);
+    if (!t) return -1;
+    L->t = t;
     tok_entry *e = &L->t[L->nt];
     *e = (tok_entry){.off = L->tb.len, .id = -1, .added = !map};
     uint32_t bad;
@@ -147,12 +155,9 @@ static int add_token(loader *L, const char *s, int64_t n, bool map) {
 
 static int add_merge(loader *L, const char *a, int64_t an, const char *b, int64_t bn,
                      int64_t where, const char *where_text) {
-    if (L->nm == L->cm) {
-        int64_t c = L->cm ? L->cm * 2 : 1024;
-        merge_entry *m = realloc(L->m, (size_t)c * sizeof *m);
-        if (!m) return lfail(L, "out of memory");
-        L->m = m, L->cm = c;
-    }
+    merge_entry *m = room_for_one(L, L->m, L->nm, &L->cm, sizeof *m);
+    if (!m) return -1;
+    L->m = m;
     merge_entry *e = &L->m[L->nm];
     uint32_t bad;
     e->where = where;
