@@ -447,12 +447,15 @@ static char *read_file(const char *path, int64_t *len) {
 static nb_tensor *tokenize_file(run *r, const char *path) {
     int64_t len = 0;
     char *text = read_file(path, &len);
-    int64_t *ids = text ? malloc((size_t)(len > 0 ? len : 1) * sizeof *ids) : NULL;
-    nb_tensor *t = NULL;
-    int64_t n = ids ? nb_tokenizer_encode(r->tok, text, len, ids, len) : -1;
     if (!text) return NULL;
-    if (!ids) fail("out of memory tokenizing \"%s\"", path);
-    else if (n < 0) fail("%s", err());
+    /* counted first, then exactly that many ids: room for one id per byte
+     * would take 8 times the text (a GPT-2 token is about 4 bytes) */
+    int64_t n = nb_tokenizer_encode(r->tok, text, len, NULL, 0);
+    int64_t *ids = n >= 0 ? malloc((size_t)(n > 0 ? n : 1) * sizeof *ids) : NULL;
+    nb_tensor *t = NULL;
+    if (ids) n = nb_tokenizer_encode(r->tok, text, len, ids, n);
+    if (n < 0) fail("%s", err());
+    else if (!ids) fail("out of memory tokenizing \"%s\"", path);
     else if (n == 0) fail("--data \"%s\" is empty", path);
     else {
         nb_scope_begin();
