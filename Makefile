@@ -40,9 +40,9 @@ VERSION_ABI := $(if $(filter 0,$(VERSION_MAJOR)),0.$(call nb_version_part,MINOR)
 SONAME  := libnabla.so.$(VERSION_ABI)
 SHLIB   := libnabla.so.$(VERSION)
 
-LIB_SRC := $(wildcard tensor/*.c ops/*.c autograd/*.c nn/*.c)
+LIB_SRC := $(wildcard tensor/*.c ops/*.c autograd/*.c nn/*.c nn/*/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
-HDRS    := nabla.h $(wildcard tensor/*.h ops/*.h autograd/*.h nn/*.h)
+HDRS    := nabla.h $(wildcard tensor/*.h ops/*.h autograd/*.h nn/*.h nn/*/*.h)
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
 TEST_SRC := $(wildcard tests/*.c)
 TEST_BIN := $(BUILD)/tests/run_tests
@@ -67,7 +67,7 @@ $(BUILD)/%.o: %.c $(HDRS)
 # explicit FMAs would then differ from the general kernel's bits.
 $(BUILD)/ops/gemm.o: CFLAGS += -ffp-contract=fast $(if $(findstring clang,$(CC)),,-fexpensive-optimizations)
 # sqrtf inline (no errno), so that the optimizer loops vectorize
-$(BUILD)/nn/optim.o: CFLAGS += -fno-math-errno
+$(BUILD)/nn/train/optim.o: CFLAGS += -fno-math-errno
 
 $(BUILD)/libnabla.a: $(LIB_OBJ)
 	@rm -f $@

@@ -1,5 +1,5 @@
 /* fuzz_gpt.c: libFuzzer target for the GPT checkpoints of llm.c and Hugging
- * Face (nn/gpt_io.c: nb_gpt_load_llmc, nb_gpt_load_hf, the saves,
+ * Face (nn/formats/gpt_io.c: nb_gpt_load_llmc, nb_gpt_load_hf, the saves,
  * nb_gpt_config_of_file) and the safetensors header parser under them.
  *
  * Each input is written to a file (as it is, or for "J<json>\0<data>" as a

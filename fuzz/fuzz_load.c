@@ -1,5 +1,5 @@
-/* fuzz_load.c: libFuzzer target for nb_load (nn/checkpoint.c and the
- * safetensors header parser in nn/safetensors.c).
+/* fuzz_load.c: libFuzzer target for nb_load (nn/formats/checkpoint.c and the
+ * safetensors header parser in nn/formats/safetensors.c).
  *
  * Each input is written to a file (as it is, or for "J<json>\0<data>" with
  * the header size computed) and loaded into a registry with every dtype (see
@@ -64,7 +64,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
  * zeros), no member twice, no unknown tensor field, __metadata__ values
  * strings, the safetensors reference implementation's rules. It finds each
  * registry tensor's entry, whose bytes the loaded values must equal. Written
- * apart from nn/safetensors.c. */
+ * apart from nn/formats/safetensors.c. */
 typedef struct {
     const unsigned char *p, *end;
 } jr;

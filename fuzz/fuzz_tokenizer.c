@@ -1,4 +1,4 @@
-/* fuzz_tokenizer.c: libFuzzer target for the GPT-2 tokenizer (nn/tokenizer*.c):
+/* fuzz_tokenizer.c: libFuzzer target for the GPT-2 tokenizer (nn/text/tokenizer*.c):
  * nb_tokenizer_load on each format, and nb_tokenizer_encode of any bytes.
  *
  * The first byte of an input picks what the rest is:

@@ -1,6 +1,6 @@
 /* params.c: the parameter registry, name -> persistent tensor, in the order
  * of registration (the order optimizers and checkpoints walk), with a hash
- * index of the names (also used by nn/safetensors.c for headers). */
+ * index of the names (also used by nn/formats/safetensors.c for headers). */
 #include <limits.h>
 #include <stdarg.h>
 #include <stdint.h>

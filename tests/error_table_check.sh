@@ -19,7 +19,7 @@
 #    the start of a string literal ("nb_matmul" or "nb_matmul: ...).
 # 2. The rest is cut into literal pieces at the values a format string fills
 #    in (numbers, "quoted" and 'quoted' text, shapes (2,3), [0, 24], the
-#    "(JSON, byte 5)" nn/json.c appends to what it reports, dtype
+#    "(JSON, byte 5)" nn/formats/json.c appends to what it reports, dtype
 #    names, nb_* names, NaN/Inf, and the words the tables use for a user's
 #    own code: rmsnorm and split, names of custom functions, and boom, the
 #    message their callbacks report) and at ": " and "; ", where messages are
@@ -57,7 +57,7 @@ trap 'exit 2' HUP INT TERM
 
 # The sources, with a string literal that ends a line and one that starts
 # the next line joined ("... in the "\n "registry" -> "... in the registry").
-for f in "$root"/tensor/*.[ch] "$root"/ops/*.[ch] "$root"/autograd/*.[ch] "$root"/nn/*.[ch] "$root"/mpi/*.[ch]; do
+for f in "$root"/tensor/*.[ch] "$root"/ops/*.[ch] "$root"/autograd/*.[ch] "$root"/nn/*.[ch] "$root"/nn/*/*.[ch] "$root"/mpi/*.[ch]; do
     [ -f "$f" ] || continue
     awk '
         have && prev ~ /"[ \t]*$/ && $0 ~ /^[ \t]*"/ {

@@ -44,11 +44,18 @@ may_include() {
     esac
 }
 
+# A layer's files: its folder's, and for nn/ those of its kinds too
+# (nn/train, nn/formats, nn/text: see docs/api.md, "Layout").
+layer_files() {
+    local ext=$1 layer=$2
+    if [ "$layer" = nn ]; then ls nn/*."$ext" nn/*/*."$ext" 2>/dev/null; else ls "$layer"/*."$ext" 2>/dev/null; fi
+}
+
 for layer in "${layers[@]}" mpi; do
-    for f in "$layer"/*.c "$layer"/*.h; do
+    for f in $(layer_files c "$layer") $(layer_files h "$layer"); do
         [ -e "$f" ] || continue
         while IFS= read -r inc; do
-            h=$(realpath -m --relative-to=. "$layer/$inc")
+            h=$(realpath -m --relative-to=. "$(dirname "$f")/$inc")
             may_include "$layer" "$h" ||
                 violation "$f includes \"$inc\" ($h): $layer/ may include only$(
                     case $layer in
@@ -60,9 +67,10 @@ for layer in "${layers[@]}" mpi; do
 done
 
 # ------------------------------------------------------------- (b) symbols
+objects() { (cd "$build" && layer_files o "$1") | sed "s|^|$build/|"; }
 missing=0
 for layer in "${layers[@]}"; do
-    set -- "$build/$layer"/*.o
+    set -- $(objects "$layer")
     if [ ! -e "$1" ]; then
         echo "layers: no objects in $build/$layer/ (build the library first: make)"
         missing=1
@@ -74,11 +82,11 @@ done
 # define (uppercase nm types; static functions are lowercase and invisible
 # to other objects), or leave undefined.
 defined() {
-    nm -A -P --defined-only "$build/$1"/*.o |
+    nm -A -P --defined-only $(objects "$1") |
         awk '$3 ~ /^[A-TV-Z]$/ && $2 ~ /^nbi?_/ { sub(/:$/, "", $1); print $2, $1 }'
 }
 undefined() {
-    nm -A -P -u "$build/$1"/*.o | awk '$2 ~ /^nbi?_/ { sub(/:$/, "", $1); print $2, $1 }'
+    nm -A -P -u $(objects "$1") | awk '$2 ~ /^nbi?_/ { sub(/:$/, "", $1); print $2, $1 }'
 }
 
 # check LAYER SYMBOLS WHY ABOVE...: LAYER's undefined symbols matching the

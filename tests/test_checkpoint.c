@@ -411,7 +411,7 @@ static const struct {
     {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1,2],\"data_offsets\":[0,8]}," GOOD_B "}", 12,
      "tensor \"a\" has shape (1,2) in the file but (2) in the registry", NULL},
     /* the header itself */
-    /* JSON's own problems (nn/json.c) with their byte in the header */
+    /* JSON's own problems (nn/formats/json.c) with their byte in the header */
     {"{" GOOD_A "," GOOD_B, 12, "invalid safetensors header: expected ',' or '}', found the end "
      "of the header (JSON, byte 107)", NULL},
     {"[]", 0, "invalid safetensors header: expected '{', found '[' (JSON, byte 0)", NULL},

@@ -1,4 +1,4 @@
-/* test_gpt_io.c: GPT checkpoints of llm.c and Hugging Face (nn/gpt_io.c):
+/* test_gpt_io.c: GPT checkpoints of llm.c and Hugging Face (nn/formats/gpt_io.c):
  * nb_gpt_load_llmc, nb_gpt_save_llmc, nb_gpt_load_hf, nb_gpt_save_hf and
  * nb_gpt_config_of_file, on tiny models (vocab 11, block 8, 2 layers, 2
  * heads, n_embd 8).

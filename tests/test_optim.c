@@ -342,7 +342,7 @@ START_TEST(test_clip_grad_norm) {
 END_TEST
 
 /* The norm is summed on the thread pool over a fixed partition (chunks of
- * 16,384 elements, see nn/optim.c): the norm and the scaled gradients have
+ * 16,384 elements, see nn/train/optim.c): the norm and the scaled gradients have
  * the same bits on 1, 2 and 3 threads, and the norm is the exact one to
  * double rounding. Sizes around the chunk's, f32 and f64 mixed. */
 static nb_params *clip_params(void) {

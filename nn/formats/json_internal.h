@@ -1,6 +1,6 @@
-/* json_internal.h: the one JSON reader of nn/ (nn/json.c), used for the
- * safetensors header (nn/safetensors.c) and the tokenizer's files
- * (nn/tokenizer_load.c): a cursor over a text held whole in memory. Strict
+/* json_internal.h: the one JSON reader of nn/ (nn/formats/json.c), used for the
+ * safetensors header (nn/formats/safetensors.c) and the tokenizer's files
+ * (nn/text/tokenizer_load.c): a cursor over a text held whole in memory. Strict
  * JSON (RFC 8259). Every function returns 0 (or what it says), or -1 with
  * the first problem in j->msg as "<what> (JSON, byte <offset in the text>)";
  * later calls then fail too. Linear time; nn_json_skip is depth-limited. */

@@ -1,5 +1,5 @@
 /* checkpoint.c: nb_save and nb_load, checkpoints in the safetensors format:
- * u64 little-endian N, N bytes of JSON header (nn/safetensors.c), then each
+ * u64 little-endian N, N bytes of JSON header (nn/formats/safetensors.c), then each
  * tensor row-major, little-endian, at [begin, end) of the data section.
  *
  * Saving writes a temporary file ".nabla-tmp-<pid>-<n>" in the target's
@@ -12,7 +12,7 @@
  * registry, then the values of the optimizer's state) before the first
  * tensor is written. Names are looked up through hash indexes (a header of
  * a million names once took hours of strcmp; now about a second). The
- * file-system side (links, temporaries, opening) is in nn/files.c. */
+ * file-system side (links, temporaries, opening) is in nn/formats/files.c. */
 #include <errno.h>
 #include <fcntl.h>
 #include <float.h>

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "files_internal.h"
-#include "nn_internal.h"
+#include "../nn_internal.h"
 
 #define TOKENS_MAGIC 20240520
 #define TOKENS_VERSION 1

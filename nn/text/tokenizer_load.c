@@ -19,10 +19,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "files_internal.h"
-#include "nn_internal.h"
+#include "../formats/files_internal.h"
+#include "../nn_internal.h"
 #include "tokenizer_internal.h"
-#include "json_internal.h"
+#include "../formats/json_internal.h"
 
 static const char *FN = "nb_tokenizer_load";
 

@@ -1,5 +1,5 @@
 /* safetensors_internal.h: the safetensors header, written and parsed by
- * nn/safetensors.c for nb_save and nb_load (nn/checkpoint.c). */
+ * nn/formats/safetensors.c for nb_save and nb_load (nn/formats/checkpoint.c). */
 #ifndef NABLA_SAFETENSORS_INTERNAL_H
 #define NABLA_SAFETENSORS_INTERNAL_H
 
@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "nn_internal.h"
+#include "../nn_internal.h"
 
 #define NN_ST_MAX_HEADER (100u << 20) /* bytes of JSON, as the reference implementation */
 

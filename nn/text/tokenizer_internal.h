@@ -1,4 +1,4 @@
-/* tokenizer_internal.h: the GPT-2 tokenizer's parts (nn/tokenizer*.c).
+/* tokenizer_internal.h: the GPT-2 tokenizer's parts (nn/text/tokenizer*.c).
  *
  * A loaded tokenizer is read-only: encode and decode keep their scratch
  * space per call, so any number of threads may use one at once. */
@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../nabla.h"
+#include "../../nabla.h"
 
 #define NN_TOK_EOT_TEXT "<|endoftext|>"
 #define NN_TOK_EOT_LEN 13

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nn_internal.h"
+#include "../nn_internal.h"
 
 
 /* The first target (1-d NB_I64, any stride) outside [0, c) that is not

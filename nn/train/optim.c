@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nn_internal.h"
+#include "../nn_internal.h"
 
 typedef enum { OPT_SGD, OPT_ADAM, OPT_ADAMW } opt_kind;
 

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nn_internal.h"
+#include "../nn_internal.h"
 #include "tokenizer_internal.h"
 
 void nb_tokenizer_free(nb_tokenizer *tok) {

@@ -3,7 +3,7 @@
  * The header is JSON:
  *   {"__metadata__": {"format": "pt"},
  *    "<name>": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...}
- * padded with spaces to a multiple of 8. Parsing (through nn/json.c, the
+ * padded with spaces to a multiple of 8. Parsing (through nn/formats/json.c, the
  * reader the tokenizer's files use too) checks everything that can
  * be checked without the registry: syntax (integers without leading zeros,
  * as JSON writes them), known dtypes, at most NB_MAX_DIMS dims, sizes that
@@ -161,7 +161,7 @@ static int build_header(strbuf *b, const nn_st_item *v, int n) {
 }
 
 /* ------------------------------------------------------------------ parsing */
-/* The JSON cursor (nn/json.c) and what the header's checks keep; errors set
+/* The JSON cursor (nn/formats/json.c) and what the header's checks keep; errors set
  * j.msg and stop everything. */
 typedef struct {
     nn_json j;

@@ -1,4 +1,4 @@
-/* files_internal.h: the file-system helpers of checkpoints (nn/files.c). */
+/* files_internal.h: the file-system helpers of checkpoints (nn/formats/files.c). */
 #ifndef NABLA_NN_FILES_INTERNAL_H
 #define NABLA_NN_FILES_INTERNAL_H
 

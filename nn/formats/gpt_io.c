@@ -20,7 +20,7 @@
  *   4. only then is each parameter written (memcpy through nb_data) and
  *      nb_mark_modified.
  * A failure in 1-3 leaves the model as it was. Saves go through a temporary
- * file, fsync and rename, as nb_save (nn/files.c). */
+ * file, fsync and rename, as nb_save (nn/formats/files.c). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
