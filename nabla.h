@@ -231,6 +231,10 @@ NB_API nb_tensor *nb_clamp(nb_tensor *t, double lo, double hi);
 /* GELU's tanh approximation (torch's gelu(approximate="tanh"), GPT-2's):
  * 0.5 t (1 + tanh(sqrt(2/pi) (t + 0.044715 t^3))): floating, t's shape. */
 NB_API nb_tensor *nb_gelu_tanh(nb_tensor *t);
+/* sin t, cos t (torch.sin, torch.cos): floating, t's shape; libm's values in
+ * f64, f32 within docs/numerics.md's tolerance of them. */
+NB_API nb_tensor *nb_sin(nb_tensor *t);
+NB_API nb_tensor *nb_cos(nb_tensor *t);
 /* Comparisons (any dtype, same for both; broadcast shape) and logic (mask must
  * be NB_BOOL): NB_BOOL results, not differentiable. */
 NB_API nb_tensor *nb_eq(nb_tensor *a, nb_tensor *b);
@@ -347,6 +351,70 @@ NB_API nb_tensor *nb_dropout(nb_tensor *t, double p, bool training, struct nb_rn
  * differentiable. */
 NB_API nb_tensor *nb_multinomial(nb_tensor *probs, int64_t num_samples, bool replacement,
                                  struct nb_rng *rng);
+
+/* ------------------------------------------ convolution, pooling, batch norm */
+/* As torch.nn.functional.conv1d / conv2d (cross-correlation):
+ *   conv1d: input (N, C_in, L) or (C_in, L), weight (C_out, C_in/groups, K),
+ *           bias (C_out) or NULL -> (N, C_out, L_out) or (C_out, L_out);
+ *   conv2d: input (N, C_in, H, W) or (C_in, H, W), weight
+ *           (C_out, C_in/groups, KH, KW), bias (C_out) or NULL -> (N, C_out, H_out, W_out);
+ * L_out = (L + 2 padding - dilation (K - 1) - 1) / stride + 1, per dim for 2-d.
+ * conv2d's stride, padding and dilation are (h, w) pairs, NULL for torch's
+ * defaults (1, 0, 1); padding NB_PADDING_SAME (conv1d's padding, or
+ * padding[0] for conv2d) is torch's padding="same": the output keeps the
+ * input's size, stride must be 1, and an odd total pad puts the extra one at
+ * the end, as torch. One floating dtype; groups divides C_in and C_out.
+ * Differentiable in input, weight and bias. Errors name the sizes that
+ * disagree. */
+#define NB_PADDING_SAME (-1)
+NB_API nb_tensor *nb_conv1d(nb_tensor *input, nb_tensor *weight, nb_tensor *bias, int64_t stride,
+                            int64_t padding, int64_t dilation, int64_t groups);
+NB_API nb_tensor *nb_conv2d(nb_tensor *input, nb_tensor *weight, nb_tensor *bias,
+                            const int64_t stride[2], const int64_t padding[2],
+                            const int64_t dilation[2], int64_t groups);
+/* As torch.nn.functional.max_pool2d / avg_pool2d / max_pool1d (dilation 1,
+ * ceil_mode false): input (N, C, H, W) or (C, H, W) (1d: (N, C, L) or (C, L));
+ * kernel_size (h, w); stride NULL (1d: 0) = kernel_size; padding NULL = 0, at
+ * most half the kernel; -inf padding for max, zeros for avg (counted in the
+ * divisor when count_include_pad, as torch's default). Max pooling's gradient
+ * goes to the first maximum of each window in row-major order (torch's), NaN
+ * counting as the maximum. Differentiable in input. */
+NB_API nb_tensor *nb_max_pool2d(nb_tensor *input, const int64_t kernel_size[2],
+                                const int64_t stride[2], const int64_t padding[2]);
+NB_API nb_tensor *nb_avg_pool2d(nb_tensor *input, const int64_t kernel_size[2],
+                                const int64_t stride[2], const int64_t padding[2],
+                                bool count_include_pad);
+NB_API nb_tensor *nb_max_pool1d(nb_tensor *input, int64_t kernel_size, int64_t stride,
+                                int64_t padding);
+/* As torch.nn.functional.batch_norm: input (N, C, ...) floating, statistics per
+ * channel C over N and the rest. training: normalizes with the batch's mean
+ * and biased variance, and when running_mean / running_var (C) are given
+ * updates them in place, r = (1 - momentum) r + momentum x, with the unbiased
+ * variance (N * rest > 1 is then required, as torch). Not training: normalizes
+ * with running_mean / running_var (required). weight, bias (C) or NULL; eps >=
+ * 0. Differentiable in input, weight and bias (never in the running
+ * statistics, which are state, not inputs). */
+NB_API nb_tensor *nb_batch_norm(nb_tensor *input, nb_tensor *running_mean,
+                                nb_tensor *running_var, nb_tensor *weight, nb_tensor *bias,
+                                bool training, double momentum, double eps);
+
+/* -------------------------------------------------------------------- losses */
+/* A loss's reduction, as torch's reduction="mean" (the default, 0), "sum",
+ * "none" (the elementwise losses, input's shape). */
+typedef enum nb_reduction { NB_REDUCTION_MEAN = 0, NB_REDUCTION_SUM, NB_REDUCTION_NONE } nb_reduction;
+/* (input - target)^2 reduced (torch.nn.functional.mse_loss): input and target
+ * floating of one dtype and the same shape (torch broadcasts with a warning;
+ * a shape that differs is an error here). Differentiable in both. */
+NB_API nb_tensor *nb_mse_loss(nb_tensor *input, nb_tensor *target, nb_reduction reduction);
+/* torch.nn.functional.binary_cross_entropy_with_logits:
+ * -w [pos_weight y log sigmoid(x) + (1 - y) log(1 - sigmoid(x))], computed
+ * stably from the logits x = input; target y the same shape as input; weight
+ * broadcasting to input's shape, or NULL; pos_weight broadcasting to input's
+ * shape along the last dim (one per class), or NULL. Differentiable in input
+ * and target. */
+NB_API nb_tensor *nb_binary_cross_entropy_with_logits(nb_tensor *input, nb_tensor *target,
+                                                      nb_tensor *weight, nb_tensor *pos_weight,
+                                                      nb_reduction reduction);
 
 /* ---------------------------------------------------------------- indexing */
 /* Gathers along dim: out[i][j] = t[index[i][j]][j] (dim 0), as torch.gather;
@@ -887,6 +955,81 @@ NB_API int nb_layernorm_init(nb_LayerNorm *m, nb_params *ps, const char *name, i
                              double eps);
 NB_API nb_tensor *nb_layernorm_forward(const nb_LayerNorm *m, nb_tensor *x);
 
+typedef struct nb_Conv2d {
+    nb_tensor *weight; /* (out, in/groups, kh, kw): U(+-1/sqrt(fan_in)), fan_in = in/groups*kh*kw */
+    nb_tensor *bias;   /* (out), the same bound, or NULL */
+    int64_t in_channels, out_channels, kernel_size[2], stride[2], padding[2], dilation[2], groups;
+} nb_Conv2d;
+/* Registers "<name>.weight" (and "<name>.bias"), as torch.nn.Conv2d; stride,
+ * padding, dilation NULL = torch's defaults (padding[0] NB_PADDING_SAME:
+ * "same"). Forward: nb_conv2d with m's parameters. */
+NB_API int nb_conv2d_init(nb_Conv2d *m, nb_params *ps, const char *name, int64_t in, int64_t out,
+                          const int64_t kernel_size[2], const int64_t stride[2],
+                          const int64_t padding[2], const int64_t dilation[2], int64_t groups,
+                          bool bias, nb_rng *rng);
+NB_API nb_tensor *nb_conv2d_forward(const nb_Conv2d *m, nb_tensor *x);
+
+typedef struct nb_Conv1d {
+    nb_tensor *weight; /* (out, in/groups, k), as nb_Conv2d */
+    nb_tensor *bias;
+    int64_t in_channels, out_channels, kernel_size, stride, padding, dilation, groups;
+} nb_Conv1d;
+/* As nb_conv2d_init for torch.nn.Conv1d (stride, dilation 0 = 1). */
+NB_API int nb_conv1d_init(nb_Conv1d *m, nb_params *ps, const char *name, int64_t in, int64_t out,
+                          int64_t kernel_size, int64_t stride, int64_t padding, int64_t dilation,
+                          int64_t groups, bool bias, nb_rng *rng);
+NB_API nb_tensor *nb_conv1d_forward(const nb_Conv1d *m, nb_tensor *x);
+
+typedef struct nb_BatchNorm {
+    nb_tensor *weight, *bias;                /* (C): ones, zeros (parameters) */
+    nb_tensor *running_mean, *running_var;   /* (C): zeros, ones (buffers) */
+    nb_tensor *num_batches_tracked;          /* 0-d NB_I64 (buffer) */
+    int64_t num_features;
+    double eps, momentum;
+    bool training;                           /* true after init; set it for eval */
+    int dims;                                /* 1 (BatchNorm1d) or 2 (BatchNorm2d) */
+} nb_BatchNorm;
+/* torch.nn.BatchNorm1d (input (N, C) or (N, C, L)) and BatchNorm2d (input
+ * (N, C, H, W)): registers "<name>.weight", "<name>.bias" and the buffers
+ * "<name>.running_mean", "<name>.running_var", "<name>.num_batches_tracked"
+ * (torch's state_dict names; nb_save writes them). Forward in training
+ * normalizes with the batch's statistics, updates the running ones and adds
+ * 1 to num_batches_tracked; in eval uses the running ones. eps > 0 (torch
+ * 1e-5), momentum in [0, 1] (torch 0.1). */
+NB_API int nb_batchnorm1d_init(nb_BatchNorm *m, nb_params *ps, const char *name,
+                               int64_t num_features, double eps, double momentum);
+NB_API int nb_batchnorm2d_init(nb_BatchNorm *m, nb_params *ps, const char *name,
+                               int64_t num_features, double eps, double momentum);
+NB_API nb_tensor *nb_batchnorm_forward(nb_BatchNorm *m, nb_tensor *x);
+
+/* Recurrent cells, as torch.nn.RNNCell / GRUCell / LSTMCell, one time step,
+ * built from nb_linear, nb_tanh, nb_sigmoid and elementwise ops. Parameters
+ * "<name>.weight_ih" (G*hidden, input), "<name>.weight_hh" (G*hidden, hidden),
+ * "<name>.bias_ih", "<name>.bias_hh" (G*hidden), G = 1, 3 (gates r, z, n) and
+ * 4 (gates i, f, g, o) in torch's order, all U(+-1/sqrt(hidden)): weights move
+ * to and from torch through safetensors unchanged. x (B, input) or (input);
+ * h and c (B, hidden) or (hidden), NULL = zeros. */
+typedef struct nb_RNNCell {
+    nb_tensor *weight_ih, *weight_hh, *bias_ih, *bias_hh; /* biases NULL without bias */
+    int64_t input_size, hidden_size;
+    bool relu; /* nb_RNNCell only: nonlinearity "relu" instead of "tanh" */
+} nb_RNNCell;
+typedef nb_RNNCell nb_GRUCell;
+typedef nb_RNNCell nb_LSTMCell;
+NB_API int nb_rnncell_init(nb_RNNCell *m, nb_params *ps, const char *name, int64_t input_size,
+                           int64_t hidden_size, bool bias, bool relu, nb_rng *rng);
+/* h' = tanh(x W_ih^T + b_ih + h W_hh^T + b_hh) (relu when m->relu). */
+NB_API nb_tensor *nb_rnncell_forward(const nb_RNNCell *m, nb_tensor *x, nb_tensor *h);
+NB_API int nb_grucell_init(nb_GRUCell *m, nb_params *ps, const char *name, int64_t input_size,
+                           int64_t hidden_size, bool bias, nb_rng *rng);
+NB_API nb_tensor *nb_grucell_forward(const nb_GRUCell *m, nb_tensor *x, nb_tensor *h);
+NB_API int nb_lstmcell_init(nb_LSTMCell *m, nb_params *ps, const char *name, int64_t input_size,
+                            int64_t hidden_size, bool bias, nb_rng *rng);
+/* (h, c) -> (h', c'): h_out and c_out receive tensors of the current scope
+ * (NULL on error); returns 0 or -1. */
+NB_API int nb_lstmcell_forward(const nb_LSTMCell *m, nb_tensor *x, nb_tensor *h, nb_tensor *c,
+                               nb_tensor **h_out, nb_tensor **c_out);
+
 /* Multi-head attention, batch first: projections w_q w_k w_v w_o (d_model x
  * d_model), heads split with view + transpose to (B, H, L, d_k). */
 typedef struct nb_MHA {
@@ -1165,6 +1308,13 @@ NB_API int nb_gpt_from_file(nb_GPT *m, nb_params *ps, const char *path);
  * token per byte (0..255). With vocab_size > 0, a token >= vocab_size is an
  * error naming its position. An empty file is an error. */
 NB_API nb_tensor *nb_load_tokens(const char *path, int64_t vocab_size);
+/* An IDX file (MNIST's and Fashion-MNIST's format, uncompressed: bytes 0 0,
+ * a type byte (0x08 u8, 0x09 i8, 0x0B i16, 0x0C i32, 0x0D f32, 0x0E f64), the
+ * number of dims, big-endian u32 sizes, then the data, nothing after) as a
+ * persistent tensor of dtype (NB_F32, NB_F64 or NB_I64; a value dtype cannot
+ * hold exactly is an error). Errors name the file and the first problem: a
+ * wrong magic, a truncated file, bytes left over. */
+NB_API nb_tensor *nb_load_idx(const char *path, nb_dtype dtype);
 
 /* ---------------------------------------------------- nn: GPT-2 tokenizer */
 /* GPT-2's byte-level BPE (OpenAI's encoder.py, exactly; docs/tokenizer.md):
