@@ -159,7 +159,7 @@ static unsigned char value_byte(char c, int i) {
     }
 }
 
-/* The inputs of a registry line's "inputs" word list (letter[:AxBxC], default
+/* The inputs of a registry line's "inputs" word list (letter[:AxBxC][=][?N], default
  * 3x4), as program bytes; 'i' (an index) is left to the op's decoder, which
  * makes its index tensor from the program. Returns the number of tensors. */
 static int registry_inputs(const char *spec, unsigned char *b, size_t *n) {
@@ -170,6 +170,8 @@ static int registry_inputs(const char *spec, unsigned char *b, size_t *n) {
         int nd = 2;
         if (*w == ':')
             for (nd = 0; *w == ':' || *w == 'x'; nd++) s[nd] = strtol(w + 1, (char **)&w, 10);
+        if (*w == '=') w++;                               /* fixed size */
+        if (*w == '?') strtol(w + 1, (char **)&w, 10); /* optional: given here */
         while (*w == ' ') w++;
         if (letter == 'i') continue;
         b[(*n)++] = kind_byte(nd, letter == 'b');

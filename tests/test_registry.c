@@ -83,6 +83,12 @@ static const reg_op OPS[] = {
 #define REG_FAMILY "sample"
     NB_OPS_SAMPLE(REG_ROW)
 #undef REG_FAMILY
+#define REG_FAMILY "batch_norm"
+    NB_OPS_BATCH_NORM(REG_ROW)
+#undef REG_FAMILY
+#define REG_FAMILY "loss"
+    NB_OPS_LOSS(REG_ROW)
+#undef REG_FAMILY
 };
 #define NOPS (int)(sizeof OPS / sizeof OPS[0])
 
@@ -97,6 +103,9 @@ static const int REGISTRY_COUNT = 0 NB_OPS(COUNT_ONE);
 typedef struct {
     int n;
     char kind[MAX_IN];
+    bool opt[MAX_IN];  /* "?N": NULL accepted there */
+    bool fixed[MAX_IN]; /* "=": dim 0 does not grow */
+    int argno[MAX_IN]; /* the number the op's messages give it (N, else its position) */
     int ndim[MAX_IN];
     int64_t shape[MAX_IN][NB_MAX_DIMS];
 } spec;
@@ -115,7 +124,7 @@ static spec parse_spec(const reg_op *op) {
                       s.kind[k]);
         if (*p == ':') {
             p++;
-            while (*p && *p != ' ') {
+            while (*p && *p != ' ' && *p != '?' && *p != '=') {
                 ck_assert(s.ndim[k] < NB_MAX_DIMS);
                 s.shape[k][s.ndim[k]++] = strtoll(p, (char **)&p, 10);
                 if (*p == 'x') p++;
@@ -124,6 +133,15 @@ static spec parse_spec(const reg_op *op) {
             s.ndim[k] = 2;
             s.shape[k][0] = 3;
             s.shape[k][1] = 4;
+        }
+        s.argno[k] = k;
+        if (*p == '=') {
+            s.fixed[k] = true;
+            p++;
+        }
+        if (*p == '?') {
+            s.opt[k] = true;
+            s.argno[k] = (int)strtol(p + 1, (char **)&p, 10);
         }
     }
     return s;
@@ -183,7 +201,7 @@ static void make_inputs(const reg_op *op, const spec *s, nb_dtype dt, int64_t gr
     for (int k = 0; k < s->n; k++) {
         int64_t sh[NB_MAX_DIMS];
         memcpy(sh, s->shape[k], sizeof sh);
-        sh[0] *= grow;
+        if (!s->fixed[k]) sh[0] *= grow;
         nb_tensor *v = values_for(s->kind[k], dt, s->ndim[k], sh, seed + (uint64_t)k);
         x[k] = laid_out(v, layout); /* indices and masks too: kernels read them strided */
         ck_assert_msg(x[k] != NULL, "%s input %d: %s", op->name, k, nb_last_error());
@@ -218,7 +236,8 @@ static void registry_flags_match_behaviour(const reg_op *op) {
     nb_scope_end();
 }
 
-/* Every input position refuses NULL with a message naming the op and it. */
+/* Every input position refuses NULL with a message naming the op and it;
+ * an optional one ("?N") takes NULL and gives a result. */
 static void registry_null_inputs_named(const reg_op *op) {
     spec s = parse_spec(op);
     nb_scope_begin();
@@ -228,9 +247,15 @@ static void registry_null_inputs_named(const reg_op *op) {
         nb_tensor *keep = x[k];
         x[k] = NULL;
         char want[64];
-        snprintf(want, sizeof want, "nb_%s: input %d is NULL", op->name, k);
+        snprintf(want, sizeof want, "nb_%s: input %d is NULL", op->name, s.argno[k]);
         nb_clear_error();
-        expect_error(op->call(x), want);
+        if (s.opt[k]) {
+            nb_tensor *y = op->call(x);
+            ck_assert_msg(y != NULL, "nb_%s with optional input %d NULL: %s", op->name,
+                          s.argno[k], nb_last_error());
+        } else {
+            expect_error(op->call(x), want);
+        }
         x[k] = keep;
     }
     nb_scope_end();
@@ -255,7 +280,7 @@ static void registry_freed_inputs_named(const reg_op *op) {
                 nb_free(dead);
             }
             char want[96];
-            snprintf(want, sizeof want, "nb_%s: input %d was freed (by %s", op->name, k,
+            snprintf(want, sizeof want, "nb_%s: input %d was freed (by %s", op->name, s.argno[k],
                      how ? "nb_scope_end" : "nb_free");
             nb_clear_error();
             expect_error(op->call(x), want);
