@@ -809,6 +809,9 @@ static void op_abs(pool *p, reader *r, const char *fn) {
 static void op_gelu_tanh(pool *p, reader *r, const char *fn) {
     unary(p, r, fn, nb_gelu_tanh, ref_gelu_tanh, TOL, REL_X);
 }
+/* relative to |x| (at least 1): sin and cos pass through 0 */
+static void op_sin(pool *p, reader *r, const char *fn) { unary(p, r, fn, nb_sin, sin, TOL, REL_X); }
+static void op_cos(pool *p, reader *r, const char *fn) { unary(p, r, fn, nb_cos, cos, TOL, REL_X); }
 
 /* torch.matmul. bf16 x bf16 gives bf16: the exact products summed in f32,
  * rounded once to bf16 (within that rounding of the f32 sum, see
@@ -1948,6 +1951,130 @@ static void op_dropout(pool *p, reader *r, const char *fn) {
  * the nonzero weights of any row); the draws are checked for support:
  * indices in range, of positive weight, unrepeated in a row without
  * replacement, and the same seed repeats them. */
+/* nb_batch_norm in training without running statistics (the registry's
+ * call; the running ones are tests/test_batchnorm.c's): x (N, C, ...), weight
+ * and bias (C), one dtype; more than one value per channel. Two-pass
+ * statistics in double; the tolerance is relative to |x - mean| invstd |w| + |b|. */
+static void op_batch_norm(pool *p, reader *r, const char *fn) {
+    nb_tensor *ops[3];
+    pick_n(p, r, ops, 3);
+    vals in[3];
+    begin_call(fn, ops, 3, in);
+    expect e;
+    expect_init(&e, fn, in[0].dt);
+    const shp *s = &in[0].sh;
+    bool ok = float_ok(in[0].dt) && s->nd >= 2;
+    int64_t n = ok ? s->s[0] : 0, c = ok ? s->s[1] : 0, rest = 1;
+    for (int d = 2; ok && d < s->nd; d++) rest *= s->s[d];
+    for (int k = 1; ok && k < 3; k++)
+        ok = in[k].dt == in[0].dt && in[k].sh.nd == 1 && in[k].sh.s[0] == c;
+    ok = ok && n * rest > 1;
+    if (ok) {
+        e.sh = *s;
+        expect_alloc(&e, true);
+        e.rule = TOL;
+        e.rtol = acc_rtol(e.dt, n * rest);
+        for (int64_t ch = 0; !e.skip && ch < c; ch++) {
+            double sum = 0, m2 = 0, m = (double)(n * rest);
+            for (int64_t i = 0; i < n; i++)
+                for (int64_t j = 0; j < rest; j++) sum += in[0].v[(i * c + ch) * rest + j];
+            double mean = sum / m;
+            for (int64_t i = 0; i < n; i++)
+                for (int64_t j = 0; j < rest; j++) {
+                    double dv = in[0].v[(i * c + ch) * rest + j] - mean;
+                    m2 += dv * dv;
+                }
+            double is = 1 / sqrt(m2 / m + 1e-5), w = in[1].v[ch], b = in[2].v[ch];
+            for (int64_t i = 0; i < n; i++)
+                for (int64_t j = 0; j < rest; j++) {
+                    int64_t at = (i * c + ch) * rest + j;
+                    double x = in[0].v[at];
+                    e.v[at] = (x - mean) * is * w + b;
+                    e.mag[at] = (fabs(x) + fabs(mean)) * is * fabs(w) + fabs(b);
+                }
+        }
+    }
+    RUN(p, r, e, ops, 3, in, nb_batch_norm(ops[0], NULL, NULL, ops[1], ops[2], true, 0.1, 1e-5));
+}
+
+/* the losses: an argument byte picks the reduction (mean, sum, none) */
+static void loss_reduce(expect *e, const shp *s, const double *l, const double *mag,
+                        int red) {
+    int64_t n = numel(s);
+    if (red == NB_REDUCTION_NONE) {
+        e->sh = *s;
+        expect_alloc(e, true);
+        for (int64_t i = 0; !e->skip && i < n; i++) e->v[i] = l[i], e->mag[i] = mag[i];
+    } else {
+        e->sh.nd = 0;
+        expect_alloc(e, true);
+        double acc = 0, m = 0;
+        for (int64_t i = 0; i < n; i++) acc += l[i], m += mag[i];
+        e->v[0] = red == NB_REDUCTION_MEAN ? acc / (double)n : acc;
+        e->mag[0] = red == NB_REDUCTION_MEAN ? m / (double)n : m;
+    }
+    e->rule = TOL;
+    e->rtol = acc_rtol(e->dt, n);
+}
+
+/* (x - y)^2: one dtype, one shape */
+static void op_mse_loss(pool *p, reader *r, const char *fn) {
+    nb_tensor *ops[2];
+    pick_n(p, r, ops, 2);
+    int red = (int)(u8(r) % 3);
+    vals in[2];
+    begin_call(fn, ops, 2, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " reduction %d", red);
+    expect e;
+    expect_init(&e, fn, in[0].dt);
+    if (float_ok(in[0].dt) && in[1].dt == in[0].dt && same_shape(&in[0].sh, &in[1].sh)) {
+        int64_t n = in[0].n;
+        double *l = calloc((size_t)(n ? n : 1), sizeof *l);
+        if (!l) abort();
+        for (int64_t i = 0; i < n; i++) {
+            double d = round_to(in[0].v[i] - in[1].v[i], in[0].dt);
+            l[i] = d * d;
+        }
+        loss_reduce(&e, &in[0].sh, l, l, red);
+        free(l);
+    }
+    RUN(p, r, e, ops, 2, in, nb_mse_loss(ops[0], ops[1], (nb_reduction)red));
+}
+
+/* (1 - y) x + (1 + (pw - 1) y) softplus(-x): pw broadcasts to x */
+static void op_binary_cross_entropy_with_logits(pool *p, reader *r, const char *fn) {
+    nb_tensor *ops[3];
+    pick_n(p, r, ops, 3);
+    int red = (int)(u8(r) % 3);
+    vals in[3];
+    begin_call(fn, ops, 3, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " reduction %d", red);
+    expect e;
+    expect_init(&e, fn, in[0].dt);
+    const shp *s = &in[0].sh;
+    shp b;
+    bool ok = float_ok(in[0].dt) && in[1].dt == in[0].dt && in[2].dt == in[0].dt &&
+              same_shape(s, &in[1].sh) && bcast(s, &in[2].sh, &b) && same_shape(s, &b);
+    if (ok) {
+        int64_t n = in[0].n;
+        double *l = calloc((size_t)(n ? n : 1), sizeof *l), *mag = calloc((size_t)(n ? n : 1), sizeof *mag);
+        if (!l || !mag) abort();
+        int64_t idx[NB_MAX_DIMS] = {0}, i = 0;
+        if (n) do {
+            double x = in[0].v[i], y = in[1].v[i], pw = in[2].v[bcast_flat(s, idx, &in[2].sh)];
+            double sp = log1p(exp(-fabs(x))) + (x < 0 ? -x : 0), lw = 1 + (pw - 1) * y;
+            l[i] = (1 - y) * x + lw * sp;
+            mag[i] = fabs((1 - y) * x) + fabs(lw * sp) + fabs((pw - 1) * y * sp);
+            i++;
+        } while (next_index(idx, s));
+        loss_reduce(&e, s, l, mag, red);
+        free(l);
+        free(mag);
+    }
+    RUN(p, r, e, ops, 3, in,
+        nb_binary_cross_entropy_with_logits(ops[0], ops[1], NULL, ops[2], (nb_reduction)red));
+}
+
 static void op_multinomial(pool *p, reader *r, const char *fn) {
     nb_tensor *ops[1] = {pick(p, r)};
     unsigned b = u8(r), seed = u8(r);

@@ -1,5 +1,5 @@
 /* elementwise.c: one-input ops (neg exp log sqrt tanh relu gelu sigmoid silu
- * abs gelu_tanh, and the ones with scalars: pow, add, mul, clamp), forward
+ * abs gelu_tanh sin cos, and the ones with scalars: pow, add, mul, clamp), forward
  * kernels and backward rules.
  *
  * In f32, exp, tanh, sigmoid, silu, gelu and gelu_tanh, and the derivatives
@@ -84,7 +84,7 @@ typedef struct {
 /* max(x, lo) as std::max: x when equal (keeps -0 against a +0 bound) and NaN */
 #define CLAMP_LO(x, lo) ((x) < (lo) ? (lo) : (x))
 
-#define UNARY_CASES(T, EXP, LOG, SQRT, TANH, ERF, POW)                        \
+#define UNARY_CASES(T, EXP, LOG, SQRT, TANH, ERF, POW, SIN, COS)                  \
     switch (j->op) {                                                          \
     case U_neg: ROWS1(T, -x); break;                                          \
     case U_exp: ROWS1(T, EXP(x)); break;                                      \
@@ -112,6 +112,8 @@ typedef struct {
     case U_clamp: /* min(max(x, lo), hi) as torch: NaN and -0 stay, lo > hi gives hi */ \
         ROWS1(T, CLAMP_LO(x, (T)s) > (T)s1 ? (T)s1 : CLAMP_LO(x, (T)s));                \
         break;                                                                        \
+    case U_sin: ROWS1(T, SIN(x)); break;                                             \
+    case U_cos: ROWS1(T, COS(x)); break;                                             \
     case U_gelu_tanh: /* aten's order: beta (x + kappa x^3) */                       \
         ROWS1(T, (T)0.5 * x *                                                         \
                      (1 + TANH((T)GELU_TANH_BETA * (x + (T)GELU_TANH_KAPPA * (x * x * x))))); \
@@ -155,8 +157,8 @@ static void unary_span(void *ctx, int64_t lo, int64_t hi) {
         return;
     }
     /* (f32 exp, tanh, gelu, sigmoid, silu and gelu_tanh went to vmath above) */
-    if (j->dt == NB_F32) UNARY_CASES(float, expf, logf, sqrtf, tanhf, erff, powf)
-    else UNARY_CASES(double, exp, log, sqrt, tanh, erf, pow)
+    if (j->dt == NB_F32) UNARY_CASES(float, expf, logf, sqrtf, tanhf, erff, powf, sinf, cosf)
+    else UNARY_CASES(double, exp, log, sqrt, tanh, erf, pow, sin, cos)
 }
 
 static nb_tensor *unary(const char *fn, unop op, double s, double s1, nb_tensor *t) {
@@ -361,6 +363,13 @@ static int gelu_tanh_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
                  : act_grad("nb_gelu_tanh", nbv_gelu_tanh_grad_f32, NBI_GELU_TANH_GRAD, g, x);
     return gin[0] ? 0 : -1;
 }
+/* g cos x and -g sin x: recorded ops in every mode (no fused kernel) */
+static int sin_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    return (gin[0] = nb_mul(g, nb_cos(nbi_saved_in(n, 0)))) ? 0 : -1;
+}
+static int cos_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    return (gin[0] = nb_neg(nb_mul(g, nb_sin(nbi_saved_in(n, 0))))) ? 0 : -1;
+}
 static int add_scalar_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     (void)n;
     gin[0] = g;
@@ -415,4 +424,10 @@ nb_tensor *nb_clamp(nb_tensor *t, double lo, double hi) {
 }
 nb_tensor *nb_gelu_tanh(nb_tensor *t) {
     return unary_op("nb_gelu_tanh", U_gelu_tanh, 0, 0, gelu_tanh_backward, NBI_SAVE_IN(0), t);
+}
+nb_tensor *nb_sin(nb_tensor *t) {
+    return unary_op("nb_sin", U_sin, 0, 0, sin_backward, NBI_SAVE_IN(0), t);
+}
+nb_tensor *nb_cos(nb_tensor *t) {
+    return unary_op("nb_cos", U_cos, 0, 0, cos_backward, NBI_SAVE_IN(0), t);
 }

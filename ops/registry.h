@@ -20,6 +20,10 @@
  *           a letter, then optionally ":" and a shape (default 3x4)
  *             f floating       p floating > 0       a floating, |x| >= 0.5
  *             b bool           i int64 index in [0, 3)
+ *           then optionally "=": its dim 0 does not grow (see call; a
+ *           per-channel weight), and "?N": an optional input (NULL
+ *           accepted, the registry suite checks that it gives a result),
+ *           which the op's messages call input N (its argument position)
  *   flags   NB_OP_DIFF   differentiable in its floating inputs
  *           NB_OP_EXACT  bit for bit PyTorch's result, sign of zero included
  *                        (else within the tolerance of docs/numerics.md)
@@ -78,7 +82,9 @@
       nb_abs(x[0]))                                                                  \
     X(clamp, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_CHEAP | NB_OP_GRAD2 | NB_OP_JVP,  \
       nb_clamp(x[0], -0.5, 0.8))                                                     \
-    X(gelu_tanh, "f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP, nb_gelu_tanh(x[0]))
+    X(gelu_tanh, "f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP, nb_gelu_tanh(x[0]))     \
+    X(sin, "f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP, nb_sin(x[0]))                  \
+    X(cos, "f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP, nb_cos(x[0]))
 
 /* ops/binary.c: two broadcast inputs; kernel enum NBI_<name> */
 #define NB_OPS_BINARY(X)                                                             \
@@ -148,6 +154,20 @@
     X(dropout, "f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP,                          \
       nb_dropout(x[0], 0.25, true, op_rng()))
 
+/* ops/batch_norm.c: statistics per channel (dim 1) over dims 0 and 2.., so
+ * dim 0 may grow; weight and bias (C) keep their size. The running
+ * statistics are state, not inputs (tests/test_batchnorm.c). */
+#define NB_OPS_BATCH_NORM(X)                                                         \
+    X(batch_norm, "f:4x3x2 f:3=?3 f:3=?4", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP,     \
+      nb_batch_norm(x[0], NULL, NULL, x[1], x[2], true, 0.1, 1e-5))
+
+/* ops/loss.c: the registry's pos_weight has the input's shape (dim 0 grows) */
+#define NB_OPS_LOSS(X)                                                               \
+    X(mse_loss, "f f", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP,                         \
+      nb_mse_loss(x[0], x[1], NB_REDUCTION_MEAN))                                    \
+    X(binary_cross_entropy_with_logits, "f f p?3", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP, \
+      nb_binary_cross_entropy_with_logits(x[0], x[1], NULL, x[2], NB_REDUCTION_SUM))
+
 /* ops/view.c: views (no copy) and reshape/contiguous */
 #define NB_OPS_VIEW(X)                                                               \
     X(view, "f", NB_OP_DIFF | NB_OP_EXACT | NB_OP_BF16 | NB_OP_GRAD2 | NB_OP_JVP,    \
@@ -201,7 +221,8 @@
 #define NB_OPS(X)                                                                    \
     NB_OPS_ELEMENTWISE(X) NB_OPS_BINARY(X) NB_OPS_COMPARE(X) NB_OPS_REDUCE(X)        \
     NB_OPS_MATMUL(X) NB_OPS_SOFTMAX(X) NB_OPS_MASKED_FILL(X) NB_OPS_DROPOUT(X)       \
-    NB_OPS_VIEW(X) NB_OPS_SHAPE(X) NB_OPS_INDEX(X) NB_OPS_SORT(X) NB_OPS_SAMPLE(X)
+    NB_OPS_VIEW(X) NB_OPS_SHAPE(X) NB_OPS_INDEX(X) NB_OPS_SORT(X) NB_OPS_SAMPLE(X)     \
+    NB_OPS_BATCH_NORM(X) NB_OPS_LOSS(X)
 
 /* Every family list with its file under ops/, for tables that name it. */
 #define NB_OP_FAMILIES(F)                                                            \
@@ -209,6 +230,7 @@
     F(NB_OPS_COMPARE, "compare") F(NB_OPS_REDUCE, "reduce") F(NB_OPS_MATMUL, "matmul") \
     F(NB_OPS_SOFTMAX, "softmax") F(NB_OPS_MASKED_FILL, "masked_fill")                \
     F(NB_OPS_DROPOUT, "dropout") F(NB_OPS_VIEW, "view") F(NB_OPS_SHAPE, "shape")     \
-    F(NB_OPS_INDEX, "index") F(NB_OPS_SORT, "sort") F(NB_OPS_SAMPLE, "sample")
+    F(NB_OPS_INDEX, "index") F(NB_OPS_SORT, "sort") F(NB_OPS_SAMPLE, "sample")       \
+    F(NB_OPS_BATCH_NORM, "batch_norm") F(NB_OPS_LOSS, "loss")
 
 #endif
