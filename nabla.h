@@ -390,7 +390,7 @@ NB_API nb_tensor *nb_max_pool1d(nb_tensor *input, int64_t kernel_size, int64_t s
  * channel C over N and the rest. training: normalizes with the batch's mean
  * and biased variance, and when running_mean / running_var (C) are given
  * updates them in place, r = (1 - momentum) r + momentum x, with the unbiased
- * variance (N * rest > 1 is then required, as torch). Not training: normalizes
+ * variance; training requires N * rest > 1, as torch. Not training: normalizes
  * with running_mean / running_var (required). weight, bias (C) or NULL; eps >=
  * 0. Differentiable in input, weight and bias (never in the running
  * statistics, which are state, not inputs). */
@@ -410,8 +410,8 @@ NB_API nb_tensor *nb_mse_loss(nb_tensor *input, nb_tensor *target, nb_reduction 
  * -w [pos_weight y log sigmoid(x) + (1 - y) log(1 - sigmoid(x))], computed
  * stably from the logits x = input; target y the same shape as input; weight
  * broadcasting to input's shape, or NULL; pos_weight broadcasting to input's
- * shape along the last dim (one per class), or NULL. Differentiable in input
- * and target. */
+ * shape along the last dim (one per class), or NULL. Differentiable in input,
+ * target, weight and pos_weight (torch 1.13 refuses a pos_weight gradient). */
 NB_API nb_tensor *nb_binary_cross_entropy_with_logits(nb_tensor *input, nb_tensor *target,
                                                       nb_tensor *weight, nb_tensor *pos_weight,
                                                       nb_reduction reduction);
