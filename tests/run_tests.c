@@ -45,6 +45,7 @@ int main(void) {
     srunner_add_suite(sr, suite_errors());
     srunner_add_suite(sr, suite_scope());
     srunner_add_suite(sr, suite_nn());
+    srunner_add_suite(sr, suite_batchnorm());
     srunner_add_suite(sr, suite_attention());
     srunner_add_suite(sr, suite_optim());
     srunner_add_suite(sr, suite_transformer());

@@ -80,13 +80,14 @@ static nb_tensor *leaf(int ndim, const int64_t *shape) {
 }
 
 /* The modules the nn forwards run with: 3 -> 4 linear, 5 x 3 embedding,
- * layer norm over 3, attention and feed-forward of d_model 4, and a tiny
+ * layer norm and batch norm over 3, attention and feed-forward of d_model 4, and a tiny
  * transformer (vocabularies of 5, d_model 4). No dropout. */
 static struct {
     nb_params *ps;
     nb_Linear lin;
     nb_Embedding emb;
     nb_LayerNorm ln;
+    nb_BatchNorm bn;
     nb_MHA mha;
     nb_FeedForward ff;
     nb_Transformer tr;
@@ -105,6 +106,7 @@ static void mods_init(void) {
     ck_assert_int_eq(nb_linear_init(&mods.lin, mods.ps, "lin", 3, 4, true, &r), 0);
     ck_assert_int_eq(nb_embedding_init(&mods.emb, mods.ps, "emb", 5, 3, &r), 0);
     ck_assert_int_eq(nb_layernorm_init(&mods.ln, mods.ps, "ln", 3, 1e-5), 0);
+    ck_assert_int_eq(nb_batchnorm1d_init(&mods.bn, mods.ps, "bn", 3, 1e-5, 0.1), 0);
     ck_assert_int_eq(nb_mha_init(&mods.mha, mods.ps, "mha", 4, 2, 0.0, true, &r), 0);
     ck_assert_int_eq(nb_feedforward_init(&mods.ff, mods.ps, "ff", 4, 6, 0.0, &r), 0);
     ck_assert_int_eq(nb_transformer_init(&mods.tr, mods.ps, &tiny, &r), 0);
@@ -332,6 +334,7 @@ static bool mha_failed(nb_tensor **in) {
     X(nb_linear_forward, 1, x3, nb_linear_forward(&mods.lin, in[0]) == NULL)                     \
     X(nb_embedding_forward, 1, ids, nb_embedding_forward(&mods.emb, in[0]) == NULL)              \
     X(nb_layernorm_forward, 1, x3, nb_layernorm_forward(&mods.ln, in[0]) == NULL)                \
+    X(nb_batchnorm_forward, 1, x3, nb_batchnorm_forward(&mods.bn, in[0]) == NULL)                \
     X(nb_mha_forward, 4, mha, mha_failed(in))                                                    \
     X(nb_feedforward_forward, 1, x4,                                                             \
       nb_feedforward_forward(&mods.ff, in[0], false, NULL) == NULL)                              \

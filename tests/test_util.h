@@ -126,6 +126,7 @@ void print_callback_table(FILE *f);
 Suite *suite_errors(void);
 Suite *suite_scope(void);
 Suite *suite_nn(void);
+Suite *suite_batchnorm(void); /* test_batchnorm.c: BatchNorm modules, batch_norm, losses */
 Suite *suite_attention(void);
 Suite *suite_optim(void);
 Suite *suite_transformer(void);
