@@ -64,8 +64,10 @@ static void make_module(const bn_case *c, nb_dtype dt, nb_params *ps, nb_BatchNo
     nb_set_default_dtype(before);
     ck_assert_msg(rc == 0, "%s", nb_last_error());
     ck_assert(m->training);
+    nb_scope_begin();
     ck_assert_int_eq(nb_copy_into(m->weight, in_dt(fxf(FX, c->name, "w"), dt)), 0);
     ck_assert_int_eq(nb_copy_into(m->bias, in_dt(fxf(FX, c->name, "b"), dt)), 0);
+    nb_scope_end();
 }
 
 /* One forward and backward of (out * gout).sum() at prefix p ("<c>.s1",
@@ -86,8 +88,10 @@ static void step(nb_BatchNorm *m, const char *p, nb_dtype dt) {
 }
 
 static void expect_state(nb_BatchNorm *m, const char *p, nb_dtype dt) {
+    nb_scope_begin();
     near(m->running_mean, fxf(FX, p, "running_mean"), dt);
     near(m->running_var, fxf(FX, p, "running_var"), dt);
+    nb_scope_end();
     ck_assert_int_eq(nb_dtype_of(m->num_batches_tracked), NB_I64);
     ck_assert_int_eq(nb_ndim(m->num_batches_tracked), 0);
     ck_assert_int_eq(*(int64_t *)nb_data(m->num_batches_tracked),
