@@ -1473,6 +1473,68 @@ static void bench_tokenizer(void) {
 
 /* ------------------------------------------------------------------- main */
 
+/* ------------------------------------------------------------ 11. batch norm */
+
+typedef struct {
+    nb_tensor *x, *w, *b, *rm, *rv;
+    bool backward;
+} bn_ctx;
+
+static void bn_run(void *p) {
+    bn_ctx *c = p;
+    nb_scope_begin();
+    nb_tensor *y = nb_batch_norm(c->x, c->rm, c->rv, c->w, c->b, true, 0.1, 1e-5);
+    if (!y || (c->backward && nb_backward(nb_sum_all(y)) != 0)) die("nb_batch_norm");
+    nb_scope_end();
+    nb_clear_grad(c->x);
+    nb_clear_grad(c->w);
+    nb_clear_grad(c->b);
+}
+
+/* nb_batch_norm f32 in training with running statistics (what BatchNorm2d
+ * does), forward and forward + backward of y.sum(), at the shapes of the
+ * Fashion-MNIST network's two convolutions (batch 64) */
+static void bench_batchnorm(void) {
+    static const int64_t shapes[2][4] = {{64, 32, 28, 28}, {64, 64, 14, 14}};
+    section("11. nb_batch_norm f32, training with running statistics (ms)");
+    printf("%-16s %4s %9s %9s %7s %9s %9s %7s\n", "N x C x H x W", "thr", "fwd", "pt fwd",
+           "nb/pt", "fwd+bwd", "pt f+b", "nb/pt");
+    for (int i = 0; i < 2; i++) {
+        const int64_t *s = shapes[i];
+        nb_rng r;
+        nb_rng_seed(&r, 11);
+        bn_ctx c = {.x = leaf_randn(NB_F32, NB_SHAPE(s[0], s[1], s[2], s[3]), true, &r),
+                    .w = leaf_randn(NB_F32, NB_SHAPE(s[1]), true, &r),
+                    .b = leaf_randn(NB_F32, NB_SHAPE(s[1]), true, &r),
+                    .rm = need(nb_zeros(NB_F32, NB_SHAPE(s[1])), "nb_zeros"),
+                    .rv = need(nb_ones(NB_F32, NB_SHAPE(s[1])), "nb_ones")};
+        char name[40];
+        snprintf(name, sizeof name, "%lldx%lldx%lldx%lld", (long long)s[0], (long long)s[1],
+                 (long long)s[2], (long long)s[3]);
+        for (int t = 1; t <= ncpu; t = next_threads(t)) {
+            nb_set_num_threads(t);
+            c.backward = false;
+            double fwd = 1e3 * median_time(bn_run, &c, 2, 15);
+            c.backward = true;
+            double fb = 1e3 * median_time(bn_run, &c, 2, 15);
+            double pf = ref("bn_fwd_ms_%dt_%s", t, name), pb = ref("bn_fb_ms_%dt_%s", t, name);
+            printf("%-16s %4d", name, t);
+            cell(fwd, 10, 2);
+            cell(pf, 10, 2);
+            cell(ratio(fwd, pf), 8, 2);
+            cell(fb, 10, 2);
+            cell(pb, 10, 2);
+            cell(ratio(fb, pb), 8, 2);
+            printf("\n");
+        }
+        nb_free(c.x);
+        nb_free(c.w);
+        nb_free(c.b);
+        nb_free(c.rm);
+        nb_free(c.rv);
+    }
+}
+
 /* `bench` runs every section; `bench 1 3` only sections 1 and 3. */
 static bool wanted(int argc, char **argv, int section_no) {
     if (argc < 2) return true;
@@ -1492,10 +1554,10 @@ static void print_footer(double start) {
 }
 
 int main(int argc, char **argv) {
-    static void (*const sections[10])(void) = {bench_peak,     bench_matmul, bench_attention,
+    static void (*const sections[11])(void) = {bench_peak,     bench_matmul, bench_attention,
                                               bench_mha,      bench_overhead, bench_copy,
                                               bench_checkpoint, bench_gpt2, bench_generate,
-                                              bench_tokenizer};
+                                              bench_tokenizer, bench_batchnorm};
     if (argc == 6 && !strcmp(argv[1], "--gpt2-child"))
         return gpt2_child(atoi(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]) != 0);
     double start = now();
@@ -1507,9 +1569,9 @@ int main(int argc, char **argv) {
     load_refs();
     print_header();
     if (wanted(argc, argv, 8) && !wanted(argc, argv, 1)) bench_peak(); /* its % of peak */
-    for (int i = 0; i < 10; i++)
+    for (int i = 0; i < 11; i++)
         if (wanted(argc, argv, i + 1)) sections[i]();
-    section("11. process");
+    section("12. process");
     print_footer(start);
     return 0;
 }

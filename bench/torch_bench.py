@@ -31,6 +31,9 @@ workloads as bench.c:
                                    B=4, T=64, AdamW: median of 5 steps after
                                    the first, the first, and the child
                                    process's peak RSS
+  bn_{fwd,fb}_ms_{T}t_{NxCxHxW}     F.batch_norm f32, training with running
+                                   statistics: forward (no grad), and forward
+                                   + backward of y.sum() (--batchnorm: only these)
   gpt2[_bf16][_b1t1024]_...        the same in bf16 (torch.autocast("cpu",
                                    torch.bfloat16) around forward and loss,
                                    f32 weights and AdamW) and at B=1, T=1024
@@ -652,6 +655,7 @@ def main():
         bench_gpt2(t, 1, 1024)
         bench_gpt2(t, 1, 1024, bf16=True)
         bench_generate(t)
+        bench_batchnorm(t)
     version = ".".join(torch.__version__.split(".")[:2])
     header = (f"# torch {version}, {datetime.date.today().isoformat()}, {cpu_model()}, "
               f"{os.cpu_count()} CPUs, BLAS {blas_name()} (kernel {openblas_core()}), "
@@ -661,6 +665,48 @@ def main():
         for key, value in results.items():
             f.write(f"{key} {value:.6g}\n")
     print(f"wrote {OUT} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+
+
+# --------------------------------------------------------------- batch norm
+BN_SHAPES = [(64, 32, 28, 28), (64, 64, 14, 14)]  # the Fashion-MNIST network's, batch 64
+
+
+def bench_batchnorm(t):
+    for shape in BN_SHAPES:
+        x = torch.randn(shape, requires_grad=True)
+        w = torch.randn(shape[1], requires_grad=True)
+        b = torch.randn(shape[1], requires_grad=True)
+        rm, rv = torch.zeros(shape[1]), torch.ones(shape[1])
+
+        def fwd():
+            with torch.no_grad():
+                F.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5)
+
+        def fb():
+            F.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5).sum().backward()
+            x.grad = w.grad = b.grad = None
+
+        put(f"bn_fwd_ms_{t}t_{shape_key(shape)}", median_ms(fwd, 2, 15))
+        put(f"bn_fb_ms_{t}t_{shape_key(shape)}", median_ms(fb, 2, 15))
+
+
+def update_batchnorm():
+    """--batchnorm: only the batch norm figures, merged into OUT's others."""
+    old = {}
+    with open(OUT) as f:
+        header = f.readline().rstrip("\n")
+        for line in f:
+            key, value = line.split()
+            old[key] = float(value)
+    for t in THREADS:
+        set_threads(t)
+        bench_batchnorm(t)
+    old.update(results)
+    with open(OUT, "w") as f:
+        f.write(header + f"; bn_* keys {datetime.date.today().isoformat()}, load average "
+                f"{loadavg()} after\n")
+        for key, value in old.items():
+            f.write(f"{key} {value:.6g}\n")
 
 
 def update_generate(runs=3):
@@ -692,6 +738,9 @@ if __name__ == "__main__":
     if len(sys.argv) in (2, 3) and sys.argv[1] == "--generate":
         OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_results.txt")
         update_generate(int(sys.argv[2]) if len(sys.argv) == 3 else 3)
+    elif len(sys.argv) == 2 and sys.argv[1] == "--batchnorm":
+        OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_results.txt")
+        update_batchnorm()
     elif len(sys.argv) == 6 and sys.argv[1] == "--gpt2-child":
         gpt2_child(*(int(v) for v in sys.argv[2:5]), sys.argv[5] == "1")
     else:
