@@ -190,10 +190,11 @@ MAX_PLANE(double)
 
 /* kernel 2x2, stride 2, no padding, rows of unit stride (the image
  * networks' pooling): the same scan unrolled over the four values, as
- * selects the compiler vectorizes. "v > m || v != v" is !(v <= m). */
+ * selects the compiler vectorizes (not !(v <= m): after a NaN, nothing but
+ * another NaN replaces it). */
 #define MAX_STEP(v, k)                                                                    \
     do {                                                                                  \
-        bool up = !((v) <= m);                                                            \
+        bool up = ((v) > m) | ((v) != (v));                                               \
         m = up ? (v) : m;                                                                 \
         b = up ? (k) : b;                                                                 \
     } while (0)
