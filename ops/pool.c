@@ -107,29 +107,31 @@ static bool pool_check(const char *fn, const nb_tensor *x, const pool_args *a, g
                                     "shape %s", fn, NBI_SHAPE(x)) != NULL
                         : nbi_error("%s: expected a 3-d (C, H, W) or 4-d (N, C, H, W) input, "
                                     "got shape %s", fn, NBI_SHAPE(x)) != NULL;
-    int nd = x->ndim, d0 = a->one_d ? 1 : 0; /* the dims that are checked */
+    int nd = x->ndim, d0 = a->one_d ? 1 : 0; /* 1d: only (w) is an argument */
     for (int i = nd - want; i < nd; i++)
         if (x->shape[i] == 0)
             return nbi_error("%s: input %s has an empty dim %d (only the batch may be empty)",
                              fn, NBI_SHAPE(x), i) != NULL;
     int64_t in[2] = {a->one_d ? 1 : x->shape[nd - 2], x->shape[nd - 1]};
     for (int d = d0; d < 2; d++) {
-        const char *dim = a->one_d ? "" : d ? " (w)" : " (h)";
+        bool one = a->one_d; /* 2-d messages name the dim: "kernel_size (h)" */
+        const char *kn = one ? "kernel_size" : d ? "kernel_size (w)" : "kernel_size (h)";
         if (a->k[d] <= 0)
-            return nbi_error("%s: kernel_size%s must be positive, got %lld", fn, dim,
-                             (long long)a->k[d]) != NULL;
+            return nbi_error("%s: %s must be positive, got %lld", fn, kn, (long long)a->k[d]) != NULL;
         if (a->s[d] <= 0)
-            return nbi_error("%s: stride%s must be positive, got %lld", fn, dim,
+            return nbi_error("%s: %s must be positive, got %lld", fn,
+                             one ? "stride" : d ? "stride (w)" : "stride (h)",
                              (long long)a->s[d]) != NULL;
         if (a->p[d] < 0 || a->p[d] > a->k[d] / 2)
-            return nbi_error("%s: padding%s must be between 0 and half the kernel size, got "
-                             "padding %lld for kernel_size %lld", fn, dim, (long long)a->p[d],
-                             (long long)a->k[d]) != NULL;
+            return nbi_error("%s: %s must be between 0 and half the kernel size, got padding "
+                             "%lld for kernel_size %lld", fn,
+                             one ? "padding" : d ? "padding (w)" : "padding (h)",
+                             (long long)a->p[d], (long long)a->k[d]) != NULL;
         if (out_size(in[d], a->k[d], a->s[d], a->p[d]) <= 0)
-            return nbi_error("%s: input %s is too small for kernel_size%s %lld with padding "
-                             "%lld (%lld + 2 * %lld < %lld): the output would be empty", fn,
-                             NBI_SHAPE(x), dim, (long long)a->k[d], (long long)a->p[d],
-                             (long long)in[d], (long long)a->p[d], (long long)a->k[d]) != NULL;
+            return nbi_error("%s: input %s is too small for %s %lld with padding %lld (%lld + "
+                             "2 * %lld < %lld): the output would be empty", fn, NBI_SHAPE(x), kn,
+                             (long long)a->k[d], (long long)a->p[d], (long long)in[d],
+                             (long long)a->p[d], (long long)a->k[d]) != NULL;
     }
     g->H = in[0];
     g->W = in[1];
