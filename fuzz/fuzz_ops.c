@@ -2222,6 +2222,82 @@ static void pick_op(pool *p, reader *r, const char *fn, bool select) {
 static void op_gather(pool *p, reader *r, const char *fn) { pick_op(p, r, fn, false); }
 static void op_index_select(pool *p, reader *r, const char *fn) { pick_op(p, r, fn, true); }
 
+/* Pooling (ops/pool.c): kernel 0-3, stride 0-3 (2-d: a stride of 0 in h is
+ * stride NULL, the kernel's; 1-d: 0 is the kernel's), padding 0-2. Valid as
+ * torch: floating, (N,)C,H,W (1-d: (N,)C,L) with only N empty, kernel and
+ * stride > 0, padding <= kernel / 2, a window that fits the padded input.
+ * Max: torch's scan from -inf (greater or NaN replaces), exact; avg: the
+ * window's sum over its count (padding counted when count_include_pad). */
+enum { POOL_MAX2D, POOL_AVG2D, POOL_MAX1D };
+static void pool_op(pool *p, reader *r, const char *fn, int kind) {
+    nb_tensor *ops[1] = {pick(p, r)};
+    unsigned b = u8(r), c = u8(r);
+    bool one = kind == POOL_MAX1D, cip = (c / 9) & 1;
+    int64_t k[2] = {b % 4, (b / 4) % 4}, s[2] = {(b / 16) % 4, (b / 64) % 4};
+    int64_t pd[2] = {c % 3, (c / 3) % 3};
+    bool snull = !one && s[0] == 0;
+    vals in[1];
+    begin_call(fn, ops, 1, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " k %lld,%lld s %lld,%lld p %lld,%lld",
+             (long long)k[0], (long long)k[1], (long long)s[0], (long long)s[1],
+             (long long)pd[0], (long long)pd[1]);
+    /* the arguments as (h, w); 1-d: h is a dim of size 1 */
+    int64_t K[2] = {one ? 1 : k[0], k[1]}, P[2] = {one ? 0 : pd[0], pd[1]};
+    int64_t S[2] = {one ? 1 : snull ? k[0] : s[0], (one && s[1] == 0) || snull ? k[1] : s[1]};
+    expect e;
+    expect_init(&e, fn, in[0].dt);
+    const shp *sh = &in[0].sh;
+    int want = one ? 2 : 3;
+    bool ok = float_ok(in[0].dt) && (sh->nd == want || sh->nd == want + 1);
+    for (int i = sh->nd - want; ok && i < sh->nd; i++) ok = sh->s[i] > 0;
+    int64_t H = ok && !one ? sh->s[sh->nd - 2] : 1, W = ok ? sh->s[sh->nd - 1] : 1, O[2];
+    int64_t in_hw[2] = {H, W};
+    for (int d = 0; ok && d < 2; d++) {
+        ok = K[d] > 0 && S[d] > 0 && P[d] <= K[d] / 2 && in_hw[d] + 2 * P[d] >= K[d];
+        O[d] = ok ? (in_hw[d] + 2 * P[d] - K[d]) / S[d] + 1 : 0;
+    }
+    if (ok) {
+        e.sh = *sh;
+        e.sh.s[sh->nd - 1] = O[1];
+        if (!one) e.sh.s[sh->nd - 2] = O[0];
+        expect_alloc(&e, kind == POOL_AVG2D);
+        if (kind == POOL_AVG2D) {
+            e.rule = TOL;
+            e.rtol = e.dt == NB_F32 ? 2e-6 : 1e-12;
+        }
+        int64_t planes = in[0].n / (H * W);
+        for (int64_t q = 0; !e.skip && q < planes; q++)
+            for (int64_t oh = 0; oh < O[0]; oh++)
+                for (int64_t ow = 0; ow < O[1]; ow++) {
+                    int64_t h0 = oh * S[0] - P[0], w0 = ow * S[1] - P[1];
+                    int64_t h1 = h0 + K[0] < H + P[0] ? h0 + K[0] : H + P[0];
+                    int64_t w1 = w0 + K[1] < W + P[1] ? w0 + K[1] : W + P[1];
+                    int64_t padded = (h1 - h0) * (w1 - w0);
+                    h0 = h0 < 0 ? 0 : h0, w0 = w0 < 0 ? 0 : w0;
+                    h1 = h1 > H ? H : h1, w1 = w1 > W ? W : w1;
+                    double m = -INFINITY, sum = 0, mag = 0;
+                    for (int64_t h = h0; h < h1; h++)
+                        for (int64_t w = w0; w < w1; w++) {
+                            double v = in[0].v[q * H * W + h * W + w];
+                            if (v > m || v != v) m = v;
+                            sum += v, mag += fabs(v);
+                        }
+                    int64_t at = (q * O[0] + oh) * O[1] + ow;
+                    double count = (double)(cip ? padded : (h1 - h0) * (w1 - w0));
+                    e.v[at] = kind == POOL_AVG2D ? sum / count : m;
+                    if (e.mag) e.mag[at] = mag / count;
+                }
+    }
+    const int64_t kk[2] = {k[0], k[1]}, ss[2] = {s[0], s[1]}, pp[2] = {pd[0], pd[1]};
+    RUN(p, r, e, ops, 1, in,
+        kind == POOL_MAX1D   ? nb_max_pool1d(ops[0], k[1], s[1], pd[1])
+        : kind == POOL_MAX2D ? nb_max_pool2d(ops[0], kk, snull ? NULL : ss, pp)
+                             : nb_avg_pool2d(ops[0], kk, snull ? NULL : ss, pp, cip));
+}
+static void op_max_pool2d(pool *p, reader *r, const char *fn) { pool_op(p, r, fn, POOL_MAX2D); }
+static void op_avg_pool2d(pool *p, reader *r, const char *fn) { pool_op(p, r, fn, POOL_AVG2D); }
+static void op_max_pool1d(pool *p, reader *r, const char *fn) { pool_op(p, r, fn, POOL_MAX1D); }
+
 /* ------------------------------------------------------------- the program */
 /* The decoder of each opcode: one per registered op (a registry line
  * without its op_<name> here does not compile), then the fuzzer's own. */

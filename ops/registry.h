@@ -217,12 +217,23 @@
 /* ops/sample.c: random draws by weight */
 #define NB_OPS_SAMPLE(X) X(multinomial, "p", 0, nb_multinomial(x[0], 3, true, op_rng()))
 
+/* ops/pool.c: (N, C, H, W) and (N, C, L) pooling; N grows in the thread tests */
+#define NB_OPS_POOL(X)                                                               \
+    X(max_pool2d, "f:2x2x5x4", NB_OP_DIFF | NB_OP_EXACT | NB_OP_GRAD2 | NB_OP_JVP,   \
+      nb_max_pool2d(x[0], (const int64_t[]){3, 2}, (const int64_t[]){2, 1},         \
+                    (const int64_t[]){1, 1}))                                        \
+    X(avg_pool2d, "f:2x2x5x4", NB_OP_DIFF | NB_OP_EXACT | NB_OP_GRAD2 | NB_OP_JVP,   \
+      nb_avg_pool2d(x[0], (const int64_t[]){3, 2}, (const int64_t[]){2, 1},         \
+                    (const int64_t[]){1, 1}, true))                                  \
+    X(max_pool1d, "f:2x3x5", NB_OP_DIFF | NB_OP_EXACT | NB_OP_GRAD2 | NB_OP_JVP,     \
+      nb_max_pool1d(x[0], 3, 2, 1))
+
 /* Every op, in this order (the fuzzer's opcodes follow it). */
 #define NB_OPS(X)                                                                    \
     NB_OPS_ELEMENTWISE(X) NB_OPS_BINARY(X) NB_OPS_COMPARE(X) NB_OPS_REDUCE(X)        \
     NB_OPS_MATMUL(X) NB_OPS_SOFTMAX(X) NB_OPS_MASKED_FILL(X) NB_OPS_DROPOUT(X)       \
     NB_OPS_VIEW(X) NB_OPS_SHAPE(X) NB_OPS_INDEX(X) NB_OPS_SORT(X) NB_OPS_SAMPLE(X)     \
-    NB_OPS_BATCH_NORM(X) NB_OPS_LOSS(X)
+    NB_OPS_BATCH_NORM(X) NB_OPS_LOSS(X) NB_OPS_POOL(X)
 
 /* Every family list with its file under ops/, for tables that name it. */
 #define NB_OP_FAMILIES(F)                                                            \
@@ -231,6 +242,6 @@
     F(NB_OPS_SOFTMAX, "softmax") F(NB_OPS_MASKED_FILL, "masked_fill")                \
     F(NB_OPS_DROPOUT, "dropout") F(NB_OPS_VIEW, "view") F(NB_OPS_SHAPE, "shape")     \
     F(NB_OPS_INDEX, "index") F(NB_OPS_SORT, "sort") F(NB_OPS_SAMPLE, "sample")       \
-    F(NB_OPS_BATCH_NORM, "batch_norm") F(NB_OPS_LOSS, "loss")
+    F(NB_OPS_BATCH_NORM, "batch_norm") F(NB_OPS_LOSS, "loss") F(NB_OPS_POOL, "pool")
 
 #endif

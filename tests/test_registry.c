@@ -88,6 +88,8 @@ static const reg_op OPS[] = {
 #undef REG_FAMILY
 #define REG_FAMILY "loss"
     NB_OPS_LOSS(REG_ROW)
+#define REG_FAMILY "pool"
+    NB_OPS_POOL(REG_ROW)
 #undef REG_FAMILY
 };
 #define NOPS (int)(sizeof OPS / sizeof OPS[0])
