@@ -83,6 +83,9 @@ static const reg_op OPS[] = {
 #define REG_FAMILY "sample"
     NB_OPS_SAMPLE(REG_ROW)
 #undef REG_FAMILY
+#define REG_FAMILY "conv"
+    NB_OPS_CONV(REG_ROW)
+#undef REG_FAMILY
 };
 #define NOPS (int)(sizeof OPS / sizeof OPS[0])
 
