@@ -36,6 +36,7 @@ int main(void) {
     srunner_add_suite(sr, suite_registry());
     srunner_add_suite(sr, suite_bf16());
     srunner_add_suite(sr, suite_softmax());
+    srunner_add_suite(sr, suite_conv());
     srunner_add_suite(sr, suite_edges());
     srunner_add_suite(sr, suite_autograd());
     srunner_add_suite(sr, suite_function());
