@@ -43,7 +43,7 @@ typedef struct {
     int64_t sh, sw, ph, pw, dh, dw; /* stride, leading pad, dilation */
     int64_t G;            /* groups */
 } conv_geom;
-#define GEOM_SLOTS 16
+_Static_assert(sizeof(conv_geom) <= sizeof(((nbi_node *)0)->i), "conv_geom fits nbi_node.i");
 
 static void geom_put(nbi_node *n, const conv_geom *g) {
     memcpy(n->i, g, sizeof *g);
