@@ -642,6 +642,8 @@ static bool conv_check(const char *fn, const nb_tensor *x, const nb_tensor *w,
             return nbi_error("%s: padding must be >= 0 or NB_PADDING_SAME, got %lld", fn,
                              (long long)p[k]);
     }
+    if (w->shape[2] < 1 || w->shape[3] < 1)
+        return nbi_error("%s: kernel size must be >= 1, got weight %s", fn, NBI_SHAPE(w));
     *g = (conv_geom){.N = x->shape[0], .C = x->shape[1], .H = x->shape[2], .W = x->shape[3],
                      .O = w->shape[0], .KH = w->shape[2], .KW = w->shape[3], .sh = s[0],
                      .sw = s[1], .dh = d[0], .dw = d[1], .G = groups};

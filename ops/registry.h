@@ -201,10 +201,10 @@
  * grows with the weight's (out channels); groups read from the input keep 2 channels
  * per group in and out, so the grown call stays valid and linear in size */
 #define NB_OPS_CONV(X)                                                               \
-    X(conv2d, "f:4x5x6 f:4x2x3x2", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP,         \
+    X(conv2d, "f:4x5x5 f:4x2x3x2", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP,         \
       nb_conv2d(x[0], x[1], NULL, (const int64_t[]){2, 1}, (const int64_t[]){1, 0},  \
                 (const int64_t[]){1, 2}, nb_ndim(x[0]) > 0 ? nb_shape(x[0])[0] / 2 : 1)) \
-    X(conv1d, "f:4x9 f:4x2x3", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP,             \
+    X(conv1d, "f:4x5 f:4x2x3", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP,             \
       nb_conv1d(x[0], x[1], NULL, 1, NB_PADDING_SAME, 2,                             \
                 nb_ndim(x[0]) > 0 ? nb_shape(x[0])[0] / 2 : 1))
 
