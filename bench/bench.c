@@ -26,7 +26,10 @@
  *      with the KV cache's bytes added), and PyTorch's tokens/s
  *  10. the GPT-2 tokenizer: encode (tokens/s, MB/s) and decode of 1 MiB
  *      of English and of one long word
- *  11. the process's peak RSS
+ *  11. nb_conv2d: the Fashion-MNIST example's two layers (batch 64, f32,
+ *      padding "same"), forward and backward (conv1's input needs no
+ *      gradient, as in the network): ms, GFLOP/s, % of peak, PyTorch's ms
+ *  12. the process's peak RSS
  *
  * Each figure is the median of several timed runs (CLOCK_MONOTONIC) after
  * warm-up runs; "1t" runs with nb_set_num_threads(1), "Nt" with one thread
@@ -871,6 +874,85 @@ static void bench_overhead(void) {
     bench_second_order();
 }
 
+/* -------------------------------------------------------------- 11. conv2d */
+
+typedef struct {
+    nb_tensor *x, *w, *b, *g, *y;
+    bool grad_x;
+} conv_ctx;
+
+static nb_tensor *conv_same(conv_ctx *c) {
+    return nb_conv2d(c->x, c->w, c->b, NULL, (const int64_t[]){NB_PADDING_SAME, 0}, NULL, 1);
+}
+
+static void conv_fwd_run(void *p) {
+    conv_ctx *c = p;
+    nb_set_grad_enabled(false);
+    nb_free(need(conv_same(c), "nb_conv2d"));
+    nb_set_grad_enabled(true);
+}
+
+/* forward with the graph, then backward of a fixed upstream gradient */
+static void conv_fb_run(void *p) {
+    conv_ctx *c = p;
+    nb_tensor *y = need(conv_same(c), "nb_conv2d");
+    if (nb_backward_with_grad(y, c->g)) die("nb_backward_with_grad");
+    nb_free(y);
+    nb_clear_grad(c->w);
+    nb_clear_grad(c->b);
+    if (c->grad_x) nb_clear_grad(c->x);
+}
+
+static void bench_conv(void) {
+    section("12. nb_conv2d, the Fashion-MNIST network's layers (batch 64, f32, padding \"same\"): "
+            "ms (median), GFLOP/s = 2 N O OH OW C KH KW / time (backward: x2 when x needs a "
+            "gradient, else x1), %pk of the FMA peak; bwd = fwd+bwd - fwd");
+    static const struct {
+        const char *name;
+        int64_t c, h, o, k;
+        bool grad_x;
+    } layers[2] = {{"conv1", 1, 28, 32, 5, false}, {"conv2", 32, 14, 64, 5, true}};
+    if (isnan(peak_1t)) bench_peak();
+    printf("%-14s %3s %9s %8s %6s %9s %7s\n", "", "thr", "ms", "GFLOP/s", "%pk", "pt ms",
+           "nb/pt");
+    nb_rng rng;
+    nb_rng_seed(&rng, 11);
+    for (int l = 0; l < 2; l++) {
+        const int64_t N = 64, C = layers[l].c, H = layers[l].h, O = layers[l].o, K = layers[l].k;
+        conv_ctx c = {leaf_randn(NB_F32, NB_SHAPE(N, C, H, H), layers[l].grad_x, &rng),
+                      leaf_randn(NB_F32, NB_SHAPE(O, C, K, K), true, &rng),
+                      leaf_randn(NB_F32, NB_SHAPE(O), true, &rng),
+                      leaf_randn(NB_F32, NB_SHAPE(N, O, H, H), false, &rng), NULL,
+                      layers[l].grad_x};
+        double flops = 2.0 * (double)(N * O * H * H) * (double)(C * K * K);
+        for (int t = 1; t <= ncpu; t = next_threads(t)) {
+            nb_set_num_threads(t);
+            double fwd = median_time(conv_fwd_run, &c, 2, 11);
+            double fb = median_time(conv_fb_run, &c, 2, 11);
+            double bwd = fb - fwd, bflops = flops * (layers[l].grad_x ? 2 : 1);
+            double pk = t == 1 ? peak_1t : peak_nt;
+            const char *what[2] = {"forward", "backward"};
+            double ms[2] = {1e3 * fwd, 1e3 * bwd}, fl[2] = {flops, bflops};
+            for (int d = 0; d < 2; d++) {
+                double gf = fl[d] / (ms[d] * 1e6), pt = ref("conv_%s_%s_ms_%dt", layers[l].name,
+                                                            d ? "bwd" : "fwd", t);
+                printf("%s %-8s %3d", layers[l].name, what[d], t);
+                cell(ms[d], 10, 3);
+                cell(gf, 9, 1);
+                cell(100.0 * gf / pk, 7, 1);
+                cell(pt, 10, 3);
+                cell(ratio(ms[d], pt), 8, 2);
+                printf("\n");
+            }
+        }
+        nb_free(c.x);
+        nb_free(c.w);
+        nb_free(c.b);
+        nb_free(c.g);
+    }
+    nb_set_num_threads(ncpu);
+}
+
 /* ----------------------------------------------------------- 6. copy task */
 
 #define VOCAB 11
@@ -1554,10 +1636,10 @@ static void print_footer(double start) {
 }
 
 int main(int argc, char **argv) {
-    static void (*const sections[11])(void) = {bench_peak,     bench_matmul, bench_attention,
+    static void (*const sections[12])(void) = {bench_peak,     bench_matmul, bench_attention,
                                               bench_mha,      bench_overhead, bench_copy,
                                               bench_checkpoint, bench_gpt2, bench_generate,
-                                              bench_tokenizer, bench_batchnorm};
+                                              bench_tokenizer, bench_batchnorm, bench_conv};
     if (argc == 6 && !strcmp(argv[1], "--gpt2-child"))
         return gpt2_child(atoi(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]) != 0);
     double start = now();
@@ -1569,9 +1651,9 @@ int main(int argc, char **argv) {
     load_refs();
     print_header();
     if (wanted(argc, argv, 8) && !wanted(argc, argv, 1)) bench_peak(); /* its % of peak */
-    for (int i = 0; i < 11; i++)
+    for (int i = 0; i < 12; i++)
         if (wanted(argc, argv, i + 1)) sections[i]();
-    section("12. process");
+    section("13. process");
     print_footer(start);
     return 0;
 }

@@ -656,6 +656,7 @@ def main():
         bench_gpt2(t, 1, 1024, bf16=True)
         bench_generate(t)
         bench_batchnorm(t)
+        bench_conv(t)
     version = ".".join(torch.__version__.split(".")[:2])
     header = (f"# torch {version}, {datetime.date.today().isoformat()}, {cpu_model()}, "
               f"{os.cpu_count()} CPUs, BLAS {blas_name()} (kernel {openblas_core()}), "
@@ -709,6 +710,53 @@ def update_batchnorm():
             f.write(f"{key} {value:.6g}\n")
 
 
+# The Fashion-MNIST network's conv layers (bench.c section 11): batch 64,
+# f32, padding "same"; backward = forward + backward - forward, conv1's input
+# needing no gradient (as in the network).
+CONV_LAYERS = [("conv1", 1, 28, 32, 5, False), ("conv2", 32, 14, 64, 5, True)]
+
+
+def bench_conv(t):
+    torch.manual_seed(0)
+    for name, c, h, o, k, grad_x in CONV_LAYERS:
+        x = torch.randn(64, c, h, h, requires_grad=grad_x)
+        w = torch.randn(o, c, k, k, requires_grad=True)
+        b = torch.randn(o, requires_grad=True)
+        g = torch.randn(64, o, h, h)
+
+        def fwd():
+            with torch.no_grad():
+                F.conv2d(x, w, b, padding="same")
+
+        def fb():
+            F.conv2d(x, w, b, padding="same").backward(g)
+            x.grad = w.grad = b.grad = None
+
+        f = median_ms(fwd, 2, 11)
+        put(f"conv_{name}_fwd_ms_{t}t", f)
+        put(f"conv_{name}_bwd_ms_{t}t", median_ms(fb, 2, 11) - f)
+
+
+def update_conv():
+    """--conv: only the conv_* figures, merged into OUT's others."""
+    old, header = {}, ""
+    with open(OUT) as f:
+        header = f.readline().rstrip("\n").split("; conv_* keys")[0]
+        for line in f:
+            key, value = line.split()
+            old[key] = float(value)
+    before = loadavg()
+    for t in THREADS:
+        set_threads(t)
+        bench_conv(t)
+    old.update(results)
+    with open(OUT, "w") as f:
+        f.write(header + f"; conv_* keys {datetime.date.today().isoformat()}, load average "
+                f"{before} before, {loadavg()} after\n")
+        for key, value in old.items():
+            f.write(f"{key} {value:.6g}\n")
+
+
 def update_generate(runs=3):
     """--generate [RUNS]: only the generation figures, each the median of RUNS
     runs (on a shared machine one run's 2-thread figures can collapse),
@@ -735,7 +783,10 @@ def update_generate(runs=3):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) in (2, 3) and sys.argv[1] == "--generate":
+    if len(sys.argv) == 2 and sys.argv[1] == "--conv":
+        OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_results.txt")
+        update_conv()
+    elif len(sys.argv) in (2, 3) and sys.argv[1] == "--generate":
         OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_results.txt")
         update_generate(int(sys.argv[2]) if len(sys.argv) == 3 else 3)
     elif len(sys.argv) == 2 and sys.argv[1] == "--batchnorm":

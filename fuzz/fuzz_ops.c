@@ -1771,6 +1771,106 @@ static void sort_like(pool *p, reader *r, const char *fn, bool topk) {
 static void op_sort(pool *p, reader *r, const char *fn) { sort_like(p, r, fn, false); }
 static void op_topk(pool *p, reader *r, const char *fn) { sort_like(p, r, fn, true); }
 
+/* ------------------------------------------------------------------ conv */
+/* torch.nn.functional.conv2d / conv1d without bias (the registry's calls),
+ * stride, padding (0..2 or "same"), dilation and groups from the bytes:
+ * validity as ops/conv.c checks it (x (N,C,H,W) or (C,H,W), 1-d (N,C,L) or
+ * (C,L); w (O,C/G,KH,KW); kernel sizes >= 1; the dilated kernel within the
+ * padded input; "same" only with stride 1); values the direct sum, padded
+ * positions as 0 * w so that NaN and Inf land where im2col puts them. */
+static void conv_like(pool *p, reader *r, const char *fn, bool one_d) {
+    nb_tensor *ops[2];
+    pick_n(p, r, ops, 2);
+    unsigned b1 = u8(r), b2 = one_d ? b1 : u8(r);
+    int64_t st[2] = {1 + (b1 & 1), 1 + (b2 & 1)}, dl[2] = {1 + ((b1 >> 1) & 1), 1 + ((b2 >> 1) & 1)};
+    int64_t pd[2] = {(b1 >> 2) % 4, (b2 >> 2) % 4}, groups = 1 + (b1 >> 4) % 3;
+    bool same = pd[0] == 3;
+    if (one_d) st[0] = dl[0] = 1, pd[0] = pd[1] = same ? 3 : pd[1];
+    if (same) pd[0] = pd[1] = 0;
+    vals in[2];
+    begin_call(fn, ops, 2, in);
+    snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx),
+             " stride %lld,%lld pad %s%lld,%lld dil %lld,%lld groups %lld", (long long)st[0],
+             (long long)st[1], same ? "same " : "", (long long)pd[0], (long long)pd[1],
+             (long long)dl[0], (long long)dl[1], (long long)groups);
+    expect e;
+    expect_init(&e, fn, in[0].dt);
+    const shp *xs = &in[0].sh, *ws = &in[1].sh;
+    int xd = one_d ? 2 : 3; /* unbatched rank */
+    bool ok = float_ok(in[0].dt) && in[0].dt == in[1].dt && (xs->nd == xd || xs->nd == xd + 1) &&
+              ws->nd == xd + 1;
+    int64_t N = 1, C = 0, H = 1, W = 0, O = 0, KH = 1, KW = 0, OH = 0, OW = 0, ph = 0, pw = 0;
+    if (ok) {
+        bool bat = xs->nd == xd + 1;
+        N = bat ? xs->s[0] : 1;
+        C = xs->s[bat];
+        H = one_d ? 1 : xs->s[bat + 1];
+        W = xs->s[xs->nd - 1];
+        O = ws->s[0];
+        KH = one_d ? 1 : ws->s[2];
+        KW = ws->s[ws->nd - 1];
+        ok = KH >= 1 && KW >= 1 && C % groups == 0 && O % groups == 0 && ws->s[1] * groups == C &&
+             (!same || (st[0] == 1 && st[1] == 1));
+        int64_t in2[2] = {H, W}, k2[2] = {KH, KW}, out2[2] = {0, 0}, lead[2] = {0, 0};
+        for (int k = 0; ok && k < 2; k++) {
+            int64_t span = dl[k] * (k2[k] - 1) + 1, tot = same ? span - 1 : 2 * pd[k];
+            lead[k] = same ? tot / 2 : pd[k];
+            ok = in2[k] + tot >= span;
+            out2[k] = ok ? (in2[k] + tot - span) / st[k] + 1 : 0;
+        }
+        OH = out2[0], OW = out2[1], ph = lead[0], pw = lead[1];
+        if (ok) {
+            e.sh.nd = 0;
+            if (bat) e.sh.s[e.sh.nd++] = N;
+            e.sh.s[e.sh.nd++] = O;
+            if (!one_d) e.sh.s[e.sh.nd++] = OH;
+            e.sh.s[e.sh.nd++] = OW;
+        }
+    }
+    if (ok) {
+        expect_alloc(&e, true);
+        e.rule = TOL;
+        int64_t Cg = C / groups, Og = groups ? O / groups : 0;
+        e.rtol = acc_rtol(e.dt, Cg * KH * KW);
+        double big = e.dt == NB_F64 ? 1e150 : 1e15;
+        for (int k = 0; k < 2; k++)
+            for (int64_t i = 0; i < in[k].n; i++)
+                if (isfinite(in[k].v[i]) && fabs(in[k].v[i]) > big) e.rule = NOVALS;
+        for (int64_t n = 0; !e.skip && n < N; n++)
+            for (int64_t o = 0; o < O; o++)
+                for (int64_t oh = 0; oh < OH; oh++)
+                    for (int64_t ow = 0; ow < OW; ow++) {
+                        double sum = 0, mag = 0;
+                        int64_t grp = o / Og;
+                        for (int64_t c = 0; c < Cg; c++)
+                            for (int64_t kh = 0; kh < KH; kh++)
+                                for (int64_t kw = 0; kw < KW; kw++) {
+                                    int64_t ih = oh * st[0] - ph + kh * dl[0];
+                                    int64_t iw = ow * st[1] - pw + kw * dl[1];
+                                    double wv = in[1].v[((o * Cg + c) * KH + kh) * KW + kw];
+                                    double xv = ih >= 0 && ih < H && iw >= 0 && iw < W
+                                                    ? in[0].v[((n * C + grp * Cg + c) * H + ih) * W + iw]
+                                                    : 0.0;
+                                    sum += xv * wv;
+                                    mag += fabs(xv * wv);
+                                }
+                        int64_t at = ((n * O + o) * OH + oh) * OW + ow;
+                        e.v[at] = sum;
+                        e.mag[at] = mag;
+                    }
+    }
+    if (one_d)
+        RUN(p, r, e, ops, 2, in,
+            nb_conv1d(ops[0], ops[1], NULL, st[1], same ? NB_PADDING_SAME : pd[1], dl[1], groups));
+    else
+        RUN(p, r, e, ops, 2, in,
+            nb_conv2d(ops[0], ops[1], NULL, st, same ? (const int64_t[]){NB_PADDING_SAME, 0} : pd,
+                      dl, groups));
+}
+
+static void op_conv2d(pool *p, reader *r, const char *fn) { conv_like(p, r, fn, false); }
+static void op_conv1d(pool *p, reader *r, const char *fn) { conv_like(p, r, fn, true); }
+
 /* a view with no history that does not require grad */
 static void op_detach(pool *p, reader *r, const char *fn) {
     nb_tensor *ops[1] = {pick(p, r)};

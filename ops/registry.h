@@ -228,12 +228,23 @@
     X(max_pool1d, "f:2x3x5", NB_OP_DIFF | NB_OP_EXACT | NB_OP_GRAD2 | NB_OP_JVP,     \
       nb_max_pool1d(x[0], 3, 2, 1))
 
+/* ops/conv.c (bias: tests/test_conv.c): unbatched inputs whose dim 0 (channels)
+ * grows with the weight's (out channels); groups read from the input keep 2 channels
+ * per group in and out, so the grown call stays valid and linear in size */
+#define NB_OPS_CONV(X)                                                               \
+    X(conv2d, "f:4x5x5 f:4x2x3x2", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP,         \
+      nb_conv2d(x[0], x[1], NULL, (const int64_t[]){2, 1}, (const int64_t[]){1, 0},  \
+                (const int64_t[]){1, 2}, nb_ndim(x[0]) > 0 ? nb_shape(x[0])[0] / 2 : 1)) \
+    X(conv1d, "f:4x5 f:4x2x3", NB_OP_DIFF | NB_OP_GRAD2 | NB_OP_JVP,             \
+      nb_conv1d(x[0], x[1], NULL, 1, NB_PADDING_SAME, 2,                             \
+                nb_ndim(x[0]) > 0 ? nb_shape(x[0])[0] / 2 : 1))
+
 /* Every op, in this order (the fuzzer's opcodes follow it). */
 #define NB_OPS(X)                                                                    \
     NB_OPS_ELEMENTWISE(X) NB_OPS_BINARY(X) NB_OPS_COMPARE(X) NB_OPS_REDUCE(X)        \
     NB_OPS_MATMUL(X) NB_OPS_SOFTMAX(X) NB_OPS_MASKED_FILL(X) NB_OPS_DROPOUT(X)       \
     NB_OPS_VIEW(X) NB_OPS_SHAPE(X) NB_OPS_INDEX(X) NB_OPS_SORT(X) NB_OPS_SAMPLE(X)     \
-    NB_OPS_BATCH_NORM(X) NB_OPS_LOSS(X) NB_OPS_POOL(X)
+    NB_OPS_BATCH_NORM(X) NB_OPS_LOSS(X) NB_OPS_POOL(X) NB_OPS_CONV(X)
 
 /* Every family list with its file under ops/, for tables that name it. */
 #define NB_OP_FAMILIES(F)                                                            \
@@ -242,6 +253,7 @@
     F(NB_OPS_SOFTMAX, "softmax") F(NB_OPS_MASKED_FILL, "masked_fill")                \
     F(NB_OPS_DROPOUT, "dropout") F(NB_OPS_VIEW, "view") F(NB_OPS_SHAPE, "shape")     \
     F(NB_OPS_INDEX, "index") F(NB_OPS_SORT, "sort") F(NB_OPS_SAMPLE, "sample")       \
-    F(NB_OPS_BATCH_NORM, "batch_norm") F(NB_OPS_LOSS, "loss") F(NB_OPS_POOL, "pool")
+    F(NB_OPS_BATCH_NORM, "batch_norm") F(NB_OPS_LOSS, "loss") F(NB_OPS_POOL, "pool") \
+    F(NB_OPS_CONV, "conv")
 
 #endif

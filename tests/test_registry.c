@@ -90,6 +90,8 @@ static const reg_op OPS[] = {
     NB_OPS_LOSS(REG_ROW)
 #define REG_FAMILY "pool"
     NB_OPS_POOL(REG_ROW)
+#define REG_FAMILY "conv"
+    NB_OPS_CONV(REG_ROW)
 #undef REG_FAMILY
 };
 #define NOPS (int)(sizeof OPS / sizeof OPS[0])

@@ -119,6 +119,7 @@ Suite *suite_gemm_bf16(void); /* test_gemm_bf16.c: the bf16 matrix-multiply kern
 Suite *suite_cpu(void); /* test_cpu.c: caches read from the CPU, the GEMM blocks made from them */
 Suite *suite_softmax(void);
 Suite *suite_pool(void); /* test_pool.c: max and average pooling */
+Suite *suite_conv(void); /* test_conv.c: nb_conv1d, nb_conv2d */
 Suite *suite_autograd(void);
 Suite *suite_function(void);
 Suite *suite_callbacks(void); /* test_callbacks.c: user callbacks that misbehave */

@@ -1,0 +1,733 @@
+/* conv.c: nb_conv1d and nb_conv2d with torch.nn.functional.conv1d/conv2d's
+ * semantics, their kernels, and their backward and tangent rules.
+ *
+ * Everything runs in the 2-d form: a conv1d is a conv2d with H = KH = 1, an
+ * unbatched input gets N = 1 (recorded unsqueeze/squeeze views around it).
+ *
+ * Algorithm (im2col onto the GEMM of gemm.c), per group g of G:
+ *   forward       y_n[g] (Og, OHW)  = W[g] (Og, Kc) col(x_n[g]) (Kc, OHW) + b[g]
+ *   input grad    col(gx_n[g])      = W[g]^T (Kc, Og) G_n[g] (Og, OHW), then
+ *                 col2im adds the columns back onto gx_n[g]
+ *   weight grad   gW[g] (Og, Kc)    = sum over n of G_n[g] col(x_n[g])^T
+ * with Kc = Cg KH KW (row r of col = (c, kh, kw), column = output pixel).
+ * The column buffer holds at most a tile of pixels (an image, or a part of
+ * one) sized from the CPU's L2 (tensor/cpu.c), never the batch's columns;
+ * images whose columns are few are batched into one product up to that
+ * bound (their outputs go through a small buffer). A 1x1, stride-1,
+ * unpadded conv reads x in place as its column matrix (no im2col).
+ *
+ * Threads split outputs, never a sum: forward and input grad over (image
+ * chunk, group), weight grad over (group, rows of W, columns of W), each
+ * task summing over every image and tile in one fixed order. gemm.c's
+ * element sums do not depend on the cut, so results are bitwise the same
+ * for any thread count.
+ *
+ * The backward is two internal recorded ops, conv_input_grad (a transposed
+ * conv of g with w) and conv_weight_grad (of x and g), plus a sum for the
+ * bias: all three are bilinear, so their own backward and tangent rules are
+ * again conv, conv_input_grad and conv_weight_grad (create_graph and forward
+ * mode come for free). */
+#include "gemm_internal.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include "../tensor/cpu_internal.h"
+#include "ops_internal.h"
+
+/* The geometry of one conv in its 2-d form, kept in nbi_node.i (16 slots). */
+typedef struct {
+    int64_t N, C, H, W;   /* input (N, C, H, W) */
+    int64_t O, KH, KW;    /* weight (O, C/G, KH, KW) */
+    int64_t OH, OW;       /* output (N, O, OH, OW) */
+    int64_t sh, sw, ph, pw, dh, dw; /* stride, leading pad, dilation */
+    int64_t G;            /* groups */
+} conv_geom;
+_Static_assert(sizeof(conv_geom) <= sizeof(((nbi_node *)0)->i), "conv_geom fits nbi_node.i");
+
+static void geom_put(nbi_node *n, const conv_geom *g) {
+    memcpy(n->i, g, sizeof *g);
+}
+static conv_geom geom_get(const nbi_node *n) {
+    conv_geom g;
+    memcpy(&g, n->i, sizeof g);
+    return g;
+}
+
+static nb_tensor *conv_fwd(const char *fn, nb_tensor *x, nb_tensor *w, nb_tensor *b,
+                           const conv_geom *g);
+static nb_tensor *conv_input_grad(nb_tensor *gy, nb_tensor *w, const conv_geom *g);
+static nb_tensor *conv_weight_grad(nb_tensor *x, nb_tensor *gy, const conv_geom *g);
+
+/* ------------------------------------------------------------- helpers */
+/* The one stride that walks dims [d0, 4) of t as a flat index, or -1 when
+ * they are not laid out so (size-1 dims do not count). */
+static int64_t flat_stride(const nb_tensor *t, int d0) {
+    int64_t st = -1, span = 1;
+    for (int d = 3; d >= d0; d--) {
+        if (t->shape[d] == 1) continue;
+        if (st < 0) st = t->strides[d];
+        else if (t->strides[d] != st * span) return -1;
+        span *= t->shape[d];
+    }
+    return st < 0 ? 1 : st;
+}
+
+/* t itself when dims [d0, 4) walk as one flat index, else a contiguous copy
+ * (*copy set: the caller discards it). NULL when out of memory. */
+static nb_tensor *flat_from(const char *fn, nb_tensor *t, int d0, nb_tensor **copy) {
+    *copy = NULL;
+    if (flat_stride(t, d0) >= 0) return t;
+    nb_tensor *c = nbi_new(fn, t->dtype, t->ndim, t->shape, false);
+    if (!c) return NULL;
+    nbi_copy_strided(c, t->strides, t);
+    return *copy = c;
+}
+
+static int gemm(nbi_gemm_ws *ws, bool f64, int64_t M, int64_t N, int64_t K, const void *a,
+                int64_t sam, int64_t sak, const void *b, int64_t sbk, int64_t sbn, void *c,
+                int64_t scm, int64_t scn) {
+    if (f64) return nbi_gemm_f64(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+    return nbi_gemm_f32(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+}
+
+/* The pixels [lo, hi) of the output row ow = 0.. that read input column
+ * iw = ow * s + off inside [0, W): ow in [*a, *b). */
+static void valid_cols(int64_t OW, int64_t s, int64_t off, int64_t W, int64_t *a, int64_t *b) {
+    int64_t lo = off >= 0 ? 0 : (-off + s - 1) / s;
+    int64_t hi = W - 1 - off < 0 ? 0 : (W - 1 - off) / s + 1;
+    *a = lo < OW ? lo : OW;
+    *b = hi < OW ? hi : OW;
+    if (*b < *a) *b = *a;
+}
+
+/* im2col and col2im over rows [k0, k1) of col (r = (c, kh, kw)) and output
+ * pixels [p0, p1) of one image: xn is the image's first channel of the
+ * group, xs its strides (c, h, w); col rows ld apart. col2im adds. */
+#define DEFINE_COL(T)                                                                     \
+    static void im2col_##T(const conv_geom *g, const T *xn, const int64_t *xs, int64_t k0, \
+                           int64_t k1, int64_t p0, int64_t p1, T *col, int64_t ld) {       \
+        int64_t kk = g->KH * g->KW;                                                        \
+        for (int64_t r = k0; r < k1; r++) {                                                \
+            int64_t c = r / kk, kh = r % kk / g->KW, kw = r % g->KW;                       \
+            int64_t off = kw * g->dw - g->pw, a, b;                                        \
+            valid_cols(g->OW, g->sw, off, g->W, &a, &b);                                   \
+            T *dst = col + (r - k0) * ld;                                                  \
+            for (int64_t p = p0; p < p1;) {                                                \
+                int64_t oh = p / g->OW, ow = p % g->OW;                                    \
+                int64_t run = g->OW - ow < p1 - p ? g->OW - ow : p1 - p, e = ow + run;     \
+                int64_t ih = oh * g->sh - g->ph + kh * g->dh;                              \
+                if (ih < 0 || ih >= g->H) {                                                \
+                    memset(dst, 0, (size_t)run * sizeof(T));                               \
+                } else {                                                                   \
+                    const T *src = xn + c * xs[0] + ih * xs[1] + off * xs[2];              \
+                    int64_t va = a > ow ? a : ow, vb = b < e ? b : e;                      \
+                    if (vb < va) vb = va;                                                  \
+                    for (int64_t j = ow; j < va; j++) dst[j - ow] = 0;                     \
+                    int64_t step = g->sw * xs[2];                                          \
+                    if (step == 1)                                                         \
+                        memcpy(dst + va - ow, src + va, (size_t)(vb - va) * sizeof(T));    \
+                    else                                                                   \
+                        for (int64_t j = va; j < vb; j++) dst[j - ow] = src[j * step];     \
+                    for (int64_t j = vb; j < e; j++) dst[j - ow] = 0;                      \
+                }                                                                          \
+                dst += run;                                                                \
+                p += run;                                                                  \
+            }                                                                              \
+        }                                                                                  \
+    }                                                                                      \
+    /* gxn contiguous (Cg, H, W) */                                                        \
+    static void col2im_##T(const conv_geom *g, T *gxn, int64_t p0, int64_t p1,             \
+                           const T *col, int64_t ld) {                                     \
+        int64_t kk = g->KH * g->KW, Kc = g->C / g->G * kk;                                 \
+        for (int64_t r = 0; r < Kc; r++) {                                                 \
+            int64_t c = r / kk, kh = r % kk / g->KW, kw = r % g->KW;                       \
+            int64_t off = kw * g->dw - g->pw, a, b;                                        \
+            valid_cols(g->OW, g->sw, off, g->W, &a, &b);                                   \
+            const T *src = col + r * ld;                                                   \
+            for (int64_t p = p0; p < p1;) {                                                \
+                int64_t oh = p / g->OW, ow = p % g->OW;                                    \
+                int64_t run = g->OW - ow < p1 - p ? g->OW - ow : p1 - p, e = ow + run;     \
+                int64_t ih = oh * g->sh - g->ph + kh * g->dh;                              \
+                if (ih >= 0 && ih < g->H) {                                                \
+                    T *dst = gxn + (c * g->H + ih) * g->W + off;                           \
+                    int64_t va = a > ow ? a : ow, vb = b < e ? b : e;                      \
+                    for (int64_t j = va; j < vb; j++) dst[j * g->sw] += src[j - ow];       \
+                }                                                                          \
+                src += run;                                                                \
+                p += run;                                                                  \
+            }                                                                              \
+        }                                                                                  \
+    }
+DEFINE_COL(float)
+DEFINE_COL(double)
+
+static void im2col(bool f64, const conv_geom *g, const char *xn, const int64_t *xs, int64_t k0,
+                   int64_t k1, int64_t p0, int64_t p1, void *col, int64_t ld) {
+    if (f64) im2col_double(g, (const double *)xn, xs, k0, k1, p0, p1, col, ld);
+    else im2col_float(g, (const float *)xn, xs, k0, k1, p0, p1, col, ld);
+}
+
+/* Pixel tiles: an image's OHW columns in tiles of at most `tile`; images
+ * with fewer columns than that are batched `per` to a product. Both from
+ * the rows of col (rows) and the L2's size, so from the shapes and the CPU,
+ * never from the thread count. */
+typedef struct {
+    int64_t tile; /* pixels per tile within an image (OHW when per >= 1) */
+    int64_t per;  /* whole images per chunk (1 when an image is tiled) */
+} tiling;
+
+/* Enough columns for the kernel's register tiles to run long (below this,
+ * small images are batched): a few of its column panels. */
+#define MIN_COLS 256
+
+static tiling tiles_for(const conv_geom *g, int64_t rows, size_t es) {
+    const nbi_cpu *cpu = nbi_cpu_info();
+    int64_t l2 = cpu && cpu->l2 > 0 ? cpu->l2 : (int64_t)1 << 20;
+    int64_t ohw = g->OH * g->OW;
+    int64_t cap = l2 / (int64_t)es / (rows > 0 ? rows : 1); /* columns the L2 holds */
+    if (cap < 16) cap = 16;
+    tiling t = {ohw > 0 ? ohw : 1, 1};
+    if (ohw > cap) { /* equal tiles of one image */
+        int64_t parts = (ohw + cap - 1) / cap;
+        t.tile = (ohw + parts - 1) / parts;
+    } else if (ohw < MIN_COLS && ohw > 0) {
+        int64_t want = (MIN_COLS + ohw - 1) / ohw, fit = cap / ohw;
+        t.per = want < fit ? want : fit;
+        if (t.per > g->N) t.per = g->N > 0 ? g->N : 1;
+        if (t.per < 1) t.per = 1;
+    }
+    return t;
+}
+
+/* ------------------------------------------------------------- forward */
+typedef struct {
+    conv_geom g;
+    bool f64, direct;
+    size_t es;
+    const char *x, *w, *b;
+    int64_t xs[4], ws0, wk, bs, xflat;
+    char *y; /* contiguous (N, O, OH, OW) */
+    tiling t;
+    int64_t chunks;
+    _Atomic int failed;
+} fwd_job;
+
+/* Adds bias b[o] to rows of y (n rows ld apart, cols each). */
+static void add_bias(const fwd_job *j, char *y, int64_t o0, int64_t rows, int64_t ld,
+                     int64_t cols) {
+    if (!j->b) return;
+    for (int64_t o = 0; o < rows; o++) {
+        if (j->f64) {
+            double bv = ((const double *)j->b)[(o0 + o) * j->bs], *r = (double *)y + o * ld;
+            for (int64_t q = 0; q < cols; q++) r[q] += bv;
+        } else {
+            float bv = ((const float *)j->b)[(o0 + o) * j->bs], *r = (float *)y + o * ld;
+            for (int64_t q = 0; q < cols; q++) r[q] += bv;
+        }
+    }
+}
+
+/* One chunk of images, one group. */
+static int fwd_chunk(const fwd_job *j, nbi_gemm_ws *ws, int64_t chunk, int64_t grp, char *col,
+                     char *tmp) {
+    const conv_geom *g = &j->g;
+    int64_t Cg = g->C / g->G, Og = g->O / g->G, Kc = Cg * g->KH * g->KW, ohw = g->OH * g->OW;
+    const char *wg = j->w + (size_t)(grp * Og * j->ws0) * j->es;
+    int64_t n0 = chunk * j->t.per, n1 = n0 + j->t.per < g->N ? n0 + j->t.per : g->N;
+    if (n1 - n0 > 1) { /* several images: one product into tmp, then scattered */
+        int64_t cols = (n1 - n0) * ohw;
+        for (int64_t n = n0; n < n1; n++)
+            im2col(j->f64, g, j->x + (size_t)(n * j->xs[0] + grp * Cg * j->xs[1]) * j->es,
+                   j->xs + 1, 0, Kc, 0, ohw, col + (size_t)((n - n0) * ohw) * j->es, cols);
+        if (gemm(ws, j->f64, Og, cols, Kc, wg, j->ws0, j->wk, col, cols, 1, tmp, cols, 1))
+            return -1;
+        for (int64_t n = n0; n < n1; n++) {
+            char *yn = j->y + (size_t)((n * g->O + grp * Og) * ohw) * j->es;
+            for (int64_t o = 0; o < Og; o++)
+                memcpy(yn + (size_t)(o * ohw) * j->es,
+                       tmp + (size_t)(o * cols + (n - n0) * ohw) * j->es, (size_t)ohw * j->es);
+            add_bias(j, yn, grp * Og, Og, ohw, ohw);
+        }
+        return 0;
+    }
+    char *yn = j->y + (size_t)((n0 * g->O + grp * Og) * ohw) * j->es;
+    const char *xn = j->x + (size_t)(n0 * j->xs[0] + grp * Cg * j->xs[1]) * j->es;
+    if (j->direct) { /* 1x1, stride 1, no padding: x is the column matrix */
+        if (gemm(ws, j->f64, Og, ohw, Kc, wg, j->ws0, j->wk, xn, j->xs[1], j->xflat, yn, ohw, 1))
+            return -1;
+    } else {
+        for (int64_t p0 = 0; p0 < ohw; p0 += j->t.tile) {
+            int64_t p1 = p0 + j->t.tile < ohw ? p0 + j->t.tile : ohw, cols = p1 - p0;
+            im2col(j->f64, g, xn, j->xs + 1, 0, Kc, p0, p1, col, cols);
+            if (gemm(ws, j->f64, Og, cols, Kc, wg, j->ws0, j->wk, col, cols, 1,
+                     yn + (size_t)p0 * j->es, ohw, 1))
+                return -1;
+        }
+    }
+    add_bias(j, yn, grp * Og, Og, ohw, ohw);
+    return 0;
+}
+
+static void fwd_tasks(void *ctx, int64_t lo, int64_t hi) {
+    fwd_job *j = ctx;
+    const conv_geom *g = &j->g;
+    int64_t Kc = g->C / g->G * g->KH * g->KW, Og = g->O / g->G;
+    int64_t cols = j->t.per > 1 ? j->t.per * g->OH * g->OW : j->t.tile;
+    char *col = j->direct ? NULL : malloc((size_t)(Kc * cols + 1) * j->es);
+    char *tmp = j->t.per > 1 ? malloc((size_t)(Og * cols + 1) * j->es) : NULL;
+    nbi_gemm_ws ws = {0};
+    if ((!j->direct && !col) || (j->t.per > 1 && !tmp)) atomic_store(&j->failed, 1);
+    for (int64_t t = lo; t < hi && !atomic_load(&j->failed); t++)
+        if (fwd_chunk(j, &ws, t / g->G, t % g->G, col, tmp)) atomic_store(&j->failed, 1);
+    nbi_gemm_ws_free(&ws);
+    free(col);
+    free(tmp);
+}
+
+/* Tasks per range: enough work (~2 MFLOP) to be worth a thread's wake-up. */
+static int64_t grain_for(double flops_per_task) {
+    return (int64_t)(2e6 / (flops_per_task + 1.0)) + 1;
+}
+
+static int run_forward(const char *fn, const conv_geom *g, const nb_tensor *x, nb_tensor *w,
+                       const nb_tensor *b, nb_tensor *y) {
+    nb_tensor *wcopy;
+    nb_tensor *wf = flat_from(fn, w, 1, &wcopy);
+    if (!wf) return -1;
+    fwd_job j = {.g = *g, .f64 = x->dtype == NB_F64, .es = nbi_dtype_size(x->dtype),
+                 .x = nbi_ptr(x), .w = nbi_ptr(wf), .b = b ? nbi_ptr(b) : NULL,
+                 .ws0 = wf->strides[0], .wk = flat_stride(wf, 1), .bs = b ? b->strides[0] : 0,
+                 .y = nbi_ptr(y)};
+    for (int d = 0; d < 4; d++) j.xs[d] = x->strides[d];
+    int64_t Kc = g->C / g->G * g->KH * g->KW;
+    j.t = tiles_for(g, Kc, j.es);
+    j.xflat = flat_stride(x, 2);
+    j.direct = g->KH == 1 && g->KW == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 &&
+               g->pw == 0 && j.xflat >= 0 && j.t.per == 1;
+    j.chunks = (g->N + j.t.per - 1) / j.t.per;
+    double flops = 2.0 * (double)(g->O / g->G) * (double)Kc * (double)(g->OH * g->OW) *
+                   (double)j.t.per;
+    if (g->N * g->O * g->OH * g->OW > 0)
+        nbi_parallel_for(j.chunks * g->G, grain_for(flops), fwd_tasks, &j);
+    if (wcopy) nbi_discard(wcopy);
+    if (atomic_load(&j.failed)) {
+        nbi_error("%s: out of memory for the column buffers of a conv of %lld x %lld x %lld", fn,
+                  (long long)(g->O / g->G), (long long)Kc, (long long)(g->OH * g->OW));
+        return -1;
+    }
+    return 0;
+}
+
+/* --------------------------------------------------------- input grad */
+typedef struct {
+    conv_geom g;
+    bool f64;
+    size_t es;
+    const char *gy, *w;
+    int64_t gs0, gs1, gflat, ws0, wk;
+    char *gx; /* contiguous (N, C, H, W) */
+    tiling t;
+    _Atomic int failed;
+} igrad_job;
+
+static int igrad_image(const igrad_job *j, nbi_gemm_ws *ws, int64_t n, int64_t grp, char *col) {
+    const conv_geom *g = &j->g;
+    int64_t Cg = g->C / g->G, Og = g->O / g->G, Kc = Cg * g->KH * g->KW, ohw = g->OH * g->OW;
+    char *gxn = j->gx + (size_t)((n * g->C + grp * Cg) * g->H * g->W) * j->es;
+    memset(gxn, 0, (size_t)(Cg * g->H * g->W) * j->es);
+    const char *wg = j->w + (size_t)(grp * Og * j->ws0) * j->es;
+    const char *gn = j->gy + (size_t)(n * j->gs0 + grp * Og * j->gs1) * j->es;
+    for (int64_t p0 = 0; p0 < ohw; p0 += j->t.tile) {
+        int64_t p1 = p0 + j->t.tile < ohw ? p0 + j->t.tile : ohw, cols = p1 - p0;
+        /* col (Kc, cols) = W[g]^T (Kc, Og) G (Og, cols) */
+        if (gemm(ws, j->f64, Kc, cols, Og, wg, j->wk, j->ws0, gn + (size_t)(p0 * j->gflat) * j->es,
+                 j->gs1, j->gflat, col, cols, 1))
+            return -1;
+        if (j->f64) col2im_double(g, (double *)gxn, p0, p1, (const double *)col, cols);
+        else col2im_float(g, (float *)gxn, p0, p1, (const float *)col, cols);
+    }
+    return 0;
+}
+
+static void igrad_tasks(void *ctx, int64_t lo, int64_t hi) {
+    igrad_job *j = ctx;
+    const conv_geom *g = &j->g;
+    int64_t Kc = g->C / g->G * g->KH * g->KW;
+    char *col = malloc((size_t)(Kc * j->t.tile + 1) * j->es);
+    nbi_gemm_ws ws = {0};
+    if (!col) atomic_store(&j->failed, 1);
+    for (int64_t t = lo; t < hi && !atomic_load(&j->failed); t++)
+        if (igrad_image(j, &ws, t / g->G, t % g->G, col)) atomic_store(&j->failed, 1);
+    nbi_gemm_ws_free(&ws);
+    free(col);
+}
+
+/* -------------------------------------------------------- weight grad */
+typedef struct {
+    conv_geom g;
+    bool f64;
+    size_t es;
+    const char *x, *gy;
+    int64_t xs[4], gs0, gs1, gflat;
+    char *gw; /* contiguous (O, Cg, KH, KW) */
+    int64_t ochunk, ochunks, kchunk, kchunks;
+    int64_t tile; /* pixels per tile */
+    _Atomic int failed;
+} wgrad_job;
+
+/* gW[g] rows [o0, o1), columns [k0, k1): the sum over images and tiles in
+ * order, each tile's product added to the running one. */
+static int wgrad_block(const wgrad_job *j, nbi_gemm_ws *ws, int64_t grp, int64_t o0, int64_t o1,
+                       int64_t k0, int64_t k1, char *col, char *tmp) {
+    const conv_geom *g = &j->g;
+    int64_t Cg = g->C / g->G, Og = g->O / g->G, Kc = Cg * g->KH * g->KW, ohw = g->OH * g->OW;
+    int64_t rows = o1 - o0, kr = k1 - k0;
+    char *acc = j->gw + (size_t)((grp * Og + o0) * Kc + k0) * j->es;
+    bool first = true;
+    for (int64_t n = 0; n < g->N; n++) {
+        const char *xn = j->x + (size_t)(n * j->xs[0] + grp * Cg * j->xs[1]) * j->es;
+        const char *gn = j->gy + (size_t)(n * j->gs0 + (grp * Og + o0) * j->gs1) * j->es;
+        for (int64_t p0 = 0; p0 < ohw; p0 += j->tile) {
+            int64_t p1 = p0 + j->tile < ohw ? p0 + j->tile : ohw, cols = p1 - p0;
+            im2col(j->f64, g, xn, j->xs + 1, k0, k1, p0, p1, col, cols);
+            /* (rows, kr) = G (rows, cols) col^T (cols, kr) */
+            char *c = first ? acc : tmp;
+            int64_t ldc = first ? Kc : kr;
+            if (gemm(ws, j->f64, rows, kr, cols, gn + (size_t)(p0 * j->gflat) * j->es, j->gs1,
+                     j->gflat, col, 1, cols, c, ldc, 1))
+                return -1;
+            if (!first) {
+                for (int64_t o = 0; o < rows; o++) {
+                    if (j->f64) {
+                        double *d = (double *)acc + o * Kc;
+                        const double *s = (const double *)tmp + o * kr;
+                        for (int64_t q = 0; q < kr; q++) d[q] += s[q];
+                    } else {
+                        float *d = (float *)acc + o * Kc;
+                        const float *s = (const float *)tmp + o * kr;
+                        for (int64_t q = 0; q < kr; q++) d[q] += s[q];
+                    }
+                }
+            }
+            first = false;
+        }
+    }
+    if (first) /* no pixels: zeros */
+        for (int64_t o = 0; o < rows; o++)
+            memset(acc + (size_t)(o * Kc) * j->es, 0, (size_t)kr * j->es);
+    return 0;
+}
+
+static void wgrad_tasks(void *ctx, int64_t lo, int64_t hi) {
+    wgrad_job *j = ctx;
+    const conv_geom *g = &j->g;
+    int64_t Og = g->O / g->G, Kc = g->C / g->G * g->KH * g->KW;
+    char *col = malloc((size_t)(j->kchunk * j->tile + 1) * j->es);
+    char *tmp = malloc((size_t)(j->ochunk * j->kchunk + 1) * j->es);
+    nbi_gemm_ws ws = {0};
+    if (!col || !tmp) atomic_store(&j->failed, 1);
+    for (int64_t t = lo; t < hi && !atomic_load(&j->failed); t++) {
+        int64_t kc = t % j->kchunks, oc = t / j->kchunks % j->ochunks;
+        int64_t grp = t / j->kchunks / j->ochunks;
+        int64_t o0 = oc * j->ochunk, k0 = kc * j->kchunk;
+        int64_t o1 = o0 + j->ochunk < Og ? o0 + j->ochunk : Og;
+        int64_t k1 = k0 + j->kchunk < Kc ? k0 + j->kchunk : Kc;
+        if (wgrad_block(j, &ws, grp, o0, o1, k0, k1, col, tmp)) atomic_store(&j->failed, 1);
+    }
+    nbi_gemm_ws_free(&ws);
+    free(col);
+    free(tmp);
+}
+
+/* ------------------------------------------------------ recorded ops */
+static int conv_backward(nbi_node *n, nb_tensor *gy, nb_tensor **gin) {
+    conv_geom g = geom_get(n);
+    nb_tensor *x = nbi_saved_in(n, 0), *w = nbi_saved_in(n, 1);
+    if (!x || !w) return -1;
+    if (nbi_wants(n, 0) && !(gin[0] = conv_input_grad(gy, w, &g))) return -1;
+    if (nbi_wants(n, 1) && !(gin[1] = conv_weight_grad(x, gy, &g))) return -1;
+    if (n->nin > 2 && nbi_wants(n, 2) &&
+        !(gin[2] = nb_sum_dims(gy, 3, (const int[]){0, 2, 3}, false)))
+        return -1;
+    return 0;
+}
+
+/* d conv(x, w, b) = conv(dx, w) + conv(x, dw) + db */
+static nb_tensor *conv_jvp(nbi_node *n, nb_tensor *const *tin) {
+    conv_geom g = geom_get(n);
+    nb_tensor *x = nbi_saved_in(n, 0), *w = nbi_saved_in(n, 1);
+    if (!x || !w) return NULL;
+    nb_tensor *r = tin[0] ? conv_fwd(n->op, tin[0], w, NULL, &g) : NULL;
+    if (tin[0] && !r) return NULL;
+    if (tin[1]) {
+        nb_tensor *q = conv_fwd(n->op, x, tin[1], NULL, &g);
+        if (!q || !(r = r ? nb_add(r, q) : q)) return NULL;
+    }
+    if (n->nin > 2 && tin[2]) {
+        nb_tensor *db = nb_reshape(tin[2], 4, (const int64_t[]){1, g.O, 1, 1});
+        r = nb_add(r ? r : nbi_zero_tangent(n), db);
+    }
+    return r ? r : nbi_zero_tangent(n);
+}
+
+/* u = T(gy, w) (conv_input_grad): du/dgy . v = conv(v, w); du/dw . v = W(v, gy) */
+static int igrad_backward(nbi_node *n, nb_tensor *v, nb_tensor **gin) {
+    conv_geom g = geom_get(n);
+    nb_tensor *gy = nbi_saved_in(n, 0), *w = nbi_saved_in(n, 1);
+    if (!gy || !w) return -1;
+    if (nbi_wants(n, 0) && !(gin[0] = conv_fwd(n->op, v, w, NULL, &g))) return -1;
+    if (nbi_wants(n, 1) && !(gin[1] = conv_weight_grad(v, gy, &g))) return -1;
+    return 0;
+}
+
+static nb_tensor *igrad_jvp(nbi_node *n, nb_tensor *const *tin) {
+    conv_geom g = geom_get(n);
+    nb_tensor *gy = nbi_saved_in(n, 0), *w = nbi_saved_in(n, 1);
+    if (!gy || !w) return NULL;
+    nb_tensor *r = tin[0] ? conv_input_grad(tin[0], w, &g) : NULL;
+    if (tin[0] && !r) return NULL;
+    if (tin[1]) {
+        nb_tensor *q = conv_input_grad(gy, tin[1], &g);
+        if (!q || !(r = r ? nb_add(r, q) : q)) return NULL;
+    }
+    return r ? r : nbi_zero_tangent(n);
+}
+
+/* u = W(x, gy) (conv_weight_grad): du/dx . v = T(gy, v); du/dgy . v = conv(x, v) */
+static int wgrad_backward(nbi_node *n, nb_tensor *v, nb_tensor **gin) {
+    conv_geom g = geom_get(n);
+    nb_tensor *x = nbi_saved_in(n, 0), *gy = nbi_saved_in(n, 1);
+    if (!x || !gy) return -1;
+    if (nbi_wants(n, 0) && !(gin[0] = conv_input_grad(gy, v, &g))) return -1;
+    if (nbi_wants(n, 1) && !(gin[1] = conv_fwd(n->op, x, v, NULL, &g))) return -1;
+    return 0;
+}
+
+static nb_tensor *wgrad_jvp(nbi_node *n, nb_tensor *const *tin) {
+    conv_geom g = geom_get(n);
+    nb_tensor *x = nbi_saved_in(n, 0), *gy = nbi_saved_in(n, 1);
+    if (!x || !gy) return NULL;
+    nb_tensor *r = tin[0] ? conv_weight_grad(tin[0], gy, &g) : NULL;
+    if (tin[0] && !r) return NULL;
+    if (tin[1]) {
+        nb_tensor *q = conv_weight_grad(x, tin[1], &g);
+        if (!q || !(r = r ? nb_add(r, q) : q)) return NULL;
+    }
+    return r ? r : nbi_zero_tangent(n);
+}
+
+/* x (N,C,H,W), w (O,C/G,KH,KW), b (O) or NULL -> y (N,O,OH,OW); checked. */
+static nb_tensor *conv_fwd(const char *fn, nb_tensor *x, nb_tensor *w, nb_tensor *b,
+                           const conv_geom *g) {
+    nb_tensor *y = nbi_new(fn, x->dtype, 4, (const int64_t[]){g->N, g->O, g->OH, g->OW}, false);
+    if (!y) return NULL;
+    if (run_forward(fn, g, x, w, b, y)) return nbi_discard(y);
+    nb_tensor *in[3] = {x, w, b};
+    int nin = b ? 3 : 2;
+    if (nbi_needs_grad(nin, in)) {
+        nbi_node *node = nbi_record(y, fn, conv_backward, nin, in);
+        if (!node) return nbi_discard(y);
+        nbi_save(node, NBI_SAVE_IN(0) | NBI_SAVE_IN(1));
+        geom_put(node, g);
+        node->jvp = conv_jvp;
+    }
+    return y;
+}
+
+/* gy (N,O,OH,OW), w (O,C/G,KH,KW) -> gx (N,C,H,W) */
+static nb_tensor *conv_input_grad(nb_tensor *gy, nb_tensor *w, const conv_geom *g) {
+    static const char *fn = "conv_input_grad";
+    nb_tensor *gx = nbi_new(fn, gy->dtype, 4, (const int64_t[]){g->N, g->C, g->H, g->W}, false);
+    if (!gx) return NULL;
+    nb_tensor *gcopy, *wcopy = NULL;
+    nb_tensor *gf = flat_from(fn, gy, 2, &gcopy), *wf = gf ? flat_from(fn, w, 1, &wcopy) : NULL;
+    int64_t Kc = g->C / g->G * g->KH * g->KW;
+    igrad_job j = {.g = *g, .f64 = gy->dtype == NB_F64, .es = nbi_dtype_size(gy->dtype),
+                   .gx = nbi_ptr(gx)};
+    if (wf) {
+        j.gy = nbi_ptr(gf);
+        j.w = nbi_ptr(wf);
+        j.gs0 = gf->strides[0];
+        j.gs1 = gf->strides[1];
+        j.gflat = flat_stride(gf, 2);
+        j.ws0 = wf->strides[0];
+        j.wk = flat_stride(wf, 1);
+        j.t = tiles_for(g, Kc, j.es);
+        j.t.per = 1;
+        double flops = 2.0 * (double)(g->O / g->G) * (double)Kc * (double)(g->OH * g->OW);
+        if (gx->numel > 0) nbi_parallel_for(g->N * g->G, grain_for(flops), igrad_tasks, &j);
+    }
+    if (gcopy) nbi_discard(gcopy);
+    if (wcopy) nbi_discard(wcopy);
+    if (!wf || atomic_load(&j.failed)) {
+        if (wf) nbi_error("%s: out of memory for the column buffers", fn);
+        return nbi_discard(gx);
+    }
+    nb_tensor *in[2] = {gy, w};
+    if (nbi_needs_grad(2, in)) {
+        nbi_node *node = nbi_record(gx, fn, igrad_backward, 2, in);
+        if (!node) return nbi_discard(gx);
+        nbi_save(node, NBI_SAVE_IN(0) | NBI_SAVE_IN(1));
+        geom_put(node, g);
+        node->jvp = igrad_jvp;
+    }
+    return gx;
+}
+
+/* x (N,C,H,W), gy (N,O,OH,OW) -> gw (O,C/G,KH,KW) */
+static nb_tensor *conv_weight_grad(nb_tensor *x, nb_tensor *gy, const conv_geom *g) {
+    static const char *fn = "conv_weight_grad";
+    int64_t Cg = g->C / g->G, Og = g->O / g->G, Kc = Cg * g->KH * g->KW;
+    nb_tensor *gw = nbi_new(fn, x->dtype, 4, (const int64_t[]){g->O, Cg, g->KH, g->KW}, false);
+    if (!gw) return NULL;
+    nb_tensor *gcopy;
+    nb_tensor *gf = flat_from(fn, gy, 2, &gcopy);
+    if (!gf) return nbi_discard(gw);
+    wgrad_job j = {.g = *g, .f64 = x->dtype == NB_F64, .es = nbi_dtype_size(x->dtype),
+                   .x = nbi_ptr(x), .gy = nbi_ptr(gf), .gs0 = gf->strides[0],
+                   .gs1 = gf->strides[1], .gflat = flat_stride(gf, 2), .gw = nbi_ptr(gw)};
+    for (int d = 0; d < 4; d++) j.xs[d] = x->strides[d];
+    /* blocks of gW: columns in chunks of >= 64 (the im2col rows a task
+     * makes), rows in whole register tiles, enough blocks for the threads */
+    const nbi_gemm_blocks bk = nbi_gemm_blocks_of(j.f64);
+    int threads = nb_num_threads();
+    j.kchunks = Kc / 64 > 0 ? Kc / 64 : 1;
+    int64_t per_group = (2 * threads + g->G - 1) / g->G;
+    if (j.kchunks > per_group) j.kchunks = per_group;
+    j.kchunk = (Kc + j.kchunks - 1) / j.kchunks;
+    if (j.kchunk < 1) j.kchunk = 1;
+    j.kchunks = (Kc + j.kchunk - 1) / j.kchunk;
+    j.ochunks = (per_group + j.kchunks - 1) / j.kchunks;
+    int64_t max_o = (Og + bk.mr - 1) / bk.mr;
+    if (j.ochunks > max_o) j.ochunks = max_o;
+    if (j.ochunks < 1) j.ochunks = 1;
+    j.ochunk = (Og + j.ochunks - 1) / j.ochunks;
+    j.ochunk = (j.ochunk + bk.mr - 1) / bk.mr * bk.mr;
+    if (j.ochunk < 1) j.ochunk = 1;
+    j.ochunks = Og > 0 ? (Og + j.ochunk - 1) / j.ochunk : 1;
+    j.tile = tiles_for(g, j.kchunk, j.es).tile;
+    if (gw->numel > 0) nbi_parallel_for(g->G * j.ochunks * j.kchunks, 1, wgrad_tasks, &j);
+    if (gcopy) nbi_discard(gcopy);
+    if (atomic_load(&j.failed)) {
+        nbi_error("%s: out of memory for the column buffers", fn);
+        return nbi_discard(gw);
+    }
+    nb_tensor *in[2] = {x, gy};
+    if (nbi_needs_grad(2, in)) {
+        nbi_node *node = nbi_record(gw, fn, wgrad_backward, 2, in);
+        if (!node) return nbi_discard(gw);
+        nbi_save(node, NBI_SAVE_IN(0) | NBI_SAVE_IN(1));
+        geom_put(node, g);
+        node->jvp = wgrad_jvp;
+    }
+    return gw;
+}
+
+/* ------------------------------------------------------------- public */
+/* Checks x (N,C,H,W), w (O,C/G,KH,KW), b and the arguments (2-d form;
+ * one_d: the messages speak of conv1d's dims) and fills g. same: torch's
+ * padding="same" (total pad d (K - 1), the extra one at the end). */
+static bool conv_check(const char *fn, const nb_tensor *x, const nb_tensor *w,
+                       const nb_tensor *b, const int64_t *s, const int64_t *p, bool same,
+                       const int64_t *d, int64_t groups, conv_geom *g) {
+    if (!nbi_check_float(fn, x) || !nbi_check_same_dtype(fn, x, w)) return false;
+    if (b && !nbi_check_same_dtype(fn, x, b)) return false;
+    if (groups < 1) return nbi_error("%s: groups must be >= 1, got %lld", fn, (long long)groups);
+    for (int k = 0; k < 2; k++) {
+        if (s[k] < 1) return nbi_error("%s: stride must be >= 1, got %lld", fn, (long long)s[k]);
+        if (d[k] < 1)
+            return nbi_error("%s: dilation must be >= 1, got %lld", fn, (long long)d[k]);
+        if (!same && p[k] < 0)
+            return nbi_error("%s: padding must be >= 0 or NB_PADDING_SAME, got %lld", fn,
+                             (long long)p[k]);
+    }
+    if (w->shape[2] < 1 || w->shape[3] < 1)
+        return nbi_error("%s: kernel size must be >= 1, got weight %s", fn, NBI_SHAPE(w));
+    *g = (conv_geom){.N = x->shape[0], .C = x->shape[1], .H = x->shape[2], .W = x->shape[3],
+                     .O = w->shape[0], .KH = w->shape[2], .KW = w->shape[3], .sh = s[0],
+                     .sw = s[1], .dh = d[0], .dw = d[1], .G = groups};
+    if (g->C % groups || g->O % groups)
+        return nbi_error("%s: groups %lld must divide in_channels %lld and out_channels %lld", fn,
+                         (long long)groups, (long long)g->C, (long long)g->O);
+    if (w->shape[1] * groups != g->C)
+        return nbi_error("%s: weight %s expects %lld input channels (%lld per group x %lld "
+                         "groups), input %s has %lld",
+                         fn, NBI_SHAPE(w), (long long)(w->shape[1] * groups),
+                         (long long)w->shape[1], (long long)groups, NBI_SHAPE(x),
+                         (long long)g->C);
+    if (b && (b->ndim != 1 || b->shape[0] != g->O))
+        return nbi_error("%s: bias must have shape (%lld) (out_channels), got %s", fn,
+                         (long long)g->O, NBI_SHAPE(b));
+    if (same && (s[0] != 1 || s[1] != 1))
+        return nbi_error("%s: padding \"same\" needs stride 1, got stride %lld", fn,
+                         (long long)(s[0] != 1 ? s[0] : s[1]));
+    int64_t in[2] = {g->H, g->W}, ks[2] = {g->KH, g->KW}, out[2], lead[2];
+    for (int k = 0; k < 2; k++) {
+        int64_t span = d[k] * (ks[k] - 1) + 1, total = same ? span - 1 : 2 * p[k];
+        lead[k] = same ? total / 2 : p[k];
+        if (in[k] + total < span)
+            return nbi_error("%s: kernel size %lld (dilated %lld) is larger than the padded "
+                             "input size %lld",
+                             fn, (long long)ks[k], (long long)span, (long long)(in[k] + total));
+        out[k] = (in[k] + total - span) / s[k] + 1;
+    }
+    g->OH = out[0];
+    g->OW = out[1];
+    g->ph = lead[0];
+    g->pw = lead[1];
+    return true;
+}
+
+/* The shared path of conv1d and conv2d: x, w already in the 2-d form
+ * (batched), checked ranks. */
+static nb_tensor *conv_common(const char *fn, nb_tensor *x, nb_tensor *w, nb_tensor *b,
+                              const int64_t *s, const int64_t *p, bool same, const int64_t *d,
+                              int64_t groups) {
+    conv_geom g;
+    if (!conv_check(fn, x, w, b, s, p, same, d, groups, &g)) return NULL;
+    return conv_fwd(fn, x, w, b, &g);
+}
+
+nb_tensor *nb_conv2d(nb_tensor *input, nb_tensor *weight, nb_tensor *bias,
+                     const int64_t stride[2], const int64_t padding[2], const int64_t dilation[2],
+                     int64_t groups) {
+    static const char *fn = "nb_conv2d";
+    if (!nbi_arg(fn, input, 0) || !nbi_arg(fn, weight, 1) || (bias && !nbi_arg(fn, bias, 2)))
+        return NULL;
+    if (input->ndim != 3 && input->ndim != 4)
+        return nbi_error("%s: input must be (N, C, H, W) or (C, H, W), got shape %s", fn,
+                         NBI_SHAPE(input));
+    if (weight->ndim != 4)
+        return nbi_error("%s: weight must be (out_channels, in_channels/groups, kH, kW), got "
+                         "shape %s", fn, NBI_SHAPE(weight));
+    const int64_t one[2] = {1, 1}, zero[2] = {0, 0};
+    bool same = padding && padding[0] == NB_PADDING_SAME;
+    const int64_t *s = stride ? stride : one, *p = padding && !same ? padding : zero;
+    const int64_t *d = dilation ? dilation : one;
+    if (input->ndim == 4) return conv_common(fn, input, weight, bias, s, p, same, d, groups);
+    nb_tensor *y = conv_common(fn, nb_unsqueeze(input, 0), weight, bias, s, p, same, d, groups);
+    return y ? nb_squeeze(y, 0) : NULL;
+}
+
+nb_tensor *nb_conv1d(nb_tensor *input, nb_tensor *weight, nb_tensor *bias, int64_t stride,
+                     int64_t padding, int64_t dilation, int64_t groups) {
+    static const char *fn = "nb_conv1d";
+    if (!nbi_arg(fn, input, 0) || !nbi_arg(fn, weight, 1) || (bias && !nbi_arg(fn, bias, 2)))
+        return NULL;
+    if (input->ndim != 2 && input->ndim != 3)
+        return nbi_error("%s: input must be (N, C, L) or (C, L), got shape %s", fn,
+                         NBI_SHAPE(input));
+    if (weight->ndim != 3)
+        return nbi_error("%s: weight must be (out_channels, in_channels/groups, kL), got shape "
+                         "%s", fn, NBI_SHAPE(weight));
+    bool same = padding == NB_PADDING_SAME;
+    const int64_t s[2] = {1, stride}, p[2] = {0, same ? 0 : padding}, d[2] = {1, dilation};
+    bool batched = input->ndim == 3;
+    nb_tensor *x = nb_unsqueeze(batched ? input : nb_unsqueeze(input, 0), 2); /* (N,C,1,L) */
+    nb_tensor *w = nb_unsqueeze(weight, 2);                                      /* (O,Cg,1,K) */
+    if (!x || !w) return NULL;
+    nb_tensor *y = conv_common(fn, x, w, bias, s, p, same, d, groups);
+    if (y) y = nb_squeeze(y, 2);
+    return y && !batched ? nb_squeeze(y, 0) : y;
+}
