@@ -46,6 +46,7 @@ int main(void) {
     srunner_add_suite(sr, suite_scope());
     srunner_add_suite(sr, suite_nn());
     srunner_add_suite(sr, suite_attention());
+    srunner_add_suite(sr, suite_rnn());
     srunner_add_suite(sr, suite_optim());
     srunner_add_suite(sr, suite_transformer());
     srunner_add_suite(sr, suite_gpt());
