@@ -49,6 +49,8 @@ int main(void) {
     srunner_add_suite(sr, suite_nn());
     srunner_add_suite(sr, suite_batchnorm());
     srunner_add_suite(sr, suite_attention());
+    srunner_add_suite(sr, suite_rnn());
+    srunner_add_suite(sr, suite_conv_module());
     srunner_add_suite(sr, suite_optim());
     srunner_add_suite(sr, suite_transformer());
     srunner_add_suite(sr, suite_gpt());

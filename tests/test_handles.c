@@ -93,6 +93,9 @@ static struct {
     nb_Transformer tr;
     nb_GPT gpt;
     nb_params *gps;
+    nb_RNNCell rnn, gru, lstm; /* 3 -> 4 */
+    nb_Conv1d c1;              /* 2 -> 3 channels, kernel 2 */
+    nb_Conv2d c2;              /* 2 -> 3 channels, kernel 2x2 */
 } mods;
 static const nb_TransformerConfig tiny = {.src_vocab = 5, .tgt_vocab = 5, .d_model = 4,
                                           .d_ff = 6, .heads = 2, .layers = 1, .max_len = 8,
@@ -110,6 +113,12 @@ static void mods_init(void) {
     ck_assert_int_eq(nb_mha_init(&mods.mha, mods.ps, "mha", 4, 2, 0.0, true, &r), 0);
     ck_assert_int_eq(nb_feedforward_init(&mods.ff, mods.ps, "ff", 4, 6, 0.0, &r), 0);
     ck_assert_int_eq(nb_transformer_init(&mods.tr, mods.ps, &tiny, &r), 0);
+    ck_assert_int_eq(nb_rnncell_init(&mods.rnn, mods.ps, "rnn", 3, 4, true, false, &r), 0);
+    ck_assert_int_eq(nb_grucell_init(&mods.gru, mods.ps, "gru", 3, 4, true, &r), 0);
+    ck_assert_int_eq(nb_lstmcell_init(&mods.lstm, mods.ps, "lstm", 3, 4, true, &r), 0);
+    ck_assert_int_eq(nb_conv1d_init(&mods.c1, mods.ps, "c1", 2, 3, 2, 1, 0, 1, 1, true, &r), 0);
+    ck_assert_int_eq(nb_conv2d_init(&mods.c2, mods.ps, "c2", 2, 3, (int64_t[]){2, 2}, NULL, NULL,
+                                    NULL, 1, true, &r), 0);
     mods.gps = nb_params_new();
     const nb_GPTConfig g = {.vocab_size = 5, .block_size = 8, .n_layer = 1, .n_head = 2,
                             .n_embd = 4, .bias = true, .tie_weights = true};
@@ -170,6 +179,16 @@ static void mk_mha(nb_tensor **in) {
     in[3] = made(nb_tril_mask(3, 3));
 }
 static void mk_x4(nb_tensor **in) { in[0] = fdef(NB_SHAPE(1, 3, 4)); }
+/* the recurrent cells' x (2,3), h (2,4) and c (2,4) */
+static void mk_cell(nb_tensor **in) {
+    in[0] = fdef(NB_SHAPE(2, 3)), in[1] = fdef(NB_SHAPE(2, 4)), in[2] = fdef(NB_SHAPE(2, 4));
+}
+static void mk_ncl(nb_tensor **in) { in[0] = fdef(NB_SHAPE(1, 2, 5)); }
+static void mk_nchw(nb_tensor **in) { in[0] = fdef(NB_SHAPE(1, 2, 4, 4)); }
+static bool lstmcell_failed(nb_tensor **in) {
+    nb_tensor *h, *c;
+    return nb_lstmcell_forward(&mods.lstm, in[0], in[1], in[2], &h, &c) == -1;
+}
 static void mk_gpt_ids(nb_tensor **in) { in[0] = i64(NB_SHAPE(1, 3)); }
 static void mk_gpt_loss(nb_tensor **in) { in[0] = i64(NB_SHAPE(1, 3)), in[1] = i64(NB_SHAPE(1, 3)); }
 static void mk_xavier(nb_tensor **in) { in[0] = fdef(NB_SHAPE(3, 4)); }
@@ -335,6 +354,11 @@ static bool mha_failed(nb_tensor **in) {
     X(nb_embedding_forward, 1, ids, nb_embedding_forward(&mods.emb, in[0]) == NULL)              \
     X(nb_layernorm_forward, 1, x3, nb_layernorm_forward(&mods.ln, in[0]) == NULL)                \
     X(nb_batchnorm_forward, 1, x3, nb_batchnorm_forward(&mods.bn, in[0]) == NULL)                \
+    X(nb_rnncell_forward, 2, cell, nb_rnncell_forward(&mods.rnn, in[0], in[1]) == NULL)          \
+    X(nb_grucell_forward, 2, cell, nb_grucell_forward(&mods.gru, in[0], in[1]) == NULL)          \
+    X(nb_lstmcell_forward, 3, cell, lstmcell_failed(in))                                         \
+    X(nb_conv1d_forward, 1, ncl, nb_conv1d_forward(&mods.c1, in[0]) == NULL)                     \
+    X(nb_conv2d_forward, 1, nchw, nb_conv2d_forward(&mods.c2, in[0]) == NULL)                    \
     X(nb_mha_forward, 4, mha, mha_failed(in))                                                    \
     X(nb_feedforward_forward, 1, x4,                                                             \
       nb_feedforward_forward(&mods.ff, in[0], false, NULL) == NULL)                              \

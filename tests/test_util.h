@@ -130,6 +130,8 @@ Suite *suite_scope(void);
 Suite *suite_nn(void);
 Suite *suite_batchnorm(void); /* test_batchnorm.c: BatchNorm modules, batch_norm, losses */
 Suite *suite_attention(void);
+Suite *suite_rnn(void); /* test_rnn.c: nb_RNNCell, nb_GRUCell, nb_LSTMCell */
+Suite *suite_conv_module(void); /* test_conv_module.c: nb_Conv1d, nb_Conv2d */
 Suite *suite_optim(void);
 Suite *suite_transformer(void);
 Suite *suite_threads(void);
