@@ -3,13 +3,18 @@
  * every type's values read exactly into f32, f64 and i64, the tensor's shape
  * and lifetime, and the exact message of every way a file can be wrong
  * (magic, type byte, dims, truncation, bytes left over, a size past int64, a
- * value the dtype cannot hold, a bad argument). */
+ * value the dtype cannot hold, a bad argument); and the first 32 test
+ * images of Fashion-MNIST itself (tests/fixtures/fashion-mini). */
 #include "test_util.h"
 
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+#ifndef NB_FIXTURE_DIR
+#define NB_FIXTURE_DIR "tests/fixtures"
+#endif
 
 /* An IDX file: bytes m0 m1 type ndim, the dims big-endian, then n data bytes
  * as given, then `extra` zero bytes (negative: that many bytes cut off the
@@ -262,6 +267,30 @@ START_TEST(bad_arguments_and_files) {
 }
 END_TEST
 
+/* the real files: tests/fixtures/fashion-mini (gen_fashion_mini.py: the first
+ * 32 test images of Fashion-MNIST); the sums are Python's over the bytes */
+START_TEST(fashion_mini) {
+    nb_tensor *x = nb_load_idx(NB_FIXTURE_DIR "/fashion-mini/t10k-images-idx3-ubyte", NB_F64);
+    ck_assert_msg(x != NULL, "%s", nb_last_error());
+    ck_assert_int_eq(nb_ndim(x), 3);
+    ck_assert_int_eq(nb_shape(x)[0], 32);
+    ck_assert_int_eq(nb_shape(x)[1], 28);
+    ck_assert_int_eq(nb_shape(x)[2], 28);
+    const double *v = nb_data(x);
+    double all = 0, first = 0;
+    for (int i = 0; i < 32 * 784; i++) all += v[i];
+    for (int i = 0; i < 784; i++) first += v[i];
+    ck_assert_double_eq(all, 1750726);
+    ck_assert_double_eq(first, 33456);
+    ck_assert_double_eq(v[14 * 28 + 14], 110);
+    nb_free(x);
+    nb_tensor *y = nb_load_idx(NB_FIXTURE_DIR "/fashion-mini/t10k-labels-idx1-ubyte", NB_I64);
+    expect_values(y, NB_I64, 1, (const int64_t[]){32},
+                  (const double[]){9, 2, 1, 1, 6, 1, 4, 6, 5, 7, 4, 5, 7, 3, 4, 1,
+                                   2, 4, 8, 0, 2, 5, 7, 9, 1, 4, 6, 0, 9, 3, 8, 8});
+}
+END_TEST
+
 static void make_dir(void) { test_make_tmp_dir("idx"); }
 
 Suite *suite_idx(void) {
@@ -276,6 +305,7 @@ Suite *suite_idx(void) {
     tcase_add_test(tc, large_file);
     tcase_add_test(tc, persistent);
     tcase_add_test(tc, bad_arguments_and_files);
+    tcase_add_test(tc, fashion_mini);
     suite_add_tcase(s, tc);
     return s;
 }
