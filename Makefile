@@ -51,7 +51,7 @@ CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm)
 
 .PHONY: all test run bench clean check-deps layers-check readme-check valgrind asan tsan error-table-check op-table callback-table install uninstall install-check resume-check \
-  fuzz fuzz-build fuzz-load fuzz-ops fuzz-gpt fuzz-tokenizer fuzz-regress fuzz-seeds fuzz-clean
+  fuzz fuzz-build fuzz-load fuzz-ops fuzz-gpt fuzz-tokenizer fuzz-idx fuzz-regress fuzz-seeds fuzz-clean
 all: $(BUILD)/libnabla.a $(BUILD)/libnabla.so $(EXAMPLES)
 	@ln -sf $(BUILD)/libnabla.a libnabla.a
 	@ln -sf $(BUILD)/libnabla.so libnabla.so
@@ -347,13 +347,15 @@ FUZZ_OPTS_load := -dict=fuzz/load.dict -max_len=4096
 FUZZ_OPTS_ops  := -max_len=512
 FUZZ_OPTS_gpt  := -dict=fuzz/load.dict -max_len=8192
 FUZZ_OPTS_tokenizer := -dict=fuzz/tokenizer.dict -max_len=8192 -timeout=10
+FUZZ_OPTS_idx  := -max_len=4096
 fuzz: fuzz-build
 	@rc=0; sh fuzz/run.sh load $(FUZZ_TIME) $(FUZZ_OPTS_load) $(FUZZ_ARGS) || rc=1; \
 	  sh fuzz/run.sh ops $(FUZZ_TIME) $(FUZZ_OPTS_ops) $(FUZZ_ARGS) || rc=1; \
 	  sh fuzz/run.sh gpt $(FUZZ_TIME) $(FUZZ_OPTS_gpt) $(FUZZ_ARGS) || rc=1; \
-	  sh fuzz/run.sh tokenizer $(FUZZ_TIME) $(FUZZ_OPTS_tokenizer) $(FUZZ_ARGS) || rc=1; exit $$rc
+	  sh fuzz/run.sh tokenizer $(FUZZ_TIME) $(FUZZ_OPTS_tokenizer) $(FUZZ_ARGS) || rc=1; \
+	  sh fuzz/run.sh idx $(FUZZ_TIME) $(FUZZ_OPTS_idx) $(FUZZ_ARGS) || rc=1; exit $$rc
 
-fuzz-load fuzz-ops fuzz-gpt fuzz-tokenizer: fuzz-%: fuzz-build
+fuzz-load fuzz-ops fuzz-gpt fuzz-tokenizer fuzz-idx: fuzz-%: fuzz-build
 	@sh fuzz/run.sh $* $(FUZZ_TIME) $(FUZZ_OPTS_$*) $(FUZZ_ARGS)
 
 fuzz-build:
@@ -368,14 +370,14 @@ fuzz-build:
 	@$(MAKE) --no-print-directory BUILD=build-fuzz CC=$(FUZZ_CC) \
 	  OPT="-O1 -g -fsanitize=fuzzer-no-link $(FUZZ_SAN)" build-fuzz/libnabla.a
 	@$(MAKE) --no-print-directory build-fuzz/fuzz_load build-fuzz/fuzz_ops build-fuzz/fuzz_gpt \
-	  build-fuzz/fuzz_tokenizer
+	  build-fuzz/fuzz_tokenizer build-fuzz/fuzz_idx
 
 build-fuzz/fuzz_%: fuzz/fuzz_%.c $(wildcard fuzz/*.h) ops/registry.h build-fuzz/libnabla.a nabla.h
 	$(FUZZ_CC) -O1 -g -fsanitize=fuzzer $(FUZZ_SAN) -std=c11 -Wall -Wextra -D_POSIX_C_SOURCE=200809L \
 	  -I. $< build-fuzz/libnabla.a -lm -lpthread -o $@
 
 fuzz-regress: fuzz-build
-	@for t in load ops gpt tokenizer; do set -- fuzz/regressions/$$t/*; [ -e "$$1" ] || continue; \
+	@for t in load ops gpt tokenizer idx; do set -- fuzz/regressions/$$t/*; [ -e "$$1" ] || continue; \
 	  NABLA_NUM_THREADS=1 build-fuzz/fuzz_$$t "$$@" > build-fuzz/regress_$$t.log 2>&1 || \
 	  { tail -20 build-fuzz/regress_$$t.log; exit 1; }; echo "fuzz-regress: fuzz_$$t ran $$# inputs, clean"; done
 

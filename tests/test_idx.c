@@ -124,6 +124,9 @@ START_TEST(every_type_big_endian) {
     /* a zero size is an empty tensor of that shape */
     path = write_idx("empty", 0x08, 2, (const uint32_t[]){0, 28}, NULL, 0);
     expect_values(nb_load_idx(path, NB_F32), NB_F32, 2, (const int64_t[]){0, 28}, NULL);
+    path = write_idx("empty_large", 0x0E, 3, (const uint32_t[]){0xffffffffu, 0, 0xfffffffu}, NULL, 0);
+    expect_values(nb_load_idx(path, NB_F64), NB_F64, 3,
+                  (const int64_t[]){4294967295, 0, 268435455}, NULL);
 }
 END_TEST
 
@@ -181,6 +184,11 @@ START_TEST(bad_header) {
     path = write_idx("huge", 0x0E, 3, huge, NULL, 0);
     expect_message(nb_load_idx(path, NB_F32),
                    "nb_load_idx: \"%s\": shape f64 (4294967295,4294967295,4294967295) has more "
+                   "bytes than int64 can count", path);
+    /* a zero beside them does not help: the strides multiply the other sizes */
+    path = write_idx("huge0", 0x08, 3, (const uint32_t[]){0, 0xffffffffu, 0xffffffffu}, NULL, 0);
+    expect_message(nb_load_idx(path, NB_F32),
+                   "nb_load_idx: \"%s\": shape u8 (0,4294967295,4294967295) has more "
                    "bytes than int64 can count", path);
 }
 END_TEST

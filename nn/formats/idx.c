@@ -145,14 +145,18 @@ static int read_header(int fd, const char *path, int64_t size, idx_header *h) {
                         "header (%d dims)", FN, path, (long long)size, (long long)header_bytes,
                         h->ndim), -1;
     if (read_all(fd, path, head + 4, (size_t)(4 * h->ndim)) != 0) return -1;
-    h->numel = 1;
-    bool overflow = false;
+    /* The product of the nonzero sizes, in bytes of the widest type, stays
+     * below 2^63: a tensor's strides multiply the nonzero sizes even when
+     * another size is 0 (and nb_empty counts its elements left to right). */
+    int64_t product = 1;
+    bool overflow = false, empty = false;
     for (int d = 0; d < h->ndim; d++) {
         h->shape[d] = (int64_t)be_u(head + 4 + 4 * d, 4);
-        /* the product of the sizes so far times the element size stays below 2^63 */
-        if (h->shape[d] != 0 && h->numel > INT64_MAX / 8 / h->shape[d]) overflow = true;
-        else h->numel *= h->shape[d];
+        if (h->shape[d] == 0) empty = true;
+        else if (product > INT64_MAX / 8 / h->shape[d]) overflow = true;
+        else product *= h->shape[d];
     }
+    h->numel = empty ? 0 : product;
     char what[256];
     if (overflow)
         return nn_error("%s: \"%s\": shape %s has more bytes than int64 can count", FN, path,
