@@ -51,7 +51,7 @@ CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm)
 
 .PHONY: all test run bench clean check-deps layers-check readme-check valgrind asan tsan error-table-check op-table callback-table install uninstall install-check resume-check \
-  fuzz fuzz-build fuzz-load fuzz-ops fuzz-gpt fuzz-tokenizer fuzz-regress fuzz-seeds fuzz-clean
+  fuzz fuzz-build fuzz-load fuzz-ops fuzz-gpt fuzz-tokenizer fuzz-idx fuzz-regress fuzz-seeds fuzz-clean
 all: $(BUILD)/libnabla.a $(BUILD)/libnabla.so $(EXAMPLES)
 	@ln -sf $(BUILD)/libnabla.a libnabla.a
 	@ln -sf $(BUILD)/libnabla.so libnabla.so
@@ -117,7 +117,7 @@ $(TEST_BIN): $(TEST_SRC) tests/test_util.h $(BUILD)/libnabla.a nabla.h | check-d
 test: check-deps
 	@$(MAKE) --no-print-directory $(TEST_BIN) $(BUILD)/fuzz/replay $(BUILD)/examples/gpt \
 	  $(BUILD)/examples/newton $(BUILD)/examples/gradient_penalty $(BUILD)/examples/tokenize \
-	  $(BUILD)/tests/gpt_sample_check $(BUILD)/examples/lstm_add $(BUILD)/tests/lstm_add_check
+	  $(BUILD)/examples/fashion_mnist $(BUILD)/tests/gpt_sample_check $(BUILD)/examples/lstm_add $(BUILD)/tests/lstm_add_check
 	$(TEST_BIN)
 	$(BUILD)/fuzz/replay fuzz/corpus/ops
 	@bash tests/layers_check.sh $(BUILD)
@@ -209,6 +209,34 @@ test-isa: check-deps
 gpt: $(BUILD)/examples/gpt
 	$(BUILD)/examples/gpt --steps 1000 --shuffle --sample 500
 
+# make fashion [ARGS="--bn --epochs 3 --threads 2"]: examples/fashion_mnist.c
+# trains Fashion-MNIST's "2 Conv+pooling" network (docs/fashion.md). The data
+# is Debian's dataset-fashion-mnist (installed here when missing and we are
+# root, as check-deps does for Check), gunzipped by the gzip tool into
+# $(BUILD)/data/fashion-mnist (the library reads plain IDX files only).
+FASHION_PKG  := /usr/share/datasets/fashion-mnist
+FASHION_DATA := $(BUILD)/data/fashion-mnist
+FASHION_IDX  := $(addprefix $(FASHION_DATA)/,train-images-idx3-ubyte train-labels-idx1-ubyte \
+                  t10k-images-idx3-ubyte t10k-labels-idx1-ubyte)
+.PHONY: fashion fashion-deps
+fashion-deps:
+	@if [ ! -f $(FASHION_PKG)/train-images-idx3-ubyte.gz ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "make fashion: installing Fashion-MNIST (apt-get install dataset-fashion-mnist)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null; \
+	  else \
+	    echo "make fashion needs Debian's Fashion-MNIST package. Install it with:"; \
+	    echo "    sudo apt-get update && sudo apt-get install -y dataset-fashion-mnist"; \
+	    exit 1; \
+	  fi; \
+	fi
+fashion: fashion-deps
+	@$(MAKE) --no-print-directory $(BUILD)/examples/fashion_mnist $(FASHION_IDX)
+	$(BUILD)/examples/fashion_mnist --data $(FASHION_DATA) --svg $(BUILD)/fashion_misclassified.svg $(ARGS)
+$(FASHION_DATA)/%: $(FASHION_PKG)/%.gz
+	@mkdir -p $(dir $@)
+	gzip -dc $< > $@.tmp && mv $@.tmp $@
+
 # Relinked every time, so that BLAS=1 and the default build never mix.
 bench: all
 	@if [ -f bench/bench.c ]; then rm -f $(BUILD)/bench/bench; \
@@ -247,7 +275,9 @@ SHORT_ARGS = $$(case $$e in *copy_task) echo --epochs 1 $(SHORT_COPY) --save $(B
   --attn-map $(BUILD)/short-maps --loss-plot $(BUILD)/short-loss.svg;; \
   *gpt) echo --config tiny --steps 3 --batch 2 --seq 16 --shuffle --sample 16 --top-k 5 \
   --save $(BUILD)/short-gpt.ckpt;; \
-  *tokenize) echo --tokenizer tests/fixtures/gpt2/encoder.json --in README.md;; esac)
+  *tokenize) echo --tokenizer tests/fixtures/gpt2/encoder.json --in README.md;; \
+  *fashion_mnist) echo --data tests/fixtures/fashion-mini --epochs 1 --train-limit 8 --test-limit 8 \
+  --batch 4 --bn --save $(BUILD)/short-fashion.ckpt --svg $(BUILD)/short-fashion.svg;; esac)
 RESUME_SHORT = --epochs 2 $(SHORT_COPY) --load $(BUILD)/short.ckpt
 VALGRIND := valgrind -q --leak-check=full --errors-for-leak-kinds=definite --error-exitcode=1
 # valgrind runs a process on one core at a time: the examples run beside the
@@ -325,13 +355,15 @@ FUZZ_OPTS_load := -dict=fuzz/load.dict -max_len=4096
 FUZZ_OPTS_ops  := -max_len=512
 FUZZ_OPTS_gpt  := -dict=fuzz/load.dict -max_len=8192
 FUZZ_OPTS_tokenizer := -dict=fuzz/tokenizer.dict -max_len=8192 -timeout=10
+FUZZ_OPTS_idx  := -max_len=4096
 fuzz: fuzz-build
 	@rc=0; sh fuzz/run.sh load $(FUZZ_TIME) $(FUZZ_OPTS_load) $(FUZZ_ARGS) || rc=1; \
 	  sh fuzz/run.sh ops $(FUZZ_TIME) $(FUZZ_OPTS_ops) $(FUZZ_ARGS) || rc=1; \
 	  sh fuzz/run.sh gpt $(FUZZ_TIME) $(FUZZ_OPTS_gpt) $(FUZZ_ARGS) || rc=1; \
-	  sh fuzz/run.sh tokenizer $(FUZZ_TIME) $(FUZZ_OPTS_tokenizer) $(FUZZ_ARGS) || rc=1; exit $$rc
+	  sh fuzz/run.sh tokenizer $(FUZZ_TIME) $(FUZZ_OPTS_tokenizer) $(FUZZ_ARGS) || rc=1; \
+	  sh fuzz/run.sh idx $(FUZZ_TIME) $(FUZZ_OPTS_idx) $(FUZZ_ARGS) || rc=1; exit $$rc
 
-fuzz-load fuzz-ops fuzz-gpt fuzz-tokenizer: fuzz-%: fuzz-build
+fuzz-load fuzz-ops fuzz-gpt fuzz-tokenizer fuzz-idx: fuzz-%: fuzz-build
 	@sh fuzz/run.sh $* $(FUZZ_TIME) $(FUZZ_OPTS_$*) $(FUZZ_ARGS)
 
 fuzz-build:
@@ -346,14 +378,14 @@ fuzz-build:
 	@$(MAKE) --no-print-directory BUILD=build-fuzz CC=$(FUZZ_CC) \
 	  OPT="-O1 -g -fsanitize=fuzzer-no-link $(FUZZ_SAN)" build-fuzz/libnabla.a
 	@$(MAKE) --no-print-directory build-fuzz/fuzz_load build-fuzz/fuzz_ops build-fuzz/fuzz_gpt \
-	  build-fuzz/fuzz_tokenizer
+	  build-fuzz/fuzz_tokenizer build-fuzz/fuzz_idx
 
 build-fuzz/fuzz_%: fuzz/fuzz_%.c $(wildcard fuzz/*.h) ops/registry.h build-fuzz/libnabla.a nabla.h
 	$(FUZZ_CC) -O1 -g -fsanitize=fuzzer $(FUZZ_SAN) -std=c11 -Wall -Wextra -D_POSIX_C_SOURCE=200809L \
 	  -I. $< build-fuzz/libnabla.a -lm -lpthread -o $@
 
 fuzz-regress: fuzz-build
-	@for t in load ops gpt tokenizer; do set -- fuzz/regressions/$$t/*; [ -e "$$1" ] || continue; \
+	@for t in load ops gpt tokenizer idx; do set -- fuzz/regressions/$$t/*; [ -e "$$1" ] || continue; \
 	  NABLA_NUM_THREADS=1 build-fuzz/fuzz_$$t "$$@" > build-fuzz/regress_$$t.log 2>&1 || \
 	  { tail -20 build-fuzz/regress_$$t.log; exit 1; }; echo "fuzz-regress: fuzz_$$t ran $$# inputs, clean"; done
 

@@ -26,10 +26,15 @@
  *      with the KV cache's bytes added), and PyTorch's tokens/s
  *  10. the GPT-2 tokenizer: encode (tokens/s, MB/s) and decode of 1 MiB
  *      of English and of one long word
- *  11. nb_conv2d: the Fashion-MNIST example's two layers (batch 64, f32,
+ *  11. nb_batch_norm f32 training at the Fashion-MNIST network's shapes,
+ *      forward and forward + backward, beside PyTorch's
+ *  12. nb_conv2d: the Fashion-MNIST example's two layers (batch 64, f32,
  *      padding "same"), forward and backward (conv1's input needs no
  *      gradient, as in the network): ms, GFLOP/s, % of peak, PyTorch's ms
- *  12. the process's peak RSS
+ *  13. examples/fashion_mnist.c's network: ms per training step of a batch
+ *      of 64, GFLOP/s, the projected epoch (938 steps), with and without
+ *      batch norm, beside PyTorch's (bench/torch_fashion.py)
+ *  14. the process's peak RSS
  *
  * Each figure is the median of several timed runs (CLOCK_MONOTONIC) after
  * warm-up runs; "1t" runs with nb_set_num_threads(1), "Nt" with one thread
@@ -1553,6 +1558,111 @@ static void bench_tokenizer(void) {
     nb_tokenizer_free(tok);
 }
 
+/* ------------------------------------------------ Fashion-MNIST network */
+/* examples/fashion_mnist.c's network (conv 5x5x32 same, ReLU, pool 2; conv
+ * 5x5x64 same, ReLU, pool 2; dense 1024, ReLU, dropout 0.4; dense 10;
+ * cross-entropy; Adam), one training step of a batch of 64 random images. */
+#define FASHION_BATCH 64
+#define FASHION_STEPS_PER_EPOCH 938 /* 60,000 / 64, rounded up */
+
+typedef struct {
+    nb_params *ps;
+    nb_Conv2d conv1, conv2;
+    nb_BatchNorm bn1, bn2;
+    bool bn;
+    nb_Linear fc1, fc2;
+    nb_optim *opt;
+    nb_tensor *x, *y; /* (64, 1, 28, 28) U(0, 1), (64) labels; persistent */
+    nb_rng drop;
+} fashion_ctx;
+
+static nb_tensor *fashion_block(const nb_Conv2d *c, nb_BatchNorm *bn, nb_tensor *x) {
+    const int64_t two[2] = {2, 2};
+    nb_tensor *h = nb_conv2d_forward(c, x);
+    if (bn) h = nb_batchnorm_forward(bn, h);
+    return nb_max_pool2d(nb_relu(h), two, NULL, NULL);
+}
+
+static void fashion_step(void *p) {
+    fashion_ctx *c = p;
+    nb_scope_begin();
+    nb_tensor *h = fashion_block(&c->conv1, c->bn ? &c->bn1 : NULL, c->x);
+    h = fashion_block(&c->conv2, c->bn ? &c->bn2 : NULL, h);
+    h = nb_relu(nb_linear_forward(&c->fc1, nb_reshape(h, NB_SHAPE(FASHION_BATCH, 64 * 7 * 7))));
+    h = nb_linear_forward(&c->fc2, nb_dropout(h, 0.4, true, &c->drop));
+    if (nb_backward(need(nb_cross_entropy(h, c->y, -1, 0.0), "fashion forward")) != 0)
+        die("fashion backward");
+    nb_optim_step(c->opt);
+    nb_optim_zero_grad(c->opt);
+    nb_scope_end();
+}
+
+static fashion_ctx fashion_setup(bool bn) {
+    fashion_ctx c = {.bn = bn};
+    const int64_t k5[2] = {5, 5}, same[2] = {NB_PADDING_SAME, NB_PADDING_SAME};
+    nb_rng init, data;
+    nb_rng_seed(&init, 1);
+    nb_rng_seed(&data, 2);
+    nb_rng_seed(&c.drop, 3);
+    c.ps = nb_params_new();
+    if (!c.ps || nb_conv2d_init(&c.conv1, c.ps, "conv1", 1, 32, k5, NULL, same, NULL, 1, true, &init) ||
+        nb_conv2d_init(&c.conv2, c.ps, "conv2", 32, 64, k5, NULL, same, NULL, 1, true, &init) ||
+        (bn && (nb_batchnorm2d_init(&c.bn1, c.ps, "bn1", 32, 1e-5, 0.1) ||
+                nb_batchnorm2d_init(&c.bn2, c.ps, "bn2", 64, 1e-5, 0.1))) ||
+        nb_linear_init(&c.fc1, c.ps, "fc1", 64 * 7 * 7, 1024, true, &init) ||
+        nb_linear_init(&c.fc2, c.ps, "fc2", 1024, 10, true, &init))
+        die("the fashion network's init");
+    c.opt = nb_adam(c.ps, 1e-3, 0.9, 0.999, 1e-8, 0.0);
+    if (!c.opt) die("nb_adam");
+    c.x = need(nb_rand(NB_F32, NB_SHAPE(FASHION_BATCH, 1, 28, 28), &data), "nb_rand");
+    nb_scope_begin();
+    nb_tensor *u = need(nb_rand(NB_F64, NB_SHAPE(FASHION_BATCH), &data), "nb_rand");
+    c.y = need(nb_empty(NB_I64, NB_SHAPE(FASHION_BATCH)), "nb_empty");
+    for (int i = 0; i < FASHION_BATCH; i++)
+        ((int64_t *)nb_data(c.y))[i] = (int64_t)(10 * ((const double *)nb_data(u))[i]);
+    c.y = need(nb_persistent(c.y), "nb_persistent");
+    nb_scope_end();
+    return c;
+}
+
+static void fashion_teardown(fashion_ctx *c) {
+    nb_free(c->x);
+    nb_free(c->y);
+    nb_optim_free(c->opt);
+    nb_params_free(c->ps);
+}
+
+static void bench_fashion(void) {
+    section("13. Fashion-MNIST \"2 Conv+pooling\" training step (examples/fashion_mnist.c's "
+            "network, batch 64 random images; forward, loss, backward, Adam step)");
+    /* multiply-adds of one forward: conv1, conv2, fc1, fc2; a training step
+     * is counted as 3 forwards (the input's gradient of conv1 is not needed,
+     * so this slightly overstates it) */
+    double fwd = 2.0 * FASHION_BATCH *
+                 (28 * 28 * 32 * 25.0 + 14 * 14 * 64 * 32 * 25.0 + 3136 * 1024.0 + 1024 * 10.0);
+    printf("%-16s %4s %9s %9s %6s %10s %9s %7s %10s\n", "network", "thr", "ms/step", "GFLOP/s",
+           "%pk", "epoch s", "pt ms", "nb/pt", "pt epoch s");
+    for (int b = 0; b < 2; b++) {
+        fashion_ctx c = fashion_setup(b == 1);
+        for (int t = 1; t <= ncpu; t = next_threads(t)) {
+            nb_set_num_threads(t);
+            double ms = 1e3 * median_time(fashion_step, &c, 2, 11);
+            double pt = ref(b ? "fashion_bn_step_ms_%dt" : "fashion_step_ms_%dt", t);
+            printf("%-16s %4d", b ? "2 conv + BN" : "2 conv", t);
+            cell(ms, 9, 1);
+            cell(3 * fwd / (ms * 1e6), 9, 1);
+            cell(100 * 3 * fwd / (ms * 1e6) / (t == 1 ? peak_1t : peak_nt), 6, 0);
+            cell(FASHION_STEPS_PER_EPOCH * ms * 1e-3, 10, 1);
+            cell(pt, 9, 1);
+            cell(ratio(ms, pt), 7, 2);
+            cell(FASHION_STEPS_PER_EPOCH * pt * 1e-3, 10, 1);
+            printf("\n");
+        }
+        fashion_teardown(&c);
+    }
+    printf("epoch s = 938 steps x ms/step (training only; the example's test pass adds to it)\n");
+}
+
 /* ------------------------------------------------------------------- main */
 
 /* ------------------------------------------------------------ 11. batch norm */
@@ -1636,10 +1746,11 @@ static void print_footer(double start) {
 }
 
 int main(int argc, char **argv) {
-    static void (*const sections[12])(void) = {bench_peak,     bench_matmul, bench_attention,
+    static void (*const sections[13])(void) = {bench_peak,     bench_matmul, bench_attention,
                                               bench_mha,      bench_overhead, bench_copy,
                                               bench_checkpoint, bench_gpt2, bench_generate,
-                                              bench_tokenizer, bench_batchnorm, bench_conv};
+                                              bench_tokenizer, bench_batchnorm, bench_conv,
+                                              bench_fashion};
     if (argc == 6 && !strcmp(argv[1], "--gpt2-child"))
         return gpt2_child(atoi(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]) != 0);
     double start = now();
@@ -1650,10 +1761,11 @@ int main(int argc, char **argv) {
              len > 0 ? "" : argv[0]);
     load_refs();
     print_header();
-    if (wanted(argc, argv, 8) && !wanted(argc, argv, 1)) bench_peak(); /* its % of peak */
-    for (int i = 0; i < 12; i++)
+    if ((wanted(argc, argv, 8) || wanted(argc, argv, 13)) && !wanted(argc, argv, 1))
+        bench_peak(); /* their % of peak */
+    for (int i = 0; i < 13; i++)
         if (wanted(argc, argv, i + 1)) sections[i]();
-    section("13. process");
+    section("14. process");
     print_footer(start);
     return 0;
 }

@@ -38,6 +38,13 @@ workloads as bench.c:
                                    torch.bfloat16) around forward and loss,
                                    f32 weights and AdamW) and at B=1, T=1024
 
+    /usr/bin/python3 bench/torch_bench.py --fashion [RUNS]  # only these keys:
+
+  fashion[_bn]_step_ms_{T}t        examples/fashion_mnist.c's network
+                                   (bench/torch_fashion.py), one training
+                                   step of 64 random images, with and
+                                   without batch norm (bench section 11)
+
 The file holds `key value` lines and a first comment line naming torch's
 version, the date, the CPU and the BLAS library torch loaded (Debian's
 python3-torch calls the BLAS that the libblas.so.3 alternative selects, the
@@ -782,10 +789,43 @@ def update_generate(runs=3):
             f.write(f"{key} {value:.6g}\n")
 
 
+def update_fashion(runs=3):
+    """--fashion [RUNS]: only bench section 11's figures, examples/fashion_mnist.c's
+    network (bench/torch_fashion.py): fashion[_bn]_step_ms_{T}t, the median ms
+    of a training step of a batch of 64 random images, each the median of
+    RUNS runs, merged into OUT's others."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from torch_fashion import step_ms
+    old = {}
+    with open(OUT) as f:
+        parts = f.readline().rstrip("\n").split("; ")
+        header = "; ".join(p for p in parts if not p.startswith("fashion_* keys"))
+        for line in f:
+            key, value = line.split()
+            old[key] = float(value)
+    before, per_key = loadavg(), {}
+    for _ in range(runs):
+        for t in THREADS:
+            set_threads(t)
+            for bn in (False, True):
+                key = f"fashion{'_bn' if bn else ''}_step_ms_{t}t"
+                per_key.setdefault(key, []).append(step_ms(t, bn))
+                print(f"{key:36s} {per_key[key][-1]:12.4f}", flush=True)
+    old.update({key: statistics.median(v) for key, v in per_key.items()})
+    with open(OUT, "w") as f:
+        f.write(header + f"; fashion_* keys {datetime.date.today().isoformat()}, medians of "
+                f"{runs} runs, load average {before} before, {loadavg()} after\n")
+        for key, value in old.items():
+            f.write(f"{key} {value:.6g}\n")
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 2 and sys.argv[1] == "--conv":
         OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_results.txt")
         update_conv()
+    elif len(sys.argv) in (2, 3) and sys.argv[1] == "--fashion":
+        OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_results.txt")
+        update_fashion(int(sys.argv[2]) if len(sys.argv) == 3 else 3)
     elif len(sys.argv) in (2, 3) and sys.argv[1] == "--generate":
         OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_results.txt")
         update_generate(int(sys.argv[2]) if len(sys.argv) == 3 else 3)

@@ -27,6 +27,7 @@ typedef struct progress {
     int64_t epochs, steps;          /* steps per epoch */
     int64_t epoch;                  /* current, 1-based */
     double start, epoch_start, last; /* seconds: first epoch, this epoch, last drawing */
+    const char *unit;               /* what progress_step counts per second: "tok" (NULL) */
 } progress;
 
 static inline double progress_now(void) {
@@ -39,6 +40,9 @@ static inline void progress_init(progress *p, int64_t epochs, int64_t steps_per_
     *p = (progress){.tty = isatty(fileno(stdout)) == 1, .epochs = epochs,
                     .steps = steps_per_epoch, .start = progress_now()};
 }
+
+/* "img" for a loop that counts images ("... 1612 img/s ..."); after progress_init */
+static inline void progress_unit(progress *p, const char *unit) { p->unit = unit; }
 
 static inline void progress_epoch(progress *p, int64_t epoch) {
     p->epoch = epoch;
@@ -69,7 +73,8 @@ static inline void progress_clear(progress *p) {
 }
 
 /* After step (1..steps) of the current epoch: loss is the running value to
- * show, tokens the number processed in this epoch so far. */
+ * show, tokens the number processed in this epoch so far (tokens, or the
+ * progress_unit's items). */
 static inline void progress_step(progress *p, int64_t step, double loss, double tokens) {
     if (!p->tty) return;
     double t = progress_now();
@@ -80,9 +85,9 @@ static inline void progress_step(progress *p, int64_t step, double loss, double 
     double all_eta = (t - p->start) / (double)done * (double)(total - done);
     char a[32], b[32], line[160];
     snprintf(line, sizeof line,
-             "epoch %lld/%lld  step %lld/%lld  loss %.4f  %.0f tok/s  ETA epoch %s, all %s",
+             "epoch %lld/%lld  step %lld/%lld  loss %.4f  %.0f %s/s  ETA epoch %s, all %s",
              (long long)p->epoch, (long long)p->epochs, (long long)step, (long long)p->steps, loss,
-             in_epoch > 0 ? tokens / in_epoch : 0.0, progress_duration(epoch_eta, a),
+             in_epoch > 0 ? tokens / in_epoch : 0.0, p->unit ? p->unit : "tok", progress_duration(epoch_eta, a),
              progress_duration(all_eta, b));
     printf("\r\x1b[K%.*s", progress_width(), line);
     fflush(stdout);

@@ -70,5 +70,46 @@ out=$(echo hi | "$tk" --tokenizer /nonexistent/vocab.json 2>&1)
     bad "tokenize on a missing file: \"$out\""
 "$tk" --help | grep -q "usage: .*--tokenizer PATH" || bad "tokenize --help"
 
-[ "$fails" -eq 0 ] && say "ok (--save checked before training; --sample 2^61 streams; newton and gradient_penalty converge; tokenize encodes, decodes and writes llm.c token files)"
+# fashion_mnist on tests/fixtures/fashion-mini (64 training, 32 test images):
+# the last line's form; the same lines on 1 and 2 threads (bitwise: the
+# losses and accuracies printed to 4 places, and the checkpoint's bytes);
+# a run resumed from its checkpoint prints what the straight run prints;
+# a missing folder and counts that disagree are messages naming the files.
+fm=$b/examples/fashion_mnist
+mini=tests/fixtures/fashion-mini
+fm_run() { # fm_run OUT ARGS...: the run's lines without times
+    o=$1; shift
+    "$fm" --data "$mini" --batch 16 --bn --svg "$b/fm-check.svg" "$@" > "$o.raw" 2>&1 || bad "fashion_mnist $*: exit status $?: $(tail -1 "$o.raw")"
+    sed -e 's/  epoch time.*//' -e 's/^training .*//' -e 's/, [0-9]* thread(s)$//' "$o.raw" > "$o"
+}
+fm_run "$b/fm1" --epochs 2 --threads 1 --save "$b/fm1.ckpt"
+fm_run "$b/fm2" --epochs 2 --threads 2 --save "$b/fm2.ckpt"
+last=$(tail -n 1 "$b/fm1.raw")
+case "$last" in
+"test accuracy 0."[0-9][0-9][0-9][0-9]" ("[0-9]*"/32)") ;;
+*) bad "fashion_mnist: last line \"$last\", expected \"test accuracy 0.xxxx (n/32)\"" ;;
+esac
+grep -q '^epoch  2  loss [0-9.]*  test accuracy 0\.[0-9]*$' "$b/fm1" || bad "fashion_mnist: no line for epoch 2: $(cat "$b/fm1.raw")"
+grep -q '^9 Ankle boot ' "$b/fm1" || bad "fashion_mnist: no confusion matrix"
+grep -q '<svg' "$b/fm-check.svg" || bad "fashion_mnist: no SVG of the misclassified images"
+cmp -s "$b/fm1" "$b/fm2" ||
+    bad "fashion_mnist: 1 and 2 threads print different results: $(diff "$b/fm1" "$b/fm2" | head -5)"
+cmp -s "$b/fm1.ckpt" "$b/fm2.ckpt" || bad "fashion_mnist: 1 and 2 threads save different checkpoints"
+fm_run "$b/fm3" --epochs 1 --threads 1 --save "$b/fm3.ckpt"
+fm_run "$b/fm4" --epochs 2 --threads 1 --load "$b/fm3.ckpt"
+# the resumed run prints epoch 2 and the end exactly as the straight run does
+[ "$(grep -v '^resumed from' "$b/fm4")" = "$(grep -v '^epoch  1 ' "$b/fm1")" ] ||
+    bad "fashion_mnist --load: the resumed run differs from the straight one: $(diff "$b/fm1" "$b/fm4" | head -6)"
+out=$("$fm" --data "$b/no-such-dir" 2>&1)
+[ $? -eq 1 ] && [ "$out" = "fashion_mnist: no Fashion-MNIST in $b/no-such-dir ($b/no-such-dir/train-images-idx3-ubyte: No such file or directory). \`make fashion\` gets it: it installs Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist) and gunzips its four files from /usr/share/datasets/fashion-mnist into build/data/fashion-mnist" ] ||
+    bad "fashion_mnist on a missing folder: \"$out\""
+mkdir -p "$b/fm-bad"
+cp "$mini/train-images-idx3-ubyte" "$b/fm-bad/train-images-idx3-ubyte"
+cp "$mini/t10k-labels-idx1-ubyte" "$b/fm-bad/train-labels-idx1-ubyte"
+out=$("$fm" --data "$b/fm-bad" 2>&1)
+[ $? -eq 1 ] && [ "$out" = "fashion_mnist: $b/fm-bad/train-images-idx3-ubyte has 64 images but $b/fm-bad/train-labels-idx1-ubyte has 32 labels: the counts must agree" ] ||
+    bad "fashion_mnist on counts that disagree: \"$out\""
+rm -rf "$b/fm-bad" "$b"/fm[0-9]* "$b/fm-check.svg"
+
+[ "$fails" -eq 0 ] && say "ok (--save checked before training; --sample 2^61 streams; newton and gradient_penalty converge; tokenize encodes, decodes and writes llm.c token files; fashion_mnist trains alike on 1 and 2 threads, resumes exactly, names missing or disagreeing files)"
 exit "$fails"

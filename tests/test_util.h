@@ -149,6 +149,7 @@ Suite *suite_gpt_io(void); /* test_gpt_io.c: llm.c / Hugging Face checkpoint fil
 Suite *suite_gpt_torch(void); /* test_gpt_torch.c: agreement with PyTorch on generated files */
 Suite *suite_randn(void);    /* test_randn.c: nb_randn's values (the f32 fast path = libm) */
 Suite *suite_tokens(void);   /* test_tokens.c: nb_load_tokens (llm.c token files, bytes) */
+Suite *suite_idx(void);      /* test_idx.c: nb_load_idx (IDX files: MNIST, Fashion-MNIST) */
 Suite *suite_tokenizer(void); /* test_tokenizer.c: nb_tokenizer (GPT-2 BPE) */
 /* test_second_order.c: Hessians, Hv, jvp and a gradient penalty against PyTorch */
 Suite *suite_second_order(void);
