@@ -58,9 +58,9 @@ extern "C" {
 /* The version of this header; nb_version() gives the library's, which can
  * differ when a program runs against another libnabla.so.0. */
 #define NB_VERSION_MAJOR 0
-#define NB_VERSION_MINOR 12
+#define NB_VERSION_MINOR 13
 #define NB_VERSION_PATCH 0
-#define NB_VERSION_STRING "0.12.0"
+#define NB_VERSION_STRING "0.13.0"
 NB_API const char *nb_version(void); /* the library's, e.g. "0.11.0" (a static string) */
 /* The vector instruction-set path the kernels take on this CPU, read once:
  * "amx", "avx512bf16", "avx512", "avx2" or "portable". The environment
