@@ -22,11 +22,20 @@ size_t nbi_dtype_size(nb_dtype d) {
     return 0;
 }
 
+static bool shape_has_zero(int ndim, const int64_t *shape) {
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] == 0) return true;
+    return false;
+}
+
+/* -1 also when the product of the nonzero sizes overflows: an empty tensor
+ * still has the contiguous strides of its shape, and they must fit int64. */
 int64_t nbi_shape_numel(int ndim, const int64_t *shape) {
-    int64_t n = 1;
+    int64_t n = 1, nonzero = 1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0) return -1;
-        if (shape[i] && n > INT64_MAX / shape[i]) return -1;
+        if (shape[i] && nonzero > INT64_MAX / shape[i]) return -1;
+        nonzero *= shape[i] ? shape[i] : 1;
         n *= shape[i];
     }
     return n;
@@ -72,8 +81,9 @@ static bool check_shape(const char *fn, int ndim, const int64_t *shape, int64_t 
     }
     *numel = nbi_shape_numel(ndim, shape);
     if (*numel < 0) {
-        nbi_error("%s: shape %s has more elements than int64 can count", fn,
-                  nbi_shape_str(ndim, shape));
+        /* an empty shape can still overflow: its strides are its nonzero sizes' products */
+        nbi_error("%s: shape %s has more %s than int64 can count", fn, nbi_shape_str(ndim, shape),
+                  shape_has_zero(ndim, shape) ? "strides" : "elements");
         return false;
     }
     return true;

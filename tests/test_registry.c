@@ -88,8 +88,10 @@ static const reg_op OPS[] = {
 #undef REG_FAMILY
 #define REG_FAMILY "loss"
     NB_OPS_LOSS(REG_ROW)
+#undef REG_FAMILY
 #define REG_FAMILY "pool"
     NB_OPS_POOL(REG_ROW)
+#undef REG_FAMILY
 #define REG_FAMILY "conv"
     NB_OPS_CONV(REG_ROW)
 #undef REG_FAMILY

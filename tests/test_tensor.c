@@ -139,6 +139,20 @@ END_TEST
 
 /* PyTorch: torch.zeros(2, 0, 3) has strides (3, 3, 1) and is contiguous
  * (every tensor without elements is). */
+/* (0, 2^32-1, 2^32-2^24) holds nothing, but its contiguous strides
+ * (2^32-1 times 2^32-2^24) overflow int64: refused, not wrapped. */
+START_TEST(test_empty_shape_with_overflowing_strides) {
+    nb_tensor *t = nb_empty(NB_F32, 3, (const int64_t[]){0, 4294967295LL, 4278190080LL});
+    ck_assert_ptr_null(t);
+    ck_assert_str_eq(nb_last_error(),
+                     "nb_empty: shape (0,4294967295,4278190080) has more strides than int64 can count");
+    t = nb_empty(NB_F32, 3, (const int64_t[]){0, 65536, 65536});
+    ck_assert_ptr_nonnull(t);
+    ck_assert_int_eq(nb_strides(t)[0], (int64_t)65536 * 65536);
+    nb_free(t);
+}
+END_TEST
+
 START_TEST(test_zero_size_is_contiguous) {
     nb_scope_begin();
     nb_tensor *t = nb_zeros(NB_F32, NB_SHAPE(2, 0, 3));
@@ -767,6 +781,7 @@ Suite *suite_tensor(void) {
     tcase_add_test(tc, test_full_values);
     tcase_add_test(tc, test_strides_row_major);
     tcase_add_test(tc, test_zero_size_is_contiguous);
+    tcase_add_test(tc, test_empty_shape_with_overflowing_strides);
     tcase_add_test(tc, test_from_data_all_dtypes);
     tcase_add_test(tc, test_dtype_names);
     tcase_add_test(tc, test_scalar);
