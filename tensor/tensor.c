@@ -82,8 +82,12 @@ static bool check_shape(const char *fn, int ndim, const int64_t *shape, int64_t 
     *numel = nbi_shape_numel(ndim, shape);
     if (*numel < 0) {
         /* an empty shape can still overflow: its strides are its nonzero sizes' products */
-        nbi_error("%s: shape %s has more %s than int64 can count", fn, nbi_shape_str(ndim, shape),
-                  shape_has_zero(ndim, shape) ? "strides" : "elements");
+        if (shape_has_zero(ndim, shape))
+            nbi_error("%s: shape %s has more strides than int64 can count", fn,
+                      nbi_shape_str(ndim, shape));
+        else
+            nbi_error("%s: shape %s has more elements than int64 can count", fn,
+                      nbi_shape_str(ndim, shape));
         return false;
     }
     return true;
