@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "files_internal.h"
+#include "../nn_internal.h"
 
 void nn_target_free(nn_target *t) {
     free(t->path);
@@ -178,3 +179,18 @@ int nn_open_regular(const char *path, struct stat *st, char *msg, size_t cap) {
     return -1;
 }
 
+
+int nn_read_all(int fd, const char *fn, const char *path, unsigned char *buf, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            nn_error("%s: cannot read \"%s\": %s", fn, path,
+                     r < 0 ? strerror(errno) : "the file shrank while being read");
+            return -1;
+        }
+        got += (size_t)r;
+    }
+    return 0;
+}

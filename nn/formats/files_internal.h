@@ -28,5 +28,8 @@ void nn_sync_dir(const char *dir);
 /* path opened for reading if it is a regular file (never waits on a FIFO):
  * its descriptor and *st, or -1 with the reason in msg. */
 int nn_open_regular(const char *path, struct stat *st, char *msg, size_t cap);
+/* Reads exactly n bytes of fd (retrying short reads and EINTR): 0, or -1
+ * with "fn: cannot read "path": reason" (a file that shrank included). */
+int nn_read_all(int fd, const char *fn, const char *path, unsigned char *buf, size_t n);
 
 #endif

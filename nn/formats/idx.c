@@ -90,22 +90,6 @@ static int store(void *out, nb_dtype dtype, int64_t i, double v) {
     return 0;
 }
 
-/* Reads exactly n bytes: 0, or -1 with a message. */
-static int read_all(int fd, const char *path, unsigned char *buf, size_t n) {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = read(fd, buf + got, n - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            nn_error("%s: cannot read \"%s\": %s", FN, path,
-                     r < 0 ? strerror(errno) : "the file shrank while being read");
-            return -1;
-        }
-        got += (size_t)r;
-    }
-    return 0;
-}
-
 typedef struct {
     const idx_type *type;
     int ndim;
@@ -126,7 +110,7 @@ static int read_header(int fd, const char *path, int64_t size, idx_header *h) {
     if (size < 4)
         return nn_error("%s: \"%s\" is truncated: %lld bytes, fewer than the 4 of an IDX "
                         "file's magic", FN, path, (long long)size), -1;
-    if (read_all(fd, path, head, 4) != 0) return -1;
+    if (nn_read_all(fd, FN, path, head, 4) != 0) return -1;
     if (head[0] != 0 || head[1] != 0)
         return nn_error("%s: \"%s\" is not an IDX file: it starts with bytes 0x%02x 0x%02x, "
                         "not 0x00 0x00 (a gzipped file starts with 0x1f 0x8b: gunzip it first)",
@@ -144,7 +128,7 @@ static int read_header(int fd, const char *path, int64_t size, idx_header *h) {
         return nn_error("%s: \"%s\" is truncated: %lld bytes, fewer than the %lld of its "
                         "header (%d dims)", FN, path, (long long)size, (long long)header_bytes,
                         h->ndim), -1;
-    if (read_all(fd, path, head + 4, (size_t)(4 * h->ndim)) != 0) return -1;
+    if (nn_read_all(fd, FN, path, head + 4, (size_t)(4 * h->ndim)) != 0) return -1;
     /* The product of the nonzero sizes, in bytes of the widest type, stays
      * below 2^63: a tensor's strides multiply the nonzero sizes even when
      * another size is 0 (and nb_empty counts its elements left to right). */
@@ -198,7 +182,7 @@ static nb_tensor *read_values(int fd, const char *path, const idx_header *h, nb_
     int64_t per_chunk = CHUNK_BYTES / w;
     for (int64_t done = 0; done < h->numel;) {
         int64_t k = h->numel - done < per_chunk ? h->numel - done : per_chunk;
-        if (read_all(fd, path, buf, (size_t)(k * w)) != 0) goto fail;
+        if (nn_read_all(fd, FN, path, buf, (size_t)(k * w)) != 0) goto fail;
         for (int64_t i = 0; i < k; i++) {
             double v = idx_value(h->type, buf + i * w);
             if (store(out, dtype, done + i, v) != 0) {

@@ -31,22 +31,6 @@ static int32_t le_i32(const unsigned char *p) {
                      (uint32_t)p[3] << 24);
 }
 
-/* Reads exactly n bytes: 0, or -1 with a message. */
-static int read_all(int fd, const char *path, unsigned char *buf, size_t n) {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = read(fd, buf + got, n - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            nn_error("%s: cannot read \"%s\": %s", FN, path,
-                     r < 0 ? strerror(errno) : "the file shrank while being read");
-            return -1;
-        }
-        got += (size_t)r;
-    }
-    return 0;
-}
-
 /* A 1-D i64 tensor of n elements that outlives any open scope. */
 static nb_tensor *persistent_i64(int64_t n) {
     nb_scope_begin();
@@ -72,7 +56,7 @@ static nb_tensor *read_tokens(int fd, const char *path, int64_t n, int width,
     int64_t per_chunk = CHUNK_BYTES / width;
     for (int64_t done = 0; done < n;) {
         int64_t k = n - done < per_chunk ? n - done : per_chunk;
-        if (read_all(fd, path, buf, (size_t)(k * width)) != 0) goto fail;
+        if (nn_read_all(fd, FN, path, buf, (size_t)(k * width)) != 0) goto fail;
         for (int64_t i = 0; i < k; i++) {
             int64_t v = width == 1 ? buf[i] : (int64_t)(buf[2 * i] | buf[2 * i + 1] << 8);
             if (vocab_size > 0 && v >= vocab_size) {
@@ -130,14 +114,14 @@ static nb_tensor *load_tokens_body(const char *path, int64_t vocab_size) {
     bool llmc = false;
     if (size == 0) {
         nn_error("%s: \"%s\" is empty (no tokens)", FN, path);
-    } else if (size >= 4 && read_all(fd, path, head, 4) != 0) {
+    } else if (size >= 4 && nn_read_all(fd, FN, path, head, 4) != 0) {
         /* reported */
     } else if (size >= 4 && (llmc = le_i32(head) == TOKENS_MAGIC) && size < TOKENS_HEADER_BYTES) {
         nn_error("%s: \"%s\" starts with llm.c's token magic %d but has %lld bytes, fewer "
                  "than its %d-byte header", FN, path, TOKENS_MAGIC, (long long)size,
                  TOKENS_HEADER_BYTES);
     } else if (llmc) {
-        if (read_all(fd, path, head + 4, TOKENS_HEADER_BYTES - 4) == 0) {
+        if (nn_read_all(fd, FN, path, head + 4, TOKENS_HEADER_BYTES - 4) == 0) {
             int64_t n = llmc_count(path, head, size);
             if (n > 0) t = read_tokens(fd, path, n, 2, vocab_size);
         }
