@@ -128,14 +128,14 @@ test: check-deps
 # examples/gpt with GPT-2's tokenizer on a 1-layer model of GPT-2's vocabulary:
 # samples text without training, tokenizes text for training, refuses what
 # cannot be right (tests/tools/gpt_sample_check.c).
-$(BUILD)/tests/gpt_sample_check: tests/tools/gpt_sample_check.c tests/gpt_files.h $(BUILD)/libnabla.a nabla.h
+$(BUILD)/tests/gpt_sample_check: tests/tools/gpt_sample_check.c tests/tools/tool_check.h tests/gpt_files.h $(BUILD)/libnabla.a nabla.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -I. $< $(BUILD)/libnabla.a $(LDLIBS) -o $@
 
 # examples/lstm_add against PyTorch: the same weights, batches and Adam give
 # the same loss at each of 1000 steps, and the model learns to add
 # (tests/tools/lstm_add_check.c, fixtures from tests/fixtures/gen_lstm_add.py).
-$(BUILD)/tests/lstm_add_check: tests/tools/lstm_add_check.c
+$(BUILD)/tests/lstm_add_check: tests/tools/lstm_add_check.c tests/tools/tool_check.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -lm -o $@
 

@@ -21,31 +21,7 @@
 
 #include "../../nabla.h"
 #include "../gpt_files.h"
-
-static int fails;
-static void check(int ok, const char *what, const char *detail) {
-    printf("gpt-sample-check: %s: %s%s%s\n", ok ? "ok" : "FAIL", what, ok ? "" : ": ",
-           ok ? "" : detail);
-    fails += !ok;
-}
-
-/* Runs a shell command; its stdout and stderr (malloc'ed) and exit status. */
-static char *run(const char *cmd, int *status) {
-    char full[8192];
-    snprintf(full, sizeof full, "%s 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    if (!p) return NULL;
-    size_t n = 0, cap = 1 << 16;
-    char *out = malloc(cap);
-    for (size_t got; out && (got = fread(out + n, 1, cap - n - 1, p)) > 0;) {
-        n += got;
-        if (n + 1 == cap) out = realloc(out, cap *= 2);
-    }
-    int st = pclose(p);
-    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    if (out) out[n] = 0;
-    return out;
-}
+#include "tool_check.h"
 
 static uint64_t file_hash(const char *path) {
     FILE *f = fopen(path, "rb");
@@ -82,6 +58,7 @@ static char *expected_sample(const char *model, nb_tokenizer *tok, const char *p
 }
 
 int main(int argc, char **argv) {
+    tool_name = "gpt-sample-check";
     if (argc != 4) {
         fprintf(stderr, "usage: %s GPT TOKENIZER DIR\n", argv[0]);
         return 2;

@@ -21,33 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include "tool_check.h"
 
 #define STEPS 1000
-
-static int fails;
-static void check(int ok, const char *what, const char *detail) {
-    printf("lstm-add-check: %s: %s%s%s\n", ok ? "ok" : "FAIL", what, ok ? "" : ": ",
-           ok ? "" : detail);
-    fails += !ok;
-}
-
-/* A shell command's stdout and stderr (malloc'ed) and exit status */
-static char *run(const char *cmd, int *status) {
-    char full[4096];
-    snprintf(full, sizeof full, "%s 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    if (!p) return NULL;
-    size_t n = 0, cap = 1 << 16;
-    char *out = malloc(cap);
-    for (size_t got; out && (got = fread(out + n, 1, cap - n - 1, p)) > 0;) {
-        n += got;
-        if (n + 1 == cap) out = realloc(out, cap *= 2);
-    }
-    int st = pclose(p);
-    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    if (out) out[n] = 0;
-    return out;
-}
 
 /* Tensor `name` of a fixture file (tests/fixtures/fxwriter.py's format:
  * "tensor <name> <dtype> <ndim> <sizes...>" then the values) into v, at most
@@ -128,6 +104,7 @@ static void against_torch(const char *prog, const char *dir, bool f64, double rt
 }
 
 int main(int argc, char **argv) {
+    tool_name = "lstm-add-check";
     if (argc != 3) {
         fprintf(stderr, "usage: %s LSTM_ADD FIXTURE_DIR\n", argv[0]);
         return 2;
