@@ -200,6 +200,69 @@ MAX_PLANE(double)
         m = up ? (v) : m;                                                                 \
         b = up ? (k) : b;                                                                 \
     } while (0)
+/* The f32 scan with positions, 8 outputs at a time: rows r0, r1 read as
+ * 16 floats each, split into even and odd columns, the four steps of
+ * MAX_STEP as lane masks (the same selections, so the same bits and
+ * positions), the winner's place in the window as a code 0..3. A last
+ * part of fewer than 8 outputs goes through zero-padded copies (no read past
+ * the plane). Returns the outputs done (all of them). Branch-free: the scalar
+ * scan's branches mispredict on real data. */
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef int64_t v8l __attribute__((vector_size(64)));
+#if defined(__clang__) || __GNUC__ >= 12
+#define SHUF16(x, y, ...) __builtin_shufflevector(x, y, __VA_ARGS__)
+#else
+#define SHUF16(x, y, ...) __builtin_shuffle(x, y, (v8i){__VA_ARGS__})
+#endif
+#define DEFINE_VEC22(SUF, ATTR)                                                           \
+    ATTR static inline void max22_blk8_##SUF(const float *r0, const float *r1, v8f *ym,   \
+                                              v8i *code) {                                \
+        v8f a0, a1, b0, b1;                                                               \
+        memcpy(&a0, r0, 32);                                                              \
+        memcpy(&a1, r0 + 8, 32);                                                          \
+        memcpy(&b0, r1, 32);                                                              \
+        memcpy(&b1, r1 + 8, 32);                                                          \
+        v8f v[4] = {SHUF16(a0, a1, 0, 2, 4, 6, 8, 10, 12, 14),                            \
+                    SHUF16(a0, a1, 1, 3, 5, 7, 9, 11, 13, 15),                            \
+                    SHUF16(b0, b1, 0, 2, 4, 6, 8, 10, 12, 14),                            \
+                    SHUF16(b0, b1, 1, 3, 5, 7, 9, 11, 13, 15)};                           \
+        v8f m = v[0];                                                                     \
+        v8i c = {0};                                                                      \
+        for (int k = 1; k < 4; k++) {                                                     \
+            v8i up = (v[k] > m) | (v[k] != v[k]);                                         \
+            m = (v8f)(((v8i)v[k] & up) | ((v8i)m & ~up));                                 \
+            c = (k & up) | (c & ~up);                                                     \
+        }                                                                                 \
+        *ym = m;                                                                          \
+        *code = c;                                                                        \
+    }                                                                                     \
+    ATTR static int64_t vec22_##SUF(const float *r0, const float *r1, float *yo,          \
+                                    int64_t *io, int64_t top, int64_t W, int64_t OW) {    \
+        const v8l lane = {0, 2, 4, 6, 8, 10, 12, 14};                                     \
+        for (int64_t ow = 0; ow < OW; ow += 8) {                                          \
+            int64_t n = OW - ow < 8 ? OW - ow : 8;                                        \
+            v8f m;                                                                        \
+            v8i c;                                                                        \
+            if (n == 8) {                                                                 \
+                max22_blk8_##SUF(r0 + 2 * ow, r1 + 2 * ow, &m, &c);                       \
+            } else {                                                                      \
+                float p0[16] = {0}, p1[16] = {0};                                         \
+                memcpy(p0, r0 + 2 * ow, (size_t)(2 * n) * sizeof(float));                 \
+                memcpy(p1, r1 + 2 * ow, (size_t)(2 * n) * sizeof(float));                 \
+                max22_blk8_##SUF(p0, p1, &m, &c);                                         \
+            }                                                                             \
+            v8l cl = __builtin_convertvector(c, v8l);                                     \
+            v8l pos = (top + 2 * ow) + lane + (cl & 1) + (cl >> 1) * W;                   \
+            float ms[8];                                                                  \
+            int64_t ps[8];                                                                \
+            memcpy(ms, &m, 32);                                                           \
+            memcpy(ps, &pos, 64);                                                         \
+            memcpy(yo + ow, ms, (size_t)n * sizeof(float));                               \
+            memcpy(io + ow, ps, (size_t)n * sizeof(int64_t));                             \
+        }                                                                                 \
+        return OW;                                                                        \
+    }
 #define DEFINE_MAX22(T, SUF, ATTR)                                                        \
     ATTR static void max22_plane_##SUF(const pool_job *j, int64_t p) {                   \
         const geom *g = &j->g;                                                           \
@@ -221,7 +284,8 @@ MAX_PLANE(double)
                 continue;                                                                \
             }                                                                            \
             int64_t *restrict io = ix + oh * g->OW, top = 2 * oh * g->W;                 \
-            for (int64_t ow = 0; ow < g->OW; ow++) {                                     \
+            int64_t ow = VEC22(r0, r1, yo, io, top, g->W, g->OW);                        \
+            for (; ow < g->OW; ow++) {                                                   \
                 T m = r0[2 * ow];                                                        \
                 int64_t b = top + 2 * ow;                                                \
                 MAX_STEP(r0[2 * ow + 1], top + 2 * ow + 1);                              \
@@ -235,13 +299,25 @@ MAX_PLANE(double)
     ATTR static void max22_span_##SUF(void *ctx, int64_t lo, int64_t hi) {               \
         for (int64_t p = lo; p < hi; p++) max22_plane_##SUF(ctx, p);                     \
     }
+/* VEC22: the outputs of a row done ahead of the scalar loop (f32: all) */
+#define AVX512_ATTR __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#define VEC22(...) vec22_f32(__VA_ARGS__)
+DEFINE_VEC22(f32, )
 DEFINE_MAX22(float, f32, )
+#undef VEC22
+#define VEC22(...) 0
 DEFINE_MAX22(double, f64, )
 #if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__))
-DEFINE_MAX22(float, f32_avx2, __attribute__((target("avx2"))))
 DEFINE_MAX22(double, f64_avx2, __attribute__((target("avx2"))))
-DEFINE_MAX22(float, f32_avx512, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))))
-DEFINE_MAX22(double, f64_avx512, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))))
+DEFINE_MAX22(double, f64_avx512, AVX512_ATTR)
+#undef VEC22
+#define VEC22(...) vec22_f32_avx2(__VA_ARGS__)
+DEFINE_VEC22(f32_avx2, __attribute__((target("avx2"))))
+DEFINE_MAX22(float, f32_avx2, __attribute__((target("avx2"))))
+#undef VEC22
+#define VEC22(...) vec22_f32_avx512(__VA_ARGS__)
+DEFINE_VEC22(f32_avx512, AVX512_ATTR)
+DEFINE_MAX22(float, f32_avx512, AVX512_ATTR)
 #define HAVE_AVX_POOL 1
 #endif
 
