@@ -203,15 +203,57 @@ static C512 void im2col_f32_avx512(const conv_geom *g, const float *xn, const in
         }
     }
 }
+
+/* col2im_float for sw == 1 with AVX-512: each run added with a masked
+ * load, add and store (one add per element, the same order: the same bits). */
+static C512 void col2im_f32_avx512(const conv_geom *g, float *gxn, int64_t p0, int64_t p1,
+                                   const float *col, int64_t ld) {
+    int64_t kk = g->KH * g->KW, Kc = g->C / g->G * kk;
+    for (int64_t r = 0; r < Kc; r++) {
+        int64_t c = r / kk, kh = r % kk / g->KW, kw = r % g->KW;
+        int64_t off = kw * g->dw - g->pw, a, b;
+        valid_cols(g->OW, 1, off, g->W, &a, &b);
+        const float *src = col + r * ld;
+        int64_t oh = p0 / g->OW, ow = p0 % g->OW;
+        for (int64_t p = p0; p < p1; oh++, ow = 0) {
+            int64_t run = g->OW - ow < p1 - p ? g->OW - ow : p1 - p, e = ow + run;
+            int64_t ih = oh * g->sh - g->ph + kh * g->dh;
+            int64_t va = a > ow ? a : ow, vb = b < e ? b : e;
+            if (ih >= 0 && ih < g->H && vb > va) {
+                /* d[j], s[j]: output column j of this run */
+                uintptr_t d = (uintptr_t)(gxn + (c * g->H + ih) * g->W + off);
+                const float *s = src - ow;
+                for (int64_t j = va; j < vb; j += 16) {
+                    int64_t n = vb - j < 16 ? vb - j : 16;
+                    __mmask16 m = (__mmask16)((1u << n) - 1);
+                    float *dj = (float *)(d + 4 * (uintptr_t)j);
+                    __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, dj),
+                                             _mm512_maskz_loadu_ps(m, s + j));
+                    _mm512_mask_storeu_ps(dj, m, v);
+                }
+            }
+            src += run;
+            p += run;
+        }
+    }
+}
 #endif
 
-static void im2col(bool f64, const conv_geom *g, const char *xn, const int64_t *xs, int64_t k0,
-                   int64_t k1, int64_t p0, int64_t p1, void *col, int64_t ld) {
+static bool use_avx512(void) {
 #ifdef CONV_AVX512
     static _Atomic int avx512 = -1; /* the path, read once */
     int use = atomic_load_explicit(&avx512, memory_order_relaxed);
     if (use < 0) atomic_store(&avx512, use = nbi_isa() >= NBI_ISA_AVX512);
-    if (!f64 && use && g->sw * xs[2] == 1) {
+    return use;
+#else
+    return false;
+#endif
+}
+
+static void im2col(bool f64, const conv_geom *g, const char *xn, const int64_t *xs, int64_t k0,
+                   int64_t k1, int64_t p0, int64_t p1, void *col, int64_t ld) {
+#ifdef CONV_AVX512
+    if (!f64 && g->sw * xs[2] == 1 && use_avx512()) {
         im2col_f32_avx512(g, (const float *)xn, xs, k0, k1, p0, p1, col, ld);
         return;
     }
@@ -397,6 +439,10 @@ static int igrad_image(const igrad_job *j, nbi_gemm_ws *ws, int64_t n, int64_t g
                  j->gs1, j->gflat, col, cols, 1))
             return -1;
         if (j->f64) col2im_double(g, (double *)gxn, p0, p1, (const double *)col, cols);
+#ifdef CONV_AVX512
+        else if (g->sw == 1 && use_avx512())
+            col2im_f32_avx512(g, (float *)gxn, p0, p1, (const float *)col, cols);
+#endif
         else col2im_float(g, (float *)gxn, p0, p1, (const float *)col, cols);
     }
     return 0;
