@@ -182,8 +182,19 @@ static C512 void im2col_f32_avx512(const conv_geom *g, const float *xn, const in
         int64_t off = kw * g->dw - g->pw, a, b;
         valid_cols(g->OW, 1, off, g->W, &a, &b);
         float *dst = col + (r - k0) * ld;
-        int64_t oh = p0 / g->OW, ow = p0 % g->OW;
-        for (int64_t p = p0; p < p1; oh++, ow = 0) {
+        int64_t oh = p0 / g->OW, ow = p0 % g->OW, p = p0;
+        if (ow == 0 && g->OW <= 16) { /* whole output rows: one load and store each */
+            __mmask16 st = (__mmask16)((1u << g->OW) - 1);
+            __mmask16 ldm = (__mmask16)(((1u << b) - 1) & ~((1u << a) - 1));
+            const float *s = xn + c * xs[0] + off;
+            for (; p + g->OW <= p1; oh++, p += g->OW, dst += g->OW) {
+                int64_t ih = oh * g->sh - g->ph + kh * g->dh;
+                __mmask16 m = ih >= 0 && ih < g->H ? ldm : 0;
+                const void *src = (const void *)((uintptr_t)s + 4 * (uintptr_t)(ih * xs[1]));
+                _mm512_mask_storeu_ps(dst, st, _mm512_maskz_loadu_ps(m, src));
+            }
+        }
+        for (; p < p1; oh++, ow = 0) {
             int64_t run = g->OW - ow < p1 - p ? g->OW - ow : p1 - p, e = ow + run;
             int64_t ih = oh * g->sh - g->ph + kh * g->dh;
             bool in = ih >= 0 && ih < g->H;
