@@ -248,6 +248,35 @@ static C512 void col2im_f32_avx512(const conv_geom *g, float *gxn, int64_t p0, i
         }
     }
 }
+
+/* col2im_f32_avx512 for a whole image (p0 = 0, p1 = OH OW), stride 1 and
+ * input rows of at most 16 pixels: each input row of gx summed in a
+ * register over (kh, kw), the order of r in which col2im adds them (one
+ * pixel per (kh, kw) at stride 1), and stored once: the same sums, without
+ * the load after a store one pixel over that stalls the generic order. */
+static C512 void col2im_f32_rows_avx512(const conv_geom *g, float *gxn, const float *col,
+                                        int64_t ld) {
+    int64_t Cg = g->C / g->G;
+    __mmask16 wm = (__mmask16)((1u << g->W) - 1);
+    for (int64_t c = 0; c < Cg; c++)
+        for (int64_t ih = 0; ih < g->H; ih++) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t kh = 0; kh < g->KH; kh++) {
+                int64_t oh = ih + g->ph - kh * g->dh;
+                if (oh < 0 || oh >= g->OH) continue;
+                for (int64_t kw = 0; kw < g->KW; kw++) {
+                    int64_t off = kw * g->dw - g->pw, r = (c * g->KH + kh) * g->KW + kw;
+                    int64_t lo = off > 0 ? off : 0, hi = g->OW + off < g->W ? g->OW + off : g->W;
+                    if (hi <= lo) continue;
+                    __mmask16 m = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+                    /* lane iw reads col row r at pixel (oh, iw - off) */
+                    uintptr_t src = (uintptr_t)(col + r * ld + oh * g->OW) - 4 * (uintptr_t)off;
+                    acc = _mm512_mask_add_ps(acc, m, acc, _mm512_maskz_loadu_ps(m, (void *)src));
+                }
+            }
+            _mm512_mask_storeu_ps(gxn + (c * g->H + ih) * g->W, wm, acc);
+        }
+}
 #endif
 
 static bool use_avx512(void) {
@@ -451,6 +480,8 @@ static int igrad_image(const igrad_job *j, nbi_gemm_ws *ws, int64_t n, int64_t g
             return -1;
         if (j->f64) col2im_double(g, (double *)gxn, p0, p1, (const double *)col, cols);
 #ifdef CONV_AVX512
+        else if (g->sh == 1 && g->sw == 1 && g->W <= 16 && p0 == 0 && p1 == ohw && use_avx512())
+            col2im_f32_rows_avx512(g, (float *)gxn, (const float *)col, cols);
         else if (g->sw == 1 && use_avx512())
             col2im_f32_avx512(g, (float *)gxn, p0, p1, (const float *)col, cols);
 #endif
