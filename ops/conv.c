@@ -183,15 +183,24 @@ static C512 void im2col_f32_avx512(const conv_geom *g, const float *xn, const in
         valid_cols(g->OW, 1, off, g->W, &a, &b);
         float *dst = col + (r - k0) * ld;
         int64_t oh = p0 / g->OW, ow = p0 % g->OW, p = p0;
-        if (ow == 0 && g->OW <= 16) { /* whole output rows: one load and store each */
-            __mmask16 st = (__mmask16)((1u << g->OW) - 1);
-            __mmask16 ldm = (__mmask16)(((1u << b) - 1) & ~((1u << a) - 1));
+        if (ow == 0 && g->OW <= 64) { /* whole output rows: a load and store per 16 */
+            int nv = (int)((g->OW + 15) / 16);
+            __mmask16 st[4], ldm[4];
+            for (int v = 0; v < nv; v++) {
+                int64_t n = g->OW - 16 * v < 16 ? g->OW - 16 * v : 16;
+                int64_t lo = a - 16 * v < 0 ? 0 : a - 16 * v, hi = b - 16 * v > n ? n : b - 16 * v;
+                st[v] = (__mmask16)((1u << n) - 1);
+                ldm[v] = hi > lo ? (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1)) : 0;
+            }
             const float *s = xn + c * xs[0] + off;
             for (; p + g->OW <= p1; oh++, p += g->OW, dst += g->OW) {
                 int64_t ih = oh * g->sh - g->ph + kh * g->dh;
-                __mmask16 m = ih >= 0 && ih < g->H ? ldm : 0;
-                const void *src = (const void *)((uintptr_t)s + 4 * (uintptr_t)(ih * xs[1]));
-                _mm512_mask_storeu_ps(dst, st, _mm512_maskz_loadu_ps(m, src));
+                bool in = ih >= 0 && ih < g->H;
+                uintptr_t src = (uintptr_t)s + 4 * (uintptr_t)(ih * xs[1]);
+                for (int v = 0; v < nv; v++)
+                    _mm512_mask_storeu_ps(dst + 16 * v, st[v],
+                                          _mm512_maskz_loadu_ps(in ? ldm[v] : 0,
+                                                                (const void *)(src + 64 * v)));
             }
         }
         for (; p < p1; oh++, ow = 0) {
