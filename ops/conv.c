@@ -813,7 +813,10 @@ static nb_tensor *conv_weight_grad(nb_tensor *x, nb_tensor *gy, const conv_geom 
     j.ochunk = (j.ochunk + bk.mr - 1) / bk.mr * bk.mr;
     if (j.ochunk < 1) j.ochunk = 1;
     j.ochunks = Og > 0 ? (Og + j.ochunk - 1) / j.ochunk : 1;
-    j.tile = tiles_for(g, j.kchunk, j.es).tile;
+    /* pixel tiles from all of Kc, not from the chunk: the chunks follow the
+     * thread count and the tiles cut the sums (at most the chunk's tile, so
+     * the column buffer below still holds one) */
+    j.tile = tiles_for(g, Kc, j.es).tile;
     if (gw->numel > 0) nbi_parallel_for(g->G * j.ochunks * j.kchunks, 1, wgrad_tasks, &j);
     if (gcopy) nbi_discard(gcopy);
     if (atomic_load(&j.failed)) {

@@ -92,7 +92,9 @@ START_TEST(conv_gradcheck_bias_and_transposed) {
 END_TEST
 
 /* ---------------------------------------------------- thread identity */
-START_TEST(conv_same_bits_any_thread_count) {
+/* x (N,C,H,H), w (O,C,K,K), padding pad: y and the three gradients of
+ * sum(y^2) the same bits on 1, 2 and 3 threads. */
+static void same_bits_case(int64_t N, int64_t C, int64_t H, int64_t O, int64_t K, int64_t pad) {
     int before = nb_num_threads();
     nb_tensor *ref[4] = {0};
     for (int t = 1; t <= 3; t++) {
@@ -100,10 +102,10 @@ START_TEST(conv_same_bits_any_thread_count) {
         nb_scope_begin();
         nb_rng r;
         nb_rng_seed(&r, 9);
-        nb_tensor *x = nb_set_requires_grad(nb_randn(NB_F32, NB_SHAPE(37, 6, 9, 9), &r), true);
-        nb_tensor *w = nb_set_requires_grad(nb_randn(NB_F32, NB_SHAPE(70, 6, 3, 3), &r), true);
-        nb_tensor *b = nb_set_requires_grad(nb_randn(NB_F32, NB_SHAPE(70), &r), true);
-        nb_tensor *y = nb_conv2d(x, w, b, NULL, (const int64_t[]){SAME, 0}, NULL, 1);
+        nb_tensor *x = nb_set_requires_grad(nb_randn(NB_F32, NB_SHAPE(N, C, H, H), &r), true);
+        nb_tensor *w = nb_set_requires_grad(nb_randn(NB_F32, NB_SHAPE(O, C, K, K), &r), true);
+        nb_tensor *b = nb_set_requires_grad(nb_randn(NB_F32, NB_SHAPE(O), &r), true);
+        nb_tensor *y = nb_conv2d(x, w, b, NULL, (const int64_t[]){pad, pad}, NULL, 1);
         ck_assert_int_eq(nb_backward(nb_sum_all(nb_mul(y, y))), 0);
         nb_tensor *got[4] = {y, nb_grad(x), nb_grad(w), nb_grad(b)};
         for (int k = 0; k < 4; k++) {
@@ -114,12 +116,21 @@ START_TEST(conv_same_bits_any_thread_count) {
             ck_assert_int_eq(nb_numel(got[k]), nb_numel(ref[k]));
             nb_tensor *gk = nb_contiguous(got[k]);
             ck_assert_msg(!memcmp(nb_data(gk), nb_data(ref[k]), (size_t)nb_numel(gk) * 4),
-                          "output %d differs between 1 and %d threads", k, t);
+                          "output %d of x (%lld,%lld,%lld,%lld) differs between 1 and %d "
+                          "threads", k, (long long)N, (long long)C, (long long)H, (long long)H, t);
         }
         nb_scope_end();
     }
     for (int k = 0; k < 4; k++) nb_free(ref[k]);
     nb_set_num_threads(before);
+}
+
+START_TEST(conv_same_bits_any_thread_count) {
+    same_bits_case(37, 6, 9, 70, 3, SAME);
+    /* images of more pixels than the L2 holds columns of W's gradient
+     * (3,721 x 1,024 rows): they are cut into tiles, which once followed
+     * the thread count (the chunks of W a task makes) and changed the sums */
+    same_bits_case(1, 64, 64, 16, 4, 0);
 }
 END_TEST
 
