@@ -27,6 +27,7 @@
  * bias: all three are bilinear, so their own backward and tangent rules are
  * again conv, conv_input_grad and conv_weight_grad (create_graph and forward
  * mode come for free). */
+#include "conv_internal.h"
 #include "gemm_internal.h"
 
 #include <stdatomic.h>
@@ -59,6 +60,16 @@ static conv_geom geom_get(const nbi_node *n) {
 
 static nb_tensor *conv_fwd(const char *fn, nb_tensor *x, nb_tensor *w, nb_tensor *b,
                            const conv_geom *g);
+
+/* g as conv_winograd.c's geometry when it is one it computes in f32 (stride
+ * and dilation 1, one group, a square 3x3 or 5x5 kernel). */
+static bool wino_geom(const conv_geom *g, nb_dtype dt, nbi_wino_geom *w) {
+    if (dt != NB_F32 || !nbi_wino_enabled() || g->G != 1 || g->sh != 1 || g->sw != 1 ||
+        g->dh != 1 || g->dw != 1 || g->KH != g->KW)
+        return false;
+    *w = (nbi_wino_geom){g->N, g->C, g->H, g->W, g->O, g->KH, g->OH, g->OW, g->ph, g->pw};
+    return nbi_wino_fits(w);
+}
 static nb_tensor *conv_input_grad(nb_tensor *gy, nb_tensor *w, const conv_geom *g);
 static nb_tensor *conv_weight_grad(nb_tensor *x, nb_tensor *gy, const conv_geom *g);
 
@@ -435,6 +446,11 @@ static int64_t grain_for(double flops_per_task) {
 
 static int run_forward(const char *fn, const conv_geom *g, const nb_tensor *x, nb_tensor *w,
                        const nb_tensor *b, nb_tensor *y) {
+    nbi_wino_geom wg;
+    if (wino_geom(g, x->dtype, &wg) &&
+        nbi_wino_conv(&wg, nbi_ptr(x), x->strides, nbi_ptr(w), w->strides,
+                      b ? nbi_ptr(b) : NULL, b ? b->strides[0] : 0, nbi_ptr(y)) == 0)
+        return 0;
     nb_tensor *wcopy;
     nb_tensor *wf = flat_from(fn, w, 1, &wcopy);
     if (!wf) return -1;
@@ -621,10 +637,37 @@ typedef struct {
 DEFINE_BGRAD(float)
 DEFINE_BGRAD(double)
 
+#ifdef CONV_AVX512
+/* bgrad_sum_float with the 8 chains as the lanes of one register: the same
+ * additions in the same order (gcc keeps the scalar loop scalar: 1 ms of the
+ * Fashion step). */
+static C512 double bgrad_sum_f32_avx512(const bgrad_job *j, int64_t o) {
+    __m512d acc = _mm512_setzero_pd();
+    double tail[8] = {0};
+    for (int64_t n = 0; n < j->N; n++) {
+        const float *r = (const float *)j->gy + n * j->s0 + o * j->s1;
+        int64_t q = 0;
+        for (; q + 8 <= j->P; q += 8) acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_loadu_ps(r + q)));
+        if (q < j->P) { /* pixels q.. go to chains 0.. as in the scalar loop, since 8 | q */
+            _mm512_storeu_pd(tail, acc);
+            for (; q < j->P; q++) tail[q % 8] += (double)r[q];
+            acc = _mm512_loadu_pd(tail);
+        }
+    }
+    _mm512_storeu_pd(tail, acc);
+    double v = 0;
+    for (int l = 0; l < 8; l++) v += tail[l];
+    return v;
+}
+#endif
+
 static void bgrad_tasks(void *ctx, int64_t lo, int64_t hi) {
     const bgrad_job *j = ctx;
     for (int64_t o = lo; o < hi; o++) {
         if (j->f64) ((double *)j->gb)[o] = bgrad_sum_double(j, o);
+#ifdef CONV_AVX512
+        else if (j->sp == 1 && use_avx512()) ((float *)j->gb)[o] = (float)bgrad_sum_f32_avx512(j, o);
+#endif
         else ((float *)j->gb)[o] = (float)bgrad_sum_float(j, o);
     }
 }
@@ -747,6 +790,17 @@ static nb_tensor *conv_input_grad(nb_tensor *gy, nb_tensor *w, const conv_geom *
     static const char *fn = "conv_input_grad";
     nb_tensor *gx = nbi_new(fn, gy->dtype, 4, (const int64_t[]){g->N, g->C, g->H, g->W}, false);
     if (!gx) return NULL;
+    nbi_wino_geom wg;
+    if (wino_geom(g, gy->dtype, &wg)) { /* a conv of gy with w flipped and transposed */
+        nbi_wino_geom t = {g->N, g->O, g->OH, g->OW, g->C, g->KH, g->H, g->W,
+                           g->KH - 1 - g->ph, g->KW - 1 - g->pw};
+        const int64_t *s = w->strides;
+        int64_t ts[4] = {s[1], s[0], -s[2], -s[3]};
+        const float *wf = (const float *)nbi_ptr(w) + (g->KH - 1) * (s[2] + s[3]);
+        if (nbi_wino_fits(&t) &&
+            nbi_wino_conv(&t, nbi_ptr(gy), gy->strides, wf, ts, NULL, 0, nbi_ptr(gx)) == 0)
+            goto record;
+    }
     nb_tensor *gcopy, *wcopy = NULL;
     nb_tensor *gf = flat_from(fn, gy, 2, &gcopy), *wf = gf ? flat_from(fn, w, 1, &wcopy) : NULL;
     int64_t Kc = g->C / g->G * g->KH * g->KW;
@@ -771,6 +825,7 @@ static nb_tensor *conv_input_grad(nb_tensor *gy, nb_tensor *w, const conv_geom *
         if (wf) nbi_error("%s: out of memory for the column buffers", fn);
         return nbi_discard(gx);
     }
+record:;
     nb_tensor *in[2] = {gy, w};
     if (nbi_needs_grad(2, in)) {
         nbi_node *node = nbi_record(gx, fn, igrad_backward, 2, in);
@@ -788,6 +843,11 @@ static nb_tensor *conv_weight_grad(nb_tensor *x, nb_tensor *gy, const conv_geom 
     int64_t Cg = g->C / g->G, Og = g->O / g->G, Kc = Cg * g->KH * g->KW;
     nb_tensor *gw = nbi_new(fn, x->dtype, 4, (const int64_t[]){g->O, Cg, g->KH, g->KW}, false);
     if (!gw) return NULL;
+    nbi_wino_geom wg;
+    if (wino_geom(g, x->dtype, &wg) &&
+        nbi_wino_weight_grad(&wg, nbi_ptr(x), x->strides, nbi_ptr(gy), gy->strides,
+                             nbi_ptr(gw)) == 0)
+        goto record;
     nb_tensor *gcopy;
     nb_tensor *gf = flat_from(fn, gy, 2, &gcopy);
     if (!gf) return nbi_discard(gw);
@@ -823,6 +883,7 @@ static nb_tensor *conv_weight_grad(nb_tensor *x, nb_tensor *gy, const conv_geom 
         nbi_error("%s: out of memory for the column buffers", fn);
         return nbi_discard(gw);
     }
+record:;
     nb_tensor *in[2] = {x, gy};
     if (nbi_needs_grad(2, in)) {
         nbi_node *node = nbi_record(gw, fn, wgrad_backward, 2, in);
