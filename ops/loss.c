@@ -76,28 +76,31 @@ typedef struct {
     const char *px, *py, *pp;
 } bce_job;
 
-#define SOFTPLUS_NEG(T, LOG1P, EXP, x) (LOG1P(EXP(-((x) < 0 ? -(x) : (x)))) + ((x) < 0 ? -(x) : (T)0))
-#define BCE_ROWS(T, LOG1P, EXP)                                                   \
+/* In double for f32 too, rounded once: the two terms of a large |x| and y
+ * can overflow f32 with opposite signs (inf - inf = NaN) where the loss
+ * itself is only too large for f32 (+inf), e.g. x -1e38, y 1e38. */
+#define SOFTPLUS_NEG(x) (log1p(exp(-((x) < 0 ? -(x) : (x)))) + ((x) < 0 ? -(x) : 0.0))
+#define BCE_ROWS(T)                                                               \
     NBI_FOR_SPAN(&j->it, lo, hi, c, jb, je) {                                     \
         T *l = (T *)j->pl + c.off[0] + jb;                                        \
         const T *x = (const T *)j->px + c.off[1] + jb * sx;                       \
         if (j->sp_only) {                                                         \
-            for (int64_t i = 0; i < je - jb; i++) l[i] = SOFTPLUS_NEG(T, LOG1P, EXP, x[i * sx]); \
+            for (int64_t i = 0; i < je - jb; i++) l[i] = (T)SOFTPLUS_NEG((double)x[i * sx]); \
             continue;                                                             \
         }                                                                         \
         const T *y = (const T *)j->py + c.off[2] + jb * sy;                       \
         const T *pw = (const T *)j->pp + c.off[3] + jb * sp;                      \
         for (int64_t i = 0; i < je - jb; i++) {                                   \
-            T xi = x[i * sx], yi = y[i * sy], pi = pw[i * sp];                    \
-            l[i] = (1 - yi) * xi + (1 + (pi - 1) * yi) * SOFTPLUS_NEG(T, LOG1P, EXP, xi); \
+            double xi = x[i * sx], yi = y[i * sy], pi = pw[i * sp];               \
+            l[i] = (T)((1 - yi) * xi + (1 + (pi - 1) * yi) * SOFTPLUS_NEG(xi));   \
         }                                                                         \
     }
 
 static void bce_span(void *ctx, int64_t lo, int64_t hi) {
     const bce_job *j = ctx;
     int64_t sx = NBI_INNER(&j->it, 1), sy = NBI_INNER(&j->it, 2), sp = NBI_INNER(&j->it, 3);
-    if (j->dt == NB_F32) BCE_ROWS(float, log1pf, expf)
-    else BCE_ROWS(double, log1p, exp)
+    if (j->dt == NB_F32) BCE_ROWS(float)
+    else BCE_ROWS(double)
 }
 
 /* y, pw NULL: sp of x */
