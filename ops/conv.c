@@ -865,6 +865,7 @@ static nb_tensor *conv_weight_grad(nb_tensor *x, nb_tensor *gy, const conv_geom 
     j.kchunk = (Kc + j.kchunks - 1) / j.kchunks;
     if (j.kchunk < 1) j.kchunk = 1;
     j.kchunks = (Kc + j.kchunk - 1) / j.kchunk;
+    if (j.kchunks < 1) j.kchunks = 1; /* Kc 0 (no input channels): gw is empty */
     j.ochunks = (per_group + j.kchunks - 1) / j.kchunks;
     int64_t max_o = (Og + bk.mr - 1) / bk.mr;
     if (j.ochunks > max_o) j.ochunks = max_o;

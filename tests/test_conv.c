@@ -257,6 +257,25 @@ START_TEST(conv_winograd_infinity_as_direct) {
 }
 END_TEST
 
+/* No input channels (fuzz_ops found the weight gradient dividing by its
+ * zero column blocks): y is the bias, the gradients of x and w are empty,
+ * b's is the sum of g. */
+START_TEST(conv_no_input_channels) {
+    nb_scope_begin();
+    nb_tensor *x = nb_set_requires_grad(nb_zeros(NB_F32, NB_SHAPE(2, 0, 4, 4)), true);
+    nb_tensor *w = nb_set_requires_grad(nb_zeros(NB_F32, NB_SHAPE(3, 0, 3, 3)), true);
+    nb_tensor *b = nb_set_requires_grad(nb_full(NB_F32, NB_SHAPE(3), 1.5), true);
+    nb_tensor *y = nb_conv2d(x, w, b, NULL, (const int64_t[]){1, 1}, NULL, 1);
+    ck_assert_ptr_nonnull(y);
+    ck_assert_double_eq(nb_item(nb_sum_all(y)), 1.5 * 2 * 3 * 16);
+    ck_assert_int_eq(nb_backward(nb_sum_all(y)), 0);
+    ck_assert_int_eq(nb_numel(nb_grad(x)), 0);
+    ck_assert_int_eq(nb_numel(nb_grad(w)), 0);
+    ck_assert_double_eq(nb_item(nb_sum_all(nb_grad(b))), 2 * 3 * 16);
+    nb_scope_end();
+}
+END_TEST
+
 /* ---------------------------------------------------------- errors */
 START_TEST(conv_errors_name_the_sizes) {
     nb_scope_begin();
@@ -308,6 +327,7 @@ Suite *suite_conv(void) {
     tcase_add_test(tc, conv_gradcheck_bias_and_transposed);
     tcase_add_test(tc, conv_same_bits_any_thread_count);
     tcase_add_test(tc, conv_winograd_matches_direct);
+    tcase_add_test(tc, conv_no_input_channels);
     tcase_add_test(tc, conv_winograd_infinity_as_direct);
     tcase_add_test(tc, conv_errors_name_the_sizes);
     suite_add_tcase(s, tc);
