@@ -58,6 +58,7 @@
 #include <unistd.h>
 
 #include "nabla.h"
+#include "ops/conv_internal.h" /* whether a layer takes the Winograd kernels */
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -911,7 +912,8 @@ static void conv_fb_run(void *p) {
 static void bench_conv(void) {
     section("12. nb_conv2d, the Fashion-MNIST network's layers (batch 64, f32, padding \"same\"): "
             "ms (median), GFLOP/s = 2 N O OH OW C KH KW / time (backward: x2 when x needs a "
-            "gradient, else x1), %pk of the FMA peak; bwd = fwd+bwd - fwd");
+            "gradient, else x1), %pk of the FMA peak (above 100 with Winograd's fewer "
+            "multiply-adds); bwd = fwd+bwd - fwd");
     static const struct {
         const char *name;
         int64_t c, h, o, k;
@@ -930,6 +932,17 @@ static void bench_conv(void) {
                       leaf_randn(NB_F32, NB_SHAPE(N, O, H, H), false, &rng), NULL,
                       layers[l].grad_x};
         double flops = 2.0 * (double)(N * O * H * H) * (double)(C * K * K);
+        /* Winograd's F(2x2, KxK) (ops/conv_winograd.c): the multiply-adds it
+         * executes, 2 (K+1)^2 C O per 2x2 tile each way (channels rounded up
+         * to 16; the weight gradient's O up to 12) */
+        nbi_wino_geom wg = {N, C, H, H, O, K, H, H, (K - 1) / 2, (K - 1) / 2};
+        bool wino = nbi_wino_enabled() && nbi_wino_fits(&wg);
+        double tiles = (double)N * (double)((H + 1) / 2) * (double)((H + 1) / 2);
+        double cp = (double)((C + 15) / 16 * 16), op = (double)((O + 15) / 16 * 16);
+        double oq = (double)(((O + 15) / 16 * 16 + 11) / 12 * 12), a2 = (double)((K + 1) * (K + 1));
+        double wfl[2] = {2 * a2 * cp * op * tiles,
+                         2 * a2 * cp * oq * tiles + (layers[l].grad_x ? 2 * a2 * cp * op * tiles : 0)};
+        double run_pk[2] = {0, 0};
         for (int t = 1; t <= ncpu; t = next_threads(t)) {
             nb_set_num_threads(t);
             double fwd = median_time(conv_fwd_run, &c, 2, 11);
@@ -948,8 +961,15 @@ static void bench_conv(void) {
                 cell(pt, 10, 3);
                 cell(ratio(ms[d], pt), 8, 2);
                 printf("\n");
+                if (t == 1) run_pk[d] = 100.0 * wfl[d] / (ms[d] * 1e6) / pk;
             }
         }
+        if (wino)
+            printf("  %s runs Winograd's F(2x2, %lldx%lld) (NABLA_WINOGRAD=0: im2col): the GFLOP/s "
+                   "above count the direct conv's\n  multiply-adds; it executes %.0f%% of them "
+                   "forward, %.0f%% backward, at %.1f%% and %.1f%% of the peak on 1 thread\n",
+                   layers[l].name, (long long)K, (long long)K, 100 * wfl[0] / flops,
+                   100 * wfl[1] / (flops * (layers[l].grad_x ? 2 : 1)), run_pk[0], run_pk[1]);
         nb_free(c.x);
         nb_free(c.w);
         nb_free(c.b);
