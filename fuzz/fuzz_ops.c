@@ -1786,7 +1786,7 @@ static void conv_like(pool *p, reader *r, const char *fn, bool one_d) {
     int64_t st[2] = {1 + (b1 & 1), 1 + (b2 & 1)}, dl[2] = {1 + ((b1 >> 1) & 1), 1 + ((b2 >> 1) & 1)};
     int64_t pd[2] = {(b1 >> 2) % 4, (b2 >> 2) % 4}, groups = 1 + (b1 >> 4) % 3;
     bool same = pd[0] == 3;
-    if (one_d) st[0] = dl[0] = 1, pd[0] = pd[1] = same ? 3 : pd[1];
+    if (one_d) st[0] = dl[0] = 1, pd[0] = 0; /* the 2-d form's H: 1, unpadded */
     if (same) pd[0] = pd[1] = 0;
     vals in[2];
     begin_call(fn, ops, 2, in);
