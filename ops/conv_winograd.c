@@ -83,6 +83,24 @@ bool nbi_wino_fits(const nbi_wino_geom *g) {
 /* The points: p_j for the finite ones, then infinity. */
 static const double PTS[5] = {0, 1, -1, 2, -2};
 
+/* Of a transform with a points (the last one infinity): s_k = 1 / prod over
+ * the other finite points l of (p_k - p_l), 1 for infinity; and p_k^i, for
+ * infinity 1 at i = top (the polynomial's top power) and 0 below. */
+static double point_scale(int a, int k) {
+    double den = 1;
+    for (int l = 0; k < a - 1 && l < a - 1; l++)
+        if (l != k) den *= PTS[k] - PTS[l];
+    return 1 / den;
+}
+static double point_pow(int a, int k, int i, int top) {
+    if (k == a - 1) return i == top;
+    double p = 1;
+    for (int e = 0; e < i; e++) p *= PTS[k];
+    return p;
+}
+
+#define INLINE inline __attribute__((always_inline))
+
 static int64_t up16(int64_t n) { return (n + 15) / 16 * 16; }
 
 /* The distance between the a a matrices of a transform's output: one cache
@@ -116,18 +134,44 @@ typedef struct {
     int64_t Hp, Wp, Cp, ph, pw;
 } pack_job;
 
-/* Per image: the zero border as memsets, each inside pixel as 16-channel
- * gathers (a pixel's channels are a stride apart in NCHW; 16 lines serve 16
- * pixels from the L1), the padded channels zero by the gather's mask. */
+/* r[i] = row i of a 16 x 16 block -> r[j] = its column j. */
+static C512 INLINE void transpose16(__m512 *r) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);     /* per 128-bit lane: a0 b0 a1 b1 */
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]); /* a2 b2 a3 b3 */
+    }
+    for (int i = 0; i < 16; i += 4) {
+        __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 2]);
+        __m512d c = _mm512_castps_pd(t[i + 1]), d = _mm512_castps_pd(t[i + 3]);
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));     /* a0 b0 c0 d0 */
+        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)); /* a1 b1 c1 d1 */
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+    }
+    /* r[4 g + k]'s 128-bit lane L: column 4 L + k of rows 4 g .. 4 g + 3 */
+    for (int k = 0; k < 4; k++) {
+        __m512 u0 = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x44);
+        __m512 u1 = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xee);
+        __m512 u2 = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x44);
+        __m512 u3 = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xee);
+        t[k] = _mm512_shuffle_f32x4(u0, u2, 0x88);
+        t[4 + k] = _mm512_shuffle_f32x4(u0, u2, 0xdd);
+        t[8 + k] = _mm512_shuffle_f32x4(u1, u3, 0x88);
+        t[12 + k] = _mm512_shuffle_f32x4(u1, u3, 0xdd);
+    }
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+/* Per image: the zero border as memsets; inside, 16 channels x 16 pixels
+ * of a row at a time, loaded as channel rows and transposed in registers
+ * (channels past C: zeros), or element by element when the pixels are not
+ * adjacent in src. */
 static C512 void pack_tasks(void *ctx, int64_t lo, int64_t hi) {
     const pack_job *j = ctx;
     int64_t Cp = j->Cp, row = j->Wp * Cp;
     int64_t h1 = j->H < j->Hp - j->ph ? j->H : j->Hp - j->ph;
     int64_t w1 = j->W < j->Wp - j->pw ? j->W : j->Wp - j->pw;
-    bool gather = j->ss[1] >= 0 && j->ss[1] < ((int64_t)1 << 26);
-    const __m512i idx = _mm512_mullo_epi32(
-        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-        _mm512_set1_epi32(gather ? (int)j->ss[1] : 0));
     for (int64_t n = lo; n < hi; n++) {
         float *d = j->dst + n * j->Hp * row;
         memset(d, 0, (size_t)(j->ph * row) * sizeof(float));
@@ -137,18 +181,23 @@ static C512 void pack_tasks(void *ctx, int64_t lo, int64_t hi) {
             memset(r, 0, (size_t)(j->pw * Cp) * sizeof(float));
             memset(r + (j->pw + w1) * Cp, 0, (size_t)((j->Wp - j->pw - w1) * Cp) * sizeof(float));
             const float *s = j->src + n * j->ss[0] + h * j->ss[2];
-            for (int64_t w = 0; w < w1; w++) {
-                float *px = r + (j->pw + w) * Cp;
-                for (int64_t c = 0; c < Cp; c += 16) {
-                    const float *sc = s + w * j->ss[3] + c * j->ss[1];
-                    int64_t left = j->C - c;
-                    if (gather) {
-                        __mmask16 m = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
-                        _mm512_storeu_ps(px + c, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx,
-                                                                          sc, 4));
-                    } else {
-                        for (int64_t q = 0; q < 16; q++) px[c + q] = q < left ? sc[q * j->ss[1]] : 0;
-                    }
+            if (j->ss[3] != 1) {
+                for (int64_t w = 0; w < w1; w++)
+                    for (int64_t c = 0; c < Cp; c++)
+                        r[(j->pw + w) * Cp + c] = c < j->C ? s[w * j->ss[3] + c * j->ss[1]] : 0;
+                continue;
+            }
+            for (int64_t w0 = 0; w0 < w1; w0 += 16) {
+                int64_t nw = w1 - w0 < 16 ? w1 - w0 : 16;
+                __mmask16 m = (__mmask16)((1u << nw) - 1);
+                for (int64_t c0 = 0; c0 < Cp; c0 += 16) {
+                    __m512 v[16];
+                    for (int i = 0; i < 16; i++)
+                        v[i] = c0 + i < j->C ? _mm512_maskz_loadu_ps(m, s + (c0 + i) * j->ss[1] + w0)
+                                             : _mm512_setzero_ps();
+                    transpose16(v);
+                    for (int64_t q = 0; q < nw; q++)
+                        _mm512_storeu_ps(r + (j->pw + w0 + q) * Cp + c0, v[q]);
                 }
             }
         }
@@ -195,7 +244,6 @@ static C512 inline void bt6(__m512 *d) {
 
 /* V = BT d B of the a x a patch at src (rows rs apart, pixels cs apart, 16
  * channels each), written to dst + xi * ds for xi = k a + l. */
-#define INLINE inline __attribute__((always_inline))
 static C512 INLINE void in_transform(int a, const float *src, int64_t rs, int64_t cs, float *dst,
                               int64_t ds) {
     __m512 d[6][6], col[6];
@@ -301,17 +349,9 @@ typedef struct {
 static void weight_tasks(void *ctx, int64_t lo, int64_t hi) {
     const wt_job *j = ctx;
     int a = j->a, r = (int)j->g->r;
-    double G[6][5]; /* G[k][i] = p_k^i / prod_{l != k} (p_k - p_l); the infinity row picks i = r-1 */
-    for (int k = 0; k < a; k++) {
-        double den = 1;
-        for (int l = 0; l < a - 1; l++)
-            if (l != k && k < a - 1) den *= PTS[k] - PTS[l];
-        for (int i = 0; i < r; i++) {
-            double p = 1;
-            for (int e = 0; e < i; e++) p *= PTS[k < a - 1 ? k : 0];
-            G[k][i] = k < a - 1 ? p / den : (i == r - 1);
-        }
-    }
+    double G[6][5]; /* G[k][i] = s_k p_k^i */
+    for (int k = 0; k < a; k++)
+        for (int i = 0; i < r; i++) G[k][i] = point_scale(a, k) * point_pow(a, k, i, r - 1);
     for (int64_t o = lo; o < hi; o++)
         for (int64_t c = 0; c < j->g->C; c++) {
             double t[6][5];
@@ -549,15 +589,8 @@ static void wg_out_tasks(void *ctx, int64_t lo, int64_t hi) {
     int a = j->a, r = (int)j->g->r;
     double s[6], AT[5][6];
     for (int k = 0; k < a; k++) {
-        double den = 1;
-        for (int l = 0; l < a - 1; l++)
-            if (l != k && k < a - 1) den *= PTS[k] - PTS[l];
-        s[k] = k < a - 1 ? 1 / den : 1;
-        for (int i = 0; i < r; i++) {
-            double p = 1;
-            for (int e = 0; e < i; e++) p *= PTS[k < a - 1 ? k : 0];
-            AT[i][k] = k < a - 1 ? p : (i == r - 1);
-        }
+        s[k] = point_scale(a, k);
+        for (int i = 0; i < r; i++) AT[i][k] = point_pow(a, k, i, r - 1);
     }
     for (int64_t o = lo; o < hi; o++)
         for (int64_t c = 0; c < j->g->C; c++) {
