@@ -103,13 +103,6 @@ static double point_pow(int a, int k, int i, int top) {
 
 static int64_t up16(int64_t n) { return (n + 15) / 16 * 16; }
 
-/* The distance between the a a matrices of a transform's output: one cache
- * line more than they need, since a transform writes one vector to each and
- * at a distance of a multiple of 4 KiB all of them would fall in the same few
- * L1 sets (2 of 64 for the Fashion conv's input gradient; it ran 1.5x
- * slower). */
-static int64_t skew(int64_t n) { return n + 16; }
-
 /* Work buffers from the tensor buffer cache (tensor/alloc.c): these are
  * megabytes a call, and fresh pages would cost more than the arithmetic. */
 typedef struct {
@@ -304,22 +297,22 @@ DEFINE_KERNEL(2, 12)
 DEFINE_KERNEL(1, 12)
 #define ROWS 12 /* rows come in multiples of every kernel's MR */
 
-/* m (R, Np) (+)= v (R, K) u (K, Np) (v's (i, k) at v[i vi + k vk]); R a
- * multiple of ROWS, Np of 16. */
-static C512 void product(const float *v, int64_t vi, int64_t vk, const float *u, float *m,
-                         int64_t R, int64_t K, int64_t Np, bool add) {
+/* m (R, Np) (+)= v (R, K) u (K, Np): v's (i, k) at v[i vi + k vk], rows of
+ * u ldu apart, of m ldm; R a multiple of ROWS, Np of 16. */
+static C512 void product(const float *v, int64_t vi, int64_t vk, const float *u, int64_t ldu,
+                         float *m, int64_t ldm, int64_t R, int64_t K, int64_t Np, bool add) {
     for (int64_t o = 0; o < Np;) {
         if (Np - o >= 64) {
             for (int64_t i = 0; i < R; i += 6)
-                kernel_4(v + i * vi, vi, vk, u + o, Np, m + i * Np + o, Np, K, add);
+                kernel_4(v + i * vi, vi, vk, u + o, ldu, m + i * ldm + o, ldm, K, add);
             o += 64;
         } else if (Np - o >= 32) {
             for (int64_t i = 0; i < R; i += 12)
-                kernel_2(v + i * vi, vi, vk, u + o, Np, m + i * Np + o, Np, K, add);
+                kernel_2(v + i * vi, vi, vk, u + o, ldu, m + i * ldm + o, ldm, K, add);
             o += 32;
         } else {
             for (int64_t i = 0; i < R; i += 12)
-                kernel_1(v + i * vi, vi, vk, u + o, Np, m + i * Np + o, Np, K, add);
+                kernel_1(v + i * vi, vi, vk, u + o, ldu, m + i * ldm + o, ldm, K, add);
             o += 16;
         }
     }
@@ -417,33 +410,37 @@ static C512 void fwd_tasks(void *ctx, int64_t lo, int64_t hi) {
     fwd_job *j = ctx;
     int a = j->a, aa = a * a;
     int64_t TB = j->TB, Cp = j->Cp, Op = j->Op;
-    int64_t vs = skew(TB * Cp), ms = skew(TB * Op); /* V[xi], M[xi] apart */
+    /* tile-major: a tile's a a transformed vectors are adjacent, so a
+     * transform writes one contiguous run (scattered over a a matrices it
+     * was a store to a different L2 line each) */
+    int64_t vr = aa * Cp, mr = aa * Op;
     buf vb = {0}, mb = {0};
-    float *v = buf_get(&vb, aa * vs), *m = buf_get(&mb, aa * ms);
+    float *v = buf_get(&vb, TB * vr), *m = buf_get(&mb, TB * mr);
     if (!v || !m) atomic_store(&j->bad, 1);
     for (int64_t blk = lo; blk < hi && !atomic_load(&j->bad); blk++) {
         int64_t t0 = blk * TB, t1 = t0 + TB < j->T ? t0 + TB : j->T;
         for (int64_t t = t0; t < t0 + TB; t++) {
-            float *dst = v + (t - t0) * Cp;
+            float *dst = v + (t - t0) * vr;
             if (t >= t1) { /* rows past the last tile: zeros, their results unused */
-                for (int xi = 0; xi < aa; xi++) memset(dst + xi * vs, 0, (size_t)Cp * sizeof(float));
+                memset(dst, 0, (size_t)vr * sizeof(float));
                 continue;
             }
             int64_t n = t / (j->TH * j->TW), ty = t / j->TW % j->TH, tx = t % j->TW;
             const float *src = j->xp + ((n * j->Hp + 2 * ty) * j->Wp + 2 * tx) * Cp;
             for (int64_t c = 0; c < Cp; c += 16) {
-                if (a == 6) in_transform(6, src + c, j->Wp * Cp, Cp, dst + c, vs);
-                else in_transform(4, src + c, j->Wp * Cp, Cp, dst + c, vs);
+                if (a == 6) in_transform(6, src + c, j->Wp * Cp, Cp, dst + c, Cp);
+                else in_transform(4, src + c, j->Wp * Cp, Cp, dst + c, Cp);
             }
         }
+        /* M[xi] (TB, Op) = V[xi] (TB, Cp) U[xi] (Cp, Op) */
         for (int xi = 0; xi < aa; xi++)
-            product(v + xi * vs, Cp, 1, j->u + xi * Cp * Op, m + xi * ms, TB, Cp, Op,
+            product(v + xi * Cp, vr, 1, j->u + xi * Cp * Op, Op, m + xi * Op, mr, TB, Cp, Op,
                     false);
         __mmask16 bad = 0;
         for (int64_t t = t0; t < t1; t++)
             for (int64_t o = 0; o < j->g.O; o += 16)
-                bad |= a == 6 ? out_tile(j, 6, m + (t - t0) * Op + o, ms, t, o)
-                              : out_tile(j, 4, m + (t - t0) * Op + o, ms, t, o);
+                bad |= a == 6 ? out_tile(j, 6, m + (t - t0) * mr + o, Op, t, o)
+                              : out_tile(j, 4, m + (t - t0) * mr + o, Op, t, o);
         if (bad) atomic_store(&j->bad, 1);
     }
     buf_put(&vb);
@@ -536,16 +533,16 @@ static C512 void wg_tasks(void *ctx, int64_t lo, int64_t hi) {
     wg_job *j = ctx;
     int a = j->a, aa = a * a;
     int64_t Cp = j->Cp, Op = j->Op, Oq = j->Oq, tc = j->tc;
-    int64_t vs = skew(tc * Cp), us = skew(tc * Oq); /* V'[xi], U'[xi] apart */
+    int64_t vr = aa * Cp, ur = aa * Oq; /* tile-major, as the forward's */
     buf vb = {0}, ub = {0};
-    float *v = buf_get(&vb, aa * vs), *u = buf_get(&ub, aa * us);
+    float *v = buf_get(&vb, tc * vr), *u = buf_get(&ub, tc * ur);
     if (!v || !u) {
         atomic_store(&j->bad, 1);
         buf_put(&vb);
         buf_put(&ub);
         return;
     }
-    memset(u, 0, (size_t)(aa * us) * sizeof(float)); /* columns past Op stay 0 */
+    memset(u, 0, (size_t)(tc * ur) * sizeof(float)); /* columns past Op stay 0 */
     for (int64_t xi = lo; xi < hi; xi++)
         memset(j->acc + xi * Oq * Cp, 0, (size_t)(Oq * Cp) * sizeof(float));
     for (int64_t t0 = 0; t0 < j->T; t0 += tc) {
@@ -553,20 +550,20 @@ static C512 void wg_tasks(void *ctx, int64_t lo, int64_t hi) {
         for (int64_t t = t0; t < t0 + n; t++) {
             int64_t img = t / (j->TH * j->TW), ty = t / j->TW % j->TH, tx = t % j->TW;
             const float *src = j->xp + ((img * j->Hp + 2 * ty) * j->Wp + 2 * tx) * Cp;
-            float *vd = v + (t - t0) * Cp, *ud = u + (t - t0) * Oq;
+            float *vd = v + (t - t0) * vr, *ud = u + (t - t0) * ur;
             for (int64_t c = 0; c < Cp; c += 16) {
-                if (a == 6) in_transform(6, src + c, j->Wp * Cp, Cp, vd + c, vs);
-                else in_transform(4, src + c, j->Wp * Cp, Cp, vd + c, vs);
+                if (a == 6) in_transform(6, src + c, j->Wp * Cp, Cp, vd + c, Cp);
+                else in_transform(4, src + c, j->Wp * Cp, Cp, vd + c, Cp);
             }
             const float *gt = j->gp + ((img * 2 * j->TH + 2 * ty) * 2 * j->TW + 2 * tx) * Op;
             for (int64_t o = 0; o < Op; o += 16) {
-                if (a == 6) gy_transform(6, gt + o, 2 * j->TW * Op, Op, ud + o, us);
-                else gy_transform(4, gt + o, 2 * j->TW * Op, Op, ud + o, us);
+                if (a == 6) gy_transform(6, gt + o, 2 * j->TW * Op, Op, ud + o, Oq);
+                else gy_transform(4, gt + o, 2 * j->TW * Op, Op, ud + o, Oq);
             }
         }
         /* M[xi] (Oq, Cp) += U'[xi]^T (Oq, n) V'[xi] (n, Cp) */
         for (int64_t xi = lo; xi < hi; xi++)
-            product(u + xi * us, 1, Oq, v + xi * vs, j->acc + xi * Oq * Cp, Oq, n, Cp,
+            product(u + xi * Oq, 1, ur, v + xi * Cp, vr, j->acc + xi * Oq * Cp, Cp, Oq, n, Cp,
                     true);
     }
     buf_put(&vb);
