@@ -318,11 +318,39 @@ static C512 void product(const float *v, int64_t vi, int64_t vk, const float *u,
     }
 }
 
+/* --------------------------------------------------------------- tiles */
+/* A conv's tiles: a = r + 1 points; TH x TW tiles an image, T in all; the
+ * padded input Hp x Wp that they read; channels rounded up to 16. Both jobs
+ * below hold these fields by name (an anonymous union member). */
+#define TILE_FIELDS \
+    int a;          \
+    int64_t TH, TW, T, Hp, Wp, Cp, Op
+typedef struct {
+    TILE_FIELDS;
+} tiles;
+#define TILES_MEMBER   \
+    union {            \
+        tiles tl;      \
+        struct {       \
+            TILE_FIELDS; \
+        };             \
+    }
+
+static tiles tiles_of(const nbi_wino_geom *g) {
+    tiles t = {.a = (int)g->r + 1, .TH = (g->OH + 1) / 2, .TW = (g->OW + 1) / 2};
+    t.T = g->N * t.TH * t.TW;
+    t.Hp = 2 * t.TH + g->r - 1;
+    t.Wp = 2 * t.TW + g->r - 1;
+    t.Cp = up16(g->C);
+    t.Op = up16(g->O);
+    return t;
+}
+
 /* ------------------------------------------------------------- forward */
 typedef struct {
     nbi_wino_geom g;
-    int a;
-    int64_t TH, TW, T, Hp, Wp, Cp, Op, TB;
+    TILES_MEMBER;
+    int64_t TB;
     const float *xp, *u, *b;
     int64_t bs;
     float *y;
@@ -458,14 +486,7 @@ static int64_t block_tiles(int a, int64_t Cp, int64_t Op) {
 int nbi_wino_conv(const nbi_wino_geom *g, const float *x, const int64_t xs[4], const float *w,
                   const int64_t ws[4], const float *b, int64_t bs, float *y) {
     if (!nbi_wino_enabled() || !nbi_wino_fits(g)) return 1;
-    fwd_job j = {.g = *g, .a = (int)g->r + 1, .b = b, .bs = bs, .y = y};
-    j.TH = (g->OH + 1) / 2;
-    j.TW = (g->OW + 1) / 2;
-    j.T = g->N * j.TH * j.TW;
-    j.Hp = 2 * j.TH + g->r - 1;
-    j.Wp = 2 * j.TW + g->r - 1;
-    j.Cp = up16(g->C);
-    j.Op = up16(g->O);
+    fwd_job j = {.g = *g, .tl = tiles_of(g), .b = b, .bs = bs, .y = y};
     j.TB = block_tiles(j.a, j.Cp, j.Op);
     int aa = j.a * j.a;
     buf xb = {0}, ub = {0};
@@ -496,8 +517,8 @@ int nbi_wino_conv(const nbi_wino_geom *g, const float *x, const int64_t xs[4], c
  * for chunks of tiles whose V' and U' stay in the L2. */
 typedef struct {
     nbi_wino_geom g;
-    int a;
-    int64_t TH, TW, T, Hp, Wp, Cp, Op, Oq, tc;
+    TILES_MEMBER;
+    int64_t Oq, tc;
     const float *xp, *gp;
     float *acc; /* M: (a a, Oq, Cp) */
     _Atomic int bad;
@@ -616,15 +637,8 @@ static void wg_out_tasks(void *ctx, int64_t lo, int64_t hi) {
 int nbi_wino_weight_grad(const nbi_wino_geom *g, const float *x, const int64_t xs[4],
                          const float *gy, const int64_t gs[4], float *gw) {
     if (!nbi_wino_enabled() || !nbi_wino_fits(g)) return 1;
-    int a = (int)g->r + 1, aa = a * a;
-    wg_job j = {.g = *g, .a = a};
-    j.TH = (g->OH + 1) / 2;
-    j.TW = (g->OW + 1) / 2;
-    j.T = g->N * j.TH * j.TW;
-    j.Hp = 2 * j.TH + g->r - 1;
-    j.Wp = 2 * j.TW + g->r - 1;
-    j.Cp = up16(g->C);
-    j.Op = up16(g->O);
+    wg_job j = {.g = *g, .tl = tiles_of(g)};
+    int a = j.a, aa = a * a;
     j.Oq = (j.Op + ROWS - 1) / ROWS * ROWS;
     const nbi_cpu *cpu = nbi_cpu_info();
     int64_t l2 = cpu && cpu->l2 > 0 ? cpu->l2 : (int64_t)1 << 20;
