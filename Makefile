@@ -308,7 +308,7 @@ asan: check-deps
 
 # ThreadSanitizer over the suites that run nabla on several threads at once
 # (the pool, user threads, concurrent backward), into build-tsan.
-TSAN_SUITES ?= threads concurrency registry callbacks
+TSAN_SUITES ?= threads concurrency registry callbacks conv
 tsan: check-deps
 	@$(MAKE) --no-print-directory BUILD=build-tsan OPT="-O1 -g -fsanitize=thread" \
 	  LDLIBS="-fsanitize=thread -lm -lpthread" build-tsan/tests/run_tests
