@@ -559,6 +559,7 @@ test-mpi: mpi check-deps
 # (tests/mpi/net_check.sh). Not yet in .ci/run.
 test-mpi-net: mpi check-deps
 	@$(MAKE) --no-print-directory $(BUILD)/mpi/test_mpi
+	@$(MAKE) --no-print-directory MPI=1 BUILD=build-mpi build-mpi/examples/gpt
 	@sh tests/mpi/net_check.sh $(BUILD) "$(MPIRUN)" $(MPI_NP)
 
 # make asan-mpi: nabla_mpi, its suites and the examples' --dist under

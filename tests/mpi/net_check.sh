@@ -1,14 +1,19 @@
 #!/bin/sh
 # net_check.sh BUILD "MPIRUN" HOSTS...: make test-mpi-net (issue 29, first
-# part): tests/mpi/test_mpi's agreement checks with one rank per emulated
-# host, over Open MPI's TCP path.
+# part), with one rank per emulated host, over Open MPI's TCP path:
+#   1. tests/mpi/test_mpi's agreement checks;
+#   2. build-mpi/examples/gpt --dist (tiny, 4 steps, no dropout) writes the
+#      checkpoint, bit for bit, and prints the losses that the same run over
+#      shared memory (plain mpirun -np N on this host) does.
 #
 # Each host is a network namespace with a veth into a bridge of the root
 # namespace; the links are shaped with tbf (this kernel has no netem, so no
 # added delay yet). mpirun starts one orted per host through a fake rsh
 # (`ip netns exec <host's namespace> sh -c ...`): ranks started by
 # `ip netns exec` under one mpirun cannot reach its PMIx server from another
-# namespace. Everything this script creates carries its prefix and is torn
+# namespace. Each orted has its own session directory, and the hwloc
+# topology is not shared through a fixed-address segment (rtc_hwloc_vmhole
+# none): several orteds of one machine raced for both. Everything this script creates carries its prefix and is torn
 # down on exit, failure or interrupt, and the last check is that nothing of
 # it is left. Root only (and ip, tc): otherwise it says so and skips.
 build=$1
@@ -53,7 +58,11 @@ hosts() {
         printf '%s) ns=%s ;;\n' "$net.$i" "$ns" >> "$tmp/rsh"
         i=$((i + 1))
     done
-    printf '*) echo "net_check rsh: unknown host $host" >&2; exit 1 ;;\nesac\nexec ip netns exec "$ns" sh -c "$*"\n' >> "$tmp/rsh"
+    # each host's orted gets a session directory of its own: on one /tmp
+    # they raced to make the same one ("File exists")
+    printf '*) echo "net_check rsh: unknown host $host" >&2; exit 1 ;;\nesac\n' >> "$tmp/rsh"
+    printf 'mkdir -p "%s/$ns"\nexec ip netns exec "$ns" env OMPI_MCA_orte_tmpdir_base="%s/$ns" sh -c "$*"\n' \
+        "$tmp" "$tmp" >> "$tmp/rsh"
     chmod +x "$tmp/rsh"
 }
 
@@ -67,9 +76,29 @@ for n in "$@"; do
     out=$build/mpi/net-$n.log
     t0=$(date +%s)
     NABLA_NUM_THREADS=1 timeout 300 $mpirun --hostfile "$tmp/hosts" --mca plm_rsh_agent "$tmp/rsh" \
-        --mca btl tcp,self --mca btl_tcp_if_include "$net.0/24" --mca oob_tcp_if_include "$net.0/24" \
+        --mca btl tcp,self --mca btl_tcp_if_include "$net.0/24" --mca oob_tcp_if_include "$net.0/24" --mca rtc_hwloc_vmhole none \
         -x NABLA_NUM_THREADS -np "$n" "$(pwd)/$build/mpi/test_mpi" > "$out" 2>&1
     status=$?
+    if [ "$status" -eq 0 ] && [ -x build-mpi/examples/gpt ]; then # 2
+        g="--dist --config tiny --seq 32 --dropout 0 --batch 2 --steps 4"
+        NABLA_NUM_THREADS=1 timeout 300 $mpirun -np "$n" build-mpi/examples/gpt $g \
+            --save "$tmp/shm.ckpt" > "$tmp/shm.log" 2>&1 &&
+            NABLA_NUM_THREADS=1 timeout 300 $mpirun --hostfile "$tmp/hosts" --mca plm_rsh_agent "$tmp/rsh" \
+                --mca btl tcp,self --mca btl_tcp_if_include "$net.0/24" --mca oob_tcp_if_include "$net.0/24" --mca rtc_hwloc_vmhole none \
+                -x NABLA_NUM_THREADS --wdir "$(pwd)" -np "$n" "$(pwd)/build-mpi/examples/gpt" $g \
+                --save "$tmp/net.ckpt" > "$tmp/net.log" 2>&1 || status=$?
+        losses() { grep '^step [0-9]*: loss' "$1" | sed 's/ (.*//'; } # without the times
+        if [ "$status" -eq 0 ] && cmp -s "$tmp/shm.ckpt" "$tmp/net.ckpt" &&
+            [ "$(losses "$tmp/net.log" | wc -l)" -eq 4 ] &&
+            [ "$(losses "$tmp/shm.log")" = "$(losses "$tmp/net.log")" ]; then
+            echo "make test-mpi-net: $n hosts: gpt --dist wrote the checkpoint of shared memory bit for bit" \
+                "($(wc -c < "$tmp/net.ckpt") bytes) with the same 4 losses"
+        else
+            cat "$tmp/shm.log" "$tmp/net.log"
+            echo "make test-mpi-net: $n hosts: gpt --dist over TCP differs from shared memory (exit $status)"
+            status=1
+        fi
+    fi
     sent=$(ip -n "${p}n1" -s link show "${p}h1" | awk '/TX:/{getline; print $1}')
     if [ "$status" -eq 0 ] && grep -q "Failures: 0, Errors: 0" "$out"; then
         echo "make test-mpi-net: $n hosts over TCP (veth + bridge, tbf $rate): test_mpi passed in" \
