@@ -556,7 +556,7 @@ test-mpi: mpi check-deps
 # rank per emulated host (a network namespace with a tbf-shaped veth into a
 # bridge), over Open MPI's TCP path, on 2 and 4 hosts; everything it makes
 # is torn down, also on failure or interrupt, and checked gone
-# (tests/mpi/net_check.sh). Not yet in .ci/run.
+# (tests/mpi/net_check.sh). In .ci/run (~15 s).
 test-mpi-net: mpi check-deps
 	@$(MAKE) --no-print-directory $(BUILD)/mpi/test_mpi
 	@$(MAKE) --no-print-directory MPI=1 BUILD=build-mpi build-mpi/examples/gpt
