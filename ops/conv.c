@@ -22,6 +22,11 @@
  * element sums do not depend on the cut, so results are bitwise the same
  * for any thread count.
  *
+ * f32 convs of stride and dilation 1, one group, a 3x3 or 5x5 kernel and
+ * >= 16 channels each way take Winograd's F(2x2, r x r) instead, on AVX-512
+ * CPUs (conv_winograd.c), in all three passes; a non-finite Winograd result
+ * is recomputed here.
+ *
  * The backward is two internal recorded ops, conv_input_grad (a transposed
  * conv of g with w) and conv_weight_grad (of x and g), plus a sum for the
  * bias: all three are bilinear, so their own backward and tangent rules are

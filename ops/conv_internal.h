@@ -20,7 +20,8 @@ bool nbi_wino_enabled(void);
  * -1 back to NABLA_WINOGRAD's choice; returns the previous setting. */
 int nbi_wino_force(int on);
 /* Whether g is a conv they compute: r 3 or 5, 0 <= ph, pw <= r - 1 (so the
- * input gradient is such a conv too), non-empty. */
+ * input gradient is such a conv too), at least 16 input and 16 output
+ * channels (a vector holds 16), non-empty. */
 bool nbi_wino_fits(const nbi_wino_geom *g);
 
 /* y (N,O,OH,OW), contiguous = conv of x and w, + b[o * bs] when b; element

@@ -231,6 +231,38 @@ START_TEST(conv_winograd_matches_direct) {
 }
 END_TEST
 
+/* Second order through the Winograd kernels: with create_graph, the input
+ * gradient's node differentiates again into a conv and a weight gradient,
+ * which take Winograd's kernels too. d/dw of sum(gx^2), gx = d sum(y^2)/dx,
+ * in f32 against the f64 im2col value, and not the f32 im2col bits. */
+static nb_tensor *second_order_grad(int on, nb_dtype dt) {
+    int before = nbi_wino_force(on);
+    nb_rng r;
+    nb_rng_seed(&r, 33);
+    nb_tensor *x = nb_set_requires_grad(nb_to(nb_randn(NB_F32, NB_SHAPE(2, 16, 7, 8), &r), dt), true);
+    nb_tensor *w = nb_set_requires_grad(nb_to(nb_randn(NB_F32, NB_SHAPE(16, 16, 3, 3), &r), dt), true);
+    nb_tensor *y = nb_conv2d(x, w, NULL, NULL, (const int64_t[]){1, 1}, NULL, 1);
+    nb_tensor *s = nb_sum_all(nb_mul(y, y)), *gx = NULL;
+    const nb_backward_opts create = {.create_graph = true};
+    ck_assert_int_eq(nb_autograd_grad(&s, 1, NULL, &x, 1, &create, &gx), 0);
+    nb_tensor *gw = NULL, *t = nb_sum_all(nb_mul(gx, gx));
+    ck_assert_int_eq(nb_autograd_grad(&t, 1, NULL, &w, 1, NULL, &gw), 0);
+    nbi_wino_force(before);
+    return gw;
+}
+
+START_TEST(conv_winograd_second_order) {
+    if (!wino_here()) return;
+    nb_scope_begin();
+    nb_tensor *wi = second_order_grad(1, NB_F32), *im = second_order_grad(0, NB_F32);
+    nb_tensor *ref = second_order_grad(0, NB_F64);
+    double e = rel_err(wi, ref);
+    ck_assert_msg(e <= 4e-5, "second order through Winograd: error %.3g", e);
+    ck_assert_msg(!same_bits(wi, im), "second order took im2col");
+    nb_scope_end();
+}
+END_TEST
+
 /* An infinity in x: direct sums give inf where it reaches and finite
  * values elsewhere, Winograd's transforms would spread it as NaN (inf -
  * inf) over the tiles around it. Every non-finite Winograd result is
@@ -327,6 +359,7 @@ Suite *suite_conv(void) {
     tcase_add_test(tc, conv_gradcheck_bias_and_transposed);
     tcase_add_test(tc, conv_same_bits_any_thread_count);
     tcase_add_test(tc, conv_winograd_matches_direct);
+    tcase_add_test(tc, conv_winograd_second_order);
     tcase_add_test(tc, conv_no_input_channels);
     tcase_add_test(tc, conv_winograd_infinity_as_direct);
     tcase_add_test(tc, conv_errors_name_the_sizes);
