@@ -23,7 +23,8 @@ if [ "$(id -u)" -ne 0 ] || ! command -v ip > /dev/null || ! command -v tc > /dev
     echo "make test-mpi-net: skipped: needs root and iproute2's ip and tc (network namespaces, veth, tbf)"
     exit 0
 fi
-p=nbq$(($$ % 10000))        # names: at most 15 characters
+p=nbq$(($$ % 10000))x       # names: at most 15 characters; the x ends the
+                            # prefix, so no other run's (nbq123x) starts with ours (nbq12x)
 net=10.$((100 + $$ % 100)).$(($$ / 100 % 200 + 1)) # a /24 of this run's own
 tmp=$(mktemp -d)
 rate=${NET_RATE:-10gbit}
@@ -33,7 +34,7 @@ cleanup() {
     ip link del "${p}b" 2> /dev/null
     # a veth's root-side end goes when its namespace is released, a moment later
     for _ in 1 2 3 4 5 6 7 8 9 10; do
-        ip -o link show | grep -q "${p}" || break
+        ip -o link show | grep -q ": ${p}" || break
         sleep 0.5
     done
     for l in $(ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep "^${p}"); do ip link del "$l" 2> /dev/null; done
@@ -110,7 +111,7 @@ for n in "$@"; do
     fi
     cleanup
 done
-left=$( (ip netns list; ip -o link show) | grep -c "${p}")
+left=$( (ip netns list | sed 's/^/: /'; ip -o link show) | grep -c ": ${p}")
 if [ "$left" -ne 0 ]; then
     echo "make test-mpi-net: $left namespaces or links of this run left behind"
     rc=1
