@@ -128,6 +128,14 @@ static void usage(const char *prog) {
             prog);
 }
 
+/* Says why the arguments are refused (the usage follows); -1. */
+static int refuse(const char *fmt, const char *a, const char *v) {
+    fprintf(stderr, "fashion_mnist: ");
+    fprintf(stderr, fmt, a, v);
+    fprintf(stderr, "\n");
+    return -1;
+}
+
 static int parse(int argc, char **argv, options *o) {
     *o = (options){.data = "build/data/fashion-mnist", .svg = "fashion_misclassified.svg",
                    .epochs = 10, .batch = 64, .cosine = true, .cosine_epochs = 10,
@@ -138,10 +146,12 @@ static int parse(int argc, char **argv, options *o) {
             o->bn = true;
             continue;
         }
-        if (!strcmp(a, "--help") || !strcmp(a, "-h") || i + 1 >= argc) return -1;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
+        if (i + 1 >= argc) return refuse("%s needs a value%s", a, "");
         const char *v = argv[++i];
         if (!strcmp(a, "--schedule")) {
-            if (strcmp(v, "cosine") && strcmp(v, "exp")) return -1;
+            if (strcmp(v, "cosine") && strcmp(v, "exp"))
+                return refuse("%s must be cosine or exp, got \"%s\"", a, v);
             o->cosine = !strcmp(v, "cosine");
             continue;
         }
@@ -156,25 +166,23 @@ static int parse(int argc, char **argv, options *o) {
         }
         char *end;
         double x = strtod(v, &end);
-        if (*end || !*v) return -1;
-        if (!strcmp(a, "--epochs")) o->epochs = (int64_t)x;
-        else if (!strcmp(a, "--batch")) o->batch = (int64_t)x;
-        else if (!strcmp(a, "--threads")) o->threads = (int64_t)x;
-        else if (!strcmp(a, "--train-limit")) o->train_limit = (int64_t)x;
-        else if (!strcmp(a, "--test-limit")) o->test_limit = (int64_t)x;
-        else if (!strcmp(a, "--lr")) o->lr = x > 0 ? x : -1; /* 0 means "not given" */
-        else if (!strcmp(a, "--lr-decay")) o->lr_decay = x;
-        else if (!strcmp(a, "--cosine-epochs")) o->cosine_epochs = (int64_t)x;
-        else if (!strcmp(a, "--label-smoothing")) o->label_smoothing = x;
-        else if (!strcmp(a, "--weight-decay")) o->weight_decay = x;
-        else if (!strcmp(a, "--seed")) o->seed = (uint64_t)x;
-        else return -1;
+        if (*end || !*v) return refuse("%s needs a number, got \"%s\"", a, v);
+        bool ok = true; /* the range of each number */
+        if (!strcmp(a, "--epochs")) ok = x >= 0, o->epochs = (int64_t)x;
+        else if (!strcmp(a, "--batch")) ok = x >= 1, o->batch = (int64_t)x;
+        else if (!strcmp(a, "--threads")) ok = x >= 0 && x <= 64, o->threads = (int64_t)x;
+        else if (!strcmp(a, "--train-limit")) ok = x >= 0, o->train_limit = (int64_t)x;
+        else if (!strcmp(a, "--test-limit")) ok = x >= 0, o->test_limit = (int64_t)x;
+        else if (!strcmp(a, "--lr")) ok = x > 0, o->lr = x;
+        else if (!strcmp(a, "--lr-decay")) ok = x > 0 && x <= 1, o->lr_decay = x;
+        else if (!strcmp(a, "--cosine-epochs")) ok = x >= 1, o->cosine_epochs = (int64_t)x;
+        else if (!strcmp(a, "--label-smoothing")) ok = x >= 0 && x <= 1, o->label_smoothing = x;
+        else if (!strcmp(a, "--weight-decay")) ok = x >= 0, o->weight_decay = x;
+        else if (!strcmp(a, "--seed")) ok = x >= 0, o->seed = (uint64_t)x;
+        else return refuse("unknown option %s%s", a, "");
+        if (!ok) return refuse("%s %s is out of range (the usage below gives each flag)", a, v);
     }
     if (o->lr == 0) o->lr = o->bn ? 2e-3 : 1e-3; /* not given: batch norm takes twice the rate */
-    if (o->epochs < 0 || o->batch < 1 || !(o->lr > 0) || !(o->lr_decay > 0 && o->lr_decay <= 1) ||
-        !(o->label_smoothing >= 0 && o->label_smoothing <= 1) || !(o->weight_decay >= 0) ||
-        o->cosine_epochs < 1 || o->threads < 0 || o->threads > 64 || o->train_limit < 0 || o->test_limit < 0)
-        return -1;
     return 0;
 }
 

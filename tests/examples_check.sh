@@ -109,7 +109,13 @@ cp "$mini/t10k-labels-idx1-ubyte" "$b/fm-bad/train-labels-idx1-ubyte"
 out=$("$fm" --data "$b/fm-bad" 2>&1)
 [ $? -eq 1 ] && [ "$out" = "fashion_mnist: $b/fm-bad/train-images-idx3-ubyte has 64 images but $b/fm-bad/train-labels-idx1-ubyte has 32 labels: the counts must agree" ] ||
     bad "fashion_mnist on counts that disagree: \"$out\""
+out=$("$fm" --data "$mini" --label-smoothing 1.5 2>&1 | head -1)
+[ "$out" = "fashion_mnist: --label-smoothing 1.5 is out of range (the usage below gives each flag)" ] ||
+    bad "fashion_mnist --label-smoothing 1.5: \"$out\""
+out=$("$fm" --data "$mini" --schedule step 2>&1 | head -1)
+[ "$out" = "fashion_mnist: --schedule must be cosine or exp, got \"step\"" ] ||
+    bad "fashion_mnist --schedule step: \"$out\""
 rm -rf "$b/fm-bad" "$b"/fm[0-9]* "$b/fm-check.svg"
 
-[ "$fails" -eq 0 ] && say "ok (--save checked before training; --sample 2^61 streams; newton and gradient_penalty converge; tokenize encodes, decodes and writes llm.c token files; fashion_mnist trains alike on 1 and 2 threads, resumes exactly, names missing or disagreeing files)"
+[ "$fails" -eq 0 ] && say "ok (--save checked before training; --sample 2^61 streams; newton and gradient_penalty converge; tokenize encodes, decodes and writes llm.c token files; fashion_mnist trains alike on 1 and 2 threads, resumes exactly, names missing or disagreeing files and a refused flag)"
 exit "$fails"
