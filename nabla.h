@@ -495,6 +495,21 @@ NB_API int nb_autograd_grad(nb_tensor *const *outputs, int n_outputs, nb_tensor 
  * require grad (the hook would never run), or is freed. */
 typedef int (*nb_grad_hook)(nb_tensor *leaf, void *ctx);
 NB_API int nb_set_grad_hook(nb_tensor *leaf, nb_grad_hook fn, void *ctx);
+/* Gradient contribution hook (nabla's own; PyTorch has none): fn(leaf, ctx)
+ * runs each time a backward adds one contribution to leaf's gradient (a
+ * leaf used in k places, such as a weight tied between an embedding and an
+ * output layer, gets k calls, the last one before its gradient-ready hook),
+ * as soon as the op that made it has run. Inside fn, nb_grad_so_far(leaf)
+ * is this backward's sum of the contributions so far (borrowed, read only,
+ * not yet added to .grad; later contributions may be added into it in
+ * place, so copy what you keep). So a hook can start sending the bulk of a
+ * gradient long before the whole is known, and fix up what changed after
+ * (nabla_mpi does). Same rule, thread and errors as nb_set_grad_hook; not
+ * run by nb_autograd_grad. NULL fn removes it. */
+NB_API int nb_set_grad_contribution_hook(nb_tensor *leaf, nb_grad_hook fn, void *ctx);
+/* Inside leaf's contribution hook: this backward's gradient so far; NULL
+ * anywhere else. */
+NB_API nb_tensor *nb_grad_so_far(const nb_tensor *leaf);
 NB_API void nb_zero_grad(nb_tensor *t);            /* sets .grad to zeros, if any */
 /* Drops t's .grad (nb_grad is NULL after), as PyTorch's zero_grad(set_to_none=True):
  * the next backward then gives t its gradient's own buffer instead of adding

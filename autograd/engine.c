@@ -133,20 +133,41 @@ nb_tensor *nb_set_requires_grad(nb_tensor *t, bool requires_grad) {
 bool nb_requires_grad(const nb_tensor *t) {
     return t && nbi_arg("nb_requires_grad", t, 0) && t->requires_grad;
 }
-int nb_set_grad_hook(nb_tensor *leaf, nb_grad_hook fn, void *ctx) {
-    const char *fn_name = "nb_set_grad_hook";
+/* The checks of both hook setters: a leaf that requires grad (to set one). */
+static int hook_target(const char *fn_name, const nb_tensor *leaf, bool setting) {
     if (!nbi_arg(fn_name, leaf, 0)) return -1;
     if (leaf->grad_fn)
         return (nbi_error("%s: this tensor of shape %s was made by %s and is not a leaf; hooks "
                           "go on leaves (parameters)", fn_name, NBI_SHAPE(leaf), leaf->grad_fn->op),
                 -1);
-    if (fn && !leaf->requires_grad) /* its hook would never run: say so */
+    if (setting && !leaf->requires_grad) /* its hook would never run: say so */
         return (nbi_error("%s: this tensor of shape %s does not require grad, so backward never "
                           "reaches it and its hook would never run (nb_set_requires_grad first)",
                           fn_name, NBI_SHAPE(leaf)), -1);
+    return 0;
+}
+
+int nb_set_grad_hook(nb_tensor *leaf, nb_grad_hook fn, void *ctx) {
+    if (hook_target("nb_set_grad_hook", leaf, fn != NULL) != 0) return -1;
     leaf->grad_hook = fn;
     leaf->grad_hook_ctx = fn ? ctx : NULL;
     return 0;
+}
+
+int nb_set_grad_contribution_hook(nb_tensor *leaf, nb_grad_hook fn, void *ctx) {
+    if (hook_target("nb_set_grad_contribution_hook", leaf, fn != NULL) != 0) return -1;
+    leaf->contrib_hook = fn;
+    leaf->contrib_hook_ctx = fn ? ctx : NULL;
+    return 0;
+}
+
+/* While a contribution hook runs: its leaf and the sum so far (borrowed). */
+static _Thread_local const nb_tensor *contrib_leaf;
+static _Thread_local nb_tensor *contrib_sum;
+
+nb_tensor *nb_grad_so_far(const nb_tensor *leaf) {
+    if (!leaf || !nbi_arg("nb_grad_so_far", leaf, 0)) return NULL;
+    return leaf == contrib_leaf ? contrib_sum : NULL;
 }
 
 bool nb_is_leaf(const nb_tensor *t) { return t && nbi_arg("nb_is_leaf", t, 0) && !t->grad_fn; }
@@ -513,6 +534,9 @@ static void release_node(nbi_node *n) {
 
 /* The walk whose rule is running on this thread (for nbi_grad_sink). */
 static _Thread_local walk *running;
+/* the inputs (< 64) whose gradient the running rule added in place, through
+ * nbi_grad_sink: contributions too, for the contribution hooks */
+static _Thread_local uint64_t sunk;
 
 nb_tensor *nbi_grad_sink(const nbi_node *n, int i) {
     nb_tensor *in = n->in[i];
@@ -521,8 +545,11 @@ nb_tensor *nbi_grad_sink(const nbi_node *n, int i) {
     if (!acc || acc->refs != 1 || acc->storage->refs != 1 || acc->offset != 0 ||
         !nb_is_contiguous(acc))
         return NULL;
+    if (i < 64) sunk |= (uint64_t)1 << i;
     return acc;
 }
+
+static int run_grad_hook(nb_tensor *leaf, nb_tensor *sum);
 
 /* One node: its rule runs in a scope of its own so temporaries die with it;
  * the gradients it passes on survive through the engine's references. */
@@ -540,11 +567,18 @@ static int run_node(walk *w, nb_tensor *t, nb_tensor *g) {
     int rc = 0;
     nb_scope_begin();
     walk *outer = running;
+    uint64_t outer_sunk = sunk;
     running = w;
+    sunk = 0;
     if (n->backward(n, g, gin) != 0 || !nbi_anomaly_backward(n, g, gin)) rc = -1;
+    uint64_t added_in_place = sunk;
     running = outer;
+    sunk = outer_sunk;
     for (int i = 0; rc == 0 && i < n->nin; i++) {
         nb_tensor *in = n->in[i];
+        if (i < 64 && (added_in_place >> i & 1) && !gin[i] && !in->grad_fn && in->contrib_hook &&
+            !w->want)
+            rc = run_grad_hook(in, *incoming(w, in));
         if (!gin[i] || !in->requires_grad) continue;
         if (!nbi_same_shape(gin[i], in) || gin[i]->dtype != in->dtype) {
             nbi_error("nb_backward: internal error: %s gave a gradient of shape %s %s for input "
@@ -553,6 +587,8 @@ static int run_node(walk *w, nb_tensor *t, nb_tensor *g) {
             rc = -1;
         } else if (accumulate(incoming(w, in), gin[i]) != 0) {
             rc = -1;
+        } else if (!in->grad_fn && in->contrib_hook && !w->want) {
+            rc = run_grad_hook(in, *incoming(w, in));
         }
     }
     nb_scope_end();
@@ -576,17 +612,37 @@ static int check_not_released(const tensor_list *order) {
     return 0;
 }
 
-/* A leaf's gradient-ready hook; a failure without a message gets one. */
-static int run_grad_hook(nb_tensor *leaf) {
+/* A leaf's gradient-ready hook, or (contribution) its contribution hook
+ * with sum, this backward's gradient so far; a failure without a message
+ * gets one. */
+static int run_grad_hook(nb_tensor *leaf, nb_tensor *sum) {
     uint64_t before = nbi_error_serial();
-    nbi_callback cb = {.who_fmt = "the gradient hook of a leaf of shape %s", .who_t = leaf};
+    nbi_callback cb = {.who_fmt = sum ? "the gradient contribution hook of a leaf of shape %s"
+                                      : "the gradient hook of a leaf of shape %s",
+                       .who_t = leaf};
     nbi_callback_enter(&cb, "nb_backward", true);
-    int rc = leaf->grad_hook(leaf, leaf->grad_hook_ctx);
+    const nb_tensor *outer_leaf = contrib_leaf;
+    nb_tensor *outer_sum = contrib_sum, *view = NULL;
+    if (sum) { /* the sum's handle may have died with the rule's scope: a borrowed view */
+        view = nbi_unscoped(nbi_make_view(sum, sum->ndim, sum->shape, sum->strides, sum->offset));
+        if (!view) return (nbi_callback_leave(&cb), -1);
+    }
+    contrib_leaf = sum ? leaf : NULL;
+    contrib_sum = view;
+    int rc = sum ? leaf->contrib_hook(leaf, leaf->contrib_hook_ctx)
+                 : leaf->grad_hook(leaf, leaf->grad_hook_ctx);
+    contrib_leaf = outer_leaf;
+    contrib_sum = outer_sum;
+    if (view) { /* its storage reference goes, so later parts may be added in place */
+        atomic_store_explicit(&view->freed, (uint8_t)NBI_FREED_WITH_OWNER, memory_order_relaxed);
+        nbi_unref(view);
+    }
     if (nbi_callback_leave(&cb) != 0) return -1;
     if (rc == 0) return 0;
     if (nbi_error_serial() == before)
-        nbi_error("nb_backward: the gradient-ready hook of a leaf of shape %s failed without "
-                  "a message (report one with nb_report_error)", NBI_SHAPE(leaf));
+        nbi_error("nb_backward: the %s hook of a leaf of shape %s failed without a message "
+                  "(report one with nb_report_error)", sum ? "gradient contribution" : "gradient-ready",
+                  NBI_SHAPE(leaf));
     return -1;
 }
 
@@ -645,7 +701,7 @@ static int walk_graph(walk *w) {
             if (t->grad_fn && reaches(w, t)) rc = run_node(w, t, g);
         } else {
             rc = t->grad_fn ? run_node(w, t, g) : accumulate_leaf(t, g);
-            if (rc == 0 && !t->grad_fn && t->grad_hook) rc = run_grad_hook(t);
+            if (rc == 0 && !t->grad_fn && t->grad_hook) rc = run_grad_hook(t, NULL);
         }
         if (rc == 0 && t->grad_fn && !w->retain) release_node(t->grad_fn);
         nbi_unref(g);

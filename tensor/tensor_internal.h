@@ -36,6 +36,8 @@ struct nb_tensor {
     nb_tensor *grad;     /* leaves: accumulated gradient; owned */
     nb_grad_hook grad_hook; /* leaves: nb_set_grad_hook's, or NULL */
     void *grad_hook_ctx;
+    nb_grad_hook contrib_hook; /* leaves: nb_set_grad_contribution_hook's, or NULL */
+    void *contrib_hook_ctx;
     nb_tensor *gacc;     /* engine: gradient flowing in, while a backward holds it (non-leaves) */
     _Atomic uint64_t walker; /* engine: the backward walking through it now, 0 if none */
     bool from_backward;  /* a gradient a backward made without create_graph (for messages) */

@@ -638,6 +638,103 @@ START_TEST(grad_hook_errors) {
 }
 END_TEST
 
+/* ----------------------------------------------- gradient contribution hooks */
+typedef struct {
+    int calls, fail;
+    nb_tensor *leaf;
+    double seen[4][6]; /* nb_grad_so_far when the hook ran */
+    bool grad_was_null[4];
+} contrib_log;
+
+static int contrib_hook(nb_tensor *leaf, void *ctx) {
+    contrib_log *h = ctx;
+    nb_tensor *so_far = nb_grad_so_far(leaf);
+    ck_assert_ptr_nonnull(so_far);
+    ck_assert_ptr_null(nb_grad_so_far(h->leaf == leaf ? NULL : h->leaf));
+    if (h->calls < 4) {
+        nb_copy_to_f64(so_far, h->seen[h->calls]);
+        h->grad_was_null[h->calls] = nb_grad(leaf) == NULL;
+    }
+    h->calls++;
+    return h->fail ? -1 : 0;
+}
+
+/* A weight tied between an embedding and an output layer, as GPT-2's: the
+ * output layer's part first (backward meets it first), then the whole, with
+ * the embedding's part added in place (nbi_grad_sink); .grad is set only
+ * after. Outside a hook, nb_grad_so_far is NULL. */
+START_TEST(contribution_hook_sees_each_part_of_a_tied_weight) {
+    /* w (3,2) rows = tokens; idx [2, 0]; e = w[idx] (2,2); logits = e w^T (2,3) */
+    double wv[6] = {1, 2, -1, 0.5, 3, -2}, ev[4] = {3, -2, 1, 2}, lg[6], part[6] = {0}, ge[4] = {0};
+    nb_tensor *w = nb_set_requires_grad(nb_from_data(NB_F64, NB_SHAPE(3, 2), wv), true);
+    nb_tensor *idx = nb_from_data(NB_I64, NB_SHAPE(2), (int64_t[]){2, 0});
+    contrib_log h = {.leaf = w};
+    ck_assert_int_eq(nb_set_grad_contribution_hook(w, contrib_hook, &h), 0);
+    nb_scope_begin();
+    nb_tensor *logits = nb_linear(nb_embedding(w, idx), w, NULL);
+    ck_assert_ptr_null(nb_grad_so_far(w));
+    ck_assert_int_eq(nb_backward(nb_sum_all(nb_mul(logits, logits))), 0);
+    nb_scope_end();
+    ck_assert_int_eq(h.calls, 2);
+    ck_assert(h.grad_was_null[0] && h.grad_was_null[1]);
+    /* output layer: dL/dw[v] = sum_r 2 lg[r][v] e[r]; embedding: dL/de[r] = sum_v 2 lg[r][v] w[v] */
+    for (int r = 0; r < 2; r++)
+        for (int v = 0; v < 3; v++) lg[r * 3 + v] = ev[r * 2] * wv[v * 2] + ev[r * 2 + 1] * wv[v * 2 + 1];
+    for (int r = 0; r < 2; r++)
+        for (int v = 0; v < 3; v++)
+            for (int c = 0; c < 2; c++) {
+                part[v * 2 + c] += 2 * lg[r * 3 + v] * ev[r * 2 + c];
+                ge[r * 2 + c] += 2 * lg[r * 3 + v] * wv[v * 2 + c];
+            }
+    double full[6];
+    nb_copy_to_f64(nb_grad(w), full);
+    for (int i = 0; i < 6; i++) {
+        ck_assert(h.seen[0][i] == part[i]);
+        ck_assert(h.seen[1][i] == full[i]);
+    }
+    double emb[6] = {ge[2], ge[3], 0, 0, ge[0], ge[1]}; /* rows 2 and 0 */
+    for (int i = 0; i < 6; i++) ck_assert(full[i] == part[i] + emb[i]);
+    ck_assert_int_eq(nb_set_grad_contribution_hook(w, NULL, NULL), 0);
+    nb_scope_begin();
+    ck_assert_int_eq(nb_backward(nb_sum_all(nb_embedding(w, idx))), 0);
+    nb_scope_end();
+    ck_assert_int_eq(h.calls, 2);
+    nb_free(idx);
+    nb_free(w);
+}
+END_TEST
+
+START_TEST(contribution_hook_errors) {
+    nb_tensor *x = nb_set_requires_grad(vec(3, (double[]){1, 2, 3}), true);
+    contrib_log h = {.leaf = x, .fail = 1};
+    ck_assert_int_eq(nb_set_grad_contribution_hook(x, contrib_hook, &h), 0);
+    nb_scope_begin();
+    ck_assert_int_eq(nb_backward(nb_sum_all(nb_mul(x, x))), -1);
+    ck_assert_str_eq(nb_last_error(), "nb_backward: the gradient contribution hook of a leaf of "
+                                      "shape (3) failed without a message (report one with "
+                                      "nb_report_error)");
+    ck_assert_int_eq(h.calls, 1);
+    ck_assert_ptr_null(nb_grad(x));
+    nb_tensor *y = nb_mul(x, x);
+    ck_assert_int_eq(nb_set_grad_contribution_hook(y, contrib_hook, &h), -1);
+    ck_assert_str_eq(nb_last_error(), "nb_set_grad_contribution_hook: this tensor of shape (3) "
+                                      "was made by nb_mul and is not a leaf; hooks go on leaves "
+                                      "(parameters)");
+    nb_scope_end();
+    nb_tensor *c = vec(3, (double[]){1, 2, 3});
+    ck_assert_int_eq(nb_set_grad_contribution_hook(c, contrib_hook, &h), -1);
+    ck_assert_str_eq(nb_last_error(), "nb_set_grad_contribution_hook: this tensor of shape (3) "
+                                      "does not require grad, so backward never reaches it and "
+                                      "its hook would never run (nb_set_requires_grad first)");
+    ck_assert_int_eq(nb_set_grad_contribution_hook(c, NULL, NULL), 0);
+    nb_free(c);
+    nb_free(x);
+    ck_assert_int_eq(nb_set_grad_contribution_hook(x, contrib_hook, &h), -1);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "freed"));
+    ck_assert_ptr_null(nb_grad_so_far(x));
+}
+END_TEST
+
 /* ------------------------------------------ create_graph and nb_jvp: nothing lost */
 static const nb_backward_opts CREATE = {.create_graph = true};
 
@@ -820,6 +917,8 @@ Suite *suite_autograd(void) {
     tcase_add_test(tc, caller_gradient_is_never_taken_over);
     tcase_add_test(tc, grad_hook_runs_once_when_the_gradient_is_complete);
     tcase_add_test(tc, grad_hook_errors);
+    tcase_add_test(tc, contribution_hook_sees_each_part_of_a_tied_weight);
+    tcase_add_test(tc, contribution_hook_errors);
     tcase_add_test(tc, anomaly_names_the_forward_op);
     tcase_add_test(tc, anomaly_names_the_backward_op);
     tcase_add_test(tc, anomaly_mode_is_quiet_on_a_transformer_step);

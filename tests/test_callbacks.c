@@ -302,6 +302,27 @@ static int run_hook(void) {
     return rc;
 }
 
+/* The same misdeeds in a gradient contribution hook, on a leaf used twice
+ * (p * p: two contributions); FREE_SAVED frees the borrowed sum so far. */
+static int contrib_hook(nb_tensor *leaf, void *ctx) {
+    (void)ctx;
+    act_as("nb_grad_hook");
+    if (now == FREE_INPUT) nb_free(leaf);
+    if (now == FREE_SAVED) nb_free(nb_grad_so_far(leaf)), note_inner(0);
+    if (now == RETURN_GARBAGE) return 5;
+    misbehave();
+    return 0;
+}
+
+static int run_contrib_hook(void) {
+    nb_tensor *x = leaf123();
+    ck_assert_int_eq(nb_set_grad_contribution_hook(x, contrib_hook, NULL), 0);
+    root = nb_sum_all(nb_mul(x, x));
+    int rc = nb_backward(root);
+    if (rc == 0 && row_misdeed != FREE_INPUT) expect_grad(x, 2.0);
+    return rc;
+}
+
 /* ------------------------------------------------------------- gradcheck */
 static nb_tensor *checked(nb_tensor **in, int n, void *ctx) {
     (void)n;
@@ -526,6 +547,17 @@ static const row table[] = {
      {HOOK "left 1 callback frame open"}, NULL},
     {"nb_grad_hook", RETURN_GARBAGE, run_hook, "refused",
      {"nb_backward: the gradient-ready hook of a leaf of shape (3) failed without a message"}, NULL},
+#define CHOOK "nb_backward: the gradient contribution hook of a leaf of shape (3) "
+    {"nb_grad_hook", FREE_ROOT, run_contrib_hook, "deferred (contribution hook)", {NULL}, NULL},
+    {"nb_grad_hook", FREE_INPUT, run_contrib_hook, "deferred (contribution hook)", {NULL}, NULL},
+    {"nb_grad_hook", FREE_SAVED, run_contrib_hook, "refused (borrowed sum so far)", {NULL}, BORROWED},
+    {"nb_grad_hook", CLOSE_SCOPE, run_contrib_hook, "refused (contribution hook)", {CHOOK CLOSED}, NULL},
+    {"nb_grad_hook", OPEN_SCOPE, run_contrib_hook, "refused (contribution hook, closed)", {CHOOK LEFT}, NULL},
+    {"nb_grad_hook", FLIP_GRAD, run_contrib_hook, "refused (contribution hook)", {CHOOK GRAD_ON}, NULL},
+    {"nb_grad_hook", START_BACKWARD, run_contrib_hook, "refused (contribution hook, same graph)", {NULL},
+     CHOOK SAME_GRAPH},
+    {"nb_grad_hook", RETURN_GARBAGE, run_contrib_hook, "refused (contribution hook)",
+     {CHOOK "failed without a message"}, NULL},
 
     {"nb_fn", FREE_INPUT, run_gradcheck_full, "the check fails (the handle is freed)",
      {"nb_gradcheck: the function freed input 0 (nb_free); it must leave its inputs alive"}, NULL},

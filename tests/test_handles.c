@@ -330,6 +330,9 @@ static bool mha_failed(nb_tensor **in) {
     X(nb_zero_grad, 1, leaf_grad, VOID_FAILED(nb_zero_grad(in[0])))                              \
     X(nb_clear_grad, 1, leaf_grad, VOID_FAILED(nb_clear_grad(in[0])))                            \
     X(nb_set_grad_hook, 1, leaf, nb_set_grad_hook(in[0], NULL, NULL) == -1)                      \
+    X(nb_set_grad_contribution_hook, 1, leaf,                                                    \
+      nb_set_grad_contribution_hook(in[0], NULL, NULL) == -1)                                    \
+    X(nb_grad_so_far, 1, leaf, VOID_FAILED((void)nb_grad_so_far(in[0])))                         \
     X(nb_detach, 1, one, nb_detach(in[0]) == NULL)                                               \
     X(nb_gradcheck, 2, gradcheck, gradcheck_failed(in))                                          \
     X(nb_gradgradcheck, 2, gradcheck, gradgradcheck_failed(in))                                  \
