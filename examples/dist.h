@@ -165,6 +165,10 @@ static void dist_report(const dist_state *ds) {
            "averaged gradients, %.0f%% of it during backward, %.1f ms in nb_ddp_sync\n",
            ds->ranks, (double)st.bytes / 1e6, (long long)st.buckets, 100 * st.early,
            st.window_ms, 100 * st.overlap, st.wait_ms);
+    if (st.partial_buckets > 0)
+        printf("--dist: %lld bucket(s) sent from their gradient's first part (a tied weight), "
+               "%.2f%% of it sent again after backward\n", (long long)st.partial_buckets,
+               100 * st.resent);
 #else
     (void)ds;
 #endif

@@ -237,21 +237,35 @@ typedef struct {
     int bucket;
     int64_t off, numel; /* in the bucket, elements */
     bool filled;        /* its gradient is in the bucket this step */
+    /* contributions (nb_set_grad_contribution_hook): counted in the steps
+     * before the partial buckets are chosen; snapped: its first one is in
+     * the bucket (a partial bucket), and final is the whole gradient */
+    int contribs, done_before, done_span; /* completions of others before its first, and
+                                           * between its first and its whole */
+    bool snapped;
+    const char *final;
 } slot;
 
 /* One bucket: n elements of dtype dt, padded to world * chunk. Phase 1 is an
  * all-to-all of send (piece r to rank r) into recv; this rank adds its N
  * pieces in rank order into recv's first; phase 2 gathers every rank's first
- * piece of recv into send. */
+ * piece of recv into out (send itself, except for a partial bucket). */
 typedef struct {
     nb_dtype dt;
     int64_t n, chunk;
     char *send, *recv;
+    char *out; /* where phase 2 gathers: send, or for a partial bucket a buffer of its own */
     int nslots, ready;
     int phase; /* 0 filling, 1 all-to-all posted, 2 all-gather posted */
     bool early; /* phase 1 posted from a hook, before nb_ddp_sync */
+    bool partial;           /* sent from its gradient's first contribution (one slot) */
+    unsigned char *dirty;   /* partial: the chunks of DIRTY elements that changed after */
     MPI_Request req;
 } bucket;
+
+/* A partial bucket's fix-up unit, in elements: 4 KiB of f32 (a GPT-2 row of
+ * 768 touches one or two). */
+#define DIRTY 1024
 
 /* MPI requires the collectives of a communicator to be started in the same
  * order on every rank. Phase 1 starts in bucket order (as buckets fill);
@@ -269,8 +283,12 @@ struct nb_ddp {
     int nslots;
     bucket *b;
     int nb;
-    int next, next2; /* the next bucket to start phase 1, phase 2 of */
-    bool syncing;
+    int next, next2; /* the next bucket (in order[]) to start phase 1, phase 2 of */
+    int *order;      /* buckets in the order they start: the partial ones first */
+    bool syncing, chosen; /* chosen: the partial buckets are (after a step) */
+    bool whole;           /* nb_ddp_opts.no_partial_buckets */
+    int done;        /* gradients completed so far this step */
+    int64_t resent_total, partial_n; /* elements sent again after backward; partial buckets' */
     nb_ddp_stats stats;
     double first_post;           /* when this step's first bucket started; 0: not yet */
     double window_total, hidden_total; /* reduction windows, and their parts before nb_ddp_sync */
@@ -282,7 +300,7 @@ static MPI_Datatype mpi_type(nb_dtype dt) { return dt == NB_F32 ? MPI_FLOAT : MP
 
 /* Phase 1 of bucket k. */
 static int post_phase1(nb_ddp *d, int k, bool early) {
-    bucket *b = &d->b[k];
+    bucket *b = &d->b[d->order[k]];
     int rc = MPI_Ialltoall(b->send, (int)b->chunk, mpi_type(b->dt), b->recv, (int)b->chunk,
                            mpi_type(b->dt), d->phase1, &b->req);
     if (rc != MPI_SUCCESS) return mpi_fail("nb_ddp_sync", "MPI_Ialltoall", rc);
@@ -307,7 +325,7 @@ static int post_phase2(nb_ddp *d, bucket *b) {
             for (int64_t i = 0; i < c; i++) sum[i] += sum[r * c + i];
         for (int64_t i = 0; i < c; i++) sum[i] /= (double)world;
     }
-    int rc = MPI_Iallgather(b->recv, (int)c, mpi_type(b->dt), b->send, (int)c, mpi_type(b->dt),
+    int rc = MPI_Iallgather(b->recv, (int)c, mpi_type(b->dt), b->out, (int)c, mpi_type(b->dt),
                             d->phase2, &b->req);
     if (rc != MPI_SUCCESS) return mpi_fail("nb_ddp_sync", "MPI_Iallgather", rc);
     b->phase = 2;
@@ -317,10 +335,10 @@ static int post_phase2(nb_ddp *d, bucket *b) {
 /* Posts, in order, every bucket that is full; lets MPI progress the ones in
  * flight, and starts phase 2 of those whose phase 1 is done. */
 static int advance(nb_ddp *d, bool early) {
-    while (d->next < d->nb && d->b[d->next].ready == d->b[d->next].nslots)
+    while (d->next < d->nb && d->b[d->order[d->next]].ready == d->b[d->order[d->next]].nslots)
         if (post_phase1(d, d->next++, early) != 0) return -1;
     while (d->next2 < d->next) {
-        bucket *b = &d->b[d->next2];
+        bucket *b = &d->b[d->order[d->next2]];
         int done = 0, rc = MPI_Test(&b->req, &done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS) return mpi_fail("nb_ddp_sync", "MPI_Test", rc);
         if (!done) break;
@@ -330,16 +348,47 @@ static int advance(nb_ddp *d, bool early) {
     return 0;
 }
 
-/* Slot i's gradient (zeros when g is NULL) into its bucket. */
+/* Slot i's gradient (zeros when g is NULL) into its bucket; for a partial
+ * bucket already on its way, the chunks where it differs from what was sent
+ * are marked instead, to be sent again after backward. */
 static void fill(nb_ddp *d, int i, nb_tensor *g) {
     slot *s = &d->slots[i];
     bucket *b = &d->b[s->bucket];
     size_t es = elem_size(b->dt);
     char *dst = b->send + (size_t)s->off * es;
+    s->filled = true;
+    if (s->snapped) {
+        static const char zeros[DIRTY * sizeof(double)];
+        s->final = g ? nb_data(g) : NULL;
+        for (int64_t c = 0; c * DIRTY < s->numel; c++) {
+            int64_t len = s->numel - c * DIRTY < DIRTY ? s->numel - c * DIRTY : DIRTY;
+            const char *now_c = s->final ? s->final + (size_t)(c * DIRTY) * es : zeros;
+            b->dirty[c] = memcmp(now_c, dst + (size_t)(c * DIRTY) * es, (size_t)len * es) != 0;
+        }
+        return;
+    }
     if (g) memcpy(dst, nb_data(g), (size_t)s->numel * es);
     else memset(dst, 0, (size_t)s->numel * es);
-    s->filled = true;
     b->ready++;
+}
+
+/* A gradient's first contribution, while backward goes on: for a partial
+ * bucket it starts on its way at once; before the partial buckets are
+ * chosen, it is counted. */
+static int ddp_contribution(nb_tensor *leaf, void *arg) {
+    hook_ctx *h = arg;
+    nb_ddp *d = h->d;
+    slot *s = &d->slots[h->i];
+    bucket *b = &d->b[s->bucket];
+    if (d->syncing || s->filled) return 0;
+    if (s->contribs++ == 0) s->done_before = d->done;
+    if (!b->partial || s->snapped) return 0;
+    nb_tensor *g = nb_grad_so_far(leaf);
+    if (!g || !nb_is_contiguous(g)) return 0; /* then it goes whole, as any other */
+    memcpy(b->send, nb_data(g), (size_t)s->numel * elem_size(b->dt));
+    s->snapped = true;
+    b->ready++;
+    return advance(d, true);
 }
 
 static int ddp_hook(nb_tensor *leaf, void *arg) {
@@ -357,7 +406,9 @@ static int ddp_hook(nb_tensor *leaf, void *arg) {
         nb_report_error("nb_ddp: the gradient of \"%s\" is not contiguous", s->name);
         return -1;
     }
+    s->done_span = d->done - s->done_before;
     fill(d, h->i, g);
+    d->done++;
     return advance(d, true);
 }
 
@@ -371,8 +422,11 @@ static void ddp_release(nb_ddp *d) {
     for (int k = 0; d->b && k < d->nb; k++) {
         free(d->b[k].send);
         free(d->b[k].recv);
+        if (d->b[k].out != d->b[k].send) free(d->b[k].out);
+        free(d->b[k].dirty);
     }
     free(d->b);
+    free(d->order);
     free(d->slots);
     free(d->ctx);
     free(d);
@@ -382,7 +436,9 @@ static void ddp_release(nb_ddp *d) {
  * up to `bytes` (a bigger parameter gets a bucket of its own). */
 static int make_buckets(nb_ddp *d, int64_t bytes) {
     d->b = calloc((size_t)(d->nslots > 0 ? d->nslots : 1), sizeof *d->b);
-    if (!d->b) return -1;
+    d->order = calloc((size_t)(d->nslots > 0 ? d->nslots : 1), sizeof *d->order);
+    if (!d->b || !d->order) return -1;
+    for (int k = 0; k < d->nslots; k++) d->order[k] = k;
     bucket *cur = NULL;
     for (int j = d->nslots - 1; j >= 0; j--) {
         slot *s = &d->slots[j];
@@ -402,7 +458,7 @@ static int make_buckets(nb_ddp *d, int64_t bytes) {
         size_t es = elem_size(b->dt);
         b->chunk = (b->n + world - 1) / world;
         if (b->chunk * world > INT32_MAX) return 1; /* more than one MPI message holds */
-        b->send = calloc((size_t)(b->chunk * world), es);
+        b->send = b->out = calloc((size_t)(b->chunk * world), es);
         b->recv = calloc((size_t)(b->chunk * world), es);
         if (!b->send || !b->recv) return -1;
         d->stats.bytes += b->n * (int64_t)es;
@@ -573,6 +629,8 @@ nb_ddp *nb_ddp_new(nb_params *ps, const nb_ddp_opts *opts) {
     /* a rank that fails here still takes part in the agreement (and makes
      * every rank fail), instead of leaving the others in a collective */
     int status = ps ? build(fn, ps, bytes, &d) : (nb_report_error("%s: ps is NULL", fn), -1);
+    const char *env = getenv("NABLA_DDP_PARTIAL"); /* 0: as no_partial_buckets, to compare */
+    if (d) d->whole = (opts && opts->no_partial_buckets) || (env && !strcmp(env, "0"));
     /* first the layout (a different parameter list fails here, with the
      * layout's message), then rank 0's weights */
     if (agree_on_layout(fn, d, bytes, status) != 0 || nb_mpi_broadcast_params(ps, 0) != 0) {
@@ -586,7 +644,10 @@ nb_ddp *nb_ddp_new(nb_params *ps, const nb_ddp_opts *opts) {
         ddp_release(d);
         return NULL;
     }
-    for (int i = 0; i < d->nslots; i++) nb_set_grad_hook(d->slots[i].p, ddp_hook, &d->ctx[i]);
+    for (int i = 0; i < d->nslots; i++) {
+        nb_set_grad_hook(d->slots[i].p, ddp_hook, &d->ctx[i]);
+        if (!d->whole) nb_set_grad_contribution_hook(d->slots[i].p, ddp_contribution, &d->ctx[i]);
+    }
     return d;
 }
 
@@ -605,22 +666,122 @@ static int write_back(nb_ddp *d) {
             if (rc != 0 || !(g = nb_grad(s->p))) return -1;
         }
         size_t es = elem_size(b->dt);
-        memcpy(nb_data(g), b->send + (size_t)s->off * es, (size_t)s->numel * es);
+        memcpy(nb_data(g), b->out + (size_t)s->off * es, (size_t)s->numel * es);
         nb_mark_modified(g);
     }
     return 0;
 }
 
 static void reset_step(nb_ddp *d) {
-    for (int i = 0; i < d->nslots; i++) d->slots[i].filled = false;
+    for (int i = 0; i < d->nslots; i++) {
+        slot *s = &d->slots[i];
+        s->filled = s->snapped = false;
+        s->final = NULL;
+        s->contribs = 0;
+    }
+    d->done = 0;
     for (int k = 0; k < d->nb; k++) {
         bucket *b = &d->b[k];
         b->ready = 0;
         b->phase = 0;
         b->early = false; /* send's padding past n stays 0: calloc'd, and gathered as 0 + 0 */
+        if (b->dirty) memset(b->dirty, 0, (size_t)((b->n + DIRTY - 1) / DIRTY));
     }
     d->next = d->next2 = 0;
     d->first_post = 0;
+}
+
+/* A partial bucket, reduced from its slot's first contribution: the chunks
+ * that changed after it on any rank go again (the same all-to-all, sum in
+ * rank order, division and gather), so every element gets the bits the
+ * whole gradient would have given it. */
+static int fix_partial(nb_ddp *d, bucket *b, const slot *s) {
+    const char *fn = "nb_ddp_sync";
+    int64_t nc = (s->numel + DIRTY - 1) / DIRTY, k = 0;
+    size_t es = elem_size(b->dt);
+    MPI_Request r;
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, b->dirty, (int)nc, MPI_UNSIGNED_CHAR, MPI_BOR, d->phase1,
+                            &r);
+    if (rc != MPI_SUCCESS) return mpi_fail(fn, "MPI_Iallreduce", rc);
+    if (wait_all(fn, "agreeing on what changed after the first part", 1, &r) != 0) return -1;
+    for (int64_t c = 0; c < nc; c++) k += b->dirty[c];
+    if (k == 0) return 0;
+    bucket fx = {.dt = b->dt, .n = k * DIRTY, .chunk = (k * DIRTY + world - 1) / world};
+    fx.send = fx.out = calloc((size_t)(fx.chunk * world), es);
+    fx.recv = calloc((size_t)(fx.chunk * world), es);
+    /* out of memory on one rank only would leave the others in the
+     * all-to-all: the ranks agree first, as everywhere */
+    if (agree(fn, fx.send && fx.recv ? 0 : (nb_report_error("%s: out of memory", fn), -1)) != 0)
+        return (free(fx.send), free(fx.recv), -1);
+    /* the whole gradient: final, zeros (backward never finished it), or
+     * what was sent (it went whole) */
+    const char *src = s->snapped ? s->final : b->send;
+    for (int64_t c = 0, j = 0; c < nc; c++) {
+        if (!b->dirty[c]) continue;
+        int64_t len = s->numel - c * DIRTY < DIRTY ? s->numel - c * DIRTY : DIRTY;
+        if (src) memcpy(fx.send + (size_t)(j * DIRTY) * es, src + (size_t)(c * DIRTY) * es, (size_t)len * es);
+        j++;
+    }
+    rc = MPI_Ialltoall(fx.send, (int)fx.chunk, mpi_type(fx.dt), fx.recv, (int)fx.chunk,
+                       mpi_type(fx.dt), d->phase1, &fx.req);
+    int out = rc != MPI_SUCCESS ? mpi_fail(fn, "MPI_Ialltoall", rc)
+                                : wait_all(fn, "reducing the gradients", 1, &fx.req);
+    if (out == 0) out = post_phase2(d, &fx);
+    if (out == 0) out = wait_all(fn, "gathering the gradients", 1, &fx.req);
+    for (int64_t c = 0, j = 0; out == 0 && c < nc; c++) {
+        if (!b->dirty[c]) continue;
+        int64_t len = s->numel - c * DIRTY < DIRTY ? s->numel - c * DIRTY : DIRTY;
+        memcpy(b->out + (size_t)(c * DIRTY) * es, fx.out + (size_t)(j * DIRTY) * es, (size_t)len * es);
+        j++;
+    }
+    d->resent_total += k * DIRTY < s->numel ? k * DIRTY : s->numel;
+    free(fx.send);
+    free(fx.recv);
+    return out;
+}
+
+/* After the first step every rank took: a parameter alone in its bucket
+ * whose gradient got its first contribution early (a weight tied between
+ * the first and the last layer: at least a quarter of the parameters were
+ * finished between its first part and its whole) on every rank gets a
+ * partial bucket, which starts first, from that part. */
+static int choose_partial(nb_ddp *d) {
+    const char *fn = "nb_ddp_sync";
+    int *vote = calloc((size_t)d->nb, sizeof *vote);
+    if (!vote) return (nb_report_error("%s: out of memory", fn), -1);
+    int span = d->nslots / 4 > 1 ? d->nslots / 4 : 1;
+    for (int i = 0; i < d->nslots; i++) {
+        slot *s = &d->slots[i];
+        bucket *b = &d->b[s->bucket];
+        if (b->nslots != 1 || s->contribs < 2 || s->done_span < span) continue;
+        size_t es = elem_size(b->dt);
+        b->out = calloc((size_t)(b->chunk * world), es);
+        b->dirty = calloc((size_t)((s->numel + DIRTY - 1) / DIRTY), 1);
+        vote[s->bucket] = b->out && b->dirty; /* out of memory: no vote */
+    }
+    MPI_Request r;
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, vote, d->nb, MPI_INT, MPI_MIN, d->phase1, &r);
+    int out = rc != MPI_SUCCESS ? mpi_fail(fn, "MPI_Iallreduce", rc)
+                                : wait_all(fn, "choosing the partial buckets", 1, &r);
+    int j = 0;
+    for (int k = 0; k < d->nb; k++) {
+        bucket *b = &d->b[k];
+        b->partial = out == 0 && vote[k];
+        if (b->partial) {
+            d->order[j++] = k;
+            d->partial_n++;
+            continue;
+        }
+        if (b->out != b->send) free(b->out);
+        free(b->dirty);
+        b->out = b->send;
+        b->dirty = NULL;
+    }
+    for (int k = 0; k < d->nb; k++)
+        if (!d->b[k].partial) d->order[j++] = k;
+    d->chosen = true;
+    free(vote);
+    return out;
 }
 
 int nb_ddp_sync(nb_ddp *d, int status) {
@@ -633,12 +794,14 @@ int nb_ddp_sync(nb_ddp *d, int status) {
         if (!d->slots[i].filled) fill(d, i, NULL);
     int rc = advance(d, false);
     for (; rc == 0 && d->next2 < d->nb; d->next2++) {
-        bucket *b = &d->b[d->next2];
+        bucket *b = &d->b[d->order[d->next2]];
         rc = wait_all(fn, "reducing the gradients", 1, &b->req);
         if (rc == 0) rc = post_phase2(d, b);
     }
     for (int k = 0; rc == 0 && k < d->nb; k++)
-        rc = wait_all(fn, "gathering the gradients", 1, &d->b[k].req);
+        rc = wait_all(fn, "gathering the gradients", 1, &d->b[d->order[k]].req);
+    for (int i = 0; rc == 0 && i < d->nslots; i++)
+        if (d->b[d->slots[i].bucket].partial) rc = fix_partial(d, &d->b[d->slots[i].bucket], &d->slots[i]);
     if (rc != 0) return -1;
     int64_t early = 0;
     for (int k = 0; k < d->nb; k++) early += d->b[k].early;
@@ -649,6 +812,8 @@ int nb_ddp_sync(nb_ddp *d, int status) {
     d->syncing = true;
     rc = write_back(d);
     d->syncing = false;
+    /* every rank takes part, whatever write_back did here */
+    if (!d->chosen && !d->whole && choose_partial(d) != 0) rc = -1;
     double first = d->first_post > 0 && d->first_post < t0 ? d->first_post : t0;
     reset_step(d);
     if (rc != 0) return -1;
@@ -665,6 +830,10 @@ nb_ddp_stats nb_ddp_get_stats(const nb_ddp *d) {
     nb_ddp_stats s = {0};
     if (!d) return s;
     s = d->stats;
+    s.partial_buckets = d->partial_n;
+    int64_t pn = 0;
+    for (int k = 0; k < d->nb; k++) pn += d->b[k].partial ? d->b[k].n : 0;
+    if (s.steps > 0 && pn > 0) s.resent = (double)d->resent_total / ((double)pn * (double)s.steps);
     if (s.steps > 0 && s.buckets > 0) {
         s.early = (double)d->early_total / (double)(s.steps * s.buckets);
         s.wait_ms = 1e3 * d->wait_total / (double)s.steps;
@@ -676,7 +845,10 @@ nb_ddp_stats nb_ddp_get_stats(const nb_ddp *d) {
 
 void nb_ddp_free(nb_ddp *d) {
     if (!d) return;
-    for (int i = 0; i < d->nslots; i++) nb_set_grad_hook(d->slots[i].p, NULL, NULL);
+    for (int i = 0; i < d->nslots; i++) {
+        nb_set_grad_hook(d->slots[i].p, NULL, NULL);
+        nb_set_grad_contribution_hook(d->slots[i].p, NULL, NULL);
+    }
     ddp_release(d);
 }
 

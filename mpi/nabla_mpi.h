@@ -79,6 +79,7 @@ NB_API double nb_mpi_mean(double x);
 typedef struct nb_ddp nb_ddp;
 typedef struct nb_ddp_opts {
     int64_t bucket_bytes; /* gradient bytes per bucket; 0 = 25 MiB (DDP's default) */
+    bool no_partial_buckets; /* never send a gradient before it is whole (see below) */
 } nb_ddp_opts;
 
 /* Data parallelism over ps's parameters: broadcasts ps from rank 0 (as
@@ -142,6 +143,8 @@ typedef struct nb_ddp_stats {
     double wait_ms;     /* time in nb_ddp_sync, per step (the communication not hidden) */
     double window_ms;   /* per step, from the first bucket's start to the end of nb_ddp_sync */
     double overlap;     /* the share of that window before nb_ddp_sync, while backward ran */
+    int64_t partial_buckets; /* buckets sent from their gradient's first part (below) */
+    double resent;      /* per step, the share of those buckets' elements sent again */
 } nb_ddp_stats;
 NB_API nb_ddp_stats nb_ddp_get_stats(const nb_ddp *d);
 

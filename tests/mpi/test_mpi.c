@@ -443,6 +443,102 @@ static void adam_steps(mlp *a, nb_ddp *da, nb_optim *full, mlp *b, nb_ddp *db, i
     }
 }
 
+/* A weight tied between the embedding and the output layer (GPT-2's), with
+ * 8 linear layers between: its gradient's first part (the output layer's)
+ * comes at the start of backward, the whole at the end. */
+#define TV 1024 /* vocabulary: 8 chunks of 1024 elements at width TC */
+#define TC 8
+#define TT 4 /* tokens per row */
+typedef struct {
+    nb_params *ps;
+    nb_tensor *wte;
+    nb_Linear mid[4];
+} tied;
+
+static void tied_init(tied *m) {
+    nb_rng r;
+    nb_rng_seed(&r, 5 + (uint64_t)rank); /* different on each rank: the broadcast fixes it */
+    m->ps = nb_params_new();
+    m->wte = nb_params_add(m->ps, "wte", nb_set_requires_grad(nb_randn(NB_F32, NB_SHAPE(TV, TC), &r), true));
+    ck_assert_ptr_nonnull(m->wte);
+    for (int l = 0; l < 4; l++) {
+        char name[8];
+        snprintf(name, sizeof name, "mid%d", l);
+        ck_assert_int_eq(nb_linear_init(&m->mid[l], m->ps, name, TC, TC, true, &r), 0);
+    }
+}
+
+/* Rows [rank*per, (rank+1)*per) of step s's global batch of B rows of TT
+ * tokens in 0..255 (rows 0-31 of wte: chunks 0 and 1), and on the last
+ * rank one token 900 (chunk 7, changed there alone). detach: the embedding
+ * gives wte no gradient (its only part is the output layer's). */
+static nb_tensor *tied_loss(tied *m, int s, bool detach) {
+    int per = B / size;
+    int64_t idx[B * TT], tgt[B * TT];
+    for (int k = 0; k < per * TT; k++) {
+        int64_t g = (int64_t)rank * per * TT + k;
+        idx[k] = (s * 31 + g * 7) % 256;
+        tgt[k] = (s * 17 + g * 5) % TV;
+    }
+    if (rank == size - 1) idx[0] = 900;
+    nb_tensor *h = nb_embedding(m->wte, nb_from_data(NB_I64, NB_SHAPE(per * TT), idx));
+    if (detach) h = nb_detach(h);
+    for (int l = 0; l < 4; l++) h = nb_tanh(nb_linear_forward(&m->mid[l], h));
+    return nb_cross_entropy(nb_linear(h, m->wte, NULL),
+                            nb_from_data(NB_I64, NB_SHAPE(per * TT), tgt), -1, 0);
+}
+
+/* 6 Adam steps: step 2's last rank gives wte only its first part, step 3's
+ * fails before backward (every rank's sync fails; no step). */
+static nb_params *tied_train(bool partial, nb_ddp_stats *st) {
+    tied m;
+    tied_init(&m);
+    nb_ddp *ddp = nb_ddp_new(m.ps, &(nb_ddp_opts){.bucket_bytes = 1024,
+                                                  .no_partial_buckets = !partial});
+    ck_assert_msg(ddp != NULL, "%s", nb_last_error());
+    nb_optim *opt = nb_adam(m.ps, 1e-2, 0.9, 0.999, 1e-8, 0);
+    for (int s = 0; s < 6; s++) {
+        nb_scope_begin();
+        bool fail = s == 3 && rank == size - 1;
+        int rc = fail ? -1 : nb_backward(tied_loss(&m, s, s == 2 && rank == size - 1));
+        int sync = nb_ddp_sync(ddp, rc);
+        ck_assert_msg(sync == (s == 3 && size > 1 ? -1 : 0) || (size == 1 && s == 3 && sync == -1),
+                      "step %d: %s", s, nb_last_error());
+        if (sync == 0) nb_optim_step(opt);
+        nb_optim_zero_grad(opt);
+        nb_scope_end();
+    }
+    *st = nb_ddp_get_stats(ddp);
+    nb_ddp_free(ddp);
+    nb_optim_free(opt);
+    return m.ps;
+}
+
+/* The tied weight's bucket starts from its first part and the chunks that
+ * changed after are sent again: the weights are, bit for bit, those of
+ * sending every gradient whole. */
+START_TEST(a_tied_weight_goes_from_its_first_part_with_the_same_bits) {
+    nb_ddp_stats a, b;
+    nb_params *pa = tied_train(true, &a), *pb = tied_train(false, &b);
+    ck_assert(max_rel_diff(pa, pb) == 0);
+    ck_assert_int_eq(a.partial_buckets, 1);
+    ck_assert_int_eq(b.partial_buckets, 0);
+    /* chosen after step 0; then, of wte's 8 chunks, sent again: 0 and 1
+     * (rows 0-255) and 7 (token 900, last rank) in steps 1, 4 and 5; in
+     * step 2 0 and 1 (the last rank's embedding is detached), in step 3 0
+     * and 1 (the last rank failed). Per good step (5): 13 / (8 x 5). One
+     * rank is the last: nothing in steps 2 and 3. */
+    double want = (size > 1 ? 13.0 : 9.0) / 40;
+    ck_assert_msg(fabs(a.resent - want) < 1e-12, "resent %g, expected %g", a.resent, want);
+    if (rank == 0)
+        printf("mpi ok  %d ranks: the tied weight's bucket sent from its first part, %.1f%% of "
+               "it again after backward; weights the same bits as whole gradients\n", size,
+               100 * a.resent);
+    nb_params_free(pa);
+    nb_params_free(pb);
+}
+END_TEST
+
 /* ZeRO-1: Adam sharded over the ranks gives the bits of Adam on every rank,
  * with the state split: the ranks' shares add up to the whole. */
 START_TEST(sharded_optimizer_state_gives_the_same_weights) {
@@ -618,6 +714,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, different_bucket_bytes_are_refused);
     tcase_add_test(tc, different_parameter_counts_are_refused);
     tcase_add_test(tc, a_failed_nb_ddp_new_fails_everywhere);
+    tcase_add_test(tc, a_tied_weight_goes_from_its_first_part_with_the_same_bits);
     tcase_add_test(tc, sharded_optimizer_state_gives_the_same_weights);
     tcase_add_test(tc, misuse_is_reported);
     tcase_add_test(tc, agree_gives_every_rank_the_failure);
