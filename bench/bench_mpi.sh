@@ -13,7 +13,7 @@
 build=$1
 mpirun=$2
 gpt=$build/examples/gpt
-args="--config gpt2 --batch 4 --seq 64 --steps 6"
+args="--config gpt2 --tokenizer tests/fixtures/gpt2/encoder.json --batch 4 --seq 64 --steps 6"
 log=$build/bench-mpi
 
 # run NAME NP ARGS...: gpt ARGS on NP processes (1: alone, else mpirun and
@@ -70,8 +70,8 @@ echo
 echo "3. memory per process (mean peak RSS of the ranks), AdamW state sharded (ZeRO stage 1, --zero) or not"
 params=$(awk '/parameters$/ {for (i = 1; i < NF; i++) if ($(i + 1) == "parameters") print $i}' "$log/1x1.log" | tr -d 'M')
 # 4 ranks on this machine's cores: for memory only (2 steps; their times mean nothing)
-run 4x1 4 --config gpt2 --batch 4 --seq 64 --steps 2 --threads 1
-run 4x1z 4 --config gpt2 --batch 4 --seq 64 --steps 2 --threads 1 --zero
+run 4x1 4 --config gpt2 --tokenizer tests/fixtures/gpt2/encoder.json --batch 4 --seq 64 --steps 2 --threads 1
+run 4x1z 4 --config gpt2 --tokenizer tests/fixtures/gpt2/encoder.json --batch 4 --seq 64 --steps 2 --threads 1 --zero
 printf "%-8s %16s %16s %8s %26s\n" ranks "without --zero" "with --zero" saved "AdamW state per rank"
 for n in 2 4; do
     a=$(mean_rss ${n}x1)

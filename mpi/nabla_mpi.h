@@ -31,6 +31,20 @@
  * N-1, and the sums are gathered back to every rank (an all-gather): the
  * traffic of a ring allreduce, 2 (N-1)/N of the bucket per rank.
  *
+ * Partial buckets: a weight tied between the first and the last layer
+ * (GPT-2's token embedding and lm_head) gets the bulk of its gradient at the
+ * start of backward (the output layer's part) and the rest, a few rows from
+ * the embedding, at the very end. After the first step, such a parameter
+ * (alone in its bucket, with two or more contributions, and at least a
+ * quarter of the parameters finished between its first and its whole, on
+ * every rank) gets a partial bucket: it starts first, from the first part
+ * (nb_set_grad_contribution_hook); when the whole is known, the chunks of
+ * 1024 elements that changed since on any rank are reduced again the same
+ * way. Every element's sum has the same terms in the same order, so the
+ * result is bit for bit that of waiting for the whole; what is left after
+ * backward is the changed rows instead of the whole bucket.
+ * no_partial_buckets (or NABLA_DDP_PARTIAL=0) turns it off.
+ *
  * Errors: as everywhere in nabla, -1 (or NULL) and nb_last_error(). A rank
  * that failed in its step passes its rc to nb_ddp_sync: it still takes part
  * in the step's collectives (with zeros), and then every rank returns -1 with
