@@ -1,5 +1,6 @@
-/* mpi_allreduce.c: make bench-mpi's reduction figures, under mpirun (2 ranks
- * on this machine). For gradients of 4, 64 and 256 MiB (f32):
+/* mpi_allreduce.c [KIB...]: make bench-mpi's reduction figures, under mpirun
+ * (2 ranks on this machine). For gradients of 4, 64 and 256 MiB (f32; or
+ * the sizes given, in KiB: make bench-mpi-net adds 4 KiB for the latency):
  *   - MPI_Allreduce (MPI_SUM, in place), Open MPI's own choice of algorithm:
  *     the machine's figure;
  *   - nb_ddp_sync after a backward whose gradient is ready at once (one
@@ -43,9 +44,19 @@ int main(int argc, char **argv) {
     if (rank == 0)
         printf("%-10s %14s %12s %14s %12s %12s\n", "gradient", "MPI_Allreduce", "bus GB/s",
                "nb_ddp_sync", "bus GB/s", "backward");
-    static const int mib[3] = {4, 64, 256};
-    for (int s = 0; s < 3; s++) {
-        int64_t count = (int64_t)mib[s] << 18; /* floats */
+    int64_t kib[16] = {4 << 10, 64 << 10, 256 << 10};
+    int nsizes = argc > 1 ? argc - 1 : 3;
+    if (nsizes > 16) nsizes = 16;
+    for (int s = 0; s < nsizes && argc > 1; s++) {
+        kib[s] = strtoll(argv[s + 1], NULL, 10);
+        if (kib[s] < 1 || kib[s] > (1 << 20)) {
+            if (rank == 0) fprintf(stderr, "mpi_allreduce: size %s KiB: give 1 .. 1048576\n", argv[s + 1]);
+            nb_mpi_finalize();
+            return 2;
+        }
+    }
+    for (int s = 0; s < nsizes; s++) {
+        int64_t count = kib[s] << 8; /* floats */
         double bytes = 4.0 * (double)count, bus = 2.0 * (n - 1) / n * bytes;
         float *buf = calloc((size_t)count, sizeof *buf);
         double t[REPS];
@@ -89,8 +100,10 @@ int main(int argc, char **argv) {
         }
         double ddp_t = median(t);
         if (rank == 0)
-            printf("%6d MiB %12.1f ms %12.2f %12.1f ms %12.2f %9.1f ms\n", mib[s], 1e3 * mpi,
-                   bus / mpi * 1e-9, 1e3 * (ddp_t - back), bus / (ddp_t - back) * 1e-9, 1e3 * back);
+            printf("%6lld %s %12.2f ms %12.2f %12.2f ms %12.2f %9.2f ms\n",
+                   (long long)(kib[s] % 1024 ? kib[s] : kib[s] >> 10), kib[s] % 1024 ? "KiB" : "MiB",
+                   1e3 * mpi, bus / mpi * 1e-9, 1e3 * (ddp_t - back),
+                   bus / (ddp_t - back) * 1e-9, 1e3 * back);
         nb_ddp_free(ddp);
         nb_params_free(ps);
     }
