@@ -562,6 +562,13 @@ test-mpi-net: mpi check-deps
 	@$(MAKE) --no-print-directory MPI=1 BUILD=build-mpi build-mpi/examples/gpt
 	@sh tests/mpi/net_check.sh $(BUILD) "$(MPIRUN)" $(MPI_NP)
 
+# build/mpi/net_relay (tests/mpi/net_relay.c): links with a delay without
+# netem (issue 29), a user-space switch between TUN devices in network
+# namespaces that holds each packet D us. Plain C, no MPI.
+$(BUILD)/mpi/net_relay: tests/mpi/net_relay.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@
+
 # make asan-mpi: nabla_mpi, its suites and the examples' --dist under
 # ASan/UBSan and LeakSanitizer, on make asan's objects (build-asan). What
 # Open MPI allocates for the life of the process is suppressed
