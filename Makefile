@@ -562,6 +562,26 @@ test-mpi-net: mpi check-deps
 	@$(MAKE) --no-print-directory MPI=1 BUILD=build-mpi build-mpi/examples/gpt
 	@sh tests/mpi/net_check.sh $(BUILD) "$(MPIRUN)" $(MPI_NP)
 
+# build/mpi/net_relay (tests/mpi/net_relay.c): links with a delay without
+# netem (issue 29), a user-space switch between TUN devices in network
+# namespaces that holds each packet D us. Plain C, no MPI.
+$(BUILD)/mpi/net_relay: tests/mpi/net_relay.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@
+
+# make net-delay-check (root; otherwise it says so and skips): net_relay
+# measured by tests/mpi/net_delay_check.sh with tests/mpi/net_probe.c (RTT
+# at D = 0, 100, 1000 us; TCP one way and both ways through tbf at 1/10/25
+# Gb/s and unshaped; the relay's CPU per GB; the veth + bridge path of
+# make test-mpi-net beside it). Plain C, no MPI; about 3 minutes.
+$(BUILD)/mpi/net_probe: tests/mpi/net_probe.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@
+
+.PHONY: net-delay-check
+net-delay-check: $(BUILD)/mpi/net_relay $(BUILD)/mpi/net_probe
+	@sh tests/mpi/net_delay_check.sh $(BUILD)
+
 # make asan-mpi: nabla_mpi, its suites and the examples' --dist under
 # ASan/UBSan and LeakSanitizer, on make asan's objects (build-asan). What
 # Open MPI allocates for the life of the process is suppressed
