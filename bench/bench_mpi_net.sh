@@ -60,20 +60,27 @@ $mpirun -np 2 "$gpt" --dist $args > "$log/shm.log" 2>&1 || { cat "$log/shm.log";
 $mpirun -np 2 "$build/mpi/mpi_allreduce" 4 65536 > "$log/shm-ar.log" 2>&1 || { cat "$log/shm-ar.log"; exit 1; }
 c1=$(median_ms "$log/1x1.log")
 printf "%-22s %9s %9s %8s %10s %9s %12s\n" link ms/step exposed overlap "bus GB/s" "of link" "4 KiB sync"
-row() { # label, gpt log, allreduce log, rate in Gb/s (or -)
-    set -- "$1" "$2" "$3" "$4" "$(median_ms "$2")" "$(dist_field "$2" wait)" "$(dist_field "$2" overlap)" $(allreduce "$3")
+row() { # label, gpt log, allreduce log, rate in Gb/s (or -), delay in us (or -)
+    set -- "$1" "$2" "$3" "$4" "$(median_ms "$2")" "$(dist_field "$2" wait)" "$(dist_field "$2" overlap)" $(allreduce "$3") \
+        "$(dist_field "$2" window)" "$5"
     awk -v l="$1" -v r="$4" -v ms="$5" -v ex="$6" -v ov="$7" -v bus="$8" -v lat="$9" 'BEGIN {
         of = r == "-" ? "-" : sprintf("%.0f%%", 100 * bus * 8 / r)
         printf "%-22s %9s %6.1f ms %7s%% %10.2f %9s %9.2f ms\n", l, ms, ex, ov, bus, of, lat }'
+    # for the model: rate delay ms exposed overlap window bus
+    echo "$4 ${11} $5 $6 $7 ${10} $8" >> "$log/rows.txt"
 }
 echo "one process alone       $c1 ms/step (the computation)"
-row "shared memory" "$log/shm.log" "$log/shm-ar.log" -
+rm -f "$log/rows.txt"
+row "shared memory" "$log/shm.log" "$log/shm-ar.log" - -
 
 for link in $links; do
     rate=${link%%:*} us=${link##*:}
     gbit=$(echo "$rate" | sed 's/gbit$//')
     name=$rate-${us}us
-    if ! net_hosts_relay 2 "$us" || ! net_shape "$rate"; then
+    # TCP buffers of up to 32 MB, as hosts tuned for a 25 Gb/s link would
+    # have: a new namespace's 4 MB send limit caps a stream near 10 Gb/s at a
+    # 2 ms RTT (make net-delay-check)
+    if ! net_hosts_relay 2 "$us" || ! net_shape "$rate" || ! net_tcp_buffers 33554432; then
         cat "$tmp/relay.log"
         echo "make bench-mpi-net: could not set up 2 hosts ($rate, $us us)"
         exit 1
@@ -85,7 +92,13 @@ for link in $links; do
         > "$log/$name-ar.log" 2>&1 || { cat "$log/$name-ar.log"; exit 1; }
     net_cleanup
     cp "$tmp/relay.log" "$log/$name-relay.log"
-    row "$rate, $(awk -v u="$us" 'BEGIN {printf "%g", u / 1000}') ms" "$log/$name.log" "$log/$name-ar.log" "$gbit"
+    row "$rate, $(awk -v u="$us" 'BEGIN {printf "%g", u / 1000}') ms" "$log/$name.log" "$log/$name-ar.log" "$gbit" "$us"
+    awk -v l="$rate, $us us" '/hold us/ {printf "   net_relay %s: hold median %s us, p99 %s us;", l, $6, $8}
+        /cpu s per GB/ {printf " %s CPU s per GB\n", $(NF - 4)}' "$log/$name-relay.log"
 done
+gb=$(sed -n 's/^--dist: 2 ranks; \([0-9.]*\) MB of gradients.*/\1/p' "$log/shm.log" | head -1)
+relay_cpu=$(cat "$log"/*-relay.log | awk '/cpu s per GB/ {s += $(NF - 4); n++} END {if (n) printf "%.3f", s / n}')
+echo
+awk -v c="$c1" -v gb="$gb" -v relay="$relay_cpu" -f bench/net_model.awk "$log/rows.txt"
 left=$(net_left)
 [ "$left" -eq 0 ] || { echo "make bench-mpi-net: $left namespaces or links of this run left behind"; exit 1; }

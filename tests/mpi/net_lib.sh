@@ -10,7 +10,11 @@
 #                          here, for mpirun), joined by net_relay holding
 #                          every packet D us (an RTT of 2D); $relay is the
 #                          relay program; its report goes to $tmp/relay.log
+#   net_hosts_bridge N     N hosts ${p}n1..N, each a namespace with a veth
+#                          ${p}h<i> at $net.<i> into a bridge ${p}b of this
+#                          namespace at $net.254 (no delay)
 #   net_shape RATE         tbf RATE on every host's device (egress)
+#   net_tcp_buffers BYTES  TCP autotuning up to BYTES each way on every host
 #   net_mpi_args           mpirun's options: one orted per host through an
 #                          rsh agent that runs `ip netns exec`, hostfile,
 #                          TCP only on $net.0/24
@@ -89,6 +93,20 @@ net_hosts_relay() {
     net_rsh "$n"
 }
 
+net_hosts_bridge() {
+    ip link add "${p}b" type bridge && ip addr add "$net.254/24" dev "${p}b" && ip link set "${p}b" up || return 1
+    i=1
+    while [ "$i" -le "$1" ]; do
+        ns=${p}n$i
+        ip netns add "$ns" && ip link add "${p}h$i" type veth peer name "${p}r$i" &&
+            ip link set "${p}h$i" netns "$ns" && ip -n "$ns" addr add "$net.$i/24" dev "${p}h$i" &&
+            ip -n "$ns" link set "${p}h$i" up && ip -n "$ns" link set lo up &&
+            ip link set "${p}r$i" master "${p}b" && ip link set "${p}r$i" up || return 1
+        i=$((i + 1))
+    done
+    net_rsh "$1"
+}
+
 net_shape() {
     i=1
     while ip netns list | grep -q "^${p}n$i\b"; do
@@ -98,8 +116,15 @@ net_shape() {
     done
 }
 
+net_tcp_buffers() {
+    for ns in $(ip netns list | awk '{print $1}' | grep "^${p}n"); do
+        ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_rmem="4096 131072 $1" \
+            net.ipv4.tcp_wmem="4096 16384 $1" || return 1
+    done
+}
+
 net_mpi_args() {
     echo "--hostfile $tmp/hosts --mca plm_rsh_agent $tmp/rsh --mca btl tcp,self" \
         "--mca btl_tcp_if_include $net.0/24 --mca oob_tcp_if_include $net.0/24" \
-        "--mca rtc_hwloc_vmhole none"
+        "--mca rtc_hwloc_vmhole none --bind-to none"
 }
