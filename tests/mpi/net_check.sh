@@ -15,7 +15,7 @@
 #      last host's rank gets SIGKILL from outside (its pid in its
 #      namespace): mpirun must end within 30 s with its message naming the
 #      rank, its pid and signal 9, and no process of the run may remain.
-#      Now and then (1 run in 18 here) a rank that writes to the dead one's
+#      Now and then (once in 29 kills here) a rank that writes to the dead one's
 #      socket dies of SIGPIPE first, and mpirun names that rank and signal
 #      13 instead: then the killed host must be the "Peer host" of Open
 #      MPI's "peer hung up" message;
