@@ -554,11 +554,13 @@ test-mpi: mpi check-deps
 
 # make test-mpi-net (root; otherwise it says so and skips): test_mpi with one
 # rank per emulated host (a network namespace with a tbf-shaped veth into a
-# bridge), over Open MPI's TCP path, on 2 and 4 hosts; everything it makes
-# is torn down, also on failure or interrupt, and checked gone
-# (tests/mpi/net_check.sh). In .ci/run (~15 s).
+# bridge), over Open MPI's TCP path, on 2 and 4 hosts, gpt --dist against
+# shared memory, a resume from 2 hosts to 4, and the faults of a network
+# (a killed rank, a link taken down: $(BUILD)/mpi/fault train); everything
+# it makes is torn down, also on failure or interrupt, and checked gone
+# (tests/mpi/net_check.sh). In .ci/run (~70 s).
 test-mpi-net: mpi check-deps
-	@$(MAKE) --no-print-directory $(BUILD)/mpi/test_mpi
+	@$(MAKE) --no-print-directory $(BUILD)/mpi/test_mpi $(BUILD)/mpi/fault
 	@$(MAKE) --no-print-directory MPI=1 BUILD=build-mpi build-mpi/examples/gpt
 	@sh tests/mpi/net_check.sh $(BUILD) "$(MPIRUN)" $(MPI_NP)
 

@@ -58,7 +58,8 @@ static int wait_all(const char *fn, const char *what, int n, MPI_Request *reqs) 
         if (now() > deadline) {
             broken = true;
             nb_report_error("%s: rank %d: %s: no answer from the other ranks for %g s (a rank "
-                            "died, or stopped calling %s); MPI cannot go on, and "
+                            "died or stopped calling %s, or the network between the "
+                            "ranks is down); MPI cannot go on, and "
                             "nb_mpi_finalize will abort the job", fn, my_rank, what, limit, fn);
             return -1;
         }

@@ -21,7 +21,7 @@ for np in "$@"; do
         dt=$(($(date +%s) - t0))
         case $mode in
         kill) want="exited on signal 9" ;;
-        silent) want="no answer from the other ranks for 5 s (a rank died, or stopped calling nb_ddp_sync)" ;;
+        silent) want="no answer from the other ranks for 5 s (a rank died or stopped calling nb_ddp_sync, or the network between the ranks is down)" ;;
         esac
         if [ "$status" -ne 0 ] && [ "$dt" -le 30 ] && grep -qF "$want" "$out"; then
             echo "fault-check: $np ranks, $mode: stopped in ${dt} s (exit $status): $(grep -m1 -F "$want" "$out" | sed 's/^ *//')"
