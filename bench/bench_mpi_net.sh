@@ -14,7 +14,8 @@
 #     its time on 4 KiB (latency);
 #   - what docs/distributed.md's model predicts for that link.
 # NET_BENCH="1gbit:100 ..." picks the links (rate:delay in us); NET_STEPS
-# the steps (default 6).
+# the steps (default 6); NET_REPORT_ONLY=1 prints the tables again from the
+# last run's logs (BUILD/bench-mpi-net/) without running anything.
 build=$1
 mpirun=$2
 relay=${RELAY:-build/mpi/net_relay}
@@ -54,10 +55,11 @@ echo "make bench-mpi-net: $(date -u '+%Y-%m-%d %H:%M UTC'); $(lscpu | sed -n 's/
 echo "GPT-2 124M, B=4 rows per rank, T=64, f32, AdamW; 2 hosts x 1 rank x 1 thread; median of steps 2-$steps"
 echo
 
+keep=${NET_REPORT_ONLY:-}
 # the computation alone, and 2 processes over shared memory
-"$gpt" $args > "$log/1x1.log" 2>&1 || { cat "$log/1x1.log"; exit 1; }
-$mpirun -np 2 "$gpt" --dist $args > "$log/shm.log" 2>&1 || { cat "$log/shm.log"; exit 1; }
-$mpirun -np 2 "$build/mpi/mpi_allreduce" 4 65536 > "$log/shm-ar.log" 2>&1 || { cat "$log/shm-ar.log"; exit 1; }
+[ -n "$keep" ] || "$gpt" $args > "$log/1x1.log" 2>&1 || { cat "$log/1x1.log"; exit 1; }
+[ -n "$keep" ] || $mpirun -np 2 "$gpt" --dist $args > "$log/shm.log" 2>&1 || { cat "$log/shm.log"; exit 1; }
+[ -n "$keep" ] || $mpirun -np 2 "$build/mpi/mpi_allreduce" 4 65536 > "$log/shm-ar.log" 2>&1 || { cat "$log/shm-ar.log"; exit 1; }
 c1=$(median_ms "$log/1x1.log")
 printf "%-22s %9s %9s %8s %10s %9s %12s\n" link ms/step exposed overlap "bus GB/s" "of link" "4 KiB sync"
 row() { # label, gpt log, allreduce log, rate in Gb/s (or -), delay in us (or -)
@@ -73,10 +75,7 @@ echo "one process alone       $c1 ms/step (the computation)"
 rm -f "$log/rows.txt"
 row "shared memory" "$log/shm.log" "$log/shm-ar.log" - -
 
-for link in $links; do
-    rate=${link%%:*} us=${link##*:}
-    gbit=$(echo "$rate" | sed 's/gbit$//')
-    name=$rate-${us}us
+bench_link() { # one link: its hosts, gpt and the reduction, the relay's report
     # TCP buffers of up to 32 MB, as hosts tuned for a 25 Gb/s link would
     # have: a new namespace's 4 MB send limit caps a stream near 10 Gb/s at a
     # 2 ms RTT (make net-delay-check)
@@ -92,8 +91,15 @@ for link in $links; do
         > "$log/$name-ar.log" 2>&1 || { cat "$log/$name-ar.log"; exit 1; }
     net_cleanup
     cp "$tmp/relay.log" "$log/$name-relay.log"
+}
+
+for link in $links; do
+    rate=${link%%:*} us=${link##*:}
+    gbit=$(echo "$rate" | sed 's/gbit$//')
+    name=$rate-${us}us
+    [ -n "$keep" ] || bench_link
     row "$rate, $(awk -v u="$us" 'BEGIN {printf "%g", u / 1000}') ms" "$log/$name.log" "$log/$name-ar.log" "$gbit" "$us"
-    awk -v l="$rate, $us us" '/hold us/ {printf "   net_relay %s: hold median %s us, p99 %s us;", l, $6, $8}
+    awk -v l="$rate, $us us" '/hold us/ {printf "   net_relay %s: hold median %s us, p99 %s us;", l, $7, $9}
         /cpu s per GB/ {printf " %s CPU s per GB\n", $(NF - 4)}' "$log/$name-relay.log"
 done
 gb=$(sed -n 's/^--dist: 2 ranks; \([0-9.]*\) MB of gradients.*/\1/p' "$log/shm.log" | head -1)
