@@ -42,7 +42,7 @@ static bool need_init(const char *fn) {
 }
 
 /* NABLA_MPI_TIMEOUT seconds (default 20) without the requests completing:
- * a rank died or stopped taking part. */
+ * a rank died or stopped taking part, or the network between them is down. */
 static double timeout_s(void) {
     const char *e = getenv("NABLA_MPI_TIMEOUT");
     double t = e ? strtod(e, NULL) : 0;

@@ -51,9 +51,10 @@
  * the failed rank's message ("nb_ddp_sync: rank 1 failed: nb_matmul: ..."),
  * instead of the others waiting forever. Every rank must call nb_ddp_sync
  * once per step. A wait that sees no progress for NABLA_MPI_TIMEOUT seconds
- * (default 20: a rank died, or stopped calling nb_ddp_sync) fails with a
- * message naming the timeout; MPI cannot go on after that, and
- * nb_mpi_finalize then aborts the job instead of waiting for the others. */
+ * (default 20: a rank died or stopped calling nb_ddp_sync, or the network
+ * between the ranks is down) fails with a message naming the timeout; MPI
+ * cannot go on after that, and nb_mpi_finalize then aborts the job instead
+ * of waiting for the others. */
 #ifndef NABLA_MPI_H
 #define NABLA_MPI_H
 

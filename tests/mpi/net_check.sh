@@ -34,8 +34,8 @@
 #      Every mpirun is under timeout, so a hang fails the test.
 #
 # Each host is a network namespace with a veth into a bridge of the root
-# namespace; the links are shaped with tbf (this kernel has no netem, so no
-# added delay yet). mpirun starts one orted per host through a fake rsh
+# namespace (tests/mpi/net_lib.sh); the links are shaped with tbf (delays
+# come from tests/mpi/net_relay.c, in make bench-mpi-net). mpirun starts one orted per host through a fake rsh
 # (`ip netns exec <host's namespace> sh -c ...`): ranks started by
 # `ip netns exec` under one mpirun cannot reach its PMIx server from another
 # namespace. Each orted has its own session directory, and the hwloc
@@ -53,62 +53,22 @@ if [ "$(id -u)" -ne 0 ] || ! command -v ip > /dev/null || ! command -v tc > /dev
     echo "make test-mpi-net: skipped: needs root and iproute2's ip and tc (network namespaces, veth, tbf)"
     exit 0
 fi
-p=nbq$(($$ % 10000))x       # names: at most 15 characters; the x ends the
-                            # prefix, so no other run's (nbq123x) starts with ours (nbq12x)
-net=10.$((100 + $$ % 100)).$(($$ / 100 % 200 + 1)) # a /24 of this run's own
-tmp=$(mktemp -d)
 rate=${NET_RATE:-10gbit}
-
+. tests/mpi/net_lib.sh
+net_init q 100
 say() { echo "make test-mpi-net: $*"; }
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
-# pids of the processes in this run's namespaces
-runpids() { for ns in $(ip netns list 2> /dev/null | awk '{print $1}' | grep "^${p}n"); do ip netns pids "$ns"; done; }
-
-cleanup() {
-    pids=$(runpids)
-    [ -z "$pids" ] || kill -9 $pids 2> /dev/null
-    for ns in $(ip netns list 2> /dev/null | awk '{print $1}' | grep "^${p}n"); do ip netns del "$ns"; done
-    ip link del "${p}b" 2> /dev/null
-    # a veth's root-side end goes when its namespace is released, a moment later
-    for _ in 1 2 3 4 5 6 7 8 9 10; do
-        ip -o link show | grep -q ": ${p}" || break
-        sleep 0.5
-    done
-    for l in $(ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep "^${p}"); do ip link del "$l" 2> /dev/null; done
-}
-trap 'cleanup; rm -rf "$tmp"' EXIT
+trap 'net_cleanup; rm -rf "$tmp"' EXIT
 trap 'exit 130' INT TERM HUP
 
-# hosts N: namespaces ${p}n1..N at $net.1..N, bridge ${p}b at $net.254
-hosts() {
-    ip link add "${p}b" type bridge && ip addr add "$net.254/24" dev "${p}b" && ip link set "${p}b" up || return 1
-    : > "$tmp/hosts"
-    printf '#!/bin/sh\nhost=$1; shift\ncase "$host" in\n' > "$tmp/rsh"
-    i=1
-    while [ "$i" -le "$1" ]; do
-        ns=${p}n$i
-        ip netns add "$ns" && ip link add "${p}h$i" type veth peer name "${p}r$i" &&
-            ip link set "${p}h$i" netns "$ns" && ip -n "$ns" addr add "$net.$i/24" dev "${p}h$i" &&
-            ip -n "$ns" link set "${p}h$i" up && ip -n "$ns" link set lo up &&
-            ip link set "${p}r$i" master "${p}b" && ip link set "${p}r$i" up &&
-            ip netns exec "$ns" tc qdisc add dev "${p}h$i" root tbf rate "$rate" burst 1mb latency 50ms &&
-            ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_retries2=5 || return 1
-        echo "$net.$i slots=1" >> "$tmp/hosts"
-        printf '%s) ns=%s ;;\n' "$net.$i" "$ns" >> "$tmp/rsh"
-        i=$((i + 1))
-    done
-    # each host's orted gets a session directory of its own: on one /tmp
-    # they raced to make the same one ("File exists")
-    printf '*) echo "net_check rsh: unknown host $host" >&2; exit 1 ;;\nesac\n' >> "$tmp/rsh"
-    printf 'mkdir -p "%s/$ns"\nexec ip netns exec "$ns" env OMPI_MCA_orte_tmpdir_base="%s/$ns" sh -c "$*"\n' \
-        "$tmp" "$tmp" >> "$tmp/rsh"
-    chmod +x "$tmp/rsh"
-}
+# hosts N: namespaces ${p}n1..N at $net.1..N, a bridge ${p}b at $net.254,
+# links shaped; TCP gives up on a dead peer after 5 retries (about 13 s;
+# Linux's default 15 take about 15 minutes: see 5.)
+hosts() { net_hosts_bridge "$1" && net_shape "$rate" && net_sysctl net.ipv4.tcp_retries2=5; }
 
 # mpirun's options for the emulated hosts
-over="--hostfile $tmp/hosts --mca plm_rsh_agent $tmp/rsh --mca btl tcp,self --mca btl_tcp_if_include $net.0/24
-    --mca oob_tcp_if_include $net.0/24 --mca rtc_hwloc_vmhole none -x NABLA_NUM_THREADS"
+over="$(net_mpi_args) -x NABLA_NUM_THREADS"
 export NABLA_NUM_THREADS=1
 losses() { grep '^step [0-9]*: loss' "$1" | sed 's/ (.*//'; } # without the times
 g="--config tiny --seq 32 --dropout 0"
@@ -169,11 +129,11 @@ fault() {
     wait "$mpid"
     status=$? dt=$(since "$t0")
     # then until no process of the run is left in its namespaces (20 s at most)
-    while [ -n "$(runpids)" ] && [ "$(since "$t0" | cut -d. -f1)" -lt "$(( ${dt%.*} + 20 ))" ]; do
+    while [ -n "$(net_pids)" ] && [ "$(since "$t0" | cut -d. -f1)" -lt "$(( ${dt%.*} + 20 ))" ]; do
         [ -n "$hostgone" ] || [ -n "$(ip netns pids "${p}n$n")" ] || hostgone=$(since "$t0")
         sleep 0.1
     done
-    left=$(runpids | wc -l) gone=$(since "$t0")
+    left=$(net_pids | wc -l) gone=$(since "$t0")
     [ "$mode" = down ] && ip link set "${p}r$n" up
     if [ "$status" -eq 124 ]; then
         cat "$out"; say "$n hosts, $mode: mpirun hung (killed by timeout after 60 s)"; return 1
@@ -289,9 +249,9 @@ for n in "$@"; do
         say "$build/mpi/fault is missing"
         rc=1
     fi
-    cleanup
+    net_cleanup
 done
-left=$( (ip netns list | sed 's/^/: /'; ip -o link show; tc qdisc show | sed 's/ dev / : /') | grep -c ": ${p}")
+left=$(net_left)
 if [ "$left" -ne 0 ]; then
     say "$left namespaces, links or qdiscs of this run left behind"
     rc=1

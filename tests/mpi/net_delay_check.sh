@@ -29,12 +29,8 @@ if [ ! -x "$relay" ] || [ ! -x "$probe" ]; then
     echo "make net-delay-check: $relay or $probe not built"
     exit 1
 fi
-p=nbd$(($$ % 10000))x # the x ends the prefix: no other run's (nbd123x) starts with ours (nbd12x)
-# a /24 of this run's own, out of net_check.sh's 10.100-199.*; it is only
-# ever given to devices inside this run's namespaces
-net=10.$((200 + $$ % 50)).$(($$ / 50 % 250 + 1))
-tmp=$(mktemp -d)
-rpid=
+. tests/mpi/net_lib.sh
+net_init d 200 # 10.200-249.*: net_check.sh's and bench-mpi-net's are below
 bgp= # the probes running in the background
 rc=0
 hz=$(getconf CLK_TCK)
@@ -42,19 +38,7 @@ hz=$(getconf CLK_TCK)
 cleanup() {
     for b in $bgp; do kill "$b" 2> /dev/null; done
     bgp=
-    if [ -n "$rpid" ]; then
-        kill "$rpid" 2> /dev/null
-        wait "$rpid" 2> /dev/null
-        rpid=
-    fi
-    for ns in $(ip netns list 2> /dev/null | awk '{print $1}' | grep "^${p}n"); do ip netns del "$ns"; done
-    ip link del "${p}b" 2> /dev/null
-    # a veth's root-side end goes when its namespace is released, a moment later
-    for _ in 1 2 3 4 5 6 7 8 9 10; do
-        ip -o link show | grep -q ": ${p}" || break
-        sleep 0.5
-    done
-    for l in $(ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep "^${p}"); do ip link del "$l" 2> /dev/null; done
+    net_cleanup
 }
 trap 'cleanup; rm -rf "$tmp"' EXIT
 trap 'exit 130' INT TERM HUP
@@ -232,7 +216,7 @@ sed 's/^/    /' "$tmp/tput"
 echo "make net-delay-check: load average at the end $(cut -d' ' -f1-3 /proc/loadavg)"
 
 cleanup
-left=$( (ip netns list | sed 's/^/: /'; ip -o link show) | grep -c ": ${p}")
+left=$(net_left)
 if [ "$left" -ne 0 ]; then
     fail "$left namespaces or links of this run left behind"
 else

@@ -18,9 +18,13 @@
 #   net_mpi_args           mpirun's options: one orted per host through an
 #                          rsh agent that runs `ip netns exec`, hostfile,
 #                          TCP only on $net.0/24
-#   net_cleanup            stops the relay, removes every namespace and link
-#                          of the run (waits for veths' async release)
-#   net_left               prints how many of the run's names are left
+#   net_sysctl K=V...      sysctl K=V on every host (a namespace's own)
+#   net_pids               the processes in the run's namespaces
+#   net_cleanup            stops the relay, kills what runs in the run's
+#                          namespaces, removes every namespace and link of the
+#                          run (waits for veths' async release)
+#   net_left               prints how many of the run's namespaces, links and
+#                          qdiscs are left
 net_init() {
     p=nb$1$(($$ % 10000))x
     net=10.$(($2 + $$ % 50)).$(($$ / 50 % 250 + 1))
@@ -29,14 +33,20 @@ net_init() {
     : > "$tmp/hosts"
 }
 
+net_namespaces() { ip netns list 2> /dev/null | awk '{print $1}' | grep "^${p}n"; }
+net_pids() { for ns in $(net_namespaces); do ip netns pids "$ns"; done; }
+
 net_cleanup() {
+    pids=$(net_pids)
+    [ -z "$pids" ] || kill -9 $pids 2> /dev/null
     if [ -n "$rpid" ]; then
         kill "$rpid" 2> /dev/null
         wait "$rpid" 2> /dev/null
         rpid=
     fi
-    for ns in $(ip netns list 2> /dev/null | awk '{print $1}' | grep "^${p}n"); do ip netns del "$ns"; done
+    for ns in $(net_namespaces); do ip netns del "$ns"; done
     ip link del "${p}b" 2> /dev/null
+    # a veth's root-side end goes when its namespace is released, a moment later
     for _ in 1 2 3 4 5 6 7 8 9 10; do
         ip -o link show | grep -q ": ${p}" || break
         sleep 0.5
@@ -45,7 +55,7 @@ net_cleanup() {
 }
 
 net_left() {
-    (ip netns list | sed 's/^/: /'; ip -o link show) | grep -c ": ${p}"
+    (ip netns list | sed 's/^/: /'; ip -o link show; tc qdisc show | sed 's/ dev / : /') | grep -c ": ${p}"
 }
 
 # the rsh agent and hostfile for hosts 1..N (host i: $net.i in ${p}n<i>);
@@ -60,7 +70,7 @@ net_rsh() {
         printf '%s) ns=%s ;;\n' "$net.$i" "${p}n$i" >> "$tmp/rsh"
         i=$((i + 1))
     done
-    printf '*) echo "rsh: unknown host $host" >&2; exit 1 ;;\nesac\n' >> "$tmp/rsh"
+    printf '*) echo "net_lib rsh: unknown host $host" >&2; exit 1 ;;\nesac\n' >> "$tmp/rsh"
     printf 'mkdir -p "%s/$ns"\nexec ip netns exec "$ns" env OMPI_MCA_orte_tmpdir_base="%s/$ns" sh -c "$*"\n' \
         "$tmp" "$tmp" >> "$tmp/rsh"
     chmod +x "$tmp/rsh"
@@ -108,20 +118,17 @@ net_hosts_bridge() {
 }
 
 net_shape() {
-    i=1
-    while ip netns list | grep -q "^${p}n$i\b"; do
-        dev=$(ip -n "${p}n$i" -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep "^${p}" | head -1)
-        ip netns exec "${p}n$i" tc qdisc replace dev "$dev" root tbf rate "$1" burst 1mb latency 50ms || return 1
-        i=$((i + 1))
+    for ns in $(net_namespaces); do
+        dev=$(ip -n "$ns" -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep "^${p}" | head -1)
+        ip netns exec "$ns" tc qdisc replace dev "$dev" root tbf rate "$1" burst 1mb latency 50ms || return 1
     done
 }
 
-net_tcp_buffers() {
-    for ns in $(ip netns list | awk '{print $1}' | grep "^${p}n"); do
-        ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_rmem="4096 131072 $1" \
-            net.ipv4.tcp_wmem="4096 16384 $1" || return 1
-    done
+net_sysctl() {
+    for ns in $(net_namespaces); do ip netns exec "$ns" sysctl -q -w "$@" || return 1; done
 }
+
+net_tcp_buffers() { net_sysctl net.ipv4.tcp_rmem="4096 131072 $1" net.ipv4.tcp_wmem="4096 16384 $1"; }
 
 net_mpi_args() {
     echo "--hostfile $tmp/hosts --mca plm_rsh_agent $tmp/rsh --mca btl tcp,self" \
