@@ -652,12 +652,13 @@ nb_ddp *nb_ddp_new(nb_params *ps, const nb_ddp_opts *opts) {
     return d;
 }
 
-/* Every parameter's .grad = its bucket's mean. A parameter backward did not
- * reach gets a .grad first, through a backward of the leaf itself. */
-static int write_back(nb_ddp *d) {
+/* Bucket k's parameters' .grad = the bucket's mean. A parameter backward
+ * did not reach gets a .grad first, through a backward of the leaf itself. */
+static int write_back(nb_ddp *d, int k) {
     for (int i = 0; i < d->nslots; i++) {
         slot *s = &d->slots[i];
         bucket *b = &d->b[s->bucket];
+        if (s->bucket != k) continue;
         nb_tensor *g = nb_grad(s->p);
         if (!g) {
             nb_scope_begin();
@@ -794,25 +795,37 @@ int nb_ddp_sync(nb_ddp *d, int status) {
     for (int i = 0; i < d->nslots; i++)
         if (!d->slots[i].filled) fill(d, i, NULL);
     int rc = advance(d, false);
-    for (; rc == 0 && d->next2 < d->nb; d->next2++) {
+    /* every rank's status first (on its own communicator; the buckets in
+     * flight go on meanwhile), so that each bucket's mean is written back as
+     * soon as it is complete, while the ones behind it still travel */
+    int ok = rc == 0 ? agree(fn, status) : -1;
+    if (broken) return -1;
+    for (; d->next2 < d->nb; d->next2++) {
         bucket *b = &d->b[d->order[d->next2]];
-        rc = wait_all(fn, "reducing the gradients", 1, &b->req);
-        if (rc == 0) rc = post_phase2(d, b);
+        if (wait_all(fn, "reducing the gradients", 1, &b->req) != 0 || post_phase2(d, b) != 0)
+            return -1;
     }
-    for (int k = 0; rc == 0 && k < d->nb; k++)
-        rc = wait_all(fn, "gathering the gradients", 1, &d->b[d->order[k]].req);
-    for (int i = 0; rc == 0 && i < d->nslots; i++)
-        if (d->b[d->slots[i].bucket].partial) rc = fix_partial(d, &d->b[d->slots[i].bucket], &d->slots[i]);
-    if (rc != 0) return -1;
     int64_t early = 0;
     for (int k = 0; k < d->nb; k++) early += d->b[k].early;
-    if (agree(fn, status) != 0) {
+    /* a failed write-back (a .grad could not be made) stops the writing,
+     * not the waiting: the other ranks' collectives go on */
+    int wrote = 0;
+    d->syncing = true;
+    for (int k = 0; k < d->nb; k++) {
+        int bk = d->order[k];
+        bucket *b = &d->b[bk];
+        if (wait_all(fn, "gathering the gradients", 1, &b->req) != 0) return (d->syncing = false, -1);
+        for (int i = 0; b->partial && i < d->nslots; i++)
+            if (d->slots[i].bucket == bk && fix_partial(d, b, &d->slots[i]) != 0)
+                return (d->syncing = false, -1);
+        if (ok == 0 && wrote == 0) wrote = write_back(d, bk);
+    }
+    d->syncing = false;
+    if (ok != 0) {
         reset_step(d);
         return -1;
     }
-    d->syncing = true;
-    rc = write_back(d);
-    d->syncing = false;
+    rc = wrote;
     /* every rank takes part, whatever write_back did here */
     if (!d->chosen && !d->whole && choose_partial(d) != 0) rc = -1;
     double first = d->first_post > 0 && d->first_post < t0 ? d->first_post : t0;
