@@ -459,10 +459,12 @@ static void tied_init(tied *m) {
     nb_rng r;
     nb_rng_seed(&r, 5 + (uint64_t)rank); /* different on each rank: the broadcast fixes it */
     m->ps = nb_params_new();
-    m->wte = nb_params_add(m->ps, "wte", nb_set_requires_grad(nb_randn(NB_F32, NB_SHAPE(TV, TC), &r), true));
+    nb_tensor *w = nb_randn(NB_F32, NB_SHAPE(TV, TC), &r);
+    m->wte = nb_params_add(m->ps, "wte", nb_set_requires_grad(w, true));
+    nb_free(w); /* the registry holds its own */
     ck_assert_ptr_nonnull(m->wte);
     for (int l = 0; l < 4; l++) {
-        char name[8];
+        char name[16];
         snprintf(name, sizeof name, "mid%d", l);
         ck_assert_int_eq(nb_linear_init(&m->mid[l], m->ps, name, TC, TC, true, &r), 0);
     }
