@@ -499,7 +499,8 @@ NB_API int nb_set_grad_hook(nb_tensor *leaf, nb_grad_hook fn, void *ctx);
  * runs each time a backward adds one contribution to leaf's gradient (a
  * leaf used in k places, such as a weight tied between an embedding and an
  * output layer, gets k calls, the last one before its gradient-ready hook),
- * as soon as the op that made it has run. Inside fn, nb_grad_so_far(leaf)
+ * as soon as the op that made it has run (the seed of a backward started at
+ * the leaf itself is one too). Inside fn, nb_grad_so_far(leaf)
  * is this backward's sum of the contributions so far (borrowed, read only,
  * not yet added to .grad; later contributions may be added into it in
  * place, so copy what you keep). So a hook can start sending the bulk of a

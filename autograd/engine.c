@@ -730,7 +730,12 @@ static int run_backward(walk *w, int n, nb_tensor *const *roots, nb_tensor *cons
     if (rc == 0 && w->want) rc = mark_reach(w);
     bool was_disabled = nbi_grad_off;
     nbi_grad_off = !w->create_graph; /* several seeds of one root add up, recorded or not */
-    for (int k = 0; rc == 0 && k < n; k++) rc = accumulate(incoming(w, roots[k]), seeds[k]);
+    for (int k = 0; rc == 0 && k < n; k++) {
+        rc = accumulate(incoming(w, roots[k]), seeds[k]);
+        /* a backward from the leaf itself: its seed is a contribution too */
+        if (rc == 0 && !roots[k]->grad_fn && roots[k]->contrib_hook && !w->want)
+            rc = run_grad_hook(roots[k], *incoming(w, roots[k]));
+    }
     nbi_grad_off = was_disabled;
     if (rc == 0) rc = walk_graph(w);
     end_walk(w);

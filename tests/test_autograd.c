@@ -694,11 +694,18 @@ START_TEST(contribution_hook_sees_each_part_of_a_tied_weight) {
     }
     double emb[6] = {ge[2], ge[3], 0, 0, ge[0], ge[1]}; /* rows 2 and 0 */
     for (int i = 0; i < 6; i++) ck_assert(full[i] == part[i] + emb[i]);
+    /* a backward started at the leaf itself: its seed is a contribution */
+    nb_clear_grad(w);
+    nb_scope_begin();
+    ck_assert_int_eq(nb_backward_with_grad(w, nb_full(NB_F64, NB_SHAPE(3, 2), 0.5)), 0);
+    nb_scope_end();
+    ck_assert_int_eq(h.calls, 3);
+    for (int i = 0; i < 6; i++) ck_assert(h.seen[2][i] == 0.5);
     ck_assert_int_eq(nb_set_grad_contribution_hook(w, NULL, NULL), 0);
     nb_scope_begin();
     ck_assert_int_eq(nb_backward(nb_sum_all(nb_embedding(w, idx))), 0);
     nb_scope_end();
-    ck_assert_int_eq(h.calls, 2);
+    ck_assert_int_eq(h.calls, 3);
     nb_free(idx);
     nb_free(w);
 }
