@@ -289,7 +289,8 @@ struct nb_ddp {
     bool syncing, chosen; /* chosen: the partial buckets are (after a step) */
     bool whole;           /* nb_ddp_opts.no_partial_buckets */
     int done;        /* gradients completed so far this step */
-    int64_t resent_total, partial_n; /* elements sent again after backward; partial buckets' */
+    int64_t resent_total, partial_n; /* elements sent again after backward (good steps); partial buckets */
+    int64_t resent_step;             /* this step's */
     nb_ddp_stats stats;
     double first_post;           /* when this step's first bucket started; 0: not yet */
     double window_total, hidden_total; /* reduction windows, and their parts before nb_ddp_sync */
@@ -682,6 +683,7 @@ static void reset_step(nb_ddp *d) {
         s->contribs = 0;
     }
     d->done = 0;
+    d->resent_step = 0;
     for (int k = 0; k < d->nb; k++) {
         bucket *b = &d->b[k];
         b->ready = 0;
@@ -736,7 +738,7 @@ static int fix_partial(nb_ddp *d, bucket *b, const slot *s) {
         memcpy(b->out + (size_t)(c * DIRTY) * es, fx.out + (size_t)(j * DIRTY) * es, (size_t)len * es);
         j++;
     }
-    d->resent_total += k * DIRTY < s->numel ? k * DIRTY : s->numel;
+    d->resent_step += k * DIRTY < s->numel ? k * DIRTY : s->numel;
     free(fx.send);
     free(fx.recv);
     return out;
@@ -746,13 +748,14 @@ static int fix_partial(nb_ddp *d, bucket *b, const slot *s) {
  * whose gradient got its first contribution early (a weight tied between
  * the first and the last layer: at least a quarter of the parameters were
  * finished between its first part and its whole) on every rank gets a
- * partial bucket, which starts first, from that part. */
+ * partial bucket, which starts first, from that part. Every rank votes,
+ * each for none when it sends whole gradients only. */
 static int choose_partial(nb_ddp *d) {
     const char *fn = "nb_ddp_sync";
     int *vote = calloc((size_t)d->nb, sizeof *vote);
     if (!vote) return (nb_report_error("%s: out of memory", fn), -1);
     int span = d->nslots / 4 > 1 ? d->nslots / 4 : 1;
-    for (int i = 0; i < d->nslots; i++) {
+    for (int i = 0; !d->whole && i < d->nslots; i++) {
         slot *s = &d->slots[i];
         bucket *b = &d->b[s->bucket];
         if (b->nslots != 1 || s->contribs < 2 || s->done_span < span) continue;
@@ -826,13 +829,17 @@ int nb_ddp_sync(nb_ddp *d, int status) {
         return -1;
     }
     rc = wrote;
-    /* every rank takes part, whatever write_back did here */
-    if (!d->chosen && !d->whole && choose_partial(d) != 0) rc = -1;
+    /* every rank takes part, whatever write_back did here, and one without
+     * partial buckets (no_partial_buckets, NABLA_DDP_PARTIAL=0) votes no:
+     * a rank left out of the vote would leave the others waiting in it */
+    if (!d->chosen && choose_partial(d) != 0) rc = -1;
     double first = d->first_post > 0 && d->first_post < t0 ? d->first_post : t0;
+    int64_t resent = d->resent_step;
     reset_step(d);
     if (rc != 0) return -1;
     double t1 = now();
     d->stats.steps++;
+    d->resent_total += resent;
     d->early_total += early;
     d->wait_total += t1 - t0;
     d->window_total += t1 - first;
