@@ -16,6 +16,7 @@
 # NET_BENCH="1gbit:100 ..." picks the links (rate:delay in us); NET_STEPS
 # the steps (default 6); NET_REPORT_ONLY=1 prints the tables again from the
 # last run's logs (BUILD/bench-mpi-net/) without running anything.
+# NABLA_DDP_PARTIAL=0 reaches the ranks (whole gradients only, to compare).
 build=$1
 mpirun=$2
 relay=${RELAY:-build/mpi/net_relay}
@@ -33,7 +34,7 @@ links=${NET_BENCH:-1gbit:100 1gbit:1000 10gbit:100 10gbit:1000 25gbit:100 25gbit
 steps=${NET_STEPS:-6}
 log=$build/bench-mpi-net
 mkdir -p "$log"
-export NABLA_NUM_THREADS=1
+export NABLA_NUM_THREADS=1 NABLA_DDP_PARTIAL=${NABLA_DDP_PARTIAL:-1}
 gpt="$(pwd)/$build/examples/gpt"
 args="--config gpt2 --tokenizer $(pwd)/tests/fixtures/gpt2/encoder.json --data $(pwd)/examples/data/kjv.txt --batch 4 --seq 64 --steps $steps --threads 1"
 
@@ -47,7 +48,8 @@ dist_field() { # log, field: window overlap wait
         awk -v f="$2" '{print f == "window" ? $1 : f == "overlap" ? $2 : $3}'
 }
 allreduce() { # log: "bus64 lat4k" (GB/s on 64 MiB, ms of nb_ddp_sync on 4 KiB)
-    awk '$2 == "KiB" && $1 == 4 {lat = $6} $2 == "MiB" && $1 == 64 {bus = $8} END {print bus, lat}' "$1"
+    awk '$2 == "KiB" && $1 == 4 {lat = $6} $2 == "MiB" && $1 == 64 {bus = $8}
+        END {print bus == "" ? "-" : bus, lat == "" ? "-" : lat}' "$1"
 }
 
 echo "make bench-mpi-net: $(date -u '+%Y-%m-%d %H:%M UTC'); $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs" \
@@ -85,7 +87,7 @@ bench_link() { # one link: its hosts, gpt and the reduction, the relay's report
         exit 1
     fi
     m=$(net_mpi_args)
-    timeout 900 $mpirun $m -x NABLA_NUM_THREADS --wdir "$(pwd)" -np 2 "$gpt" --dist $args \
+    timeout 900 $mpirun $m -x NABLA_NUM_THREADS -x NABLA_DDP_PARTIAL --wdir "$(pwd)" -np 2 "$gpt" --dist $args \
         > "$log/$name.log" 2>&1 || { cat "$log/$name.log"; exit 1; }
     timeout 900 $mpirun $m -x NABLA_NUM_THREADS -np 2 "$(pwd)/$build/mpi/mpi_allreduce" 4 65536 \
         > "$log/$name-ar.log" 2>&1 || { cat "$log/$name-ar.log"; exit 1; }
