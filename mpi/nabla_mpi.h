@@ -100,9 +100,9 @@ typedef struct nb_ddp_opts {
 /* Data parallelism over ps's parameters: broadcasts ps from rank 0 (as
  * nb_mpi_broadcast_params) and sets a gradient-ready hook and a
  * contribution hook on every parameter (replacing any hooks of yours).
- * opts NULL = defaults. Every rank calls it, and first the ranks check that they agree: the same effective
- * bucket_bytes, and the same number of parameters with the same sizes and
- * dtypes in order (so the same buckets). When they do not, or nb_ddp_new
+ * opts NULL = defaults. Every rank calls it, and first the ranks check that
+ * they agree: the same effective bucket_bytes, and the same number of
+ * parameters with the same sizes and dtypes in order (so the same buckets). When they do not, or nb_ddp_new
  * failed on a rank, it returns NULL on every rank, having freed everything,
  * with a message naming the difference and the ranks ("nb_ddp_new: the
  * ranks disagree on the gradient buckets: rank 0 has bucket_bytes 64 (2
