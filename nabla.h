@@ -394,7 +394,11 @@ NB_API nb_tensor *nb_max_pool1d(nb_tensor *input, int64_t kernel_size, int64_t s
  * channel C over N and the rest. training: normalizes with the batch's mean
  * and biased variance, and when running_mean / running_var (C) are given
  * updates them in place, r = (1 - momentum) r + momentum x, with the unbiased
- * variance; training requires N * rest > 1, as torch. Not training: normalizes
+ * variance. Training refuses exactly one value per channel (N * rest == 1), as
+ * torch; an empty batch (N * rest == 0) gives an empty output, zero gradients
+ * for weight and bias, and leaves the running statistics as they were. The
+ * running statistics training writes must not be expanded views nor share
+ * memory with each other, the input, weight or bias. Not training: normalizes
  * with running_mean / running_var (required). weight, bias (C) or NULL; eps >=
  * 0. Differentiable in input, weight and bias (never in the running
  * statistics, which are state, not inputs). */

@@ -237,6 +237,16 @@ double nbi_get_flat(const nb_tensor *t, int64_t i);
 void nbi_set_flat(nb_tensor *t, int64_t i, double v);
 int64_t nbi_flat_offset(const nb_tensor *t, int64_t i); /* element offset from storage start */
 
+/* Destinations of in-place writes into a caller's tensor. An expanded view
+ * (stride 0 over a size > 1) has elements that are one memory location:
+ * nbi_has_internal_overlap says so, nbi_check_writable refuses it with a
+ * message naming fn and what ("running_mean"). nbi_overlap: whether a and
+ * b share a memory location (exact for up to 2^22 elements each, else
+ * whether their byte ranges meet). */
+bool nbi_has_internal_overlap(const nb_tensor *t);
+bool nbi_check_writable(const char *fn, const char *what, const nb_tensor *dst);
+bool nbi_overlap(const nb_tensor *a, const nb_tensor *b);
+
 /* Copies src into dst of the same shape (any strides, any dtypes). */
 void nbi_copy_strided(nb_tensor *dst, const int64_t *src_strides, const nb_tensor *src);
 
