@@ -321,8 +321,11 @@ NB_API nb_tensor *nb_matmul(nb_tensor *a, nb_tensor *b);
  * nb_matmul); every other op, the losses, the optimizer and the parameters
  * stay f32 (master weights; bf16 needs no loss scaling). Regions nest and are
  * per thread; nb_autocast_begin(NB_F32) opens a region without autocast
- * inside one. A backward recorded inside a region runs its products as the
- * forward did, wherever nb_backward is called. 0, or -1 with a message (a
+ * inside one. Every backward (and tangent) rule runs in the region its
+ * forward ran in, wherever nb_backward is called: a product made in a bf16
+ * region is differentiated in bf16, one made outside in f32 even inside a
+ * bf16 region; a custom backward sees its forward's nb_autocast_dtype() and
+ * may end only regions it began. 0, or -1 with a message (a
  * dtype other than bf16/f32, more than 64 nested regions, an end without a
  * begin). */
 NB_API int nb_autocast_begin(nb_dtype dtype);

@@ -78,6 +78,7 @@ nbi_node *nbi_record_unchecked(nb_tensor *out, const char *op, nbi_backward_fn b
     node->op = op;
     node->backward = bw;
     node->out = out;
+    node->autocast = nb_autocast_dtype();
     node->nin = n;
     for (int i = 0; i < n; i++) {
         node->in[i] = inputs[i];
@@ -570,7 +571,9 @@ static int run_node(walk *w, nb_tensor *t, nb_tensor *g) {
     uint64_t outer_sunk = sunk;
     running = w;
     sunk = 0;
+    nbi_autocast_frame ac = nbi_autocast_isolate(n->autocast); /* as its forward ran */
     if (n->backward(n, g, gin) != 0 || !nbi_anomaly_backward(n, g, gin)) rc = -1;
+    nbi_autocast_restore(ac);
     uint64_t added_in_place = sunk;
     running = outer;
     sunk = outer_sunk;

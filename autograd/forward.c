@@ -79,7 +79,9 @@ static int tangent_of_node(tangent_map *m, nb_tensor *t) {
         rc = (nbi_error("%s: %s has no forward-mode (tangent) rule; compute this derivative "
                         "with nb_autograd_grad (reverse mode) instead", FN, n->op), -1);
     } else if (any) {
+        nbi_autocast_frame ac = nbi_autocast_isolate(n->autocast); /* as its forward ran */
         tan = n->jvp(n, tin);
+        nbi_autocast_restore(ac);
         if (!tan) rc = -1;
         else if (!nbi_same_shape(tan, t) || tan->dtype != t->dtype)
             rc = (nbi_error("%s: internal error: the tangent rule of %s gave shape %s %s for an "
