@@ -130,8 +130,11 @@ nb_tensor *nb_function_saved(nb_function_ctx *c, int i) {
     /* the gradients are being recorded: an input or the output comes with
      * its history; anything else made in forward has none, and what the
      * backward computes from it could not be differentiated again */
-    if (c->saved_src[i] >= 0) return nbi_recorded_view(c->saved[i], c->node->in[c->saved_src[i]]);
-    if (c->saved_src[i] == SAVED_OUTPUT) return nbi_recorded_view(c->saved[i], c->node->out);
+    nb_tensor *v = c->saved_src[i] >= 0 ? nbi_recorded_view(c->saved[i], c->node->in[c->saved_src[i]])
+                   : c->saved_src[i] == SAVED_OUTPUT ? nbi_recorded_view(c->saved[i], c->node->out)
+                                                     : NULL;
+    if (v) v->borrowed = true; /* as a plain backward's: the context's to free (the rule's scope) */
+    if (c->saved_src[i] != SAVED_OTHER) return v;
     if (nbi_is_diff(c->saved[i]->dtype)) c->cb->raw_read = true;
     return c->saved[i];
 }
@@ -276,8 +279,16 @@ static int call_backward(nb_function_ctx *c, nbi_node *n, nb_tensor **gouts, nb_
                        "(nb_report_error)", c->name, rc);
         return -1;
     }
+    const char *why = reported(serial);
     for (int i = 0; i < n->nin; i++) {
         nb_tensor *g = gin[i], *in = n->in[i];
+        if (!g && c->needs[i] && why) { /* most likely a computation that failed, not a zero */
+            char first[512];
+            snprintf(first, sizeof first, "%s", why);
+            return (nbi_error_quoting("nb_backward: the backward of %s returned 0 but no "
+                                      "gradient for input %d, after an error: %s", c->name, i,
+                                      first), -1);
+        }
         if (!g) continue;
         if (!c->needs[i]) {
             gin[i] = NULL; /* not asked for: ignored, as PyTorch does */

@@ -261,7 +261,7 @@ void nb_free(nb_tensor *t) {
         nbi_bad_arg("nb_free", t, 0);
         return;
     }
-    if (!t->owned) { /* borrowed: its owner frees it */
+    if (!t->owned || t->borrowed) { /* borrowed: its owner frees it */
         nbi_error("nb_free: input 0 is borrowed (a .grad, or a tensor saved by a custom "
                   "function); its owner frees it, and it was left alone");
         return;

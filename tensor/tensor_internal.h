@@ -49,6 +49,9 @@ struct nb_tensor {
     _Atomic int holds;       /* those of them whose backward reads its data */
     _Atomic bool owned;      /* atomic, as freed: another thread may free a tensor a backward reads */
     bool held;               /* persistent, held by an owner that lends it out (a registry) */
+    bool borrowed;           /* lent to user code for a call (a custom backward's saved
+                              * tensor under create_graph): nb_free refuses it, its scope
+                              * frees it */
     nbi_scope *scope;        /* scope that owns it; NULL = persistent */
     nb_tensor *prev, *next;  /* membership list of that scope (alloc.c's quarantine, once dead) */
 

@@ -226,6 +226,22 @@ static int run_backward(void) {
     return rc;
 }
 
+/* The same under create_graph (nb_autograd_grad): what nb_function_saved
+ * hands out then is a recorded view, borrowed just as well. */
+static int run_backward_create_graph(void) {
+    nb_tensor *x = leaf123(), *gx = NULL;
+    victim = x;
+    root = nb_sum_all(nb_function_apply(&sq_fn, &x, 1, NULL));
+    nb_backward_opts o = {.create_graph = true};
+    int rc = nb_autograd_grad(&root, 1, NULL, &x, 1, &o, &gx);
+    if (rc == 0) {
+        ck_assert_ptr_nonnull(gx);
+        for (int i = 0; i < 3; i++)
+            ck_assert_double_eq_tol(nb_item(nb_select(gx, 0, i)), 2.0 * (i + 1), 1e-12);
+    }
+    return rc;
+}
+
 /* jvp: nb_jvp through sq, tangent ones: 2x */
 static nb_tensor *apply_sq(nb_tensor **in, int n, void *ctx) {
     (void)ctx;
@@ -477,6 +493,8 @@ static const row table[] = {
     {"backward", FREE_ROOT, run_backward, "deferred (freed when the walk ends)", {NULL}, NULL},
     {"backward", FREE_INPUT, run_backward, "deferred (the graph holds it)", {NULL}, NULL},
     {"backward", FREE_SAVED, run_backward, "refused (borrowed)", {NULL}, BORROWED},
+    {"backward", FREE_SAVED, run_backward_create_graph, "refused under create_graph too (borrowed)",
+     {NULL}, BORROWED},
     {"backward", FREE_OUTPUT, run_backward, "refused",
      {"nb_backward: the backward of sq returned a freed tensor as the gradient of input 0"}, NULL},
     {"backward", CLOSE_SCOPE, run_backward, "refused", {BWD CLOSED}, NULL},
