@@ -64,9 +64,10 @@ extern "C" {
 NB_API const char *nb_version(void); /* the library's, e.g. "0.11.0" (a static string) */
 /* The vector instruction-set path the kernels take on this CPU, read once:
  * "amx", "avx512bf16", "avx512", "avx2" or "portable". The environment
- * variable NABLA_ISA (one of those names) caps it, so that any machine can
- * run the paths below its best; results are bitwise the same for any thread
- * count on a given path, and may differ between paths. */
+ * variable NABLA_ISA (one of those names, any case) caps it, so that any
+ * machine can run the paths below its best; another value is ignored and
+ * said once on stderr ("nabla: NABLA_ISA=..."). Results are bitwise the same
+ * for any thread count on a given path, and may differ between paths. */
 NB_API const char *nb_cpu_isa(void);
 
 /* NB_BF16 is bfloat16 (2 bytes: the top half of an f32): a storage and
@@ -787,7 +788,8 @@ NB_API int64_t nb_memory_peak(void);
 NB_API void nb_memory_reset_peak(void);
 NB_API int64_t nb_memory_cached(void);
 /* The cache's limit in bytes: NABLA_CACHE_MB MiB (a decimal count; unset,
- * empty or not a plain number means the default, 1024, which the cache
+ * empty or not a plain number means the default, 1024 (not a number: said
+ * once on stderr), which the cache
  * may pass up to the peak of bytes in use), read once per process; -1 when
  * the count is too large to be a byte size (no limit). */
 NB_API int64_t nb_memory_cache_limit(void);
@@ -824,8 +826,9 @@ NB_API void nb_manual_seed(uint64_t seed); /* the global generator */
  * several threads may draw from it at once, each getting other numbers). */
 NB_API nb_rng *nb_global_rng(void);
 /* The thread count for kernels (1..64; another n is an error, unchanged):
- * default NABLA_NUM_THREADS or the CPUs the process may run on (its affinity
- * mask, all online CPUs unless a cpuset narrows it). Kernels split work across a
+ * default NABLA_NUM_THREADS (a whole number, at most 64; another value is
+ * ignored and said once on stderr) or the CPUs the process may run on (its
+ * affinity mask, all online CPUs unless a cpuset narrows it). Kernels split work across a
  * persistent pool only above a size where it pays; each output element is
  * always computed the same way, so results are bitwise identical for any count. */
 NB_API void nb_set_num_threads(int n);

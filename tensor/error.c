@@ -187,3 +187,15 @@ void nbi_broadcast_strides(const nb_tensor *t, int ndim, const int64_t *shape, i
         strides[i] = (j < 0 || (t->shape[j] == 1 && shape[i] != 1)) ? 0 : t->strides[j];
     }
 }
+
+/* A variable of the environment nabla could not use: one line on stderr,
+ * once (each variable is read once per process), naming the variable, its
+ * value and what runs instead. Not an error message: no call failed. */
+void nbi_env_warn(const char *fmt, ...) {
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "nabla: %s\n", line);
+}

@@ -78,6 +78,10 @@ void *nbi_error_quoting(const char *fmt, ...) __attribute__((format(printf, 1, 2
 /* Counts the messages set on this thread: a callback that failed without
  * reporting anything leaves it unchanged. */
 uint64_t nbi_error_serial(void);
+/* One line "nabla: ..." on stderr about a variable of the environment that
+ * nabla ignores (a value it cannot read): say it once, with what runs
+ * instead. */
+void nbi_env_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Argument checks for tensor handles (input i of fn, counted from 0): true
  * when t is a live tensor; otherwise false with a message: "fn: input i is
  * NULL" (followed by the earlier error that most likely made the NULL, when
