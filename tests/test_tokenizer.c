@@ -417,6 +417,44 @@ START_TEST(small_vocab_works) {
 }
 END_TEST
 
+/* merges.txt's lines end in "\n", "\r\n" or a lone "\r" (as Python's text
+ * mode reads it for encoder.py and GPT2Tokenizer); a BOM is skipped; the line
+ * numbers of messages count each of them once */
+START_TEST(merges_line_ends) {
+    static const char *files[] = {
+        "#version: 0.2\na a\naa aa\nb b\nbb b\n",
+        "#version: 0.2\r\na a\r\naa aa\r\nb b\r\nbb b\r\n",
+        "#version: 0.2\ra a\raa aa\rb b\rbb b\r",
+        "#version: 0.2\ra a\r\naa aa\nb b\r\rbb b",
+        "\xEF\xBB\xBF#version: 0.2\na a\naa aa\nb b\nbb b\n",
+    };
+    const char *extra = ", \"aa\": 256, \"aaaa\": 257, \"bb\": 258, \"bbb\": 259";
+    for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
+        nb_tokenizer *tok = load_ok(small_vocab(extra, files[f], -1));
+        int64_t ids[8];
+        ck_assert_msg(nb_tokenizer_encode(tok, "aaaa bbb", 8, ids, 8) == 3, "file %zu", f);
+        ck_assert(ids[0] == 257 && ids[1] == ' ' && ids[2] == 259);
+        nb_tokenizer_free(tok);
+    }
+    char m[512];
+    const char *v = small_vocab(extra, "#version: 0.2\ra a\r\rb  b\r", -1);
+    snprintf(m, sizeof m, "%s", test_tmp_path("merges.txt"));
+    expect_message(!nb_tokenizer_load(v),
+                   "nb_tokenizer_load: \"%s\" line 4: \"b  b\" is not two tokens separated by one "
+                   "space", m);
+    small_vocab(extra, "a a\r\na b\rbb b", -1);
+    expect_message(!nb_tokenizer_load(v),
+                   "nb_tokenizer_load: \"%s\" line 2: the merge of \"a\" and \"b\" is not in the "
+                   "vocabulary of \"%s\"", m, v);
+    /* no bytes at all: a download that failed, not a list of no merges */
+    small_vocab(extra, "", -1);
+    expect_message(!nb_tokenizer_load(v), "nb_tokenizer_load: \"%s\": the file is empty (0 bytes)", m);
+    nb_tokenizer *tok = load_ok(small_vocab(extra, "#version: 0.2\n", -1));
+    ck_assert_int_eq(nb_tokenizer_encode(tok, "aaaa", 4, NULL, 0), 4);
+    nb_tokenizer_free(tok);
+}
+END_TEST
+
 START_TEST(merges_from_another_vocab) {
     const char *v = small_vocab(", \"ab\": 256", "#version: 0.2\na b\nab zz\n", -1);
     char m[512];
@@ -604,6 +642,7 @@ Suite *suite_tokenizer(void) {
     tcase_add_test(tc, long_pieces);
     tcase_add_test(tc, threads_share_one);
     tcase_add_test(tc, small_vocab_works);
+    tcase_add_test(tc, merges_line_ends);
     tcase_add_test(tc, merges_from_another_vocab);
     tcase_add_test(tc, ids_not_dense);
     tcase_add_test(tc, missing_byte_and_merges);

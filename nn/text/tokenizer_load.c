@@ -396,21 +396,26 @@ static int read_file(loader *L, const char *path, char **data, int64_t *len, int
     return 0;
 }
 
-/* merges.txt / vocab.bpe: "#version..." first (optional), then "a b" a line. */
+/* merges.txt / vocab.bpe: "#version..." first (optional), then "a b" a line.
+ * A line ends at "\n", "\r\n" or a lone "\r": the file is read as Python's
+ * universal newlines read it (OpenAI's encoder.py and Hugging Face's
+ * GPT2Tokenizer open it in text mode). A UTF-8 byte order mark at the start
+ * is skipped; an empty file (0 bytes: a download that failed) is refused. */
 static int parse_merges_text(loader *L, const char *data, int64_t len) {
-    int64_t line = 0;
-    for (const char *p = data, *end = data + len; p < end;) {
-        const char *nl = memchr(p, '\n', (size_t)(end - p));
-        const char *e = nl ? nl : end;
-        line++;
+    if (len == 0) return lfail(L, "\"%s\": the file is empty (0 bytes)", L->merges_path);
+    const char *p = data, *end = data + len;
+    if (len >= 3 && memcmp(p, "\xEF\xBB\xBF", 3) == 0) p += 3;
+    for (int64_t line = 1; p < end; line++) {
+        const char *e = p;
+        while (e < end && *e != '\n' && *e != '\r') e++;
         int64_t n = e - p;
-        if (n && p[n - 1] == '\r') n--;
         if (!(line == 1 && n >= 8 && memcmp(p, "#version", 8) == 0) && n > 0) {
             char where[300];
             snprintf(where, sizeof where, "\"%s\" line %lld", L->merges_path, (long long)line);
             if (add_merge_line(L, p, n, line, where)) return -1;
         }
-        p = nl ? nl + 1 : end;
+        if (e == end) break;
+        p = e + (*e == '\r' && e + 1 < end && e[1] == '\n' ? 2 : 1);
     }
     return 0;
 }
