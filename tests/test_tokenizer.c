@@ -596,6 +596,33 @@ START_TEST(bad_llmc_bin) {
     b[12] = 1, b[1026] = 0;
     test_write_bytes(p, b, 1030);
     expect_message(!nb_tokenizer_load(p), "nb_tokenizer_load: \"%s\": token 1 has length 0", p);
+    /* a bad magic number or a file cut inside it is named as such (it was
+     * read as JSON: "expected '{', found byte 0xC7") */
+    b[0] = 0xC7;
+    test_write_bytes(p, b, 1030);
+    expect_message(!nb_tokenizer_load(p), "nb_tokenizer_load: \"%s\": bad magic number 20240327 for "
+                   "llm.c's gpt2_tokenizer.bin (expected 20240328)", p);
+    test_write_bytes(p, b, 3);
+    expect_message(!nb_tokenizer_load(p), "nb_tokenizer_load: \"%s\": 3 bytes, shorter than llm.c's "
+                   "tokenizer header (1024)", p);
+    b[0] = 0xC8; /* the magic's first bytes, under another name */
+    const char *q = test_tmp_path("tok");
+    test_write_bytes(q, b, 2);
+    expect_message(!nb_tokenizer_load(q), "nb_tokenizer_load: \"%s\": 2 bytes, shorter than llm.c's "
+                   "tokenizer header (1024)", q);
+    b[0] = 0xC7; /* a binary file of another name: neither format */
+    test_write_bytes(q, b, 1030);
+    expect_message(!nb_tokenizer_load(q), "nb_tokenizer_load: \"%s\": neither JSON (it starts with "
+                   "byte 0xC7, not '{') nor llm.c's gpt2_tokenizer.bin (its magic number would be "
+                   "20240327, not 20240328)", q);
+    test_write_bytes(q, "", 0);
+    expect_message(!nb_tokenizer_load(q), "nb_tokenizer_load: \"%s\": the file is empty (0 bytes)", q);
+    test_write_bytes(p, "", 0);
+    expect_message(!nb_tokenizer_load(p), "nb_tokenizer_load: \"%s\": the file is empty (0 bytes)", p);
+    /* a folder (a Hugging Face model's, say) is named as one */
+    expect_message(!nb_tokenizer_load(test_tmp_dir), "nb_tokenizer_load: \"%s\" is a directory, not a "
+                   "tokenizer file (give the tokenizer.json, vocab.json, encoder.json or "
+                   "gpt2_tokenizer.bin in it)", test_tmp_dir);
 }
 END_TEST
 

@@ -516,6 +516,9 @@ static int read_file(loader *L, const char *path, char **data, int64_t *len, int
     int fd = nn_open_regular(path, &st, m, sizeof m);
     if (fd < 0) {
         *err = errno;
+        if (errno == 0 && stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+            return lfail(L, "\"%s\" is a directory, not a tokenizer file (give the tokenizer.json, "
+                         "vocab.json, encoder.json or gpt2_tokenizer.bin in it)", path);
         return lfail(L, "%s", m);
     }
     if ((int64_t)st.st_size > MAX_FILE_BYTES) {
@@ -607,6 +610,9 @@ static uint32_t le32(const unsigned char *p) {
 
 /* llm.c's gpt2_tokenizer.bin, into tok (tokens only; can_encode stays false). */
 static int load_bin(loader *L, nb_tokenizer *tok, const unsigned char *d, int64_t len) {
+    if (len >= 4 && le32(d) != BIN_MAGIC)
+        return lfail(L, "\"%s\": bad magic number %u for llm.c's gpt2_tokenizer.bin (expected "
+                     "%u)", L->path, le32(d), BIN_MAGIC);
     if (len < BIN_HEADER_BYTES)
         return lfail(L, "\"%s\": %lld bytes, shorter than llm.c's tokenizer header (%d)", L->path,
                      (long long)len, BIN_HEADER_BYTES);
@@ -788,6 +794,26 @@ static int build(loader *L, nb_tokenizer *tok) {
     return 0;
 }
 
+/* llm.c's gpt2_tokenizer.bin: its magic number, or what is left of it in
+ * a file cut before 4 bytes, or a name ending in ".bin" (so that a bad
+ * magic number or a cut file is named as such, not read as JSON). */
+static bool is_bin(const char *path, const unsigned char *d, int64_t len) {
+    static const unsigned char magic[4] = {BIN_MAGIC & 0xFF, BIN_MAGIC >> 8 & 0xFF,
+                                           BIN_MAGIC >> 16 & 0xFF, BIN_MAGIC >> 24};
+    size_t n = strlen(path);
+    return memcmp(d, magic, (size_t)(len < 4 ? len : 4)) == 0 ||
+           (n >= 4 && strcmp(path + n - 4, ".bin") == 0);
+}
+
+/* Whether the file starts as a text (JSON or not) would: the reader then
+ * names what is wrong; a binary file of 4 bytes or more gets a message of
+ * its own. Its first byte: ASCII but a control byte other than a space, or
+ * a UTF-8 byte order mark. */
+static bool looks_json(const unsigned char *d, int64_t len) {
+    if (len < 4 || (len >= 3 && memcmp(d, "\xEF\xBB\xBF", 3) == 0)) return true;
+    return (d[0] >= 0x20 && d[0] < 0x7F) || d[0] == '\t' || d[0] == '\n' || d[0] == '\r';
+}
+
 static void loader_free(loader *L) {
     free(L->merges_path), free(L->tb.p), free(L->mb.p), free(L->t), free(L->m), free(L->table);
 }
@@ -802,8 +828,13 @@ nb_tokenizer *nb_tokenizer_load(const char *path) {
     bool tj = false;
     if (!tok) lfail(&L, "out of memory");
     else if (read_file(&L, path, &data, &len, &err) == 0) {
-        if (len >= 4 && le32((const unsigned char *)data) == BIN_MAGIC)
-            rc = load_bin(&L, tok, (const unsigned char *)data, len);
+        const unsigned char *d = (const unsigned char *)data;
+        if (len == 0) lfail(&L, "\"%s\": the file is empty (0 bytes)", path);
+        else if (is_bin(path, d, len)) rc = load_bin(&L, tok, d, len);
+        else if (!looks_json(d, len))
+            lfail(&L, "\"%s\": neither JSON (it starts with byte 0x%02X, not '{') nor llm.c's "
+                  "gpt2_tokenizer.bin (its magic number would be %u, not %u)", path, d[0],
+                  le32(d), BIN_MAGIC);
         else if (parse_json(&L, data, len, &tj) == 0 && (tj || read_merges_beside(&L) == 0))
             rc = build(&L, tok);
     }
