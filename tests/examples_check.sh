@@ -116,6 +116,13 @@ out=$(trap '' XFSZ; ulimit -f 1 && echo hi | "$tk" --tokenizer "$voc" --out "$b/
 [ "$out" = "tokenize: --out: cannot write \"$b/examples-check.tok\": File too large (the part written was removed)" ] ||
     bad "tokenize --out past the size limit: \"$out\""
 [ -e "$b/examples-check.tok" ] && bad "tokenize --out past the size limit: a part of the file is left"
+# gpt --tokenizer passes the loader's message on, with the file and the reason
+out=$("$gpt" --config tiny --steps 0 --tokenizer "$b/examples-check.d/gpt2_tokenizer.bin" 2>&1)
+[ $? -ne 0 ] && [ "$out" = "gpt: nb_tokenizer_load: \"$b/examples-check.d/gpt2_tokenizer.bin\": bad magic number 20240327 for llm.c's gpt2_tokenizer.bin (expected 20240328)" ] ||
+    bad "gpt --tokenizer on a bad gpt2_tokenizer.bin: \"$out\""
+out=$("$gpt" --config tiny --steps 0 --tokenizer "$b/examples-check.d" 2>&1)
+[ $? -ne 0 ] && [ "$out" = "gpt: nb_tokenizer_load: \"$b/examples-check.d\" is a directory, not a tokenizer file (give the tokenizer.json, vocab.json, encoder.json or gpt2_tokenizer.bin in it)" ] ||
+    bad "gpt --tokenizer DIR: \"$out\""
 rm -rf "$b/examples-check.d" "$b/examples-check.out" "$b/examples-check.err" "$b/examples-check.tok"
 out=$(echo hi | "$tk" --tokenizer /nonexistent/vocab.json 2>&1)
 [ $? -eq 1 ] && [ "$out" = "tokenize: nb_tokenizer_load: cannot open \"/nonexistent/vocab.json\": No such file or directory" ] ||
