@@ -805,10 +805,10 @@ static bool is_bin(const char *path, const unsigned char *d, int64_t len) {
            (n >= 4 && strcmp(path + n - 4, ".bin") == 0);
 }
 
-/* Whether the file starts as a text (JSON or not) would: the reader then
- * names what is wrong; a binary file of 4 bytes or more gets a message of
- * its own. Its first byte: ASCII but a control byte other than a space, or
- * a UTF-8 byte order mark. */
+/* Whether the file starts as a text (JSON or not) does: with a printable
+ * ASCII byte, a space, tab, newline or carriage return, or a UTF-8 byte
+ * order mark. The JSON reader then names what is wrong with it; a binary
+ * file of 4 bytes or more gets a message of its own. */
 static bool looks_json(const unsigned char *d, int64_t len) {
     if (len < 4 || (len >= 3 && memcmp(d, "\xEF\xBB\xBF", 3) == 0)) return true;
     return (d[0] >= 0x20 && d[0] < 0x7F) || d[0] == '\t' || d[0] == '\n' || d[0] == '\r';
