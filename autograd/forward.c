@@ -139,7 +139,7 @@ static int check_args(int n, nb_tensor **inputs, nb_tensor **tangents, nb_tensor
         if (!nbi_arg(FN, inputs[i], i)) return -1;
         nb_tensor *t = tangents[i], *x = inputs[i];
         if (!t) continue;
-        if (t->freed && !nbi_bad_arg_named(FN, "tangent", t, i)) return -1;
+        if (!nbi_live(t) && !nbi_bad_arg_named(FN, "tangent", t, i)) return -1;
         if (!nbi_is_diff(x->dtype))
             return (nbi_error("%s: input %d is %s; only floating inputs have tangents", FN, i,
                               nb_dtype_name(x->dtype)), -1);

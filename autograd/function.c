@@ -294,6 +294,9 @@ static int call_backward(nb_function_ctx *c, nbi_node *n, nb_tensor **gouts, nb_
             gin[i] = NULL; /* not asked for: ignored, as PyTorch does */
             continue;
         }
+        if (!nbi_is_tensor(g))
+            return (nbi_error("nb_backward: the backward of %s returned a pointer that is not a "
+                              "tensor as the gradient of input %d", c->name, i), -1);
         if (g->freed)
             return (nbi_error("nb_backward: the backward of %s returned a freed tensor as the "
                               "gradient of input %d", c->name, i), -1);
@@ -380,6 +383,8 @@ static nb_tensor *fn_jvp(nbi_node *n, nb_tensor *const *tin) {
         return nbi_error("nb_jvp: the jvp of %s returned NULL without reporting an error "
                          "(nb_report_error)", c->name);
     }
+    if (!nbi_is_tensor(r))
+        return nbi_error("nb_jvp: the jvp of %s returned a pointer that is not a tensor", c->name);
     if (r->freed) return nbi_error("nb_jvp: the jvp of %s returned a freed tensor", c->name);
     if (!nbi_same_shape(r, n->out) || r->dtype != n->out->dtype)
         return nbi_error("nb_jvp: the jvp of %s returned a tangent of shape %s %s for an output "
@@ -492,6 +497,9 @@ static int run_forward(nb_function_ctx *c, nb_tensor **inputs, int n, nb_tensor 
     for (int k = 0; rc == 0 && k < nout; k++) {
         if (!ret[k])
             rc = (nbi_error("%s: forward returned no tensor for output %d", c->name, k), -1);
+        else if (!nbi_is_tensor(ret[k]))
+            rc = (nbi_error("%s: forward returned a pointer that is not a tensor as output %d",
+                            c->name, k), -1);
         else if (ret[k]->freed)
             rc = (nbi_error("%s: forward returned a freed tensor as output %d", c->name, k), -1);
         else if (inner != outer && ret[k]->scope == inner)

@@ -393,6 +393,17 @@ static int result_dtype(const nb_tensor *a, const nb_tensor *b, bool *bf16) {
         *bf16 = true;
         return NB_BF16;
     }
+    if ((da == NB_BF16) != (db == NB_BF16)) { /* the kernel exists; the pair has none */
+        nb_dtype other = da == NB_BF16 ? db : da;
+        if (other == NB_F32)
+            return nbi_error("%s: operands are %s and %s: a bf16 operand pairs with another bf16 "
+                             "one, or with f32 inside an autocast region (nb_autocast_begin("
+                             "NB_BF16)); or convert one with nb_to", FN, nb_dtype_name(da),
+                             nb_dtype_name(db)), -1;
+        return nbi_error("%s: operands are %s and %s: a bf16 operand pairs with bf16 (or with f32 "
+                         "inside an autocast region), never with %s; convert one with nb_to", FN,
+                         nb_dtype_name(da), nb_dtype_name(db), nb_dtype_name(other)), -1;
+    }
     if (!nbi_check_float(FN, a) || !nbi_check_float(FN, b)) return -1;
     if (!nbi_check_same_dtype(FN, a, b)) return -1;
     return da;

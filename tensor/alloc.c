@@ -392,6 +392,7 @@ static bool aged(const nb_tensor *t, uint64_t now) { return now - t->freed_at > 
 
 static nb_tensor *reuse(nb_tensor *t) {
     memset(t, 0, sizeof *t);
+    t->magic = NBI_TENSOR_MAGIC;
     return t;
 }
 
@@ -433,6 +434,7 @@ nb_tensor *nbi_tensor_obj_alloc(void) {
     }
     nb_tensor *t = calloc(1, sizeof *t);
     if (!t) atomic_fetch_add(&tensor_frees, 1); /* counted as made and gone */
+    else t->magic = NBI_TENSOR_MAGIC;
     return t;
 }
 

@@ -257,7 +257,7 @@ void nbi_release_owned(nb_tensor *t, int how) {
 
 void nb_free(nb_tensor *t) {
     if (!t) return;
-    if (t->freed) { /* a second nb_free, or a handle whose scope ended */
+    if (!nbi_is_tensor(t) || t->freed) { /* a second nb_free, a handle whose scope ended */
         nbi_bad_arg("nb_free", t, 0);
         return;
     }
@@ -282,7 +282,7 @@ void nb_free(nb_tensor *t) {
 
 void nb_free_with_owner(nb_tensor *t) {
     if (!t) return;
-    if (t->freed) {
+    if (!nbi_is_tensor(t) || t->freed) {
         nbi_bad_arg("nb_free_with_owner", t, 0);
         return;
     }

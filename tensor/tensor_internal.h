@@ -21,7 +21,12 @@ typedef struct nbi_storage {
 typedef struct nbi_node nbi_node;
 typedef struct nbi_scope nbi_scope;
 
+/* The first word of every tensor object, from its allocation on: a handle
+ * whose first word differs is no tensor (a pointer to something else), and
+ * the argument checks say so rather than read it as one. */
+#define NBI_TENSOR_MAGIC 0x6e61626cu /* "nabl" */
 struct nb_tensor {
+    uint32_t magic;
     nb_dtype dtype;
     int ndim;
     int64_t shape[NB_MAX_DIMS];
@@ -90,15 +95,20 @@ void nbi_env_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 bool nbi_bad_arg(const char *fn, const nb_tensor *t, int i);
 /* The same for arguments of another kind ("output 0", "tangent 1"). */
 bool nbi_bad_arg_named(const char *fn, const char *noun, const nb_tensor *t, int i);
+/* A tensor handle that may be used: a tensor object not freed. */
+static inline bool nbi_live(const nb_tensor *t) {
+    return t && t->magic == NBI_TENSOR_MAGIC && !t->freed;
+}
+static inline bool nbi_is_tensor(const nb_tensor *t) { return t->magic == NBI_TENSOR_MAGIC; }
 static inline bool nbi_arg(const char *fn, const nb_tensor *t, int i) {
-    return (t && !t->freed) || nbi_bad_arg(fn, t, i);
+    return nbi_live(t) || nbi_bad_arg(fn, t, i);
 }
 /* How a freed handle went, in a word for messages: "nb_free" or "with its owner". */
 static inline const char *nbi_freed_how(const nb_tensor *t) {
     return t->freed == NBI_FREED_BY_FREE ? "nb_free" : "with its owner";
 }
 static inline bool nbi_opt_arg(const char *fn, const nb_tensor *t, int i) {
-    return !t || !t->freed || nbi_bad_arg(fn, t, i);
+    return !t || nbi_live(t) || nbi_bad_arg(fn, t, i);
 }
 /* The backward engine runs built-in rules on tensors whose user handles
  * were freed while a graph still holds them; inside, freed handles pass the

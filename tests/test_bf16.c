@@ -330,8 +330,23 @@ START_TEST(autocast_matmul) {
     expect_close(nb_to(c, NB_F64), want, 1e-4, 1e-5);
     /* f64 in a region is exact f64 */
     expect_close(c64, nb_matmul(nb_to(a, NB_F64), nb_to(b, NB_F64)), 0, 0);
-    /* outside, mixed dtypes are an error as before */
-    expect_error(nb_matmul(ab, b), "nb_matmul", "bf16");
+    /* outside, bf16 with f32 is an error that names the dtypes and the ways
+     * out (not "no bf16 kernel": there is one); bf16 with f64 or i64 is one
+     * inside a region too */
+    expect_error(nb_matmul(ab, b), "nb_matmul: operands are bf16 and f32: a bf16 operand pairs "
+                 "with another bf16 one, or with f32 inside an autocast region "
+                 "(nb_autocast_begin(NB_BF16)); or convert one with nb_to");
+    ck_assert_int_eq(nb_autocast_begin(NB_BF16), 0);
+    expect_error(nb_matmul(nb_to(a, NB_F64), bb), "nb_matmul: operands are f64 and bf16: a bf16 "
+                 "operand pairs with bf16 (or with f32 inside an autocast region), never with f64; "
+                 "convert one with nb_to");
+    expect_error(nb_matmul(ab, nb_ones(NB_I64, NB_SHAPE(70, 2))), "nb_matmul: operands are bf16 "
+                 "and i64", "never with i64");
+    ck_assert_int_eq(nb_autocast_end(), 0);
+    /* an index tensor into a floating op: the way out is named */
+    expect_error(nb_add(nb_ones(NB_I64, NB_SHAPE(2)), nb_ones(NB_F32, NB_SHAPE(2))),
+                 "nb_add: expected a floating tensor (f32 or f64), got i64; convert it with "
+                 "nb_to(t, NB_F32) (or NB_F64)");
     nb_scope_end();
 }
 END_TEST
