@@ -548,7 +548,11 @@ NB_API bool nb_detect_anomaly(void);
  * transposed (strided for one dim), and in full mode one more backward from
  * an expanded (stride-0) gradient of ones must give the Jacobian's row sums:
  * a rule that reads its upstream gradient's layout wrongly fails. Gradients
- * come from nb_autograd_grad: no leaf's .grad is touched.
+ * come from nb_autograd_grad: no leaf's .grad is touched. fn must be a
+ * function of its inputs alone: it is evaluated twice at the start (16 more
+ * times when the check fails) and values that differ (dropout in training
+ * mode) are an error saying so. A mismatch's message ends with the names of
+ * the custom functions (nb_function) in the graph checked.
  * fast_mode (torch's fast_mode) compares, for each input i, the scalar
  * v^T J_i u for random unit vectors v (output) and u (input) instead of J_i
  * itself: one backward and two forwards per probe and input, so inputs of

@@ -109,14 +109,40 @@ static int eval(const check *c, double *out) {
     return rc;
 }
 
-/* Output size from one forward. */
-static int64_t probe(check *c) {
+/* fn evaluated `times` times at the same point must give the same values:
+ * finite differences of a function that draws anew at each call (dropout in
+ * training mode) measure its noise, and a mismatch would blame a rule. The
+ * output's size, or -1 with a message. */
+static int64_t same_each_time(const check *c, int times) {
     nb_scope_begin();
-    nb_tensor *y = call(c);
-    int64_t m = y ? y->numel : -1;
+    nb_tensor *y = call(c), *y0 = y ? nb_detach(y) : NULL;
+    int64_t m = y0 ? y0->numel : -1;
+    for (int t = 1; t < times && m >= 0; t++) {
+        nb_tensor *z = call(c);
+        if (!z) {
+            m = -1;
+        } else if (!nbi_same_shape(z, y0)) {
+            m = (nbi_error("%s: the function gave outputs of shapes %s and %s at the same point; "
+                           "it must be a function of its inputs alone", FN, NBI_SHAPE(y0),
+                           NBI_SHAPE(z)), -1);
+        }
+        for (int64_t j = 0; m >= 0 && j < m; j++) {
+            double a = nbi_get_flat(y0, j), b = nbi_get_flat(z, j);
+            if (fabs(a - b) <= c->o.nondet_tol || (a != a && b != b)) continue;
+            nbi_error("%s: the function gave different values at the same point (output element "
+                      "%lld: %.10g, then %.10g): it is not deterministic (dropout in training "
+                      "mode, or a generator that goes on between calls), and finite differences "
+                      "cannot check it; evaluate it in eval mode, or reseed its generator "
+                      "(nb_rng_seed) at the start of each call", FN, (long long)j, a, b);
+            m = -1;
+        }
+    }
     nb_scope_end();
     return m;
 }
+
+/* Output size, from two forwards that agree. */
+static int64_t probe(check *c) { return same_each_time(c, 2); }
 
 /* Column block J[i] (numel_i x m) of the numeric Jacobian for input i. */
 static int numeric(const check *c, int i, double *J) {
@@ -595,6 +621,55 @@ static int restore(int n, nb_tensor **in, double **v) {
     return changed;
 }
 
+/* The custom functions (nb_function) in the graph of fn's output, for a
+ * mismatch's message: their backwards are the user's code being checked.
+ * Appends "; ... rmsnorm" to msg (nothing when there are none). */
+static nb_tensor *vjp_fn(nb_tensor **in, int n1, void *vctx);
+typedef struct {
+    nb_fn fn;
+    void *ctx;
+    int n; /* fn's inputs; v is input n */
+} gg_ctx;
+
+static void name_custom_functions(const check *c, char *msg, size_t cap) {
+    enum { MAX_NODES = 4096, MAX_NAMES = 4 };
+    check inner = *c; /* nb_gradgradcheck: the graph of the function it was given */
+    if (c->fn == vjp_fn) {
+        const gg_ctx *g = c->ctx;
+        inner.fn = g->fn, inner.ctx = g->ctx, inner.n = g->n;
+    }
+    nb_scope_begin();
+    nb_tensor *y = call(&inner);
+    const nbi_node **seen = malloc(MAX_NODES * sizeof *seen);
+    const nb_tensor **stack = malloc(MAX_NODES * sizeof *stack);
+    const char *names[MAX_NAMES];
+    int nseen = 0, top = 0, nnames = 0, more = 0;
+    if (y && seen && stack && y->grad_fn) stack[top++] = y;
+    while (top > 0) {
+        const nbi_node *n = stack[--top]->grad_fn;
+        bool dup = false;
+        for (int k = 0; k < nseen && !dup; k++) dup = seen[k] == n;
+        if (dup || nseen == MAX_NODES) continue;
+        seen[nseen++] = n;
+        if (n->fn_ctx) {
+            bool named = false;
+            for (int k = 0; k < nnames && !named; k++) named = !strcmp(names[k], n->op);
+            if (!named && nnames < MAX_NAMES) names[nnames++] = n->op;
+            else if (!named) more++;
+        }
+        for (int i = 0; i < n->nin && top < MAX_NODES; i++)
+            if (n->in[i]->grad_fn) stack[top++] = n->in[i];
+    }
+    size_t len = strlen(msg);
+    for (int k = 0; k < nnames && len < cap; k++)
+        len += (size_t)snprintf(msg + len, cap - len, "%s%s", k ? ", " : "; custom functions "
+                                "in the graph checked: ", names[k]);
+    if (more && len < cap) snprintf(msg + len, cap - len, " and %d more", more);
+    free(seen);
+    free(stack);
+    nb_scope_end();
+}
+
 static bool gradcheck_as(const char *order, nb_fn fn, void *ctx, int n, nb_tensor **inputs,
                          const nb_gradcheck_opts *opts, nb_gradcheck_result *out) {
     nb_gradcheck_result r = {.input = -1, .index = -1, .output_index = -1};
@@ -641,6 +716,14 @@ static bool gradcheck_as(const char *order, nb_fn fn, void *ctx, int n, nb_tenso
         }
         if ((c.m = probe(&c)) < 0) rc = -1;
         else rc = o.fast_mode ? fast_check(&c) : full_check(&c);
+        /* a failure of a function whose outputs vary by chance (two draws may
+         * agree on a small output) is that, not a rule's: more draws decide */
+        if ((rc != 0 || !r.ok) && c.m >= 0) {
+            char first[sizeof r.message];
+            snprintf(first, sizeof first, "%s", rc != 0 && nb_last_error() ? nb_last_error() : "");
+            if (same_each_time(&c, 16) < 0) rc = -1, r.ok = false;
+            else if (rc != 0) nbi_error("%s", first);
+        }
         for (int i = 0; i < n; i++) {
             inputs[i]->requires_grad = !c.no_grad[i]; /* as it was, whatever fn did */
             if (!c.no_grad[i]) { /* a .grad the function's own backward left goes */
@@ -656,7 +739,10 @@ static bool gradcheck_as(const char *order, nb_fn fn, void *ctx, int n, nb_tenso
             rc = (nbi_error("%s: the function changed the values of input %d (wrote it in place); "
                             "they were put back, and the check is void: the function must "
                             "leave its inputs as they are", FN, changed), -1);
-        if (rc == 0 && !r.ok) nbi_error("%s", r.message);
+        if (rc == 0 && !r.ok) {
+            name_custom_functions(&c, r.message, sizeof r.message);
+            nbi_error("%s", r.message);
+        }
         for (int i = 0; i < n; i++) nbi_unref(inputs[i]);
     }
     if (rc != 0) { /* an error: the message says why, and so does the result */
@@ -684,14 +770,9 @@ bool nb_gradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs, const nb_gradc
 }
 
 /* ------------------------------------------------------ nb_gradgradcheck */
-/* The function gradgradcheck checks: (inputs, v) -> the vector-Jacobian
- * product v^T d fn / d(inputs that require grad), made with create_graph so
- * that its own backward is fn's double backward. */
-typedef struct {
-    nb_fn fn;
-    void *ctx;
-    int n; /* fn's inputs; v is input n */
-} gg_ctx;
+/* The function gradgradcheck checks (gg_ctx, above): (inputs, v) -> the
+ * vector-Jacobian product v^T d fn / d(inputs that require grad), made with
+ * create_graph so that its own backward is fn's double backward. */
 
 static nb_tensor *vjp_of(gg_ctx *g, nb_tensor **in, nb_tensor *v);
 

@@ -361,6 +361,9 @@ START_TEST(wrong_backward_is_rejected) {
     ck_assert(!r.ok);
     ck_assert_msg(strncmp(r.message, "nb_gradcheck: first-order: MISMATCH", 35) == 0, "%s", r.message);
     ck_assert_str_eq(nb_last_error(), r.message);
+    /* the message names the custom function whose backward was checked */
+    ck_assert_msg(strstr(r.message, "; custom functions in the graph checked: silu_bad"), "%s",
+                  r.message);
     ck_assert(fabs(r.analytic - r.numeric) == r.max_abs_err); /* exactly */
     ck_assert_int_gt(r.mismatched, 0);
     ck_assert_int_le(r.mismatched, 6);

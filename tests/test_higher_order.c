@@ -202,6 +202,43 @@ START_TEST(gradgradcheck_says_second_order_failed) {
     ck_assert(nb_gradcheck(apply_fn, (void *)&cube_detached, 1, &x, NULL, &r)); /* first order fine */
     ck_assert(!nb_gradgradcheck(apply_fn, (void *)&cube_detached, 1, &x, NULL, &r));
     ck_assert_msg(strstr(r.message, "nb_gradgradcheck: second-order: MISMATCH"), "%s", r.message);
+    ck_assert_msg(strstr(r.message, "; custom functions in the graph checked: cube_detached"), "%s",
+                  r.message);
+    nb_clear_error();
+    nb_scope_end();
+}
+END_TEST
+
+/* A function that draws anew at each call cannot be checked by finite
+ * differences: the checks say that, not that a rule is wrong. */
+static nb_tensor *dropout_fn(nb_tensor **in, int n, void *ctx) {
+    (void)n;
+    return nb_dropout(nb_mul(in[0], in[0]), 0.5, true, ctx);
+}
+
+START_TEST(gradcheck_of_a_random_function_says_so) {
+    nb_scope_begin();
+    nb_tensor *x = vec_leaf();
+    nb_rng rng;
+    nb_rng_seed(&rng, 7);
+    nb_gradcheck_opts fast = NB_GRADCHECK_DEFAULTS;
+    fast.fast_mode = true;
+    const char *why = "the function gave different values at the same point (output element ";
+    const char *how = "): it is not deterministic (dropout in training mode, or a generator that "
+                      "goes on between calls), and finite differences cannot check it; evaluate "
+                      "it in eval mode, or reseed its generator (nb_rng_seed) at the start of "
+                      "each call";
+    nb_gradcheck_result r;
+    for (int k = 0; k < 4; k++) {
+        void *g = k % 2 ? NULL : &rng; /* its own generator, or the global one */
+        ck_assert(!nb_gradcheck(dropout_fn, g, 1, &x, k < 2 ? NULL : &fast, &r));
+        ck_assert_msg(strstr(r.message, "nb_gradcheck: ") == r.message && strstr(r.message, why) &&
+                      strstr(r.message, how), "%s", r.message);
+        nb_clear_error();
+    }
+    ck_assert(!nb_gradgradcheck(dropout_fn, &rng, 1, &x, NULL, &r));
+    ck_assert_msg(strstr(r.message, "nb_gradgradcheck: ") == r.message && strstr(r.message, why),
+                  "%s", r.message);
     nb_clear_error();
     nb_scope_end();
 }
@@ -216,6 +253,8 @@ START_TEST(forward_ad_check_says_forward_mode_failed) {
     o.check_forward_ad = true;
     ck_assert(!nb_gradcheck(apply_fn, (void *)&cube_bad_jvp, 1, &x, &o, &r));
     ck_assert_msg(strstr(r.message, "nb_gradcheck: forward-mode: MISMATCH"), "%s", r.message);
+    ck_assert_msg(strstr(r.message, "; custom functions in the graph checked: cube_bad_jvp"), "%s",
+                  r.message);
     o.fast_mode = true;
     ck_assert(!nb_gradcheck(apply_fn, (void *)&cube_bad_jvp, 1, &x, &o, &r));
     ck_assert_msg(strstr(r.message, "forward-mode: MISMATCH"), "%s", r.message);
@@ -375,6 +414,7 @@ Suite *suite_higher_order(void) {
     tcase_add_test(tc, once_differentiable_is_refused_by_name);
     tcase_add_test(tc, jvp_values);
     tcase_add_test(tc, gradcheck_leaves_other_leaves_alone);
+    tcase_add_test(tc, gradcheck_of_a_random_function_says_so);
     tcase_add_test(tc, forward_over_reverse_and_empty);
     tcase_add_test(tc, saved_output_with_history);
     suite_add_tcase(s, tc);
