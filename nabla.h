@@ -136,6 +136,11 @@ NB_API const char *nb_dtype_name(nb_dtype dtype); /* "f32", "f64", "i64", "bool"
 /* True when the elements lie in row-major order without gaps (strides of size-1
  * dims do not matter; an empty tensor always is); false on NULL. */
 NB_API bool nb_is_contiguous(const nb_tensor *t);
+/* Whether a and b have an element in common (numpy's shares_memory): views
+ * of one storage whose elements meet. Exact for tensors of up to 2^22
+ * elements each; larger ones count as sharing when their byte ranges meet.
+ * Empty tensors share nothing. false on NULL (with a message). */
+NB_API bool nb_shares_memory(const nb_tensor *a, const nb_tensor *b);
 /* Pointer to the first element (storage + offset), NULL on NULL; the layout
  * is given by nb_strides. For reading and writing values outside of autograd. */
 NB_API void *nb_data(nb_tensor *t);

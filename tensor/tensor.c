@@ -522,6 +522,11 @@ bool nbi_overlap(const nb_tensor *a, const nb_tensor *b) {
     return meet;
 }
 
+bool nb_shares_memory(const nb_tensor *a, const nb_tensor *b) {
+    if (!nbi_arg("nb_shares_memory", a, 0) || !nbi_arg("nb_shares_memory", b, 1)) return false;
+    return nbi_overlap(a, b);
+}
+
 int nb_copy_into(nb_tensor *dst, const nb_tensor *src) {
     const char *fn = "nb_copy_into";
     if (!nbi_arg(fn, dst, 0) || !nbi_arg(fn, src, 1)) return -1;

@@ -318,6 +318,7 @@ static bool mha_failed(nb_tensor **in) {
     X(nb_copy_to_f64, 1, one, copy_failed(in[0]))                                                \
     X(nb_print, 1, one, print_failed(in[0]))                                                     \
     X(nb_copy_into, 2, two, nb_copy_into(in[0], in[1]) == -1)                                    \
+    X(nb_shares_memory, 1, one, !nb_shares_memory(in[0], in[0]))                                 \
     /* autograd */                                                                               \
     X(nb_set_requires_grad, 1, one, nb_set_requires_grad(in[0], true) == NULL)                   \
     X(nb_requires_grad, 1, leaf, !nb_requires_grad(in[0]))                                       \

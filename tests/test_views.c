@@ -1002,6 +1002,28 @@ START_TEST(test_stack) {
 }
 END_TEST
 
+/* nb_shares_memory: exact on views of one storage, as numpy's shares_memory */
+START_TEST(test_shares_memory) {
+    nb_scope_begin();
+    nb_tensor *m = nb_zeros(NB_F32, NB_SHAPE(4, 6)), *other = nb_zeros(NB_F32, NB_SHAPE(4, 6));
+    ck_assert(nb_shares_memory(m, m));
+    ck_assert(nb_shares_memory(m, nb_transpose(m, 0, 1)));
+    ck_assert(!nb_shares_memory(m, other));
+    ck_assert(!nb_shares_memory(nb_narrow(m, 0, 0, 2), nb_narrow(m, 0, 2, 2)));  /* rows apart */
+    ck_assert(nb_shares_memory(nb_narrow(m, 0, 0, 3), nb_narrow(m, 0, 2, 2)));   /* row 2 */
+    ck_assert(!nb_shares_memory(nb_select(m, 1, 0), nb_select(m, 1, 1)));       /* interleaved */
+    ck_assert(nb_shares_memory(nb_select(m, 1, 3), nb_select(nb_transpose(m, 0, 1), 0, 3)));
+    nb_tensor *one = nb_zeros(NB_F32, NB_SHAPE(1));
+    ck_assert(nb_shares_memory(nb_expand(one, NB_SHAPE(5)), one));
+    ck_assert(!nb_shares_memory(nb_narrow(m, 0, 1, 0), m)); /* empty */
+    ck_assert(!nb_shares_memory(m, NULL));
+    ck_assert_msg(strstr(nb_last_error(), "nb_shares_memory: input 1 is NULL"), "%s",
+                  nb_last_error());
+    nb_clear_error();
+    nb_scope_end();
+}
+END_TEST
+
 Suite *suite_views(void) {
     Suite *s = suite_create("views");
     TCase *tc = tcase_create("forward");
@@ -1036,6 +1058,7 @@ Suite *suite_views(void) {
     tcase_add_test(tc, test_error_cat);
     tcase_add_test(tc, test_stack);
     tcase_add_test(tc, test_error_to_and_null);
+    tcase_add_test(tc, test_shares_memory);
     suite_add_tcase(s, tc);
     return s;
 }
