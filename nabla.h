@@ -890,13 +890,16 @@ NB_API int nb_params_add_all(nb_params *dst, const char *prefix, const nb_params
  * the raw little-endian data. Names are the registry's (PyTorch state_dict
  * keys); dtypes F32, F64, I64, BOOL.
  * nb_save writes every parameter and buffer to path through a temporary file
- * ".nabla-tmp-<pid>-<n>" in the same directory, fsync and a rename, so an
- * interrupted save leaves the previous file whole. A path that is a symbolic
+ * in the same directory, fsync and a rename, so an interrupted save leaves
+ * the previous file whole. The temporary has no name while it is written
+ * where the file system allows (Linux's O_TMPFILE: a killed save leaves
+ * nothing); elsewhere it is ".nabla-tmp-<pid>-<n>". A path that is a symbolic
  * link is followed: the file it names is replaced and the link stays a link.
  * A file replaced keeps its permission bits (user, group, other); a new file
- * gets 0666 & ~umask. Each save also removes the temporaries that killed
- * saves left in that directory (those whose process no longer exists).
- * 0 or -1 (message names the path and the reason). */
+ * gets 0666 & ~umask. Each save and each load also removes the temporaries
+ * that killed saves left in that directory (those whose lock no process
+ * holds; docs/checkpoints.md, "Killed saves"). 0 or -1 (message names the
+ * path and the reason). */
 NB_API int nb_save(const nb_params *ps, const char *path);
 /* Reads path, a regular file (a FIFO or device is refused at once, not
  * waited on), into the registry's tensors. The file must hold exactly the

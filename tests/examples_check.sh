@@ -117,5 +117,26 @@ out=$("$fm" --data "$mini" --schedule step 2>&1 | head -1)
     bad "fashion_mnist --schedule step: \"$out\""
 rm -rf "$b/fm-bad" "$b"/fm[0-9]* "$b/fm-check.svg"
 
-[ "$fails" -eq 0 ] && say "ok (--save checked before training; --sample 2^61 streams; newton and gradient_penalty converge; tokenize encodes, decodes and writes llm.c token files; fashion_mnist trains alike on 1 and 2 threads, resumes exactly, names missing or disagreeing files and a refused flag)"
+# examples/gpt --save-every 1 SIGKILLed at various moments: the checkpoint
+# always loads, and once it has, no temporary file (.nabla-tmp-*) is left in
+# its folder (killed saves used to leave one each, the checkpoint's size).
+kd=$b/kill-check
+rm -rf "$kd" && mkdir -p "$kd"
+for i in 1 2 3 4 5 6; do
+    rm -f "$kd/ck"
+    "$gpt" --config tiny --batch 2 --seq 16 --steps 100000000 --save-every 1 --save "$kd/ck" > /dev/null 2>&1 &
+    pid=$!
+    n=0
+    while [ ! -f "$kd/ck" ] && [ $n -lt 600 ]; do sleep 0.1; n=$((n + 1)); done
+    sleep "0.$i" # a few steps later: most of a step's time goes to its save
+    kill -9 "$pid"
+    wait "$pid" 2> /dev/null
+    out=$("$gpt" --config tiny --batch 2 --seq 16 --load "$kd/ck" --eval 2>&1) ||
+        bad "gpt --save-every 1 killed (round $i): --load failed: $out"
+    left=$(ls -A "$kd" | grep -c '^\.nabla-tmp-')
+    [ "$left" -eq 0 ] || bad "gpt --save-every 1 killed (round $i): $left temporary file(s) left after --load: $(ls -A "$kd")"
+done
+rm -rf "$kd"
+
+[ "$fails" -eq 0 ] && say "ok (gpt killed while saving leaves no temporary; --save checked before training; --sample 2^61 streams; newton and gradient_penalty converge; tokenize encodes, decodes and writes llm.c token files; fashion_mnist trains alike on 1 and 2 threads, resumes exactly, names missing or disagreeing files and a refused flag)"
 exit "$fails"

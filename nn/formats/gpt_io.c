@@ -20,7 +20,8 @@
  *   4. only then is each parameter written (memcpy through nb_data) and
  *      nb_mark_modified.
  * A failure in 1-3 leaves the model as it was. Saves go through a temporary
- * file, fsync and rename, as nb_save (nn/formats/files.c). */
+ * file, fsync and rename, as nb_save (nn/formats/files.c); saves and loads
+ * remove the temporaries killed saves left beside the file. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -370,7 +371,7 @@ static int put_tensor(writer *w, nb_tensor *t, nb_dtype fdt, bool conv) {
 static int save_atomic(const char *fn, const char *path, int (*body)(writer *, void *), void *ctx) {
     nn_target t = {0};
     int e = nn_resolve(path, &t), rc = -1;
-    char *tmp = NULL;
+    nn_temp tmp = {.fd = -1};
     writer w = {.fd = -1};
     if (e != 0) {
         nn_error("%s: cannot write \"%s\": %s (the previous file, if any, is unchanged)", fn, path,
@@ -382,11 +383,12 @@ static int save_atomic(const char *fn, const char *path, int (*body)(writer *, v
         nn_error("%s: out of memory", fn);
         goto done;
     }
-    if ((w.fd = nn_open_temp(&t, &tmp)) < 0) {
+    if (nn_temp_open(&t, &tmp) != 0) {
         e = errno;
         nn_error("%s: cannot create a file next to \"%s\": %s", fn, path, strerror(e));
         goto done;
     }
+    w.fd = tmp.fd;
     errno = 0;
     rc = body(&w, ctx) == 0 && flush(&w) == 0 ? 0 : -1;
     /* a failed fchmod (a file system without modes) leaves open()'s bits,
@@ -394,17 +396,13 @@ static int save_atomic(const char *fn, const char *path, int (*body)(writer *, v
     if (rc == 0 && t.exists) fchmod(w.fd, t.mode & 0777);
     if (rc == 0 && fsync(w.fd) != 0) rc = -1;
     e = errno;
-    if (close(w.fd) != 0 && rc == 0) rc = -1, e = errno;
-    if (rc == 0 && rename(tmp, t.path) != 0) rc = -1, e = errno;
-    if (rc == 0) {
+    if (nn_temp_finish(&tmp, &t, rc == 0) != 0 && rc == 0) rc = -1, e = errno;
+    if (rc == 0)
         nn_sync_dir(t.dir);
-    } else {
-        unlink(tmp);
+    else
         nn_error("%s: cannot write \"%s\": %s (the previous file, if any, is unchanged)", fn, path,
                  strerror(e ? e : EIO));
-    }
 done:
-    free(tmp);
     free(w.buf);
     nn_target_free(&t);
     return rc;
@@ -527,6 +525,7 @@ static int load_llmc_body(nb_GPT *m, const char *path) {
     if (!m->cfg.bias)
         return nn_error("%s: the model has no biases (cfg.bias false); llm.c's checkpoints "
                         "have them", fn), -1;
+    nn_remove_stale_temps_beside(path); /* what saves killed there left */
     source f;
     if (open_source(&f, fn, path) != 0) return -1;
     char msg[400] = "";
@@ -721,6 +720,7 @@ static int load_hf_body(nb_GPT *m, const char *path) {
     const char *fn = "nb_gpt_load_hf";
     if (check_model(fn, m) != 0) return -1;
     if (!path) return nn_error("%s: path is NULL", fn), -1;
+    nn_remove_stale_temps_beside(path); /* what saves killed there left */
     source f;
     if (open_source(&f, fn, path) != 0) return -1;
     char msg[400] = "";
