@@ -138,5 +138,42 @@ for i in 1 2 3 4 5 6; do
 done
 rm -rf "$kd"
 
-[ "$fails" -eq 0 ] && say "ok (gpt killed while saving leaves no temporary; --save checked before training; --sample 2^61 streams; newton and gradient_penalty converge; tokenize encodes, decodes and writes llm.c token files; fashion_mnist trains alike on 1 and 2 threads, resumes exactly, names missing or disagreeing files and a refused flag)"
+# The head count through --export (the one size no tensor shows): a char
+# model (n_embd 128) of 4 heads, where heads of 64 would make 2, comes back
+# from Hugging Face's format with 4 and samples the same text; an --n-head
+# the file contradicts is refused; a Hugging Face file without the count
+# (tests/gpt_files.h's small: n_embd 128, 2 heads) warns of its guess, or
+# takes config.json's from beside it.
+hd=$b/heads-check
+rm -rf "$hd" && mkdir -p "$hd"
+"$gpt" --steps 3 --batch 2 --export "$hd/m.safetensors" --sample 40 > "$hd/a" 2>&1 ||
+    bad "gpt --export m.safetensors: exit status $?: $(tail -n 1 "$hd/a")"
+"$gpt" --init "$hd/m.safetensors" --sample 40 > "$hd/b" 2>&1 ||
+    bad "gpt --init m.safetensors: exit status $?: $(tail -n 1 "$hd/b")"
+grep -q "4 layers, 4 heads, n_embd 128" "$hd/b" || bad "gpt --init m.safetensors (4 heads exported): $(head -n 1 "$hd/b")"
+[ "$(tail -n 2 "$hd/a")" = "$(tail -n 2 "$hd/b")" ] || bad "gpt --init m.safetensors samples another text than the model exported"
+grep -q "warning" "$hd/b" && bad "gpt --init m.safetensors warns: $(grep warning "$hd/b")"
+out=$("$gpt" --init "$hd/m.safetensors" --n-head 2 --sample 4 2>&1)
+[ $? -eq 1 ] && [ "$out" = "gpt: --n-head 2 contradicts --init $hd/m.safetensors, whose model has n_head 4 (stored in the file); drop --n-head to take the file's" ] ||
+    bad "gpt --init m.safetensors --n-head 2: \"$out\""
+"$b/tests/gen_gpt_files" small "$hd" > /dev/null || bad "gen_gpt_files small failed"
+hf=$hd/small_hf.safetensors
+out=$("$gpt" --init "$hf" --sample 4 2>&1)
+case "$out" in
+*"gpt: warning: --init $hf does not say how many attention heads its model has (no n_head in its __metadata__, no config.json beside it): guessing n_head 2 (heads of 64 channels, as in every GPT-2 size); if the model was trained with another count it will compute something else: give --n-head N"*"2 layers, 2 heads"*) ;;
+*) bad "gpt --init a Hugging Face file without its head count: no warning of the guess: $out" ;;
+esac
+printf '{"model_type": "gpt2", "n_ctx": 32, "n_embd": 128, "n_head": 4, "n_layer": 2, "n_positions": 32, "layer_norm_epsilon": 1e-05, "vocab_size": 101}\n' > "$hd/config.json"
+out=$("$gpt" --init "$hf" --sample 4 2>&1)
+case "$out" in
+*warning*) bad "gpt --init with config.json beside it still warns: $out" ;;
+*"2 layers, 4 heads, n_embd 128"*) ;;
+*) bad "gpt --init with config.json (4 heads) beside it: $out" ;;
+esac
+out=$("$gpt" --init "$hf" --n-head 2 --sample 4 2>&1)
+[ $? -eq 1 ] && [ "$out" = "gpt: --n-head 2 contradicts --init $hf, whose model has n_head 4 (in the config.json beside it); drop --n-head to take the file's" ] ||
+    bad "gpt --init (config.json: 4 heads) --n-head 2: \"$out\""
+rm -rf "$hd"
+
+[ "$fails" -eq 0 ] && say "ok (gpt killed while saving leaves no temporary; gpt --export keeps the head count, refuses a contradicting --n-head, reads config.json, warns of a guess; --save checked before training; --sample 2^61 streams; newton and gradient_penalty converge; tokenize encodes, decodes and writes llm.c token files; fashion_mnist trains alike on 1 and 2 threads, resumes exactly, names missing or disagreeing files and a refused flag)"
 exit "$fails"
