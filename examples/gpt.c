@@ -633,8 +633,9 @@ static double unigram_loss(const run *r) {
     return h;
 }
 
-/* The progress line on stderr, when it is a terminal (stdout gets the step
- * lines; the line is cleared before each is printed). */
+/* The progress line on stderr, when it is a terminal and this is no MPI
+ * rank (progress_to; stdout gets the step lines; the line is cleared before
+ * each is printed). */
 typedef struct {
     bool tty, shown;
     int64_t first, last; /* steps: first to run, last */
@@ -697,7 +698,7 @@ static double train_step(run *r, const options *o, int64_t B, int64_t T) {
 }
 
 static int train(run *r, const options *o, int64_t B, int64_t T) {
-    bar b = {.tty = isatty(fileno(stderr)) == 1, .first = r->step + 1, .last = o->steps,
+    bar b = {.tty = progress_to(stderr), .first = r->step + 1, .last = o->steps,
              .start = progress_now()};
     double start = b.start, recent = 0;
     int64_t n_recent = 0;

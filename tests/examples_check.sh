@@ -175,5 +175,25 @@ out=$("$gpt" --init "$hf" --n-head 2 --sample 4 2>&1)
     bad "gpt --init (config.json: 4 heads) --n-head 2: \"$out\""
 rm -rf "$hd"
 
-[ "$fails" -eq 0 ] && say "ok (gpt killed while saving leaves no temporary; gpt --export keeps the head count, refuses a contradicting --n-head, reads config.json, warns of a guess; --save checked before training; --sample 2^61 streams; newton and gradient_penalty converge; tokenize encodes, decodes and writes llm.c token files; fashion_mnist trains alike on 1 and 2 threads, resumes exactly, names missing or disagreeing files and a refused flag)"
+# Progress lines ("\r", ESC [K) only on a terminal that is the process's
+# own: copy_task (stdout) and gpt (stderr) run on a pseudo-terminal (script)
+# draw them; the same runs as ranks of an MPI job (whose stdout mpirun makes
+# a terminal even when its own output goes to a file: the launcher's
+# variable set here as mpirun sets it) do not.
+esc=$(printf '\033')
+if command -v script > /dev/null 2>&1 && script -qec true /dev/null > /dev/null 2>&1; then
+    cp_args="--epochs 1 --batches 3 --d-model 32 --d-ff 64 --check 10"
+    gpt_args="--config tiny --steps 3 --batch 2 --seq 16"
+    for run in "copy_task $cp_args" "gpt $gpt_args"; do
+        script -qec "$b/examples/$run" /dev/null > "$b/progress-check.out" 2>&1
+        grep -q "$esc" "$b/progress-check.out" || bad "$run on a terminal: no progress line"
+        script -qec "env OMPI_COMM_WORLD_SIZE=2 $b/examples/$run" /dev/null > "$b/progress-check.out" 2>&1
+        grep -q "$esc" "$b/progress-check.out" && bad "$run as an MPI rank on a terminal: a progress line (ESC) in its output"
+    done
+    rm -f "$b/progress-check.out"
+else
+    say "no script(1) here: the progress lines' terminal check is skipped"
+fi
+
+[ "$fails" -eq 0 ] && say "ok (progress lines on terminals only, not from MPI ranks; gpt killed while saving leaves no temporary; gpt --export keeps the head count, refuses a contradicting --n-head, reads config.json, warns of a guess; --save checked before training; --sample 2^61 streams; newton and gradient_penalty converge; tokenize encodes, decodes and writes llm.c token files; fashion_mnist trains alike on 1 and 2 threads, resumes exactly, names missing or disagreeing files and a refused flag)"
 exit "$fails"
