@@ -915,6 +915,10 @@ static int run_all(run *r, const options *o) {
     if (!o->train && !o->eval && !o->init && !o->load)
         fprintf(stderr, "gpt: warning: sampling from an untrained model (random weights; give "
                         "--steps N to train it first, or --init FILE)\n");
+    else if (!o->train && !o->eval && o->export) /* say what it does: converts, maybe samples */
+        printf("gpt: no training (no --steps): converting %s to %s as it is%s\n",
+               o->load ? o->load : o->init, o->export, o->sample > 0 ? ", then sampling from it"
+                                                                     : "");
     else if (!o->train && !o->eval)
         printf("gpt: no training (no --steps): sampling from %s as it is\n",
                o->load ? o->load : o->init);

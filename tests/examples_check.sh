@@ -157,6 +157,17 @@ out=$("$gpt" --init "$hd/m.safetensors" --n-head 2 --sample 4 2>&1)
 [ $? -eq 1 ] && [ "$out" = "gpt: --n-head 2 contradicts --init $hd/m.safetensors, whose model has n_head 4 (stored in the file); drop --n-head to take the file's" ] ||
     bad "gpt --init m.safetensors --n-head 2: \"$out\""
 "$b/tests/gen_gpt_files" small "$hd" > /dev/null || bad "gen_gpt_files small failed"
+out=$("$gpt" --init "$hd/m.safetensors" --export "$hd/m.bin" 2>&1)
+case "$out" in
+*"sampling"*) bad "gpt --init A --export B says it samples: $out" ;;
+*"gpt: no training (no --steps): converting $hd/m.safetensors to $hd/m.bin as it is"*) ;;
+*) bad "gpt --init A --export B does not say it converts A to B: $out" ;;
+esac
+out=$("$gpt" --init "$hd/m.bin" --export "$hd/m2.safetensors" --sample 4 2>&1)
+case "$out" in
+*"gpt: no training (no --steps): converting $hd/m.bin to $hd/m2.safetensors as it is, then sampling from it"*) ;;
+*) bad "gpt --init A --export B --sample 4: $out" ;;
+esac
 hf=$hd/small_hf.safetensors
 out=$("$gpt" --init "$hf" --sample 4 2>&1)
 case "$out" in
@@ -195,5 +206,5 @@ else
     say "no script(1) here: the progress lines' terminal check is skipped"
 fi
 
-[ "$fails" -eq 0 ] && say "ok (progress lines on terminals only, not from MPI ranks; gpt killed while saving leaves no temporary; gpt --export keeps the head count, refuses a contradicting --n-head, reads config.json, warns of a guess; --save checked before training; --sample 2^61 streams; newton and gradient_penalty converge; tokenize encodes, decodes and writes llm.c token files; fashion_mnist trains alike on 1 and 2 threads, resumes exactly, names missing or disagreeing files and a refused flag)"
+[ "$fails" -eq 0 ] && say "ok (progress lines on terminals only, not from MPI ranks; gpt killed while saving leaves no temporary; gpt --export keeps the head count, refuses a contradicting --n-head, reads config.json, warns of a guess, says it converts; --save checked before training; --sample 2^61 streams; newton and gradient_penalty converge; tokenize encodes, decodes and writes llm.c token files; fashion_mnist trains alike on 1 and 2 threads, resumes exactly, names missing or disagreeing files and a refused flag)"
 exit "$fails"
