@@ -1111,6 +1111,7 @@ START_TEST(hf_head_count_sources) {
      * fields of every kind) */
     hf_full(&f, &c, "", "F32", false);
     hf_write(&f, path);
+    hf_free(&f);
     write_text(json, "{\"activation_function\": \"gelu_new\", \"architectures\": [\"GPT2LMHeadModel\"],"
                " \"layer_norm_epsilon\": 1e-05, \"model_type\": \"gpt2\", \"n_ctx\": 8,"
                " \"n_embd\": 8, \"n_head\": 4, \"n_layer\": 2, \"n_positions\": 8,"
