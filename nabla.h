@@ -64,9 +64,10 @@ extern "C" {
 NB_API const char *nb_version(void); /* the library's, e.g. "0.11.0" (a static string) */
 /* The vector instruction-set path the kernels take on this CPU, read once:
  * "amx", "avx512bf16", "avx512", "avx2" or "portable". The environment
- * variable NABLA_ISA (one of those names) caps it, so that any machine can
- * run the paths below its best; results are bitwise the same for any thread
- * count on a given path, and may differ between paths. */
+ * variable NABLA_ISA (one of those names, any case) caps it, so that any
+ * machine can run the paths below its best; another value is ignored and
+ * said once on stderr ("nabla: NABLA_ISA=..."). Results are bitwise the same
+ * for any thread count on a given path, and may differ between paths. */
 NB_API const char *nb_cpu_isa(void);
 
 /* NB_BF16 is bfloat16 (2 bytes: the top half of an f32): a storage and
@@ -321,8 +322,11 @@ NB_API nb_tensor *nb_matmul(nb_tensor *a, nb_tensor *b);
  * nb_matmul); every other op, the losses, the optimizer and the parameters
  * stay f32 (master weights; bf16 needs no loss scaling). Regions nest and are
  * per thread; nb_autocast_begin(NB_F32) opens a region without autocast
- * inside one. A backward recorded inside a region runs its products as the
- * forward did, wherever nb_backward is called. 0, or -1 with a message (a
+ * inside one. Every backward (and tangent) rule runs in the region its
+ * forward ran in, wherever nb_backward is called: a product made in a bf16
+ * region is differentiated in bf16, one made outside in f32 even inside a
+ * bf16 region; a custom backward sees its forward's nb_autocast_dtype() and
+ * may end only regions it began. 0, or -1 with a message (a
  * dtype other than bf16/f32, more than 64 nested regions, an end without a
  * begin). */
 NB_API int nb_autocast_begin(nb_dtype dtype);
@@ -394,7 +398,11 @@ NB_API nb_tensor *nb_max_pool1d(nb_tensor *input, int64_t kernel_size, int64_t s
  * channel C over N and the rest. training: normalizes with the batch's mean
  * and biased variance, and when running_mean / running_var (C) are given
  * updates them in place, r = (1 - momentum) r + momentum x, with the unbiased
- * variance; training requires N * rest > 1, as torch. Not training: normalizes
+ * variance. Training refuses exactly one value per channel (N * rest == 1), as
+ * torch; an empty batch (N * rest == 0) gives an empty output, zero gradients
+ * for weight and bias, and leaves the running statistics as they were. The
+ * running statistics training writes must not be expanded views nor share
+ * memory with each other, the input, weight or bias. Not training: normalizes
  * with running_mean / running_var (required). weight, bias (C) or NULL; eps >=
  * 0. Differentiable in input, weight and bias (never in the running
  * statistics, which are state, not inputs). */
@@ -780,7 +788,8 @@ NB_API int64_t nb_memory_peak(void);
 NB_API void nb_memory_reset_peak(void);
 NB_API int64_t nb_memory_cached(void);
 /* The cache's limit in bytes: NABLA_CACHE_MB MiB (a decimal count; unset,
- * empty or not a plain number means the default, 1024, which the cache
+ * empty or not a plain number means the default, 1024 (not a number: said
+ * once on stderr), which the cache
  * may pass up to the peak of bytes in use), read once per process; -1 when
  * the count is too large to be a byte size (no limit). */
 NB_API int64_t nb_memory_cache_limit(void);
@@ -817,8 +826,9 @@ NB_API void nb_manual_seed(uint64_t seed); /* the global generator */
  * several threads may draw from it at once, each getting other numbers). */
 NB_API nb_rng *nb_global_rng(void);
 /* The thread count for kernels (1..64; another n is an error, unchanged):
- * default NABLA_NUM_THREADS or the CPUs the process may run on (its affinity
- * mask, all online CPUs unless a cpuset narrows it). Kernels split work across a
+ * default NABLA_NUM_THREADS (a whole number, at most 64; another value is
+ * ignored and said once on stderr) or the CPUs the process may run on (its
+ * affinity mask, all online CPUs unless a cpuset narrows it). Kernels split work across a
  * persistent pool only above a size where it pays; each output element is
  * always computed the same way, so results are bitwise identical for any count. */
 NB_API void nb_set_num_threads(int n);

@@ -40,11 +40,23 @@ struct nbi_node {
      * gone (saved bits cleared, extra and fn_ctx's tensors freed): a second
      * backward through this node is an error naming retain_graph. */
     bool released;
+    /* The autocast dtype in force when the node was made (NB_F32: none):
+     * its backward and tangent rules run in it (autocast.c). */
+    nb_dtype autocast;
     /* Custom functions (function.c): their context, and what frees it
      * (all = false: only what backward reads; true: everything, at node free). */
     void *fn_ctx;
     void (*fn_release)(nbi_node *n, bool all);
 };
+/* Autocast (autocast.c) around a rule: isolate hides the regions open now
+ * and puts dtype in force; restore brings them back (and ends any region the
+ * rule left open). */
+typedef struct {
+    int floor, depth, isolated;
+    nb_dtype base;
+} nbi_autocast_frame;
+nbi_autocast_frame nbi_autocast_isolate(nb_dtype dtype);
+void nbi_autocast_restore(nbi_autocast_frame f);
 /* True when grad mode is on and some input requires grad. */
 bool nbi_needs_grad(int n, nb_tensor *const *inputs);
 /* Records a node for out; NULL (and message) on out-of-memory, or when

@@ -78,6 +78,7 @@ nbi_node *nbi_record_unchecked(nb_tensor *out, const char *op, nbi_backward_fn b
     node->op = op;
     node->backward = bw;
     node->out = out;
+    node->autocast = nb_autocast_dtype();
     node->nin = n;
     for (int i = 0; i < n; i++) {
         node->in[i] = inputs[i];
@@ -570,7 +571,9 @@ static int run_node(walk *w, nb_tensor *t, nb_tensor *g) {
     uint64_t outer_sunk = sunk;
     running = w;
     sunk = 0;
+    nbi_autocast_frame ac = nbi_autocast_isolate(n->autocast); /* as its forward ran */
     if (n->backward(n, g, gin) != 0 || !nbi_anomaly_backward(n, g, gin)) rc = -1;
+    nbi_autocast_restore(ac);
     uint64_t added_in_place = sunk;
     running = outer;
     sunk = outer_sunk;
@@ -774,7 +777,7 @@ static nb_tensor *seed_for(const char *fn, nb_tensor *out, nb_tensor *grad, cons
         nbi_set_flat(seed, 0, 1.0);
         return seed;
     }
-    if (grad->freed && !nbi_bad_arg_named(fn, noun, grad, k)) return NULL;
+    if (!nbi_live(grad) && !nbi_bad_arg_named(fn, noun, grad, k)) return NULL;
     if (!nbi_same_shape(out, grad) || out->dtype != grad->dtype)
         return nbi_error("%s: grad of shape %s %s does not match the output's %s %s", fn,
                          NBI_SHAPE(grad), nb_dtype_name(grad->dtype), NBI_SHAPE(out),
@@ -818,7 +821,7 @@ static int grad_args(const char *fn, nb_tensor *const *outputs, int n_outputs,
         return (nbi_error("%s: needs at least one output and one input (n_outputs %d, n_inputs "
                           "%d)", fn, n_outputs, n_inputs), -1);
     for (int k = 0; k < n_outputs; k++) {
-        if (!(outputs[k] && !outputs[k]->freed) && !nbi_bad_arg_named(fn, "output", outputs[k], k))
+        if (!nbi_live(outputs[k]) && !nbi_bad_arg_named(fn, "output", outputs[k], k))
             return -1;
         if (!outputs[k]->requires_grad)
             return (nbi_error("%s: output %d does not require grad and has no graph%s", fn, k,

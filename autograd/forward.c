@@ -79,7 +79,9 @@ static int tangent_of_node(tangent_map *m, nb_tensor *t) {
         rc = (nbi_error("%s: %s has no forward-mode (tangent) rule; compute this derivative "
                         "with nb_autograd_grad (reverse mode) instead", FN, n->op), -1);
     } else if (any) {
+        nbi_autocast_frame ac = nbi_autocast_isolate(n->autocast); /* as its forward ran */
         tan = n->jvp(n, tin);
+        nbi_autocast_restore(ac);
         if (!tan) rc = -1;
         else if (!nbi_same_shape(tan, t) || tan->dtype != t->dtype)
             rc = (nbi_error("%s: internal error: the tangent rule of %s gave shape %s %s for an "
@@ -137,7 +139,7 @@ static int check_args(int n, nb_tensor **inputs, nb_tensor **tangents, nb_tensor
         if (!nbi_arg(FN, inputs[i], i)) return -1;
         nb_tensor *t = tangents[i], *x = inputs[i];
         if (!t) continue;
-        if (t->freed && !nbi_bad_arg_named(FN, "tangent", t, i)) return -1;
+        if (!nbi_live(t) && !nbi_bad_arg_named(FN, "tangent", t, i)) return -1;
         if (!nbi_is_diff(x->dtype))
             return (nbi_error("%s: input %d is %s; only floating inputs have tangents", FN, i,
                               nb_dtype_name(x->dtype)), -1);

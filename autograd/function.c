@@ -130,8 +130,11 @@ nb_tensor *nb_function_saved(nb_function_ctx *c, int i) {
     /* the gradients are being recorded: an input or the output comes with
      * its history; anything else made in forward has none, and what the
      * backward computes from it could not be differentiated again */
-    if (c->saved_src[i] >= 0) return nbi_recorded_view(c->saved[i], c->node->in[c->saved_src[i]]);
-    if (c->saved_src[i] == SAVED_OUTPUT) return nbi_recorded_view(c->saved[i], c->node->out);
+    nb_tensor *v = c->saved_src[i] >= 0 ? nbi_recorded_view(c->saved[i], c->node->in[c->saved_src[i]])
+                   : c->saved_src[i] == SAVED_OUTPUT ? nbi_recorded_view(c->saved[i], c->node->out)
+                                                     : NULL;
+    if (v) v->borrowed = true; /* as a plain backward's: the context's to free (the rule's scope) */
+    if (c->saved_src[i] != SAVED_OTHER) return v;
     if (nbi_is_diff(c->saved[i]->dtype)) c->cb->raw_read = true;
     return c->saved[i];
 }
@@ -276,13 +279,24 @@ static int call_backward(nb_function_ctx *c, nbi_node *n, nb_tensor **gouts, nb_
                        "(nb_report_error)", c->name, rc);
         return -1;
     }
+    const char *why = reported(serial);
     for (int i = 0; i < n->nin; i++) {
         nb_tensor *g = gin[i], *in = n->in[i];
+        if (!g && c->needs[i] && why) { /* most likely a computation that failed, not a zero */
+            char first[512];
+            snprintf(first, sizeof first, "%s", why);
+            return (nbi_error_quoting("nb_backward: the backward of %s returned 0 but no "
+                                      "gradient for input %d, after an error: %s", c->name, i,
+                                      first), -1);
+        }
         if (!g) continue;
         if (!c->needs[i]) {
             gin[i] = NULL; /* not asked for: ignored, as PyTorch does */
             continue;
         }
+        if (!nbi_is_tensor(g))
+            return (nbi_error("nb_backward: the backward of %s returned a pointer that is not a "
+                              "tensor as the gradient of input %d", c->name, i), -1);
         if (g->freed)
             return (nbi_error("nb_backward: the backward of %s returned a freed tensor as the "
                               "gradient of input %d", c->name, i), -1);
@@ -369,6 +383,8 @@ static nb_tensor *fn_jvp(nbi_node *n, nb_tensor *const *tin) {
         return nbi_error("nb_jvp: the jvp of %s returned NULL without reporting an error "
                          "(nb_report_error)", c->name);
     }
+    if (!nbi_is_tensor(r))
+        return nbi_error("nb_jvp: the jvp of %s returned a pointer that is not a tensor", c->name);
     if (r->freed) return nbi_error("nb_jvp: the jvp of %s returned a freed tensor", c->name);
     if (!nbi_same_shape(r, n->out) || r->dtype != n->out->dtype)
         return nbi_error("nb_jvp: the jvp of %s returned a tangent of shape %s %s for an output "
@@ -481,6 +497,9 @@ static int run_forward(nb_function_ctx *c, nb_tensor **inputs, int n, nb_tensor 
     for (int k = 0; rc == 0 && k < nout; k++) {
         if (!ret[k])
             rc = (nbi_error("%s: forward returned no tensor for output %d", c->name, k), -1);
+        else if (!nbi_is_tensor(ret[k]))
+            rc = (nbi_error("%s: forward returned a pointer that is not a tensor as output %d",
+                            c->name, k), -1);
         else if (ret[k]->freed)
             rc = (nbi_error("%s: forward returned a freed tensor as output %d", c->name, k), -1);
         else if (inner != outer && ret[k]->scope == inner)

@@ -69,6 +69,8 @@ nb_tensor *nbi_fn_returned(const char *fn, nb_tensor *y) {
                                      fn, earlier);
         return nbi_error_quoting("%s: the function returned NULL", fn);
     }
+    if (!nbi_is_tensor(y))
+        return nbi_error("%s: the function returned a pointer that is not a tensor", fn);
     if (y->freed) return nbi_error("%s: the function returned a freed tensor", fn);
     return y;
 }

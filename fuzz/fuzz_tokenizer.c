@@ -195,6 +195,38 @@ static void write_seeds(const char *sdir) {
     memcpy(bin + 1024, "\x01" "a" "\x02" "bc" "\x05" "<|e|>", 11);
     seed(sdir, "llmc-bin", "B", (const char *)bin, 1035, NULL, 0);
     seed(sdir, "bad-llmc-bin-cut", "B", (const char *)bin, 1030, NULL, 0);
+    bin[0]--; /* 20240327 */
+    seed(sdir, "bad-llmc-bin-magic", "B", (const char *)bin, 1035, NULL, 0);
+    seed(sdir, "bad-binary-plain", "", (const char *)bin, 1035, NULL, 0);
+    /* merges.txt with lines ending in a lone \r, or \r\n after a BOM; a BOM
+     * before vocab.json */
+    vn = small_vocab(v, extra);
+    const char *cr = "#version: 0.2\ra b\rab c\r\xc4\xa0 t\r";
+    seed(sdir, "merges-cr", "V", v, vn, cr, strlen(cr));
+    const char *crlf = "\xef\xbb\xbf#version: 0.2\r\na b\r\nab c\n\xc4\xa0 t";
+    seed(sdir, "merges-crlf-bom", "V", v, vn, crlf, strlen(crlf));
+    static char bom[8200];
+    memcpy(bom, "\xef\xbb\xbf", 3), memcpy(bom + 3, v, vn);
+    seed(sdir, "vocab-bom", "V", bom, vn + 3, merges, strlen(merges));
+    /* a vocab.json id that is no integer; tokenizer.json members twice or not GPT-2's */
+    dn = small_vocab(v, ", \"ab\": 256, \"zz\": \"3\"");
+    seed(sdir, "bad-vocab-string-id", "V", v, dn, "a b\n", 4);
+    vn = small_vocab(v, extra);
+    v[vn - 1] = 0;
+    static const char *tails[][3] = { /* name, in the model, after it */
+        {"bad-model-twice", "", ", \"model\": null"},
+        {"bad-pre-tokenizer", "", ", \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": []}"},
+        {"pre-tokenizer-gpt2", "\"dropout\": null, \"ignore_merges\": false, ",
+         ", \"normalizer\": null, \"pre_tokenizer\": {\"type\": \"ByteLevel\", "
+         "\"add_prefix_space\": false, \"use_regex\": true}"},
+        {"bad-added-token", "", ", \"added_tokens\": [{\"id\": 260, \"content\": \"<|im_start|>\"}]"},
+        {"bad-model-options", "\"ignore_merges\": true, \"dropout\": 0.1, ", ""},
+    };
+    for (size_t i = 0; i < sizeof tails / sizeof tails[0]; i++) {
+        jn = snprintf(j, sizeof j, "{\"model\": {%s\"type\": \"BPE\", \"vocab\": %s}, \"merges\": "
+                      "[\"a b\"]}%s}", tails[i][1], v, tails[i][2]);
+        seed(sdir, tails[i][0], "J", j, (size_t)jn, NULL, 0);
+    }
     static const char *texts[] = {"Hello, world", "I'm  \n\n a\t1234 <|endoftext|>x", "caf\xc3\xa9 \xff",
                                   "\xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd 日本語", "    def f(x):\n\treturn x\r\n"};
     for (int i = 0; i < 5; i++) {

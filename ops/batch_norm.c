@@ -220,8 +220,9 @@ static void dx_span(void *ctx, int64_t lo, int64_t hi) {
     else DX_ROWS(double)
 }
 
-/* grain: rows of R values; a channel is one unit of the stats passes */
-static int64_t row_grain(int64_t r) { return r >= NBI_GRAIN ? 1 : NBI_GRAIN / r; }
+/* grain: rows of R values (R may be 0: an empty trailing dim); a channel is
+ * one unit of the stats passes */
+static int64_t row_grain(int64_t r) { return r >= NBI_GRAIN ? 1 : NBI_GRAIN / (r ? r : 1); }
 
 /* ---------------------------------------------------- the node's layout
  * in: x, then weight and bias when given (n->i[0], n->i[1]: their
@@ -356,6 +357,33 @@ static bool check_vec(const char *fn, const char *what, const nb_tensor *v, int 
     return true;
 }
 
+/* Training writes the running statistics in place: each must be a tensor
+ * whose elements are distinct memory, apart from each other and from what
+ * the call reads (an expanded view would take the C updates one after
+ * another in one element; a statistic inside the input would change it). */
+static bool check_running(const char *fn, nb_tensor *rm, nb_tensor *rv, nb_tensor *x,
+                          nb_tensor *w, nb_tensor *b) {
+    if (!nbi_check_writable(fn, "running_mean", rm) || !nbi_check_writable(fn, "running_var", rv))
+        return false;
+    if (nbi_overlap(rm, rv)) {
+        nbi_error("%s: running_mean and running_var share memory; training writes both: pass "
+                  "two separate tensors", fn);
+        return false;
+    }
+    const nb_tensor *read[3] = {x, w, b};
+    const char *names[3] = {"input", "weight", "bias"};
+    for (int k = 0; k < 3; k++) {
+        if (!read[k]) continue;
+        if (nbi_overlap(rm, read[k]))
+            return nbi_error("%s: running_mean shares memory with %s; training writes it: pass "
+                             "a separate tensor", fn, names[k]), false;
+        if (nbi_overlap(rv, read[k]))
+            return nbi_error("%s: running_var shares memory with %s; training writes it: pass "
+                             "a separate tensor", fn, names[k]), false;
+    }
+    return true;
+}
+
 static bool check_args(const char *fn, nb_tensor *input, nb_tensor *rm, nb_tensor *rv,
                        nb_tensor *w, nb_tensor *b, bool training, double momentum, double eps) {
     if (!nbi_arg(fn, input, 0) || !nbi_check_float(fn, input)) return false;
@@ -384,12 +412,12 @@ static bool check_args(const char *fn, nb_tensor *input, nb_tensor *rm, nb_tenso
         return false;
     }
     bn_dims d = dims_of(input);
-    if (training && d.n * d.r <= 1) {
+    if (training && d.n * d.r == 1) {
         nbi_error("%s: training needs more than 1 value per channel, got input shape %s", fn,
                   NBI_SHAPE(input));
         return false;
     }
-    return true;
+    return !training || !rm || check_running(fn, rm, rv, input, w, b);
 }
 
 /* r = (1 - momentum) r + momentum s, in place, once per forward */
@@ -420,7 +448,10 @@ nb_tensor *nb_batch_norm(nb_tensor *input, nb_tensor *running_mean, nb_tensor *r
         return NULL;
     }
     double *mean = nbi_ptr(st), *invstd = mean + d.c;
-    if (training) {
+    bool empty = d.n * d.r == 0; /* as torch: an empty output, the running stats kept */
+    if (training && empty) {
+        for (int64_t c = 0; c < 2 * d.c; c++) mean[c] = 0; /* no NaN into backward's sums */
+    } else if (training) {
         stats_job sj = {.x = x, .d = d, .mean = mean, .var = invstd};
         nbi_parallel_for(d.c, 1, stats_span, &sj);
         if (running_mean) {
@@ -434,7 +465,8 @@ nb_tensor *nb_batch_norm(nb_tensor *input, nb_tensor *running_mean, nb_tensor *r
             invstd[c] = at(running_var, c);
         }
     }
-    for (int64_t c = 0; c < d.c; c++) invstd[c] = 1 / sqrt(invstd[c] + eps);
+    if (!(training && empty))
+        for (int64_t c = 0; c < d.c; c++) invstd[c] = 1 / sqrt(invstd[c] + eps);
     norm_job nj = {.x = x, .w = weight, .b = bias, .y = y, .d = d, .mean = mean, .invstd = invstd};
     nbi_parallel_for(d.n * d.c, row_grain(d.r), norm_span, &nj);
     if (x != input) nb_free(x);

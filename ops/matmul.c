@@ -328,7 +328,10 @@ static nb_tensor *product_like(nb_tensor *x, nb_tensor *y, const nb_tensor *like
  * input was broadcast along. A 1-D operand is seen as a matrix (a: (1,K),
  * b: (K,1)) and g gets the matching size-1 dims back. Made of recorded ops
  * (products, views, nbi_sum_to), so it is differentiable again under
- * create_graph as it is. */
+ * create_graph as it is. The engine runs it in the autocast dtype the
+ * forward ran in (autocast.c): a product made in a bf16 region makes its
+ * two products in bf16 too, with f32 results, and a bf16 operand's gradient
+ * is then rounded to bf16. */
 static int matmul_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     nb_tensor *a = nbi_saved_in(n, 0), *b = nbi_saved_in(n, 1);
     if (!a || !b) return -1;
@@ -349,19 +352,10 @@ static int matmul_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
         if (db && b1) db = nb_squeeze(db, -1);                    /* (B...,K) */
         if (!db || !(gin[1] = nbi_sum_to(db, b->ndim, b->shape))) return -1;
     }
-    return 0;
-}
-
-/* A product recorded under autocast runs its backward's products the same
- * way, in bf16 with f32 results, wherever nb_backward is called. */
-static int matmul_autocast_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
-    if (nb_autocast_begin(NB_BF16)) return -1;
-    int rc = matmul_backward(n, g, gin);
-    nb_autocast_end();
-    for (int k = 0; rc == 0 && k < 2; k++) /* a bf16 operand's gradient is bf16 */
+    for (int k = 0; k < 2; k++) /* autocast: a bf16 operand's gradient is bf16 */
         if (gin[k] && gin[k]->dtype != n->in[k]->dtype && !(gin[k] = nb_to(gin[k], n->in[k]->dtype)))
-            rc = -1;
-    return rc;
+            return -1;
+    return 0;
 }
 
 /* p + q for the two terms of a tangent: bf16 terms are added in f32 and
@@ -372,15 +366,12 @@ static nb_tensor *add_terms(nb_tensor *p, nb_tensor *q) {
 }
 
 /* d(a b) = da b + a db (a NULL tangent adds nothing), each product made
- * the way the recorded one was (under autocast or not). */
+ * the way the recorded one was (the engine runs this in its autocast dtype). */
 static nb_tensor *matmul_jvp(nbi_node *n, nb_tensor *const *tin) {
     nb_tensor *a = nbi_saved_in(n, 0), *b = nbi_saved_in(n, 1);
     if (!a || !b) return NULL;
-    bool autocast = n->backward == matmul_autocast_backward;
-    if (nb_autocast_begin(autocast ? NB_BF16 : NB_F32)) return NULL;
     nb_tensor *p = tin[0] ? nb_matmul(tin[0], b) : NULL;
     nb_tensor *q = tin[1] ? nb_matmul(a, tin[1]) : NULL;
-    nb_autocast_end();
     if ((tin[0] && !p) || (tin[1] && !q)) return NULL;
     return !p ? q : !q ? p : add_terms(p, q);
 }
@@ -401,6 +392,17 @@ static int result_dtype(const nb_tensor *a, const nb_tensor *b, bool *bf16) {
     if (da == NB_BF16 && db == NB_BF16) {
         *bf16 = true;
         return NB_BF16;
+    }
+    if ((da == NB_BF16) != (db == NB_BF16)) { /* the kernel exists; the pair has none */
+        nb_dtype other = da == NB_BF16 ? db : da;
+        if (other == NB_F32)
+            return nbi_error("%s: operands are %s and %s: a bf16 operand pairs with another bf16 "
+                             "one, or with f32 inside an autocast region (nb_autocast_begin("
+                             "NB_BF16)); or convert one with nb_to", FN, nb_dtype_name(da),
+                             nb_dtype_name(db)), -1;
+        return nbi_error("%s: operands are %s and %s: a bf16 operand pairs with bf16 (or with f32 "
+                         "inside an autocast region), never with %s; convert one with nb_to", FN,
+                         nb_dtype_name(da), nb_dtype_name(db), nb_dtype_name(other)), -1;
     }
     if (!nbi_check_float(FN, a) || !nbi_check_float(FN, b)) return -1;
     if (!nbi_check_same_dtype(FN, a, b)) return -1;
@@ -461,9 +463,7 @@ nb_tensor *nb_matmul(nb_tensor *a, nb_tensor *b) {
 
     nb_tensor *in[2] = {a, b};
     if (nbi_needs_grad(2, in)) {
-        bool autocast = bf16 && dt == NB_F32;
-        nbi_node *node = nbi_record(c, FN, autocast ? matmul_autocast_backward : matmul_backward,
-                                    2, in);
+        nbi_node *node = nbi_record(c, FN, matmul_backward, 2, in);
         if (!node) return nbi_discard(c);
         nbi_save(node, NBI_SAVE_IN(0) | NBI_SAVE_IN(1));
         node->jvp = matmul_jvp;

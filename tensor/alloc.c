@@ -66,9 +66,10 @@ static int size_class(size_t n, size_t *cap) {
     return 4 * k + (int)q;
 }
 
-/* NABLA_CACHE_MB: a decimal count of MiB; unset, empty or not a number
- * (junk after the digits, a sign) means the default, 1024; a count too
- * large for size_t in bytes means no limit. */
+/* NABLA_CACHE_MB: a decimal count of MiB; unset or empty means the default,
+ * 1024; not a number (junk after the digits, a sign) means the default too,
+ * and is said on stderr; a count too large for size_t in bytes means no
+ * limit. */
 static size_t limit(void) {
     if (cache_limit == (size_t)-1) {
         const char *e = getenv("NABLA_CACHE_MB");
@@ -80,6 +81,9 @@ static size_t limit(void) {
                 v = v > (SIZE_MAX >> 20) ? v : v * 10 + (size_t)(*c - '0');
             if (!*c) mb = v, limit_set = true;
         }
+        if (e && *e && !limit_set)
+            nbi_env_warn("NABLA_CACHE_MB=\"%s\" is not a count of MiB (a whole number); it is "
+                         "ignored: the default, 1024 MiB, is kept", e);
         cache_limit = mb > (SIZE_MAX >> 20) - 1 ? SIZE_MAX - 1 : mb << 20;
     }
     return cache_limit;
@@ -388,6 +392,7 @@ static bool aged(const nb_tensor *t, uint64_t now) { return now - t->freed_at > 
 
 static nb_tensor *reuse(nb_tensor *t) {
     memset(t, 0, sizeof *t);
+    t->magic = NBI_TENSOR_MAGIC;
     return t;
 }
 
@@ -429,6 +434,7 @@ nb_tensor *nbi_tensor_obj_alloc(void) {
     }
     nb_tensor *t = calloc(1, sizeof *t);
     if (!t) atomic_fetch_add(&tensor_frees, 1); /* counted as made and gone */
+    else t->magic = NBI_TENSOR_MAGIC;
     return t;
 }
 

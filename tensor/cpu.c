@@ -2,6 +2,7 @@
  * the OS's saved register state, capped by NABLA_ISA) and the data caches. */
 #define _DEFAULT_SOURCE /* syscall */
 #include "cpu_internal.h"
+#include "tensor_internal.h" /* nbi_env_warn */
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -277,6 +278,10 @@ static void detect(void) {
     if (e && *e) {
         int v = parse_isa(e);
         env_cap = v >= 0 ? v : NBI_ISA_COUNT; /* an unknown name caps nothing */
+        if (v < 0)
+            nbi_env_warn("NABLA_ISA=\"%s\" names no vector path (one of portable, avx2, avx512, "
+                         "avx512bf16, amx); it is ignored: this CPU's best path, %s, runs", e,
+                         isa_names[cpu.detected]);
     }
 }
 

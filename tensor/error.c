@@ -69,6 +69,11 @@ bool nbi_bad_arg_named(const char *fn, const char *noun, const nb_tensor *t, int
         else nbi_error_quoting("%s: %s %d is NULL", fn, noun, i);
         return false;
     }
+    if (!nbi_is_tensor(t)) {
+        nbi_error("%s: %s %d is not a tensor (a pointer to something else, or to memory long "
+                  "freed)", fn, noun, i);
+        return false;
+    }
     if (!t->freed || nbi_trusted) return true;
     switch ((int)t->freed) {
     case NBI_FREED_BY_FREE:
@@ -140,7 +145,8 @@ bool nbi_check_no_bf16(const char *fn, const nb_tensor *t) {
 bool nbi_check_float(const char *fn, const nb_tensor *t) {
     if (nbi_is_float(t->dtype)) return true;
     if (!nbi_check_no_bf16(fn, t)) return false;
-    nbi_error("%s: expected a floating tensor (f32 or f64), got %s", fn, nb_dtype_name(t->dtype));
+    nbi_error("%s: expected a floating tensor (f32 or f64), got %s; convert it with nb_to(t, "
+              "NB_F32) (or NB_F64)", fn, nb_dtype_name(t->dtype));
     return false;
 }
 
@@ -186,4 +192,16 @@ void nbi_broadcast_strides(const nb_tensor *t, int ndim, const int64_t *shape, i
         int j = i - lead;
         strides[i] = (j < 0 || (t->shape[j] == 1 && shape[i] != 1)) ? 0 : t->strides[j];
     }
+}
+
+/* A variable of the environment nabla could not use: one line on stderr,
+ * once (each variable is read once per process), naming the variable, its
+ * value and what runs instead. Not an error message: no call failed. */
+void nbi_env_warn(const char *fmt, ...) {
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "nabla: %s\n", line);
 }

@@ -222,14 +222,33 @@ static long usable_cpus(void) {
     return online;
 }
 
+/* NABLA_NUM_THREADS: 0 when unset or empty, the count when a whole number
+ * from 1 (past MAX_THREADS it stops growing), -1 for anything else. */
+static long env_count(const char *e) {
+    if (!e || !*e) return 0;
+    long v = 0;
+    for (const char *c = e; *c; c++) {
+        if (*c < '0' || *c > '9') return -1;
+        if (v <= MAX_THREADS) v = v * 10 + (*c - '0');
+    }
+    return v >= 1 ? v : -1;
+}
+
 int nb_num_threads(void) {
     int n = atomic_load(&num_threads);
-    if (n == 0) {
-        const char *e = getenv("NABLA_NUM_THREADS");
-        long v = e ? strtol(e, NULL, 10) : 0;
-        if (v < 1) v = usable_cpus();
-        n = v < 1 ? 1 : v > MAX_THREADS ? MAX_THREADS : (int)v;
-        atomic_store(&num_threads, n);
-    }
+    if (n != 0) return n;
+    const char *e = getenv("NABLA_NUM_THREADS");
+    long v = env_count(e), cpus = usable_cpus();
+    if (cpus < 1) cpus = 1;
+    n = v < 1 ? (cpus > MAX_THREADS ? MAX_THREADS : (int)cpus) : v > MAX_THREADS ? MAX_THREADS : (int)v;
+    int unset = 0;
+    if (!atomic_compare_exchange_strong(&num_threads, &unset, n)) return unset; /* another thread's */
+    if (v < 0) /* said once: by the thread that set the count */
+        nbi_env_warn("NABLA_NUM_THREADS=\"%s\" is not a thread count (a whole number from 1 "
+                     "to %d); it is ignored: %d threads (the CPUs this process may run on)", e,
+                     MAX_THREADS, n);
+    if (v > MAX_THREADS)
+        nbi_env_warn("NABLA_NUM_THREADS=%s is above the limit of %d threads; %d run", e,
+                     MAX_THREADS, MAX_THREADS);
     return n;
 }

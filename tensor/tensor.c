@@ -257,11 +257,11 @@ void nbi_release_owned(nb_tensor *t, int how) {
 
 void nb_free(nb_tensor *t) {
     if (!t) return;
-    if (t->freed) { /* a second nb_free, or a handle whose scope ended */
+    if (!nbi_is_tensor(t) || t->freed) { /* a second nb_free, a handle whose scope ended */
         nbi_bad_arg("nb_free", t, 0);
         return;
     }
-    if (!t->owned) { /* borrowed: its owner frees it */
+    if (!t->owned || t->borrowed) { /* borrowed: its owner frees it */
         nbi_error("nb_free: input 0 is borrowed (a .grad, or a tensor saved by a custom "
                   "function); its owner frees it, and it was left alone");
         return;
@@ -282,7 +282,7 @@ void nb_free(nb_tensor *t) {
 
 void nb_free_with_owner(nb_tensor *t) {
     if (!t) return;
-    if (t->freed) {
+    if (!nbi_is_tensor(t) || t->freed) {
         nbi_bad_arg("nb_free_with_owner", t, 0);
         return;
     }
@@ -459,10 +459,67 @@ void nbi_copy_strided(nb_tensor *dst, const int64_t *src_strides, const nb_tenso
     nbi_parallel_for(dst->numel, COPY_GRAIN, copy_span, &j);
 }
 
-static bool has_internal_overlap(const nb_tensor *t) {
+bool nbi_has_internal_overlap(const nb_tensor *t) {
     for (int i = 0; i < t->ndim; i++)
         if (t->strides[i] == 0 && t->shape[i] > 1) return true;
     return false;
+}
+
+bool nbi_check_writable(const char *fn, const char *what, const nb_tensor *dst) {
+    if (!nbi_has_internal_overlap(dst)) return true;
+    nbi_error("%s: %s of shape %s has overlapping elements (an expanded view, stride 0) and "
+              "cannot be written in place; pass a tensor of its own (a contiguous copy)",
+              fn, what, NBI_SHAPE(dst));
+    return false;
+}
+
+/* [first, last] element offsets of t's elements in its storage (numel > 0) */
+static void extent(const nb_tensor *t, int64_t *lo, int64_t *hi) {
+    *lo = *hi = t->offset;
+    for (int d = 0; d < t->ndim; d++) {
+        int64_t span = (t->shape[d] - 1) * t->strides[d];
+        if (span < 0) *lo += span;
+        else *hi += span;
+    }
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* t's element offsets, sorted (malloc'ed; NULL when out of memory) */
+static int64_t *sorted_offsets(const nb_tensor *t) {
+    int64_t *o = malloc((size_t)t->numel * sizeof *o);
+    if (!o) return NULL;
+    for (int64_t i = 0; i < t->numel; i++) o[i] = nbi_flat_offset(t, i);
+    qsort(o, (size_t)t->numel, sizeof *o, cmp_i64);
+    return o;
+}
+
+/* Exact where the element sets are small enough to list (the per-channel
+ * vectors and buffers this guards), else whether their byte ranges meet. */
+#define NBI_OVERLAP_EXACT_MAX ((int64_t)1 << 22)
+bool nbi_overlap(const nb_tensor *a, const nb_tensor *b) {
+    if (a->storage != b->storage || a->numel == 0 || b->numel == 0) return false;
+    int64_t alo, ahi, blo, bhi;
+    extent(a, &alo, &ahi);
+    extent(b, &blo, &bhi);
+    size_t ea = nbi_dtype_size(a->dtype), eb = nbi_dtype_size(b->dtype);
+    if ((ahi + 1) * (int64_t)ea <= blo * (int64_t)eb || (bhi + 1) * (int64_t)eb <= alo * (int64_t)ea)
+        return false;
+    if (ea != eb || a->numel > NBI_OVERLAP_EXACT_MAX || b->numel > NBI_OVERLAP_EXACT_MAX)
+        return true;
+    int64_t *oa = sorted_offsets(a), *ob = oa ? sorted_offsets(b) : NULL;
+    bool meet = !ob; /* out of memory: assume they do */
+    for (int64_t i = 0, j = 0; ob && !meet && i < a->numel && j < b->numel;) {
+        if (oa[i] == ob[j]) meet = true;
+        else if (oa[i] < ob[j]) i++;
+        else j++;
+    }
+    free(oa);
+    free(ob);
+    return meet;
 }
 
 int nb_copy_into(nb_tensor *dst, const nb_tensor *src) {
@@ -477,7 +534,7 @@ int nb_copy_into(nb_tensor *dst, const nb_tensor *src) {
     if (!fits)
         return (nbi_error("%s: source of shape %s does not broadcast to destination shape %s", fn,
                           NBI_SHAPE(src), NBI_SHAPE(dst)), -1);
-    if (has_internal_overlap(dst))
+    if (nbi_has_internal_overlap(dst))
         return (nbi_error("%s: destination of shape %s has overlapping elements (an expanded "
                           "view); copy into a contiguous tensor instead", fn, NBI_SHAPE(dst)), -1);
     nb_tensor *tmp = NULL;

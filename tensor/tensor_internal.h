@@ -21,7 +21,12 @@ typedef struct nbi_storage {
 typedef struct nbi_node nbi_node;
 typedef struct nbi_scope nbi_scope;
 
+/* The first word of every tensor object, from its allocation on: a handle
+ * whose first word differs is no tensor (a pointer to something else), and
+ * the argument checks say so rather than read it as one. */
+#define NBI_TENSOR_MAGIC 0x6e61626cu /* "nabl" */
 struct nb_tensor {
+    uint32_t magic;
     nb_dtype dtype;
     int ndim;
     int64_t shape[NB_MAX_DIMS];
@@ -49,6 +54,9 @@ struct nb_tensor {
     _Atomic int holds;       /* those of them whose backward reads its data */
     _Atomic bool owned;      /* atomic, as freed: another thread may free a tensor a backward reads */
     bool held;               /* persistent, held by an owner that lends it out (a registry) */
+    bool borrowed;           /* lent to user code for a call (a custom backward's saved
+                              * tensor under create_graph): nb_free refuses it, its scope
+                              * frees it */
     nbi_scope *scope;        /* scope that owns it; NULL = persistent */
     nb_tensor *prev, *next;  /* membership list of that scope (alloc.c's quarantine, once dead) */
 
@@ -75,6 +83,10 @@ void *nbi_error_quoting(const char *fmt, ...) __attribute__((format(printf, 1, 2
 /* Counts the messages set on this thread: a callback that failed without
  * reporting anything leaves it unchanged. */
 uint64_t nbi_error_serial(void);
+/* One line "nabla: ..." on stderr about a variable of the environment that
+ * nabla ignores (a value it cannot read): say it once, with what runs
+ * instead. */
+void nbi_env_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Argument checks for tensor handles (input i of fn, counted from 0): true
  * when t is a live tensor; otherwise false with a message: "fn: input i is
  * NULL" (followed by the earlier error that most likely made the NULL, when
@@ -83,15 +95,20 @@ uint64_t nbi_error_serial(void);
 bool nbi_bad_arg(const char *fn, const nb_tensor *t, int i);
 /* The same for arguments of another kind ("output 0", "tangent 1"). */
 bool nbi_bad_arg_named(const char *fn, const char *noun, const nb_tensor *t, int i);
+/* A tensor handle that may be used: a tensor object not freed. */
+static inline bool nbi_live(const nb_tensor *t) {
+    return t && t->magic == NBI_TENSOR_MAGIC && !t->freed;
+}
+static inline bool nbi_is_tensor(const nb_tensor *t) { return t->magic == NBI_TENSOR_MAGIC; }
 static inline bool nbi_arg(const char *fn, const nb_tensor *t, int i) {
-    return (t && !t->freed) || nbi_bad_arg(fn, t, i);
+    return nbi_live(t) || nbi_bad_arg(fn, t, i);
 }
 /* How a freed handle went, in a word for messages: "nb_free" or "with its owner". */
 static inline const char *nbi_freed_how(const nb_tensor *t) {
     return t->freed == NBI_FREED_BY_FREE ? "nb_free" : "with its owner";
 }
 static inline bool nbi_opt_arg(const char *fn, const nb_tensor *t, int i) {
-    return !t || !t->freed || nbi_bad_arg(fn, t, i);
+    return !t || nbi_live(t) || nbi_bad_arg(fn, t, i);
 }
 /* The backward engine runs built-in rules on tensors whose user handles
  * were freed while a graph still holds them; inside, freed handles pass the
@@ -236,6 +253,16 @@ static inline void *nbi_ptr(const nb_tensor *t) {
 double nbi_get_flat(const nb_tensor *t, int64_t i);
 void nbi_set_flat(nb_tensor *t, int64_t i, double v);
 int64_t nbi_flat_offset(const nb_tensor *t, int64_t i); /* element offset from storage start */
+
+/* Destinations of in-place writes into a caller's tensor. An expanded view
+ * (stride 0 over a size > 1) has elements that are one memory location:
+ * nbi_has_internal_overlap says so, nbi_check_writable refuses it with a
+ * message naming fn and what ("running_mean"). nbi_overlap: whether a and
+ * b share a memory location (exact for up to 2^22 elements each, else
+ * whether their byte ranges meet). */
+bool nbi_has_internal_overlap(const nb_tensor *t);
+bool nbi_check_writable(const char *fn, const char *what, const nb_tensor *dst);
+bool nbi_overlap(const nb_tensor *a, const nb_tensor *b);
 
 /* Copies src into dst of the same shape (any strides, any dtypes). */
 void nbi_copy_strided(nb_tensor *dst, const int64_t *src_strides, const nb_tensor *src);

@@ -5,7 +5,10 @@
 # them: 2^61 used to wrap a malloc and abort); the second-order examples
 # (newton, gradient_penalty) run to the end and their last line says they
 # reached what PyTorch reaches; tokenize encodes, decodes and writes llm.c's
-# token file with GPT-2's vocabulary, and refuses bad ids and files. Run by make test.
+# token file with GPT-2's vocabulary, and refuses bad ids (writing nothing)
+# and bad files, naming each and the reason; gpt killed while saving leaves
+# no temporary file, --export keeps the head count, and progress lines go to
+# terminals only, never from MPI ranks. Run by make test.
 set -u
 b=${1:-build}
 gpt=$b/examples/gpt
@@ -62,9 +65,67 @@ hdr=$(od -An -tu4 -N12 "$b/examples-check.tok" | tr -s ' ')
 ids=$(od -An -tu2 -j1024 "$b/examples-check.tok" | tr -s ' ')
 [ "$ids" = " 15496 11 995" ] || bad "tokenize --out: ids \"$ids\""
 rm -f "$b/examples-check.tok"
-out=$(echo "1 50257" | "$tk" --tokenizer "$voc" --decode 2>&1 >/dev/null)
-[ $? -eq 1 ] && [ "$out" = "tokenize: --decode: id 50257 at position 1 is not in the vocabulary (nb_tokenizer_token: id 50257 is not in [0, 50257))" ] ||
+# --decode checks every id before it writes a byte: a bad one late writes nothing
+printf '15496 11 995\n50257 11' | "$tk" --tokenizer "$voc" --decode > "$b/examples-check.out" 2> "$b/examples-check.err"
+rc=$?
+out=$(cat "$b/examples-check.err")
+[ $rc -eq 1 ] && [ "$out" = "tokenize: --decode: id 50257 at position 3 is not in the vocabulary (ids are 0..50256)" ] ||
     bad "tokenize --decode 50257: \"$out\""
+[ -s "$b/examples-check.out" ] && bad "tokenize --decode 50257: wrote \"$(cat "$b/examples-check.out")\" before failing"
+printf '15496 11 x995' | "$tk" --tokenizer "$voc" --decode > "$b/examples-check.out" 2> "$b/examples-check.err"
+rc=$?
+out=$(cat "$b/examples-check.err")
+[ $rc -eq 1 ] && [ "$out" = "tokenize: --decode: \"x995\" (word 2) is not a token id (a non-negative integer)" ] ||
+    bad "tokenize --decode x995: \"$out\""
+[ -s "$b/examples-check.out" ] && bad "tokenize --decode x995: wrote \"$(cat "$b/examples-check.out")\" before failing"
+# an id too large for any integer is out of the vocabulary (it was "not a token id")
+out=$(echo "11 123456789012345678901234567890" | "$tk" --tokenizer "$voc" --decode 2>&1 >/dev/null)
+[ "$out" = "tokenize: --decode: id 123456789012345678901234... at position 1 is not in the vocabulary (ids are 0..50256)" ] ||
+    bad "tokenize --decode 1234...: \"$out\""
+# messages name the file and the reason (--in DIR said "cannot read standard input")
+mkdir -p "$b/examples-check.d"
+out=$("$tk" --tokenizer "$voc" --in "$b/examples-check.d" 2>&1)
+[ $? -eq 1 ] && [ "$out" = "tokenize: --in: cannot read \"$b/examples-check.d\": Is a directory" ] ||
+    bad "tokenize --in DIR: \"$out\""
+out=$("$tk" --tokenizer "$voc" --decode --in "$b/examples-check.d" 2>&1)
+[ "$out" = "tokenize: --in: cannot read \"$b/examples-check.d\": Is a directory" ] ||
+    bad "tokenize --decode --in DIR: \"$out\""
+out=$("$tk" --tokenizer "$voc" < "$b/examples-check.d" 2>&1)
+[ "$out" = "tokenize: cannot read standard input: Is a directory" ] || bad "tokenize < DIR: \"$out\""
+out=$(echo hi | "$tk" --tokenizer "$b/examples-check.d" 2>&1)
+[ "$out" = "tokenize: nb_tokenizer_load: \"$b/examples-check.d\" is a directory, not a tokenizer file (give the tokenizer.json, vocab.json, encoder.json or gpt2_tokenizer.bin in it)" ] ||
+    bad "tokenize --tokenizer DIR: \"$out\""
+out=$(echo hi | "$tk" --tokenizer "$voc" --out "$b/examples-check.d" 2>&1)
+[ "$out" = "tokenize: --out: cannot write \"$b/examples-check.d\": Is a directory" ] || bad "tokenize --out DIR: \"$out\""
+out=$(echo hi | "$tk" --tokenizer "$voc" --in /dev/null --in x 2>&1)
+[ $? -eq 1 ] && [ "$out" = "tokenize: --in is given twice (\"/dev/null\" and \"x\")" ] || bad "tokenize --in twice: \"$out\""
+# llm.c's gpt2_tokenizer.bin with a bad magic number (it was read as JSON)
+printf '\307\327\064\001\002\000\000\000' > "$b/examples-check.d/gpt2_tokenizer.bin"
+out=$(echo 1 | "$tk" --tokenizer "$b/examples-check.d/gpt2_tokenizer.bin" --decode 2>&1)
+[ "$out" = "tokenize: nb_tokenizer_load: \"$b/examples-check.d/gpt2_tokenizer.bin\": bad magic number 20240327 for llm.c's gpt2_tokenizer.bin (expected 20240328)" ] ||
+    bad "tokenize on a bad gpt2_tokenizer.bin: \"$out\""
+# a write that fails is said (encoding to a full disk exited 0), and --out
+# leaves no part of a file behind (here past the file size limit, 1 block)
+if [ -w /dev/full ]; then
+    out=$(echo hi | "$tk" --tokenizer "$voc" 2>&1 > /dev/full)
+    [ $? -eq 1 ] && [ "$out" = "tokenize: cannot write standard output: No space left on device" ] ||
+        bad "tokenize > /dev/full: \"$out\""
+    out=$(echo 11 | "$tk" --tokenizer "$voc" --decode 2>&1 > /dev/full)
+    [ $? -eq 1 ] && [ "$out" = "tokenize: cannot write standard output: No space left on device" ] ||
+        bad "tokenize --decode > /dev/full: \"$out\""
+fi
+out=$(trap '' XFSZ; ulimit -f 1 && echo hi | "$tk" --tokenizer "$voc" --out "$b/examples-check.tok" 2>&1)
+[ "$out" = "tokenize: --out: cannot write \"$b/examples-check.tok\": File too large (the part written was removed)" ] ||
+    bad "tokenize --out past the size limit: \"$out\""
+[ -e "$b/examples-check.tok" ] && bad "tokenize --out past the size limit: a part of the file is left"
+# gpt --tokenizer passes the loader's message on, with the file and the reason
+out=$("$gpt" --config tiny --steps 0 --tokenizer "$b/examples-check.d/gpt2_tokenizer.bin" 2>&1)
+[ $? -ne 0 ] && [ "$out" = "gpt: nb_tokenizer_load: \"$b/examples-check.d/gpt2_tokenizer.bin\": bad magic number 20240327 for llm.c's gpt2_tokenizer.bin (expected 20240328)" ] ||
+    bad "gpt --tokenizer on a bad gpt2_tokenizer.bin: \"$out\""
+out=$("$gpt" --config tiny --steps 0 --tokenizer "$b/examples-check.d" 2>&1)
+[ $? -ne 0 ] && [ "$out" = "gpt: nb_tokenizer_load: \"$b/examples-check.d\" is a directory, not a tokenizer file (give the tokenizer.json, vocab.json, encoder.json or gpt2_tokenizer.bin in it)" ] ||
+    bad "gpt --tokenizer DIR: \"$out\""
+rm -rf "$b/examples-check.d" "$b/examples-check.out" "$b/examples-check.err" "$b/examples-check.tok"
 out=$(echo hi | "$tk" --tokenizer /nonexistent/vocab.json 2>&1)
 [ $? -eq 1 ] && [ "$out" = "tokenize: nb_tokenizer_load: cannot open \"/nonexistent/vocab.json\": No such file or directory" ] ||
     bad "tokenize on a missing file: \"$out\""
@@ -206,5 +267,5 @@ else
     say "no script(1) here: the progress lines' terminal check is skipped"
 fi
 
-[ "$fails" -eq 0 ] && say "ok (progress lines on terminals only, not from MPI ranks; gpt killed while saving leaves no temporary; gpt --export keeps the head count, refuses a contradicting --n-head, reads config.json, warns of a guess, says it converts; --save checked before training; --sample 2^61 streams; newton and gradient_penalty converge; tokenize encodes, decodes and writes llm.c token files; fashion_mnist trains alike on 1 and 2 threads, resumes exactly, names missing or disagreeing files and a refused flag)"
+[ "$fails" -eq 0 ] && say "ok (progress lines on terminals only, not from MPI ranks; gpt killed while saving leaves no temporary; gpt --export keeps the head count, refuses a contradicting --n-head, reads config.json, warns of a guess, says it converts; --save checked before training; --sample 2^61 streams; newton and gradient_penalty converge; tokenize encodes, decodes and writes llm.c token files, and names the file and reason of each failure, writing nothing on a bad id; fashion_mnist trains alike on 1 and 2 threads, resumes exactly, names missing or disagreeing files and a refused flag)"
 exit "$fails"

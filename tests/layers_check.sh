@@ -67,7 +67,12 @@ for layer in "${layers[@]}" mpi; do
 done
 
 # ------------------------------------------------------------- (b) symbols
-objects() { (cd "$build" && layer_files o "$1") | sed "s|^|$build/|"; }
+# (an object whose source is gone, left in BUILD by an older checkout, is not the library's)
+objects() {
+    (cd "$build" && layer_files o "$1") | while read -r o; do
+        [ -e "${o%.o}.c" ] && echo "$build/$o"
+    done
+}
 missing=0
 for layer in "${layers[@]}"; do
     set -- $(objects "$layer")

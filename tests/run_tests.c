@@ -4,11 +4,16 @@
 #include <stdlib.h>
 
 int main(void) {
-    /* test_concurrency.c runs this binary to read the cache limit a value of
-     * NABLA_CACHE_MB gives (read once per process) */
+    /* test_concurrency.c runs this binary to read the cache limit, thread
+     * count and path that values of NABLA_CACHE_MB, NABLA_NUM_THREADS and
+     * NABLA_ISA give (each read once per process) */
     /* make test-isa: the vector path the kernels take here */
     if (getenv("NB_TEST_PRINT_ISA")) {
         printf("%s\n", nb_cpu_isa());
+        return 0;
+    }
+    if (getenv("NB_TEST_PRINT_THREADS")) {
+        printf("%d\n", nb_num_threads());
         return 0;
     }
     if (getenv("NB_TEST_PRINT_CACHE_LIMIT")) {

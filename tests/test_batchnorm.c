@@ -260,6 +260,77 @@ START_TEST(test_functional_errors) {
 }
 END_TEST
 
+/* Training writes the running statistics in place: an expanded view (one
+ * element for C channels) and statistics sharing memory with each other or
+ * with what the call reads are refused, before anything is written. */
+START_TEST(test_running_stats_destinations) {
+    nb_scope_begin();
+    nb_tensor *x = nb_randn(NB_F64, NB_SHAPE(4, 3, 2), NULL);
+    nb_tensor *one = nb_zeros(NB_F64, NB_SHAPE(1)), *ex = nb_expand(one, NB_SHAPE(3));
+    nb_tensor *rm = nb_zeros(NB_F64, NB_SHAPE(3)), *rv = nb_ones(NB_F64, NB_SHAPE(3));
+    expect_error(nb_batch_norm(x, ex, rv, NULL, NULL, true, 0.1, 1e-5),
+                 "nb_batch_norm: running_mean of shape (3) has overlapping elements (an expanded "
+                 "view, stride 0) and cannot be written in place");
+    expect_error(nb_batch_norm(x, rm, ex, NULL, NULL, true, 0.1, 1e-5),
+                 "nb_batch_norm: running_var of shape (3) has overlapping elements");
+    ck_assert_double_eq(nb_item(one), 0); /* nothing written */
+    expect_error(nb_batch_norm(x, rm, rm, NULL, NULL, true, 0.1, 1e-5),
+                 "nb_batch_norm: running_mean and running_var share memory; training writes both");
+    /* rows of one (2, 3) buffer are distinct memory: accepted, both written */
+    nb_tensor *st = nb_zeros(NB_F64, NB_SHAPE(2, 3));
+    ck_assert_ptr_nonnull(nb_batch_norm(x, nb_select(st, 0, 0), nb_select(st, 0, 1), NULL, NULL,
+                                        true, 0.1, 1e-5));
+    /* columns of a (3, 2) buffer interleave without meeting: accepted too */
+    nb_tensor *cols = nb_zeros(NB_F64, NB_SHAPE(3, 2));
+    ck_assert_ptr_nonnull(nb_batch_norm(x, nb_select(cols, 1, 0), nb_select(cols, 1, 1), NULL,
+                                        NULL, true, 0.1, 1e-5));
+    nb_tensor *w = nb_ones(NB_F64, NB_SHAPE(3)), *flat = nb_reshape(x, NB_SHAPE(-1));
+    expect_error(nb_batch_norm(x, rm, w, w, NULL, true, 0.1, 1e-5),
+                 "nb_batch_norm: running_var shares memory with weight; training writes it");
+    expect_error(nb_batch_norm(x, nb_narrow(flat, 0, 3, 3), rv, NULL, NULL, true, 0.1, 1e-5),
+                 "nb_batch_norm: running_mean shares memory with input; training writes it");
+    /* eval writes nothing: an expanded running_var is read as it is */
+    ck_assert_ptr_nonnull(nb_batch_norm(x, rm, nb_expand(nb_ones(NB_F64, NB_SHAPE(1)),
+                                                         NB_SHAPE(3)), NULL, NULL, false, 0.1, 1e-5));
+    nb_scope_end();
+}
+END_TEST
+
+/* torch: an empty batch in training gives an empty output, zero gradients
+ * for weight and bias (even with eps 0) and keeps the running statistics;
+ * only exactly one value per channel is refused. */
+START_TEST(test_empty_batch) {
+    nb_scope_begin();
+    nb_tensor *shapes[2] = {nb_zeros(NB_F64, NB_SHAPE(0, 3, 2, 2)), nb_zeros(NB_F64, NB_SHAPE(2, 3, 0))};
+    for (int k = 0; k < 2; k++) {
+        nb_tensor *x = nb_set_requires_grad(shapes[k], true);
+        nb_tensor *w = nb_set_requires_grad(nb_ones(NB_F64, NB_SHAPE(3)), true);
+        nb_tensor *b = nb_set_requires_grad(nb_zeros(NB_F64, NB_SHAPE(3)), true);
+        nb_tensor *rm = nb_full(NB_F64, NB_SHAPE(3), 0.5), *rv = nb_full(NB_F64, NB_SHAPE(3), 2);
+        nb_tensor *y = nb_batch_norm(x, rm, rv, w, b, true, 0.1, 0.0);
+        ck_assert_ptr_nonnull(y);
+        ck_assert_int_eq(nb_ndim(y), nb_ndim(x));
+        for (int d = 0; d < nb_ndim(x); d++) ck_assert_int_eq(nb_shape(y)[d], nb_shape(x)[d]);
+        ck_assert_int_eq(nb_backward_with_grad(y, nb_zeros(NB_F64, nb_ndim(y), nb_shape(y))), 0);
+        double gw[3], gb[3], m[3], v[3];
+        ck_assert_int_eq(nb_copy_to_f64(nb_grad(w), gw) | nb_copy_to_f64(nb_grad(b), gb), 0);
+        ck_assert_int_eq(nb_copy_to_f64(rm, m) | nb_copy_to_f64(rv, v), 0);
+        for (int c = 0; c < 3; c++) {
+            ck_assert_double_eq(gw[c], 0);
+            ck_assert_double_eq(gb[c], 0);
+            ck_assert_double_eq(m[c], 0.5);
+            ck_assert_double_eq(v[c], 2);
+        }
+        ck_assert_int_eq(nb_numel(nb_grad(x)), 0);
+        /* eval of an empty input (a division by its zero row length once) */
+        y = nb_batch_norm(nb_detach(x), rm, rv, w, b, false, 0.1, 1e-5);
+        ck_assert_ptr_nonnull(y);
+        ck_assert_int_eq(nb_numel(y), 0);
+    }
+    nb_scope_end();
+}
+END_TEST
+
 /* ------------------------------------------------------------- losses */
 typedef struct {
     const char *name;
@@ -332,6 +403,8 @@ Suite *suite_batchnorm(void) {
     tcase_add_test(tc, test_save_names_and_load);
     tcase_add_test(tc, test_module_errors);
     tcase_add_test(tc, test_functional_errors);
+    tcase_add_test(tc, test_running_stats_destinations);
+    tcase_add_test(tc, test_empty_batch);
     suite_add_tcase(s, tc);
     TCase *tl = tcase_create("losses");
     tcase_add_loop_test(tl, test_losses_vs_torch, 0, NLOSSES * 6);

@@ -330,8 +330,23 @@ START_TEST(autocast_matmul) {
     expect_close(nb_to(c, NB_F64), want, 1e-4, 1e-5);
     /* f64 in a region is exact f64 */
     expect_close(c64, nb_matmul(nb_to(a, NB_F64), nb_to(b, NB_F64)), 0, 0);
-    /* outside, mixed dtypes are an error as before */
-    expect_error(nb_matmul(ab, b), "nb_matmul", "bf16");
+    /* outside, bf16 with f32 is an error that names the dtypes and the ways
+     * out (not "no bf16 kernel": there is one); bf16 with f64 or i64 is one
+     * inside a region too */
+    expect_error(nb_matmul(ab, b), "nb_matmul: operands are bf16 and f32: a bf16 operand pairs "
+                 "with another bf16 one, or with f32 inside an autocast region "
+                 "(nb_autocast_begin(NB_BF16)); or convert one with nb_to");
+    ck_assert_int_eq(nb_autocast_begin(NB_BF16), 0);
+    expect_error(nb_matmul(nb_to(a, NB_F64), bb), "nb_matmul: operands are f64 and bf16: a bf16 "
+                 "operand pairs with bf16 (or with f32 inside an autocast region), never with f64; "
+                 "convert one with nb_to");
+    expect_error(nb_matmul(ab, nb_ones(NB_I64, NB_SHAPE(70, 2))), "nb_matmul: operands are bf16 "
+                 "and i64", "never with i64");
+    ck_assert_int_eq(nb_autocast_end(), 0);
+    /* an index tensor into a floating op: the way out is named */
+    expect_error(nb_add(nb_ones(NB_I64, NB_SHAPE(2)), nb_ones(NB_F32, NB_SHAPE(2))),
+                 "nb_add: expected a floating tensor (f32 or f64), got i64; convert it with "
+                 "nb_to(t, NB_F32) (or NB_F64)");
     nb_scope_end();
 }
 END_TEST
@@ -376,6 +391,87 @@ START_TEST(autocast_mlp_is_torchs) {
     nb_tensor *l32 = mlp_loss(&m);
     ck_assert(fabs(nb_item(l32) - nb_item(loss)) > 1e-7 * fabs(nb_item(l32)));
     nb_scope_end();
+}
+END_TEST
+
+/* The gradient of W in loss = sum((x W)^2), W f32, recorded in a region of
+ * dtype `rec` (NB_F32: none, or nested f32 inside bf16) and differentiated
+ * with a region of dtype `bw` open (NB_F32: none). */
+static nb_tensor *grad_recorded_in(nb_dtype rec, bool nested, nb_dtype bw) {
+    nb_rng r;
+    nb_rng_seed(&r, 4);
+    nb_tensor *x = nb_randn(NB_F32, NB_SHAPE(16, 40), &r);
+    nb_tensor *w = nb_set_requires_grad(nb_randn(NB_F32, NB_SHAPE(40, 24), &r), true);
+    if (nested) ck_assert_int_eq(nb_autocast_begin(NB_BF16), 0);
+    if (rec == NB_BF16 || nested) ck_assert_int_eq(nb_autocast_begin(rec), 0);
+    nb_tensor *y = nb_matmul(x, w);
+    if (rec == NB_BF16 || nested) ck_assert_int_eq(nb_autocast_end(), 0);
+    if (nested) ck_assert_int_eq(nb_autocast_end(), 0);
+    nb_tensor *loss = nb_sum_all(nb_mul(y, y));
+    if (bw == NB_BF16) ck_assert_int_eq(nb_autocast_begin(NB_BF16), 0);
+    ck_assert_int_eq(nb_backward(loss), 0);
+    if (bw == NB_BF16) ck_assert_int_eq(nb_autocast_end(), 0);
+    ck_assert_int_eq(nb_autocast_dtype(), NB_F32);
+    return nb_grad(w);
+}
+
+static bool same_bits(nb_tensor *a, nb_tensor *b) {
+    return nb_numel(a) == nb_numel(b) && nb_dtype_of(a) == nb_dtype_of(b) &&
+           !memcmp(nb_data(a), nb_data(b), (size_t)nb_numel(a) * 4);
+}
+
+/* Each product's backward runs as its forward did, whatever region is open
+ * where nb_backward is called: an f32 product (outside autocast, or inside
+ * a nested f32 region) is differentiated in f32 under an open bf16 region
+ * (its gradient was 0.0255 away from f32's when the rule took the caller's
+ * region), and a bf16 product in bf16 outside any. */
+START_TEST(autocast_backward_runs_as_forward) {
+    nb_scope_begin();
+    nb_tensor *f32 = grad_recorded_in(NB_F32, false, NB_F32);
+    nb_tensor *bf = grad_recorded_in(NB_BF16, false, NB_F32);
+    ck_assert(!same_bits(f32, bf)); /* the two really differ */
+    ck_assert(same_bits(grad_recorded_in(NB_F32, false, NB_BF16), f32));
+    ck_assert(same_bits(grad_recorded_in(NB_F32, true, NB_BF16), f32));
+    ck_assert(same_bits(grad_recorded_in(NB_F32, true, NB_F32), f32));
+    ck_assert(same_bits(grad_recorded_in(NB_BF16, false, NB_BF16), bf));
+    nb_scope_end();
+}
+END_TEST
+
+/* A custom function's backward runs in the autocast dtype of its forward
+ * (as torch's custom_bwd), and may close only the regions it opened. */
+static nb_dtype seen_in_backward;
+static nb_tensor *ident_fwd(nb_function_ctx *ctx, nb_tensor **in, int n, void *user) {
+    (void)ctx, (void)n, (void)user;
+    return nb_mul_scalar(in[0], 1);
+}
+static int ident_bwd(nb_function_ctx *ctx, nb_tensor *g, nb_tensor **gin, void *user) {
+    (void)ctx, (void)user;
+    seen_in_backward = nb_autocast_dtype();
+    expect_error_rc(nb_autocast_end(), "nb_autocast_end: no autocast region is open on this "
+                    "thread (inside a backward or tangent rule, only the rule's own)");
+    ck_assert_int_eq(nb_autocast_begin(NB_F32), 0); /* left open: ends with the rule */
+    gin[0] = g;
+    return 0;
+}
+
+START_TEST(autocast_custom_backward_region) {
+    static const nb_function ident = {.name = "ident", .forward = ident_fwd, .backward = ident_bwd};
+    for (int rec = 0; rec < 2; rec++) {
+        nb_scope_begin();
+        nb_tensor *x = nb_set_requires_grad(nb_ones(NB_F32, NB_SHAPE(3)), true);
+        if (rec) ck_assert_int_eq(nb_autocast_begin(NB_BF16), 0);
+        nb_tensor *y = nb_function_apply(&ident, &x, 1, NULL);
+        if (rec) ck_assert_int_eq(nb_autocast_end(), 0);
+        if (!rec) ck_assert_int_eq(nb_autocast_begin(NB_BF16), 0);
+        seen_in_backward = (nb_dtype)-1;
+        ck_assert_int_eq(nb_backward(nb_sum_all(y)), 0);
+        ck_assert_int_eq(seen_in_backward, rec ? NB_BF16 : NB_F32);
+        ck_assert_int_eq(nb_autocast_dtype(), rec ? NB_F32 : NB_BF16); /* the caller's, intact */
+        if (!rec) ck_assert_int_eq(nb_autocast_end(), 0);
+        ck_assert_int_eq(nb_autocast_dtype(), NB_F32);
+        nb_scope_end();
+    }
 }
 END_TEST
 
@@ -492,6 +588,8 @@ Suite *suite_bf16(void) {
     tcase_add_test(tc, autocast_regions);
     tcase_add_test(tc, autocast_matmul);
     tcase_add_test(tc, autocast_mlp_is_torchs);
+    tcase_add_test(tc, autocast_backward_runs_as_forward);
+    tcase_add_test(tc, autocast_custom_backward_region);
     tcase_add_test(tc, bf16_custom_function);
     tcase_add_test(tc, autocast_is_per_thread);
     suite_add_tcase(s, tc);

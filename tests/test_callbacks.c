@@ -42,6 +42,7 @@ typedef enum {
     FLIP_REQUIRES,  /* turn requires_grad off on an input */
     KEEP_TENSOR,    /* nb_keep a tensor out of where it runs */
     RETURN_GARBAGE, /* a failure code without a message, NULL, a freed tensor */
+    RETURN_OTHER,   /* a pointer to something that is not a tensor */
 } misdeed;
 
 static const char *misdeed_name[] = {
@@ -49,7 +50,10 @@ static const char *misdeed_name[] = {
     "free the model", "free the registry", "re-initialize the model", "make a tensor",
     "close a scope", "open a scope", "flip grad mode", "start a backward", "leave a callback frame", "write an input in place",
     "turn requires_grad off", "nb_keep a tensor",
-    "return garbage"};
+    "return garbage", "return a pointer that is not a tensor"};
+/* what RETURN_OTHER hands back: memory of the user's, not a tensor */
+static double not_a_tensor[16];
+#define OTHER ((nb_tensor *)(void *)not_a_tensor)
 
 /* ------------------------------------------------- the row being run */
 static misdeed row_misdeed;
@@ -99,6 +103,7 @@ static nb_tensor *sq_forward(nb_function_ctx *c, nb_tensor **in, int n, void *us
     }
     if (now == FREE_INPUT) nb_free(x);
     if (now == RETURN_GARBAGE) return NULL;
+    if (now == RETURN_OTHER) return OTHER;
     misbehave();
     nb_tensor *y = nb_mul(x, x);
     if (now == FREE_OUTPUT) nb_free(y);
@@ -113,6 +118,7 @@ static int sq_backward(nb_function_ctx *c, nb_tensor *g, nb_tensor **gin, void *
     if (now == FREE_INPUT) nb_free(victim);
     misbehave();
     if (now == RETURN_GARBAGE) return 7;
+    if (now == RETURN_OTHER) return gin[0] = OTHER, 0;
     gin[0] = nb_mul(nb_mul_scalar(x, 2.0), g);
     if (now == FREE_OUTPUT) nb_free(gin[0]);
     return 0;
@@ -153,6 +159,7 @@ static nb_tensor *sq_jvp(nb_function_ctx *c, nb_tensor **t, int n, void *user) {
     if (now == FREE_SAVED) nb_free(x), note_inner(0);
     misbehave();
     if (now == RETURN_GARBAGE) return NULL;
+    if (now == RETURN_OTHER) return OTHER;
     nb_tensor *r = nb_mul(nb_mul_scalar(x, 2.0), t[0]);
     if (now == FREE_OUTPUT) nb_free(r);
     return r;
@@ -223,6 +230,22 @@ static int run_backward(void) {
     root = nb_sum_all(nb_function_apply(&sq_fn, &x, 1, NULL));
     int rc = nb_backward(root);
     if (rc == 0 && row_misdeed != FREE_INPUT) expect_grad(x, 2.0);
+    return rc;
+}
+
+/* The same under create_graph (nb_autograd_grad): what nb_function_saved
+ * hands out then is a recorded view, borrowed just as well. */
+static int run_backward_create_graph(void) {
+    nb_tensor *x = leaf123(), *gx = NULL;
+    victim = x;
+    root = nb_sum_all(nb_function_apply(&sq_fn, &x, 1, NULL));
+    nb_backward_opts o = {.create_graph = true};
+    int rc = nb_autograd_grad(&root, 1, NULL, &x, 1, &o, &gx);
+    if (rc == 0) {
+        ck_assert_ptr_nonnull(gx);
+        for (int i = 0; i < 3; i++)
+            ck_assert_double_eq_tol(nb_item(nb_select(gx, 0, i)), 2.0 * (i + 1), 1e-12);
+    }
     return rc;
 }
 
@@ -330,6 +353,7 @@ static nb_tensor *checked(nb_tensor **in, int n, void *ctx) {
     act_as("nb_fn");
     if (now == FREE_INPUT) nb_free(in[0]);
     if (now == RETURN_GARBAGE) return NULL;
+    if (now == RETURN_OTHER) return OTHER;
     misbehave();
     if (now == WRITE_INPUT) nb_copy_into(in[0], nb_add_scalar(nb_detach(in[0]), 1.0));
     if (now == FLIP_REQUIRES) nb_set_requires_grad(in[0], false);
@@ -477,6 +501,8 @@ static const row table[] = {
     {"backward", FREE_ROOT, run_backward, "deferred (freed when the walk ends)", {NULL}, NULL},
     {"backward", FREE_INPUT, run_backward, "deferred (the graph holds it)", {NULL}, NULL},
     {"backward", FREE_SAVED, run_backward, "refused (borrowed)", {NULL}, BORROWED},
+    {"backward", FREE_SAVED, run_backward_create_graph, "refused under create_graph too (borrowed)",
+     {NULL}, BORROWED},
     {"backward", FREE_OUTPUT, run_backward, "refused",
      {"nb_backward: the backward of sq returned a freed tensor as the gradient of input 0"}, NULL},
     {"backward", CLOSE_SCOPE, run_backward, "refused", {BWD CLOSED}, NULL},
@@ -484,6 +510,15 @@ static const row table[] = {
     {"backward", FLIP_GRAD, run_backward, "refused", {BWD GRAD_ON}, NULL},
     {"backward", START_BACKWARD, run_backward, "refused (same graph)", {NULL},
      "nb_backward: sq's backward " SAME_GRAPH},
+    {"forward", RETURN_OTHER, run_forward, "refused",
+     {"sq: forward returned a pointer that is not a tensor as output 0"}, NULL},
+    {"backward", RETURN_OTHER, run_backward, "refused",
+     {"nb_backward: the backward of sq returned a pointer that is not a tensor as the gradient "
+      "of input 0"}, NULL},
+    {"jvp", RETURN_OTHER, run_jvp, "refused",
+     {"nb_jvp: the jvp of sq returned a pointer that is not a tensor"}, NULL},
+    {"nb_fn", RETURN_OTHER, run_gradcheck_full, "refused",
+     {"nb_gradcheck: the function returned a pointer that is not a tensor"}, NULL},
     {"backward", RETURN_GARBAGE, run_backward, "refused",
      {"nb_backward: the backward of sq returned 7 without reporting an error"}, NULL},
 

@@ -432,7 +432,7 @@ END_TEST
  * (run_tests.c prints nb_memory_cache_limit() then). */
 static long long cache_limit_with(const char *value) {
     char cmd[256];
-    snprintf(cmd, sizeof cmd, "NB_TEST_PRINT_CACHE_LIMIT=1 NABLA_CACHE_MB='%s' /proc/%ld/exe",
+    snprintf(cmd, sizeof cmd, "NB_TEST_PRINT_CACHE_LIMIT=1 NABLA_CACHE_MB='%s' /proc/%ld/exe 2>/dev/null",
              value, (long)getpid());
     FILE *p = popen(cmd, "r");
     ck_assert_ptr_nonnull(p);
@@ -441,6 +441,80 @@ static long long cache_limit_with(const char *value) {
     pclose(p);
     return v;
 }
+
+/* This test binary run with `env` (VAR='value' ...) and `print` set
+ * (NB_TEST_PRINT_ISA, _THREADS, _CACHE_LIMIT): its first line of output
+ * into out, its whole stderr into err. */
+static void run_self(const char *env, const char *print, char *out, size_t no, char *err,
+                     size_t ne) {
+    test_make_tmp_dir("env");
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s %s=1 /proc/%ld/exe 2>%s", env, print, (long)getpid(),
+             test_tmp_path("err"));
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    out[0] = 0;
+    ck_assert_ptr_nonnull(fgets(out, (int)no, p));
+    out[strcspn(out, "\n")] = 0;
+    ck_assert_int_eq(pclose(p), 0);
+    size_t n = 0;
+    char *e = test_read_file(test_tmp_path("err"), &n);
+    snprintf(err, ne, "%s", e);
+    free(e);
+    test_remove_tmp_dir();
+}
+
+/* A value nabla cannot read is ignored, and said once on stderr with the
+ * variable, the value and what runs instead; a good value says nothing. */
+START_TEST(environment_values_it_cannot_read_are_named) {
+    if (under_valgrind()) return;
+    char best[64], out[64], err[1024];
+    run_self("env -u NABLA_ISA", "NB_TEST_PRINT_ISA", best, sizeof best, err, sizeof err);
+    ck_assert_str_eq(err, "");
+    static const char *bad_isa[] = {"garbage", "avx2 ", "avx512bf16x"};
+    for (int k = 0; k < 3; k++) {
+        char env[128], want[256];
+        snprintf(env, sizeof env, "NABLA_ISA='%s'", bad_isa[k]);
+        run_self(env, "NB_TEST_PRINT_ISA", out, sizeof out, err, sizeof err);
+        ck_assert_str_eq(out, best); /* the best path, as without it */
+        snprintf(want, sizeof want, "nabla: NABLA_ISA=\"%s\" names no vector path (one of "
+                 "portable, avx2, avx512, avx512bf16, amx); it is ignored: this CPU's best "
+                 "path, %s, runs\n", bad_isa[k], best);
+        ck_assert_str_eq(err, want);
+    }
+    run_self("NABLA_ISA=portable", "NB_TEST_PRINT_ISA", out, sizeof out, err, sizeof err);
+    ck_assert_str_eq(out, "portable");
+    ck_assert_str_eq(err, "");
+
+    char cpus[64];
+    run_self("env -u NABLA_NUM_THREADS", "NB_TEST_PRINT_THREADS", cpus, sizeof cpus, err, sizeof err);
+    ck_assert_str_eq(err, "");
+    static const char *bad_n[] = {"abc", "0", "-2", "4x", " 3"};
+    for (int k = 0; k < 5; k++) {
+        char env[128], want[256];
+        snprintf(env, sizeof env, "NABLA_NUM_THREADS='%s'", bad_n[k]);
+        run_self(env, "NB_TEST_PRINT_THREADS", out, sizeof out, err, sizeof err);
+        ck_assert_str_eq(out, cpus);
+        snprintf(want, sizeof want, "nabla: NABLA_NUM_THREADS=\"%s\" is not a thread count (a "
+                 "whole number from 1 to 64); it is ignored: %s threads (the CPUs this process "
+                 "may run on)\n", bad_n[k], cpus);
+        ck_assert_str_eq(err, want);
+    }
+    run_self("NABLA_NUM_THREADS=3", "NB_TEST_PRINT_THREADS", out, sizeof out, err, sizeof err);
+    ck_assert_str_eq(out, "3");
+    ck_assert_str_eq(err, "");
+    run_self("NABLA_NUM_THREADS=1000", "NB_TEST_PRINT_THREADS", out, sizeof out, err, sizeof err);
+    ck_assert_str_eq(out, "64");
+    ck_assert_str_eq(err, "nabla: NABLA_NUM_THREADS=1000 is above the limit of 64 threads; 64 run\n");
+
+    run_self("NABLA_CACHE_MB=12x", "NB_TEST_PRINT_CACHE_LIMIT", out, sizeof out, err, sizeof err);
+    ck_assert_str_eq(out, "1073741824");
+    ck_assert_str_eq(err, "nabla: NABLA_CACHE_MB=\"12x\" is not a count of MiB (a whole number); "
+                          "it is ignored: the default, 1024 MiB, is kept\n");
+    run_self("NABLA_CACHE_MB=", "NB_TEST_PRINT_CACHE_LIMIT", out, sizeof out, err, sizeof err);
+    ck_assert_str_eq(err, ""); /* empty: as unset */
+}
+END_TEST
 
 START_TEST(cache_limit_from_the_environment) {
     if (under_valgrind()) return;
@@ -473,6 +547,7 @@ Suite *suite_concurrency(void) {
     tcase_add_test(tc, fork_while_other_threads_allocate);
     tcase_add_test(tc, allocation_retries_after_emptying_the_cache);
     tcase_add_test(tc, cache_limit_from_the_environment);
+    tcase_add_test(tc, environment_values_it_cannot_read_are_named);
     suite_add_tcase(s, tc);
     return s;
 }

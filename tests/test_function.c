@@ -549,6 +549,7 @@ enum {
     BW_FAIL_MSG,
     BW_FAIL_SILENT,
     BW_FREED,
+    BW_NULL_AFTER_ERROR,
     BW_NAN,
     FW_FAIL_MSG,
     FW_FAIL_SILENT,
@@ -633,6 +634,8 @@ static int mul_backward(nb_function_ctx *ctx, nb_tensor *gy, nb_tensor **gin, vo
     nb_tensor *x = nb_function_saved(ctx, 0), *w = nb_function_saved(ctx, 1);
     nb_tensor *gx = nb_mul(gy, w), *gw = nb_mul(gy, x);
     if (!gx || !gw) return -1;
+    if (u->mode == BW_NULL_AFTER_ERROR) /* a product that fails, its NULL handed on as 0 */
+        gw = nb_matmul(gy, nb_zeros(NB_F64, NB_SHAPE(2, 3)));
     if (u->mode == BW_WRONG_SHAPE) gw = nb_zeros(NB_F64, NB_SHAPE(3, 2));
     if (u->mode == BW_WRONG_DTYPE) gw = nb_to(gw, NB_F32);
     if (u->mode == BW_FREED) nb_free(gw);
@@ -663,6 +666,9 @@ START_TEST(backward_errors_name_the_function) {
         {BW_FAIL_MSG, "nb_backward: the backward of mul_op failed: boom", NULL},
         {BW_FAIL_SILENT, NULL, "without reporting an error"},
         {BW_FREED, NULL, "returned a freed tensor as the gradient of input 1"},
+        {BW_NULL_AFTER_ERROR, "nb_backward: the backward of mul_op returned 0 but no gradient "
+                              "for input 1, after an error: nb_matmul: shapes (2,3) and (2,3) "
+                              "cannot be multiplied (3 != 2)", NULL},
     };
     nb_tensor *x = leaf_of(NB_SHAPE(2, 3), A6), *w = leaf_of(NB_SHAPE(2, 3), B6);
     nb_tensor *in[2] = {x, w};

@@ -465,6 +465,23 @@ static void check_case(const handle_case *c) {
             nb_clear_error();
             nb_scope_end();
         }
+    /* and a pointer to memory that never was a tensor */
+    static double other[32];
+    for (int i = 0; i < c->n; i++) {
+        nb_scope_begin();
+        c->make(in);
+        in[i] = (nb_tensor *)(void *)other;
+        bool failed = c->call(in);
+        char want[300];
+        snprintf(want, sizeof want, "%s: %s is not a tensor", c->name, arg_name(c->name, i));
+        const char *msg = nb_last_error();
+        ck_assert_msg(failed, "%s: input %d not a tensor: the call did not fail (message: %s)",
+                      c->name, i, msg_or_none());
+        ck_assert_msg(msg && strstr(msg, want), "%s: input %d not a tensor: message \"%s\", "
+                      "expected \"%s\"", c->name, i, msg_or_none(), want);
+        nb_clear_error();
+        nb_scope_end();
+    }
 }
 
 /* One function per iteration, so that each failing one is reported. */

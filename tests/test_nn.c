@@ -1116,7 +1116,8 @@ START_TEST(test_module_errors_name_the_called_function) {
     nb_clear_error();
     ck_assert_ptr_null(nb_linear(xi, wi, NULL));
     ck_assert_str_eq(nb_last_error(),
-                     "nb_linear: nb_matmul: expected a floating tensor (f32 or f64), got i64");
+                     "nb_linear: nb_matmul: expected a floating tensor (f32 or f64), got i64; "
+                     "convert it with nb_to(t, NB_F32) (or NB_F64)");
     nb_clear_error();
     ck_assert_int_eq(nb_init_xavier_uniform(wi, NULL), -1);
     ck_assert_str_eq(nb_last_error(), "nb_init_xavier_uniform: t must be f32 or f64, got i64");

@@ -524,6 +524,30 @@ START_TEST(test_errors) {
     nb_scope_end();
     expect_error(nb_sgd(tr, 0.1, 0, 0), "nb_sgd", "\"tw\"", "not contiguous");
     nb_params_free(tr);
+    /* parameters sharing memory would be updated twice a step: one tensor
+     * under two names, or overlapping rows of one buffer; disjoint rows of
+     * one buffer are fine */
+    nb_params *twice = nb_params_new(), *rows = nb_params_new(), *apart = nb_params_new();
+    nb_tensor *buf = nb_zeros(NB_F64, NB_SHAPE(4, 3));
+    CHECK_NOT_NULL(nb_params_add(twice, "a", buf));
+    CHECK_NOT_NULL(nb_params_add(twice, "z", nb_zeros(NB_F64, NB_SHAPE(2))));
+    CHECK_NOT_NULL(nb_params_add(twice, "b", buf));
+    expect_error(nb_adam(twice, 0.1, 0.9, 0.98, 1e-9, 0),
+                 "nb_adam: parameters \"a\" and \"b\" share memory; a step would update it twice");
+    nb_scope_begin();
+    CHECK_NOT_NULL(nb_params_add(rows, "top", nb_narrow(buf, 0, 0, 3)));
+    CHECK_NOT_NULL(nb_params_add(rows, "bottom", nb_narrow(buf, 0, 2, 2)));
+    CHECK_NOT_NULL(nb_params_add(apart, "top", nb_narrow(buf, 0, 0, 2)));
+    CHECK_NOT_NULL(nb_params_add(apart, "bottom", nb_narrow(buf, 0, 2, 2)));
+    nb_scope_end();
+    expect_error(nb_sgd(rows, 0.1, 0, 0), "nb_sgd: parameters \"top\" and \"bottom\" share memory");
+    nb_optim *ok = nb_sgd(apart, 0.1, 0, 0);
+    CHECK_NOT_NULL(ok);
+    nb_optim_free(ok);
+    nb_free(buf);
+    nb_params_free(twice);
+    nb_params_free(rows);
+    nb_params_free(apart);
     /* NULL optimizer */
     nb_optim_step(NULL);
     expect_msg("nb_optim_step", "NULL");

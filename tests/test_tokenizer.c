@@ -417,6 +417,44 @@ START_TEST(small_vocab_works) {
 }
 END_TEST
 
+/* merges.txt's lines end in "\n", "\r\n" or a lone "\r" (as Python's text
+ * mode reads it for encoder.py and GPT2Tokenizer); a BOM is skipped; the line
+ * numbers of messages count each of them once */
+START_TEST(merges_line_ends) {
+    static const char *files[] = {
+        "#version: 0.2\na a\naa aa\nb b\nbb b\n",
+        "#version: 0.2\r\na a\r\naa aa\r\nb b\r\nbb b\r\n",
+        "#version: 0.2\ra a\raa aa\rb b\rbb b\r",
+        "#version: 0.2\ra a\r\naa aa\nb b\r\rbb b",
+        "\xEF\xBB\xBF#version: 0.2\na a\naa aa\nb b\nbb b\n",
+    };
+    const char *extra = ", \"aa\": 256, \"aaaa\": 257, \"bb\": 258, \"bbb\": 259";
+    for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
+        nb_tokenizer *tok = load_ok(small_vocab(extra, files[f], -1));
+        int64_t ids[8];
+        ck_assert_msg(nb_tokenizer_encode(tok, "aaaa bbb", 8, ids, 8) == 3, "file %zu", f);
+        ck_assert(ids[0] == 257 && ids[1] == ' ' && ids[2] == 259);
+        nb_tokenizer_free(tok);
+    }
+    char m[512];
+    const char *v = small_vocab(extra, "#version: 0.2\ra a\r\rb  b\r", -1);
+    snprintf(m, sizeof m, "%s", test_tmp_path("merges.txt"));
+    expect_message(!nb_tokenizer_load(v),
+                   "nb_tokenizer_load: \"%s\" line 4: \"b  b\" is not two tokens separated by one "
+                   "space", m);
+    small_vocab(extra, "a a\r\na b\rbb b", -1);
+    expect_message(!nb_tokenizer_load(v),
+                   "nb_tokenizer_load: \"%s\" line 2: the merge of \"a\" and \"b\" is not in the "
+                   "vocabulary of \"%s\"", m, v);
+    /* no bytes at all: a download that failed, not a list of no merges */
+    small_vocab(extra, "", -1);
+    expect_message(!nb_tokenizer_load(v), "nb_tokenizer_load: \"%s\": the file is empty (0 bytes)", m);
+    nb_tokenizer *tok = load_ok(small_vocab(extra, "#version: 0.2\n", -1));
+    ck_assert_int_eq(nb_tokenizer_encode(tok, "aaaa", 4, NULL, 0), 4);
+    nb_tokenizer_free(tok);
+}
+END_TEST
+
 START_TEST(merges_from_another_vocab) {
     const char *v = small_vocab(", \"ab\": 256", "#version: 0.2\na b\nab zz\n", -1);
     char m[512];
@@ -558,6 +596,33 @@ START_TEST(bad_llmc_bin) {
     b[12] = 1, b[1026] = 0;
     test_write_bytes(p, b, 1030);
     expect_message(!nb_tokenizer_load(p), "nb_tokenizer_load: \"%s\": token 1 has length 0", p);
+    /* a bad magic number or a file cut inside it is named as such (it was
+     * read as JSON: "expected '{', found byte 0xC7") */
+    b[0] = 0xC7;
+    test_write_bytes(p, b, 1030);
+    expect_message(!nb_tokenizer_load(p), "nb_tokenizer_load: \"%s\": bad magic number 20240327 for "
+                   "llm.c's gpt2_tokenizer.bin (expected 20240328)", p);
+    test_write_bytes(p, b, 3);
+    expect_message(!nb_tokenizer_load(p), "nb_tokenizer_load: \"%s\": 3 bytes, shorter than llm.c's "
+                   "tokenizer header (1024)", p);
+    b[0] = 0xC8; /* the magic's first bytes, under another name */
+    const char *q = test_tmp_path("tok");
+    test_write_bytes(q, b, 2);
+    expect_message(!nb_tokenizer_load(q), "nb_tokenizer_load: \"%s\": 2 bytes, shorter than llm.c's "
+                   "tokenizer header (1024)", q);
+    b[0] = 0xC7; /* a binary file of another name: neither format */
+    test_write_bytes(q, b, 1030);
+    expect_message(!nb_tokenizer_load(q), "nb_tokenizer_load: \"%s\": neither JSON (it starts with "
+                   "byte 0xC7, not '{') nor llm.c's gpt2_tokenizer.bin (its magic number would be "
+                   "20240327, not 20240328)", q);
+    test_write_bytes(q, "", 0);
+    expect_message(!nb_tokenizer_load(q), "nb_tokenizer_load: \"%s\": the file is empty (0 bytes)", q);
+    test_write_bytes(p, "", 0);
+    expect_message(!nb_tokenizer_load(p), "nb_tokenizer_load: \"%s\": the file is empty (0 bytes)", p);
+    /* a folder (a Hugging Face model's, say) is named as one */
+    expect_message(!nb_tokenizer_load(test_tmp_dir), "nb_tokenizer_load: \"%s\" is a directory, not a "
+                   "tokenizer file (give the tokenizer.json, vocab.json, encoder.json or "
+                   "gpt2_tokenizer.bin in it)", test_tmp_dir);
 }
 END_TEST
 
@@ -590,6 +655,161 @@ START_TEST(added_tokens) {
 }
 END_TEST
 
+/* dir/tokenizer.json: {<top>"model": {<model>"merges": [["a", "b"]], "vocab": <the
+ * 256 bytes and "ab": 256>}<end>}; returns its path (kept until the next call) */
+static const char *small_json(const char *top, const char *model, const char *end) {
+    small_vocab(", \"ab\": 256", NULL, -1);
+    size_t n;
+    char *v = test_read_file(test_tmp_path("vocab.json"), &n);
+    size_t cap = n + strlen(top) + strlen(model) + strlen(end) + 64;
+    char *j = malloc(cap);
+    int k = snprintf(j, cap, "{%s\"model\": {%s\"merges\": [[\"a\", \"b\"]], \"vocab\": %s}%s}", top,
+                     model, v, end);
+    static char path[256];
+    snprintf(path, sizeof path, "%s", test_tmp_path("tokenizer.json"));
+    test_write_bytes(path, j, (size_t)k);
+    free(v), free(j);
+    return path;
+}
+
+/* The byte offset of the first `what` in the file at path. */
+static long long offset_of(const char *path, const char *what) {
+    size_t n;
+    char *d = test_read_file(path, &n);
+    char *at = strstr(d, what);
+    ck_assert_ptr_nonnull(at);
+    long long off = at - d;
+    free(d);
+    return off;
+}
+
+/* A member the loader would skip or take twice is read or refused, naming the
+ * file, the member and the reason. */
+START_TEST(json_members_not_skipped) {
+    /* a vocab.json id that is no integer: it was skipped (the token lost) */
+    const char *bad_ids[][2] = {{"\"3\"", "a string"}, {"null", "null"}, {"[3]", "an array"},
+                                {"true", "true"}, {"{}", "an object"}};
+    for (int i = 0; i < 5; i++) {
+        char extra[64];
+        snprintf(extra, sizeof extra, ", \"ab\": 256, \"zz\": %s", bad_ids[i][0]);
+        const char *v = small_vocab(extra, "a b\n", -1);
+        long long at = offset_of(v, "\"zz\": ") + 6;
+        expect_message(!nb_tokenizer_load(v), "nb_tokenizer_load: \"%s\": member \"zz\": expected "
+                       "an integer (a token id), found %s (JSON, byte %lld)", v, bad_ids[i][1], at);
+    }
+    /* first in the file too, before anything says it is a vocab.json */
+    const char *p = test_tmp_path("vocab.json");
+    test_write_bytes(p, "{\"zz\": null, \"a\": 0}", 20);
+    expect_message(!nb_tokenizer_load(p), "nb_tokenizer_load: \"%s\": member \"zz\": expected an "
+                   "integer (a token id), found null (JSON, byte 7)", p);
+    /* in model.vocab */
+    const char *tj = test_tmp_path("tokenizer.json");
+    const char *mv = "{\"model\": {\"merges\": [], \"vocab\": {\"a\": 0, \"ab\": \"25\"}}}";
+    test_write_bytes(tj, mv, strlen(mv));
+    expect_message(!nb_tokenizer_load(tj), "nb_tokenizer_load: \"%s\": the id of token \"ab\": "
+                   "expected an integer, found a string (JSON, byte 49)", tj);
+    /* the same member twice: the second was ignored ("model") or read again */
+    nb_tokenizer *tok = load_ok(small_json("", "", ""));
+    nb_tokenizer_free(tok);
+    tj = small_json("", "", ", \"model\": {\"type\": \"WordPiece\"}");
+    expect_message(!nb_tokenizer_load(tj), "nb_tokenizer_load: \"%s\": \"model\" appears twice", tj);
+    tj = small_json("", "", ", \"model\": null");
+    expect_message(!nb_tokenizer_load(tj), "nb_tokenizer_load: \"%s\": \"model\" appears twice", tj);
+    tj = small_json("\"added_tokens\": [], ", "", ", \"added_tokens\": []");
+    expect_message(!nb_tokenizer_load(tj), "nb_tokenizer_load: \"%s\": \"added_tokens\" appears "
+                   "twice", tj);
+    tj = small_json("", "\"type\": \"BPE\", \"type\": \"BPE\", ", "");
+    expect_message(!nb_tokenizer_load(tj), "nb_tokenizer_load: \"%s\": model.type appears twice", tj);
+    tj = small_json("\"added_tokens\": [{\"id\": 257, \"content\": \"<|endoftext|>\", \"content\": "
+                    "\"x\"}], ", "", "");
+    expect_message(!nb_tokenizer_load(tj), "nb_tokenizer_load: \"%s\": added_tokens[0] has "
+                   "\"content\" twice", tj);
+    tj = small_json("\"added_tokens\": [{\"content\": \"<|endoftext|>\", \"id\": 257}, {\"id\": 1, "
+                    "\"id\": 2}], ", "", "");
+    expect_message(!nb_tokenizer_load(tj), "nb_tokenizer_load: \"%s\": added_tokens[1] has \"id\" "
+                   "twice", tj);
+}
+END_TEST
+
+/* A tokenizer.json of another model (its type after its vocabulary, options
+ * that change the ids, another pre-tokenizer or normalizer, added tokens
+ * nabla does not match) is refused: its ids would not be Hugging Face's. */
+START_TEST(json_of_another_tokenizer) {
+    const char *p = test_tmp_path("t.json");
+    const char *unigram = "{\"model\": {\"vocab\": [[\"a\", 0.0]], \"type\": \"Unigram\"}}";
+    test_write_bytes(p, unigram, strlen(unigram));
+    expect_message(!nb_tokenizer_load(p), "nb_tokenizer_load: \"%s\": model.type is \"Unigram\", "
+                   "not \"BPE\"", p);
+    const char *same = "nabla's ids would differ from Hugging Face's";
+    struct { const char *top, *model, *msg; } bad[] = {
+        {"", "\"ignore_merges\": true, ", "model.ignore_merges is true, not GPT-2's false"},
+        {"", "\"continuing_subword_prefix\": \"##\", ",
+         "model.continuing_subword_prefix is \"##\", not GPT-2's \"\""},
+        {"", "\"end_of_word_suffix\": \"</w>\", ", "model.end_of_word_suffix is \"</w>\", not GPT-2's \"\""},
+        {"", "\"dropout\": 0.1, ", "model.dropout is 0.1, not GPT-2's null"},
+        {"\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": []}, ", "",
+         "pre_tokenizer is \"Sequence\", not GPT-2's ByteLevel (add_prefix_space false, use_regex true)"},
+        {"\"pre_tokenizer\": null, ", "",
+         "pre_tokenizer is null, not GPT-2's ByteLevel (add_prefix_space false, use_regex true)"},
+        {"\"pre_tokenizer\": {\"add_prefix_space\": true, \"type\": \"ByteLevel\"}, ", "",
+         "pre_tokenizer is ByteLevel with add_prefix_space true, not GPT-2's ByteLevel "
+         "(add_prefix_space false, use_regex true)"},
+        {"\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"use_regex\": false}, ", "",
+         "pre_tokenizer is ByteLevel with use_regex false, not GPT-2's ByteLevel "
+         "(add_prefix_space false, use_regex true)"},
+        {"\"pre_tokenizer\": {\"add_prefix_space\": false}, ", "",
+         "pre_tokenizer is an object without \"type\", not GPT-2's ByteLevel "
+         "(add_prefix_space false, use_regex true)"},
+        {"\"normalizer\": {\"type\": \"NFC\"}, ", "", "normalizer is \"NFC\", not GPT-2's null"},
+        {"\"normalizer\": \"NFC\", ", "", "normalizer is a string, not GPT-2's null"},
+        {"\"added_tokens\": [{\"id\": 257, \"content\": \"<|endoftext|>\"}, {\"id\": 258, "
+         "\"content\": \"<|im_start|>\"}], ", "",
+         "added_tokens[1] is \"<|im_start|>\": nabla matches no added token in the text but "
+         "<|endoftext|>"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *tj = small_json(bad[i].top, bad[i].model, "");
+        expect_message(!nb_tokenizer_load(tj), "nb_tokenizer_load: \"%s\": %s (%s)", tj, bad[i].msg,
+                       same);
+    }
+    /* GPT-2's own settings, written out or left to their defaults, load */
+    const char *good[][2] = {
+        {"\"normalizer\": null, \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": "
+         "false, \"trim_offsets\": true}, ",
+         "\"dropout\": null, \"unk_token\": null, \"continuing_subword_prefix\": null, "
+         "\"end_of_word_suffix\": \"\", \"fuse_unk\": false, \"byte_fallback\": true, "
+         "\"ignore_merges\": false, "},
+        {"\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"use_regex\": true}, ", "\"dropout\": 0.0, "},
+    };
+    for (int i = 0; i < 2; i++) {
+        nb_tokenizer *tok = load_ok(small_json(good[i][0], good[i][1], ""));
+        int64_t ids[4];
+        ck_assert_int_eq(nb_tokenizer_encode(tok, "ab", 2, ids, 4), 1);
+        ck_assert_int_eq(ids[0], 256);
+        nb_tokenizer_free(tok);
+    }
+}
+END_TEST
+
+/* A UTF-8 byte order mark before the JSON is skipped; offsets count it. */
+START_TEST(json_bom) {
+    const char *v = small_vocab(", \"ab\": 256", "a b\n", -1);
+    size_t n;
+    char *d = test_read_file(v, &n);
+    char *b = malloc(n + 3);
+    memcpy(b, "\xEF\xBB\xBF", 3), memcpy(b + 3, d, n);
+    test_write_bytes(v, b, n + 3);
+    nb_tokenizer *tok = load_ok(v);
+    ck_assert_int_eq(nb_tokenizer_vocab_size(tok), 257);
+    nb_tokenizer_free(tok);
+    memcpy(b + 3, "{,", 2);
+    test_write_bytes(v, b, n + 3);
+    expect_message(!nb_tokenizer_load(v), "nb_tokenizer_load: \"%s\": expected '\"', found ',' "
+                   "(JSON, byte 4)", v);
+    free(d), free(b);
+}
+END_TEST
+
 static void make_dir(void) { test_make_tmp_dir("tokenizer"); }
 
 Suite *suite_tokenizer(void) {
@@ -604,12 +824,16 @@ Suite *suite_tokenizer(void) {
     tcase_add_test(tc, long_pieces);
     tcase_add_test(tc, threads_share_one);
     tcase_add_test(tc, small_vocab_works);
+    tcase_add_test(tc, merges_line_ends);
     tcase_add_test(tc, merges_from_another_vocab);
     tcase_add_test(tc, ids_not_dense);
     tcase_add_test(tc, missing_byte_and_merges);
     tcase_add_test(tc, not_json_or_not_bpe);
     tcase_add_test(tc, bad_llmc_bin);
     tcase_add_test(tc, added_tokens);
+    tcase_add_test(tc, json_members_not_skipped);
+    tcase_add_test(tc, json_of_another_tokenizer);
+    tcase_add_test(tc, json_bom);
     suite_add_tcase(s, tc);
     return s;
 }

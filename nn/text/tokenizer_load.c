@@ -187,10 +187,28 @@ static int json_failed(loader *L, nn_json *j) {
     return lfail(L, "\"%s\": %s", L->path, j->msg[0] ? j->msg : "out of memory");
 }
 
+/* What the value at the cursor is when it is no number, for a message ("a
+ * string", "null", ...), or NULL (a number, or no JSON value: the reader
+ * names that). */
+static const char *not_a_number(nn_json *j) {
+    static const char *const lit[] = {"true", "false", "null"};
+    char c = nn_json_peek(j);
+    if (c == '"') return "a string";
+    if (c == '{') return "an object";
+    if (c == '[') return "an array";
+    for (int i = 0; i < 3; i++) {
+        size_t n = strlen(lit[i]);
+        if ((size_t)(j->end - j->p) >= n && memcmp(j->p, lit[i], n) == 0) return lit[i];
+    }
+    return NULL;
+}
+
 /* "token": id, the current member of a vocabulary object (key in j->s). */
 static int vocab_member(loader *L, nn_json *j) {
     if (add_token(L, j->s, (int64_t)j->s_len, true) || nn_json_expect(j, ':')) return -1;
-    if (nn_json_int(j, 0, NN_TOK_MAX_VOCAB - 1, &L->t[L->nt - 1].id) == 0) return 0;
+    const char *kind = not_a_number(j);
+    if (kind) nn_json_fail(j, "expected an integer, found %s", kind);
+    else if (nn_json_int(j, 0, NN_TOK_MAX_VOCAB - 1, &L->t[L->nt - 1].id) == 0) return 0;
     char sh[200];
     tok_entry *e = &L->t[L->nt - 1];
     return lfail(L, "\"%s\": the id of token \"%s\": %s", L->path,
@@ -240,8 +258,58 @@ static int parse_merges(loader *L, nn_json *j) {
     return more ? json_failed(L, j) : 0;
 }
 
+/* A first pass over "model": its type and the options that would change the
+ * ids, whatever the order of its members (the cursor goes back after it).
+ * Options that cannot change a byte-level BPE's ids (unk_token, fuse_unk,
+ * byte_fallback: every byte has its token) are not looked at. */
+static int check_model(loader *L, nn_json *j) {
+    const char *start = j->p;
+    bool type = false;
+    char sh[200];
+    int more = nn_json_open(j, '{');
+    while (more == 1) {
+        if (nn_json_string(j) || nn_json_expect(j, ':')) return json_failed(L, j);
+        const char *key = j->s;
+        if (strcmp(key, "type") == 0) {
+            if (type) return lfail(L, "\"%s\": model.type appears twice", L->path);
+            type = true;
+            if (nn_json_string(j)) return json_failed(L, j);
+            if (strcmp(j->s, "BPE") != 0)
+                return lfail(L, "\"%s\": model.type is \"%s\", not \"BPE\"", L->path,
+                             shown(j->s, (int64_t)j->s_len, sh, sizeof sh));
+        } else if (strcmp(key, "ignore_merges") == 0 && nn_json_peek(j) == 't') {
+            return lfail(L, "\"%s\": model.ignore_merges is true, not GPT-2's false (nabla's ids "
+                         "would differ from Hugging Face's)", L->path);
+        } else if ((strcmp(key, "continuing_subword_prefix") == 0 ||
+                    strcmp(key, "end_of_word_suffix") == 0) && nn_json_peek(j) == '"') {
+            const char *member = key[0] == 'c' ? "continuing_subword_prefix" : "end_of_word_suffix";
+            if (nn_json_string(j)) return json_failed(L, j);
+            if (j->s_len)
+                return lfail(L, "\"%s\": model.%s is \"%s\", not GPT-2's \"\" (nabla's ids would "
+                             "differ from Hugging Face's)", L->path, member,
+                             shown(j->s, (int64_t)j->s_len, sh, sizeof sh));
+        } else if (strcmp(key, "dropout") == 0 && !not_a_number(j)) {
+            const char *p = j->p;
+            if (nn_json_skip(j)) return json_failed(L, j);
+            bool zero = true;
+            for (const char *q = p; q < j->p && *q != 'e' && *q != 'E'; q++)
+                zero = zero && !(*q >= '1' && *q <= '9');
+            if (!zero)
+                return lfail(L, "\"%s\": model.dropout is %s, not GPT-2's null (nabla's ids would "
+                             "differ from Hugging Face's)", L->path, shown(p, j->p - p, sh, sizeof sh));
+        } else if (nn_json_skip(j)) {
+            return json_failed(L, j);
+        }
+        more = nn_json_more(j, '}');
+    }
+    if (more) return json_failed(L, j);
+    j->p = start;
+    return 0;
+}
+
 /* {"type": "BPE", "vocab": {...}, "merges": [...], ...} */
 static int parse_model(loader *L, nn_json *j) {
+    if (check_model(L, j)) return -1;
     bool vocab = false, merges = false;
     int more = nn_json_open(j, '{');
     while (more == 1) {
@@ -254,12 +322,6 @@ static int parse_model(loader *L, nn_json *j) {
             if (merges) return lfail(L, "\"%s\": model.merges appears twice", L->path);
             merges = true;
             if (parse_merges(L, j)) return -1;
-        } else if (strcmp(j->s, "type") == 0) {
-            if (nn_json_string(j)) return json_failed(L, j);
-            char sh[200];
-            if (strcmp(j->s, "BPE") != 0)
-                return lfail(L, "\"%s\": model.type is \"%s\", not \"BPE\"", L->path,
-                             shown(j->s, (int64_t)j->s_len, sh, sizeof sh));
         } else if (nn_json_skip(j)) {
             return json_failed(L, j);
         }
@@ -272,19 +334,32 @@ static int parse_model(loader *L, nn_json *j) {
 }
 
 /* [{"id": 50256, "content": "<|endoftext|>", ...}, ...]: tokens matched in
- * the text as they are (not byte-mapped) */
-static int parse_added_entry(loader *L, nn_json *j) {
+ * the text as they are (not byte-mapped). The encoder matches
+ * <|endoftext|> only, so another added token is refused: Hugging Face would
+ * match it in the text, and the ids would differ. */
+static int parse_added_entry(loader *L, nn_json *j, int64_t entry) {
     int64_t id = -1, index = L->nt;
-    bool content = false;
+    bool content = false, has_id = false;
+    char sh[200];
     int more = nn_json_open(j, '{');
     while (more == 1) {
         if (nn_json_string(j) || nn_json_expect(j, ':')) return json_failed(L, j);
-        if (strcmp(j->s, "id") == 0) {
+        bool is_id = strcmp(j->s, "id") == 0, is_content = strcmp(j->s, "content") == 0;
+        if ((is_id && has_id) || (is_content && content))
+            return lfail(L, "\"%s\": added_tokens[%lld] has \"%s\" twice", L->path,
+                         (long long)entry, is_id ? "id" : "content");
+        if (is_id) {
+            has_id = true;
             if (nn_json_int(j, 0, NN_TOK_MAX_VOCAB - 1, &id)) return json_failed(L, j);
-        } else if (strcmp(j->s, "content") == 0 && !content) {
+        } else if (is_content) {
             content = true;
-            if (nn_json_string(j) || add_token(L, j->s, (int64_t)j->s_len, false))
-                return L->msg[0] ? -1 : json_failed(L, j);
+            if (nn_json_string(j)) return json_failed(L, j);
+            if (j->s_len != NN_TOK_EOT_LEN || memcmp(j->s, NN_TOK_EOT_TEXT, NN_TOK_EOT_LEN) != 0)
+                return lfail(L, "\"%s\": added_tokens[%lld] is \"%s\": nabla matches no added token "
+                             "in the text but <|endoftext|> (nabla's ids would differ from Hugging "
+                             "Face's)", L->path, (long long)entry,
+                             shown(j->s, (int64_t)j->s_len, sh, sizeof sh));
+            if (add_token(L, j->s, (int64_t)j->s_len, false)) return -1;
         } else if (nn_json_skip(j)) {
             return json_failed(L, j);
         }
@@ -300,11 +375,59 @@ static int parse_added_entry(loader *L, nn_json *j) {
 
 static int parse_added(loader *L, nn_json *j) {
     int more = nn_json_open(j, '[');
-    while (more == 1) {
-        if (parse_added_entry(L, j)) return -1;
+    for (int64_t entry = 0; more == 1; entry++) {
+        if (parse_added_entry(L, j, entry)) return -1;
         more = nn_json_more(j, ']');
     }
     return more ? json_failed(L, j) : 0;
+}
+
+/* "pre_tokenizer" (GPT-2's: {"type": "ByteLevel", "add_prefix_space":
+ * false, "use_regex": true (the default)}) or "normalizer" (GPT-2 has none:
+ * null): anything else would split or change the text otherwise. */
+static int check_text_step(loader *L, nn_json *j, bool pre) {
+    char is[240] = "", sh[200];
+    const char *kind = not_a_number(j);
+    if (nn_json_peek(j) == '{') {
+        bool type = false, prefix = false, regex = true;
+        int more = nn_json_open(j, '{');
+        while (more == 1) {
+            if (nn_json_string(j) || nn_json_expect(j, ':')) return json_failed(L, j);
+            if (strcmp(j->s, "type") == 0 && nn_json_peek(j) == '"') {
+                if (nn_json_string(j)) return json_failed(L, j);
+                type = true;
+                if (!is[0] && (!pre || strcmp(j->s, "ByteLevel") != 0))
+                    snprintf(is, sizeof is, "\"%s\"", shown(j->s, (int64_t)j->s_len, sh, sizeof sh));
+            } else if (pre && strcmp(j->s, "add_prefix_space") == 0 && nn_json_peek(j) == 't') {
+                prefix = true;
+                if (nn_json_skip(j)) return json_failed(L, j);
+            } else if (pre && strcmp(j->s, "use_regex") == 0 && nn_json_peek(j) == 'f') {
+                regex = false;
+                if (nn_json_skip(j)) return json_failed(L, j);
+            } else if (nn_json_skip(j)) {
+                return json_failed(L, j);
+            }
+            more = nn_json_more(j, '}');
+        }
+        if (more) return json_failed(L, j);
+        if (!is[0] && !type) snprintf(is, sizeof is, "an object without \"type\"");
+        else if (!is[0] && prefix) snprintf(is, sizeof is, "ByteLevel with add_prefix_space true");
+        else if (!is[0] && !regex) snprintf(is, sizeof is, "ByteLevel with use_regex false");
+    } else if (kind && (pre || strcmp(kind, "null") != 0)) {
+        snprintf(is, sizeof is, "%s", kind);
+        if (nn_json_skip(j)) return json_failed(L, j);
+    } else if (nn_json_skip(j)) {
+        return json_failed(L, j);
+    } else if (!kind) {
+        snprintf(is, sizeof is, "a number");
+    }
+    if (!is[0]) return 0;
+    if (pre)
+        return lfail(L, "\"%s\": pre_tokenizer is %s, not GPT-2's ByteLevel (add_prefix_space "
+                     "false, use_regex true) (nabla's ids would differ from Hugging Face's)",
+                     L->path, is);
+    return lfail(L, "\"%s\": normalizer is %s, not GPT-2's null (nabla's ids would differ from "
+                 "Hugging Face's)", L->path, is);
 }
 
 /* Whether the value after the key just read (and its ':') is a number. */
@@ -318,38 +441,64 @@ static bool number_follows(const nn_json *j) {
 }
 
 /* A vocab.json / encoder.json (flat: every member is "token": id) or a
- * tokenizer.json (the members "model" and "added_tokens" read, others skipped). */
+ * tokenizer.json (the members "model", "added_tokens", "pre_tokenizer" and
+ * "normalizer" read, others skipped). A UTF-8 byte order mark at the start
+ * is skipped (RFC 8259 lets a reader ignore it); byte offsets in messages
+ * count it. */
 static int parse_json(loader *L, const char *data, int64_t len, bool *is_tokenizer_json) {
     nn_json j;
     nn_json_init(&j, data, (size_t)len, "file");
-    bool flat = false, model = false;
+    if (len >= 3 && memcmp(data, "\xEF\xBB\xBF", 3) == 0) j.p += 3;
+    static const char *const known[] = {"model", "added_tokens", "pre_tokenizer", "normalizer"};
+    bool flat = false, seen[4] = {false};
+    char other[200] = "";      /* the first member that is not "token": id */
+    const char *other_kind = NULL;
+    int64_t other_at = 0;
     int rc = -1, more = nn_json_open(&j, '{');
     for (; more == 1; more = nn_json_more(&j, '}')) {
         if (nn_json_string(&j)) goto done;
         if (number_follows(&j)) {
             flat = true;
             if (vocab_member(L, &j)) goto done;
-        } else if (strcmp(j.s, "model") == 0 && !model) {
-            model = true;
-            if (nn_json_expect(&j, ':') || parse_model(L, &j)) goto done;
-        } else if (strcmp(j.s, "added_tokens") == 0) {
-            if (nn_json_expect(&j, ':') || parse_added(L, &j)) goto done;
-        } else if (nn_json_expect(&j, ':') || nn_json_skip(&j)) {
+            continue;
+        }
+        if (nn_json_expect(&j, ':')) goto done;
+        if (!other_kind && (other_kind = not_a_number(&j))) {
+            shown(j.s, (int64_t)j.s_len, other, sizeof other);
+            other_at = j.p - j.start;
+        }
+        int k = 0;
+        while (k < 4 && strcmp(j.s, known[k]) != 0) k++;
+        if (k == 4) {
+            if (nn_json_skip(&j)) goto done;
+            continue;
+        }
+        if (seen[k]) {
+            lfail(L, "\"%s\": \"%s\" appears twice", L->path, known[k]);
             goto done;
         }
+        seen[k] = true;
+        if (k == 0 ? parse_model(L, &j) : k == 1 ? parse_added(L, &j)
+                                                  : check_text_step(L, &j, k == 2))
+            goto done;
     }
     if (more < 0 || nn_json_end(&j)) goto done;
-    if (flat && model) {
+    if (flat && seen[0]) {
         lfail(L, "\"%s\": has both \"token\": id members (a vocab.json) and a \"model\" "
               "(a tokenizer.json)", L->path);
         goto done;
     }
-    if (!flat && !model) {
+    if (flat && other_kind) {
+        lfail(L, "\"%s\": member \"%s\": expected an integer (a token id), found %s (JSON, byte "
+              "%lld)", L->path, other, other_kind, (long long)other_at);
+        goto done;
+    }
+    if (!flat && !seen[0]) {
         lfail(L, "\"%s\": neither a vocab.json (\"token\": id members) nor a tokenizer.json "
               "(a \"model\" object)", L->path);
         goto done;
     }
-    *is_tokenizer_json = model;
+    *is_tokenizer_json = seen[0];
     rc = 0;
 done:
     if (rc && !L->msg[0]) json_failed(L, &j);
@@ -367,6 +516,9 @@ static int read_file(loader *L, const char *path, char **data, int64_t *len, int
     int fd = nn_open_regular(path, &st, m, sizeof m);
     if (fd < 0) {
         *err = errno;
+        if (errno == 0 && stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+            return lfail(L, "\"%s\" is a directory, not a tokenizer file (give the tokenizer.json, "
+                         "vocab.json, encoder.json or gpt2_tokenizer.bin in it)", path);
         return lfail(L, "%s", m);
     }
     if ((int64_t)st.st_size > MAX_FILE_BYTES) {
@@ -396,21 +548,26 @@ static int read_file(loader *L, const char *path, char **data, int64_t *len, int
     return 0;
 }
 
-/* merges.txt / vocab.bpe: "#version..." first (optional), then "a b" a line. */
+/* merges.txt / vocab.bpe: "#version..." first (optional), then "a b" a line.
+ * A line ends at "\n", "\r\n" or a lone "\r": the file is read as Python's
+ * universal newlines read it (OpenAI's encoder.py and Hugging Face's
+ * GPT2Tokenizer open it in text mode). A UTF-8 byte order mark at the start
+ * is skipped; an empty file (0 bytes: a download that failed) is refused. */
 static int parse_merges_text(loader *L, const char *data, int64_t len) {
-    int64_t line = 0;
-    for (const char *p = data, *end = data + len; p < end;) {
-        const char *nl = memchr(p, '\n', (size_t)(end - p));
-        const char *e = nl ? nl : end;
-        line++;
+    if (len == 0) return lfail(L, "\"%s\": the file is empty (0 bytes)", L->merges_path);
+    const char *p = data, *end = data + len;
+    if (len >= 3 && memcmp(p, "\xEF\xBB\xBF", 3) == 0) p += 3;
+    for (int64_t line = 1; p < end; line++) {
+        const char *e = p;
+        while (e < end && *e != '\n' && *e != '\r') e++;
         int64_t n = e - p;
-        if (n && p[n - 1] == '\r') n--;
         if (!(line == 1 && n >= 8 && memcmp(p, "#version", 8) == 0) && n > 0) {
             char where[300];
             snprintf(where, sizeof where, "\"%s\" line %lld", L->merges_path, (long long)line);
             if (add_merge_line(L, p, n, line, where)) return -1;
         }
-        p = nl ? nl + 1 : end;
+        if (e == end) break;
+        p = e + (*e == '\r' && e + 1 < end && e[1] == '\n' ? 2 : 1);
     }
     return 0;
 }
@@ -453,6 +610,9 @@ static uint32_t le32(const unsigned char *p) {
 
 /* llm.c's gpt2_tokenizer.bin, into tok (tokens only; can_encode stays false). */
 static int load_bin(loader *L, nb_tokenizer *tok, const unsigned char *d, int64_t len) {
+    if (len >= 4 && le32(d) != BIN_MAGIC)
+        return lfail(L, "\"%s\": bad magic number %u for llm.c's gpt2_tokenizer.bin (expected "
+                     "%u)", L->path, le32(d), BIN_MAGIC);
     if (len < BIN_HEADER_BYTES)
         return lfail(L, "\"%s\": %lld bytes, shorter than llm.c's tokenizer header (%d)", L->path,
                      (long long)len, BIN_HEADER_BYTES);
@@ -634,6 +794,26 @@ static int build(loader *L, nb_tokenizer *tok) {
     return 0;
 }
 
+/* llm.c's gpt2_tokenizer.bin: its magic number, or what is left of it in
+ * a file cut before 4 bytes, or a name ending in ".bin" (so that a bad
+ * magic number or a cut file is named as such, not read as JSON). */
+static bool is_bin(const char *path, const unsigned char *d, int64_t len) {
+    static const unsigned char magic[4] = {BIN_MAGIC & 0xFF, BIN_MAGIC >> 8 & 0xFF,
+                                           BIN_MAGIC >> 16 & 0xFF, BIN_MAGIC >> 24};
+    size_t n = strlen(path);
+    return memcmp(d, magic, (size_t)(len < 4 ? len : 4)) == 0 ||
+           (n >= 4 && strcmp(path + n - 4, ".bin") == 0);
+}
+
+/* Whether the file starts as a text (JSON or not) does: with a printable
+ * ASCII byte, a space, tab, newline or carriage return, or a UTF-8 byte
+ * order mark. The JSON reader then names what is wrong with it; a binary
+ * file of 4 bytes or more gets a message of its own. */
+static bool looks_json(const unsigned char *d, int64_t len) {
+    if (len < 4 || (len >= 3 && memcmp(d, "\xEF\xBB\xBF", 3) == 0)) return true;
+    return (d[0] >= 0x20 && d[0] < 0x7F) || d[0] == '\t' || d[0] == '\n' || d[0] == '\r';
+}
+
 static void loader_free(loader *L) {
     free(L->merges_path), free(L->tb.p), free(L->mb.p), free(L->t), free(L->m), free(L->table);
 }
@@ -648,8 +828,13 @@ nb_tokenizer *nb_tokenizer_load(const char *path) {
     bool tj = false;
     if (!tok) lfail(&L, "out of memory");
     else if (read_file(&L, path, &data, &len, &err) == 0) {
-        if (len >= 4 && le32((const unsigned char *)data) == BIN_MAGIC)
-            rc = load_bin(&L, tok, (const unsigned char *)data, len);
+        const unsigned char *d = (const unsigned char *)data;
+        if (len == 0) lfail(&L, "\"%s\": the file is empty (0 bytes)", path);
+        else if (is_bin(path, d, len)) rc = load_bin(&L, tok, d, len);
+        else if (!looks_json(d, len))
+            lfail(&L, "\"%s\": neither JSON (it starts with byte 0x%02X, not '{') nor llm.c's "
+                  "gpt2_tokenizer.bin (its magic number would be %u, not %u)", path, d[0],
+                  le32(d), BIN_MAGIC);
         else if (parse_json(&L, data, len, &tj) == 0 && (tj || read_merges_beside(&L) == 0))
             rc = build(&L, tok);
     }
