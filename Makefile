@@ -461,8 +461,8 @@ resume-check: $(BUILD)/examples/copy_task $(BUILD)/examples/gpt
 # llm.c tokens; about 1 GB, no download): examples/gpt --eval on either file,
 # and one AdamW step (tests/tools/gpt_check.c), within 1e-4 relative; --eval
 # with --dtype bf16 (autocast) within 1e-2 of PyTorch's f32 loss. 2.5 GB of
-# RAM at its peak (one AdamW step of GPT-2 124M), about a minute on 2 cores
-# (docs/gpt.md). make gpt-fixture rewrites the fixture (Debian's python3-torch).
+# RAM at its peak (one AdamW step of GPT-2 124M), one to two minutes on 2
+# cores (docs/gpt.md). make gpt-fixture rewrites the fixture (Debian's python3-torch).
 .PHONY: gpt-check gpt-fixture
 GPT_FX := tests/fixtures/gpt_torch.txt
 $(TEST_BIN): tests/gpt_files.h
