@@ -52,9 +52,14 @@ CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsu
 
 .PHONY: all test run bench clean check-deps layers-check readme-check valgrind asan tsan error-table-check op-table callback-table install uninstall install-check resume-check \
   fuzz fuzz-build fuzz-load fuzz-ops fuzz-gpt fuzz-tokenizer fuzz-idx fuzz-regress fuzz-seeds fuzz-clean
+# The top-level libnabla.a and libnabla.so point at build/ (README.md): only
+# the default build sets them, not make mpi's build-mpi nor asan's, tsan's
+# or any other BUILD.
 all: $(BUILD)/libnabla.a $(BUILD)/libnabla.so $(EXAMPLES)
+ifeq ($(BUILD),build)
 	@ln -sf $(BUILD)/libnabla.a libnabla.a
 	@ln -sf $(BUILD)/libnabla.so libnabla.so
+endif
 
 $(BUILD)/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
@@ -117,7 +122,8 @@ $(TEST_BIN): $(TEST_SRC) tests/test_util.h $(BUILD)/libnabla.a nabla.h | check-d
 test: check-deps
 	@$(MAKE) --no-print-directory $(TEST_BIN) $(BUILD)/fuzz/replay $(BUILD)/examples/gpt \
 	  $(BUILD)/examples/newton $(BUILD)/examples/gradient_penalty $(BUILD)/examples/tokenize \
-	  $(BUILD)/examples/fashion_mnist $(BUILD)/tests/gpt_sample_check $(BUILD)/examples/lstm_add $(BUILD)/tests/lstm_add_check
+	  $(BUILD)/examples/fashion_mnist $(BUILD)/tests/gpt_sample_check $(BUILD)/examples/lstm_add $(BUILD)/tests/lstm_add_check \
+	  $(BUILD)/tests/gen_gpt_files
 	$(TEST_BIN)
 	$(BUILD)/fuzz/replay fuzz/corpus/ops
 	@bash tests/layers_check.sh $(BUILD)
@@ -454,8 +460,9 @@ resume-check: $(BUILD)/examples/copy_task $(BUILD)/examples/gpt
 # seed into $(BUILD)/gpt-check (llm.c checkpoint, Hugging Face safetensors,
 # llm.c tokens; about 1 GB, no download): examples/gpt --eval on either file,
 # and one AdamW step (tests/tools/gpt_check.c), within 1e-4 relative; --eval
-# with --dtype bf16 (autocast) within 1e-2 of PyTorch's f32 loss. About
-# 2.5 GB of RAM. make gpt-fixture rewrites the fixture (Debian's python3-torch).
+# with --dtype bf16 (autocast) within 1e-2 of PyTorch's f32 loss. 2.5 GB of
+# RAM at its peak (one AdamW step of GPT-2 124M), one to two minutes on 2
+# cores (docs/gpt.md). make gpt-fixture rewrites the fixture (Debian's python3-torch).
 .PHONY: gpt-check gpt-fixture
 GPT_FX := tests/fixtures/gpt_torch.txt
 $(TEST_BIN): tests/gpt_files.h
@@ -528,7 +535,12 @@ mpi: all mpi-deps
 	@$(MAKE) --no-print-directory MPI=1 BUILD=build-mpi all build-mpi/libnabla_mpi.a
 	@echo "make mpi: $(BUILD)/libnabla_mpi.a (link with $(BUILD)/libnabla.a, $(MPICC)) and the" \
 	  "examples with --dist in build-mpi/examples/, e.g.:"
-	@echo "    mpirun -np 2 build-mpi/examples/copy_task --dist"
+	@if [ "$$(id -u)" = 0 ]; then \
+	  echo "    mpirun --allow-run-as-root --oversubscribe -np 2 build-mpi/examples/copy_task --dist"; \
+	  echo "(Open MPI refuses to run as root without --allow-run-as-root; as another user:" \
+	    "mpirun -np 2 build-mpi/examples/copy_task --dist)"; \
+	else echo "    mpirun -np 2 build-mpi/examples/copy_task --dist"; \
+	  echo "(on fewer than 2 cores add --oversubscribe; as root add --allow-run-as-root too)"; fi
 
 $(BUILD)/mpi/test_mpi: tests/mpi/test_mpi.c $(BUILD)/libnabla_mpi.a $(BUILD)/libnabla.a | check-deps
 	$(MPICC) $(CFLAGS) $$(pkg-config --cflags check 2>/dev/null) -I. -Impi $< \
@@ -543,6 +555,7 @@ $(BUILD)/mpi/fault: tests/mpi/fault.c $(BUILD)/libnabla_mpi.a $(BUILD)/libnabla.
 # (tests/mpi/examples_check.sh: 100%, resuming on the same and on other rank
 # counts, --zero, failed loads and saves).
 test-mpi: mpi check-deps
+	@sh tests/mpi/make_mpi_check.sh "$(MAKE)" $(BUILD)
 	@$(MAKE) --no-print-directory $(BUILD)/mpi/test_mpi $(BUILD)/mpi/fault
 	@for n in $(MPI_NP); do echo "make test-mpi: $(MPIRUN) -np $$n $(BUILD)/mpi/test_mpi"; \
 	  NABLA_NUM_THREADS=1 timeout 300 $(MPIRUN) -np $$n $(BUILD)/mpi/test_mpi || exit 1; done

@@ -909,13 +909,16 @@ NB_API int nb_params_add_all(nb_params *dst, const char *prefix, const nb_params
  * the raw little-endian data. Names are the registry's (PyTorch state_dict
  * keys); dtypes F32, F64, I64, BOOL.
  * nb_save writes every parameter and buffer to path through a temporary file
- * ".nabla-tmp-<pid>-<n>" in the same directory, fsync and a rename, so an
- * interrupted save leaves the previous file whole. A path that is a symbolic
+ * in the same directory, fsync and a rename, so an interrupted save leaves
+ * the previous file whole. The temporary has no name while it is written
+ * where the file system allows (Linux's O_TMPFILE: a killed save leaves
+ * nothing); elsewhere it is ".nabla-tmp-<pid>-<n>". A path that is a symbolic
  * link is followed: the file it names is replaced and the link stays a link.
  * A file replaced keeps its permission bits (user, group, other); a new file
- * gets 0666 & ~umask. Each save also removes the temporaries that killed
- * saves left in that directory (those whose process no longer exists).
- * 0 or -1 (message names the path and the reason). */
+ * gets 0666 & ~umask. Each save and each load also removes the temporaries
+ * that killed saves left in that directory (those whose lock no process
+ * holds; docs/checkpoints.md, "Killed saves"). 0 or -1 (message names the
+ * path and the reason). */
 NB_API int nb_save(const nb_params *ps, const char *path);
 /* Reads path, a regular file (a FIFO or device is refused at once, not
  * waited on), into the registry's tensors. The file must hold exactly the
@@ -1324,18 +1327,36 @@ NB_API int nb_gpt_save_llmc(const nb_GPT *m, const char *path);
  * "transformer."; the attention-mask buffers h.{i}.attn.bias and
  * h.{i}.attn.masked_bias are ignored; lm_head.weight is read when m is untied
  * (a file without it is tied: an untied m gets a copy of wte, as from llm.c)
- * and ignored when m is tied. Tensors F32 (or F64, converted). Saving
- * writes what GPT2LMHeadModel.save_pretrained does: "transformer." names,
- * lm_head.weight only when untied, no mask buffers, the model's dtype. */
+ * and ignored when m is tied. Tensors F32 (or F64, converted). A head count
+ * the file stores (its __metadata__, or else a config.json beside it; see
+ * nb_gpt_config_of_file) must be m's. Saving writes what
+ * GPT2LMHeadModel.save_pretrained does: "transformer." names, lm_head.weight
+ * only when untied, no mask buffers, the model's dtype; and the config in
+ * __metadata__ ("n_layer", "n_head", "n_embd", "vocab_size", "block_size",
+ * decimal strings), so that the file rebuilds the same model. */
 NB_API int nb_gpt_load_hf(nb_GPT *m, const char *path);
 NB_API int nb_gpt_save_hf(const nb_GPT *m, const char *path);
 /* The config stored in a file of either format (told apart by llm.c's magic):
- * llm.c: its header; Hugging Face: from the tensors' shapes, with n_head =
- * n_embd / 64 (every GPT-2 size has heads of 64; 1 when 64 does not divide
- * n_embd: the file does not say, set cfg->n_head yourself then),
+ * llm.c: its header; Hugging Face: the sizes from the tensors' shapes,
  * tie_weights unless the file has lm_head.weight, bias unless the file has
- * no linear biases. dropout 0. 0 or -1. */
+ * no linear biases, and n_head, which no shape shows, from (in this order)
+ * the file's __metadata__ (nb_gpt_save_hf writes "n_layer", "n_head",
+ * "n_embd", "vocab_size" and "block_size" there), a config.json in the
+ * file's folder (Hugging Face's: n_head, and n_layer, n_embd, vocab_size,
+ * n_positions; used when it is JSON with an integer n_head), or else a guess:
+ * n_embd / 64 (every GPT-2 size has heads of 64; 1 when 64 does not divide
+ * n_embd). Sizes stored there that contradict the tensors, or an n_head
+ * that does not divide n_embd, are refused. dropout 0. 0 or -1.
+ * nb_gpt_inspect also tells where n_head came from: tell the user when it
+ * was a guess (a model run with the wrong head count computes something
+ * else, silently). */
 NB_API int nb_gpt_config_of_file(const char *path, nb_GPTConfig *cfg);
+typedef enum nb_gpt_n_head_from {
+    NB_GPT_N_HEAD_FILE = 0,    /* llm.c's header, or the safetensors' __metadata__ */
+    NB_GPT_N_HEAD_CONFIG_JSON, /* config.json in the file's folder */
+    NB_GPT_N_HEAD_GUESSED      /* nowhere: n_embd / 64 (or 1) */
+} nb_gpt_n_head_from;
+NB_API int nb_gpt_inspect(const char *path, nb_GPTConfig *cfg, nb_gpt_n_head_from *from);
 /* The model a file of either format holds, made in ps and loaded: as
  * nb_gpt_config_of_file, nb_gpt_init and nb_gpt_load_llmc / _hf, without
  * drawing initial weights the load overwrites (GPT-2 124M: seconds saved).

@@ -11,9 +11,13 @@
  * vocabulary 50257, context 1024, tied lm_head, GELU tanh). --init FILE
  * starts from a checkpoint: llm.c's (gpt2_124M.bin) or Hugging Face's
  * model.safetensors; without --config the model takes the file's
- * configuration (a Hugging Face file does not store the head count: one head
- * per 64 channels, as every GPT-2 size has). The --n-layer, --n-head,
- * --n-embd, --block-size and --dropout options change the configuration.
+ * configuration. The head count is the one size no tensor shows: llm.c's
+ * header has it, --export's safetensors store it in __metadata__, Hugging
+ * Face keeps it in a config.json beside the weights; a file with none of
+ * these gets one head per 64 channels (as every GPT-2 size has), with a
+ * warning to give --n-head, and an --n-head that contradicts what the file
+ * stores is refused. The --n-layer, --n-head, --n-embd, --block-size and
+ * --dropout options change the configuration.
  *
  * What it does is said, never implied: --steps N trains (a fresh model,
  * --init's weights or --load's checkpoint); --sample N and --eval use the
@@ -371,9 +375,35 @@ typedef struct {
     char default_data[4096];   /* DEFAULT_DATA, from here or from the repository */
 } run;
 
+/* --init's head count, the one size no tensor's shape shows: a file that
+ * stores it (llm.c's header, the __metadata__ --export writes, Hugging
+ * Face's config.json beside it) and --n-head must agree; a count guessed
+ * (n_embd / 64) is said loudly, since a model run with a wrong count
+ * computes something else without any error. 0, or -1 after a message. */
+static int check_heads(const run *r, const options *o) {
+    nb_GPTConfig file;
+    nb_gpt_n_head_from from;
+    if (nb_gpt_inspect(o->init, &file, &from) != 0) return fail("%s", err());
+    if (from != NB_GPT_N_HEAD_GUESSED && o->n_head && o->n_head != file.n_head)
+        return fail("--n-head %lld contradicts --init %s, whose model has n_head %lld (%s); "
+                    "drop --n-head to take the file's", (long long)o->n_head, o->init,
+                    (long long)file.n_head, from == NB_GPT_N_HEAD_FILE ? "stored in the file"
+                    : "in the config.json beside it");
+    if (from == NB_GPT_N_HEAD_GUESSED && !o->n_head && !o->config && r->ds.rank == 0)
+        fprintf(stderr, "gpt: warning: --init %s does not say how many attention heads its "
+                        "model has (no n_head in its __metadata__, no config.json beside it): "
+                        "guessing n_head %lld (%s); if the model was trained with another "
+                        "count it will compute something else: give --n-head N\n", o->init,
+                (long long)file.n_head, file.n_embd % 64 == 0
+                    ? "heads of 64 channels, as in every GPT-2 size" : "n_embd is not a "
+                                                                         "multiple of 64");
+    return 0;
+}
+
 static int make_model(run *r, const options *o) {
     r->ps = nb_params_new();
     if (!r->ps) return fail("out of memory");
+    if (o->init && check_heads(r, o) != 0) return -1;
     bool changed = o->n_layer || o->n_head || o->n_embd || o->block_size || o->dropout >= 0;
     if (o->init && !o->config && !changed) { /* the file's model, no weights drawn first */
         r->cfg_name = o->init;
@@ -603,8 +633,9 @@ static double unigram_loss(const run *r) {
     return h;
 }
 
-/* The progress line on stderr, when it is a terminal (stdout gets the step
- * lines; the line is cleared before each is printed). */
+/* The progress line on stderr, when it is a terminal and this is no MPI
+ * rank (progress_to; stdout gets the step lines; the line is cleared before
+ * each is printed). */
 typedef struct {
     bool tty, shown;
     int64_t first, last; /* steps: first to run, last */
@@ -667,7 +698,7 @@ static double train_step(run *r, const options *o, int64_t B, int64_t T) {
 }
 
 static int train(run *r, const options *o, int64_t B, int64_t T) {
-    bar b = {.tty = isatty(fileno(stderr)) == 1, .first = r->step + 1, .last = o->steps,
+    bar b = {.tty = progress_to(stderr), .first = r->step + 1, .last = o->steps,
              .start = progress_now()};
     double start = b.start, recent = 0;
     int64_t n_recent = 0;
@@ -884,6 +915,10 @@ static int run_all(run *r, const options *o) {
     if (!o->train && !o->eval && !o->init && !o->load)
         fprintf(stderr, "gpt: warning: sampling from an untrained model (random weights; give "
                         "--steps N to train it first, or --init FILE)\n");
+    else if (!o->train && !o->eval && o->export) /* say what it does: converts, maybe samples */
+        printf("gpt: no training (no --steps): converting %s to %s as it is%s\n",
+               o->load ? o->load : o->init, o->export, o->sample > 0 ? ", then sampling from it"
+                                                                     : "");
     else if (!o->train && !o->eval)
         printf("gpt: no training (no --steps): sampling from %s as it is\n",
                o->load ? o->load : o->init);

@@ -8,8 +8,9 @@
  * (the second ETA is for all epochs at the average pace so far, which includes
  * whatever the loop does between epochs; a loop that can stop early may end
  * sooner). When stdout is not a terminal it prints nothing, so logs and pipes
- * keep only the program's own lines. Call progress_clear before printing
- * anything else (stdout or stderr) so that the line does not garble it.
+ * keep only the program's own lines; nor does it in a rank of an MPI job
+ * (progress_to). Call progress_clear before printing anything else (stdout
+ * or stderr) so that the line does not garble it.
  */
 #ifndef NB_EXAMPLES_PROGRESS_H
 #define NB_EXAMPLES_PROGRESS_H
@@ -22,7 +23,7 @@
 #include <unistd.h>
 
 typedef struct progress {
-    bool tty;                       /* stdout is a terminal: draw at all */
+    bool tty;                       /* progress_to(stdout): draw at all */
     bool shown;                     /* a line is on screen now */
     int64_t epochs, steps;          /* steps per epoch */
     int64_t epoch;                  /* current, 1-based */
@@ -36,8 +37,23 @@ static inline double progress_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Whether a progress line may be drawn on f: f is a terminal, and this is
+ * no rank of an MPI job. mpirun (Open MPI) gives each rank's stdout a
+ * pseudo-terminal of its own, also when mpirun's output goes to a file or a
+ * pipe, so isatty says yes there while the "\r" and ESC [K would land in the
+ * log; a rank cannot see where mpirun writes, and the launchers' variables
+ * (Open MPI's, PMIx's, MPICH's PMI) say it is one. */
+static inline bool progress_to(FILE *f) {
+    static const char *const launcher[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK",
+                                           "PMI_SIZE"};
+    if (isatty(fileno(f)) != 1) return false;
+    for (size_t i = 0; i < sizeof launcher / sizeof *launcher; i++)
+        if (getenv(launcher[i])) return false;
+    return true;
+}
+
 static inline void progress_init(progress *p, int64_t epochs, int64_t steps_per_epoch) {
-    *p = (progress){.tty = isatty(fileno(stdout)) == 1, .epochs = epochs,
+    *p = (progress){.tty = progress_to(stdout), .epochs = epochs,
                     .steps = steps_per_epoch, .start = progress_now()};
 }
 

@@ -6,7 +6,9 @@
 # (newton, gradient_penalty) run to the end and their last line says they
 # reached what PyTorch reaches; tokenize encodes, decodes and writes llm.c's
 # token file with GPT-2's vocabulary, and refuses bad ids (writing nothing)
-# and bad files, naming each and the reason. Run by make test.
+# and bad files, naming each and the reason; gpt killed while saving leaves
+# no temporary file, --export keeps the head count, and progress lines go to
+# terminals only, never from MPI ranks. Run by make test.
 set -u
 b=${1:-build}
 gpt=$b/examples/gpt
@@ -176,5 +178,94 @@ out=$("$fm" --data "$mini" --schedule step 2>&1 | head -1)
     bad "fashion_mnist --schedule step: \"$out\""
 rm -rf "$b/fm-bad" "$b"/fm[0-9]* "$b/fm-check.svg"
 
-[ "$fails" -eq 0 ] && say "ok (--save checked before training; --sample 2^61 streams; newton and gradient_penalty converge; tokenize encodes, decodes and writes llm.c token files, and names the file and reason of each failure, writing nothing on a bad id; fashion_mnist trains alike on 1 and 2 threads, resumes exactly, names missing or disagreeing files and a refused flag)"
+# examples/gpt --save-every 1 SIGKILLed at various moments: the checkpoint
+# always loads, and once it has, no temporary file (.nabla-tmp-*) is left in
+# its folder (killed saves used to leave one each, the checkpoint's size).
+kd=$b/kill-check
+rm -rf "$kd" && mkdir -p "$kd"
+for i in 1 2 3 4 5 6; do
+    rm -f "$kd/ck"
+    "$gpt" --config tiny --batch 2 --seq 16 --steps 100000000 --save-every 1 --save "$kd/ck" > /dev/null 2>&1 &
+    pid=$!
+    n=0
+    while [ ! -f "$kd/ck" ] && [ $n -lt 600 ]; do sleep 0.1; n=$((n + 1)); done
+    sleep "0.$i" # a few steps later: most of a step's time goes to its save
+    kill -9 "$pid"
+    wait "$pid" 2> /dev/null
+    out=$("$gpt" --config tiny --batch 2 --seq 16 --load "$kd/ck" --eval 2>&1) ||
+        bad "gpt --save-every 1 killed (round $i): --load failed: $out"
+    left=$(ls -A "$kd" | grep -c '^\.nabla-tmp-')
+    [ "$left" -eq 0 ] || bad "gpt --save-every 1 killed (round $i): $left temporary file(s) left after --load: $(ls -A "$kd")"
+done
+rm -rf "$kd"
+
+# The head count through --export (the one size no tensor shows): a char
+# model (n_embd 128) of 4 heads, where heads of 64 would make 2, comes back
+# from Hugging Face's format with 4 and samples the same text; an --n-head
+# the file contradicts is refused; a Hugging Face file without the count
+# (tests/gpt_files.h's small: n_embd 128, 2 heads) warns of its guess, or
+# takes config.json's from beside it.
+hd=$b/heads-check
+rm -rf "$hd" && mkdir -p "$hd"
+"$gpt" --steps 3 --batch 2 --export "$hd/m.safetensors" --sample 40 > "$hd/a" 2>&1 ||
+    bad "gpt --export m.safetensors: exit status $?: $(tail -n 1 "$hd/a")"
+"$gpt" --init "$hd/m.safetensors" --sample 40 > "$hd/b" 2>&1 ||
+    bad "gpt --init m.safetensors: exit status $?: $(tail -n 1 "$hd/b")"
+grep -q "4 layers, 4 heads, n_embd 128" "$hd/b" || bad "gpt --init m.safetensors (4 heads exported): $(head -n 1 "$hd/b")"
+[ "$(tail -n 2 "$hd/a")" = "$(tail -n 2 "$hd/b")" ] || bad "gpt --init m.safetensors samples another text than the model exported"
+grep -q "warning" "$hd/b" && bad "gpt --init m.safetensors warns: $(grep warning "$hd/b")"
+out=$("$gpt" --init "$hd/m.safetensors" --n-head 2 --sample 4 2>&1)
+[ $? -eq 1 ] && [ "$out" = "gpt: --n-head 2 contradicts --init $hd/m.safetensors, whose model has n_head 4 (stored in the file); drop --n-head to take the file's" ] ||
+    bad "gpt --init m.safetensors --n-head 2: \"$out\""
+"$b/tests/gen_gpt_files" small "$hd" > /dev/null || bad "gen_gpt_files small failed"
+out=$("$gpt" --init "$hd/m.safetensors" --export "$hd/m.bin" 2>&1)
+case "$out" in
+*"sampling"*) bad "gpt --init A --export B says it samples: $out" ;;
+*"gpt: no training (no --steps): converting $hd/m.safetensors to $hd/m.bin as it is"*) ;;
+*) bad "gpt --init A --export B does not say it converts A to B: $out" ;;
+esac
+out=$("$gpt" --init "$hd/m.bin" --export "$hd/m2.safetensors" --sample 4 2>&1)
+case "$out" in
+*"gpt: no training (no --steps): converting $hd/m.bin to $hd/m2.safetensors as it is, then sampling from it"*) ;;
+*) bad "gpt --init A --export B --sample 4: $out" ;;
+esac
+hf=$hd/small_hf.safetensors
+out=$("$gpt" --init "$hf" --sample 4 2>&1)
+case "$out" in
+*"gpt: warning: --init $hf does not say how many attention heads its model has (no n_head in its __metadata__, no config.json beside it): guessing n_head 2 (heads of 64 channels, as in every GPT-2 size); if the model was trained with another count it will compute something else: give --n-head N"*"2 layers, 2 heads"*) ;;
+*) bad "gpt --init a Hugging Face file without its head count: no warning of the guess: $out" ;;
+esac
+printf '{"model_type": "gpt2", "n_ctx": 32, "n_embd": 128, "n_head": 4, "n_layer": 2, "n_positions": 32, "layer_norm_epsilon": 1e-05, "vocab_size": 101}\n' > "$hd/config.json"
+out=$("$gpt" --init "$hf" --sample 4 2>&1)
+case "$out" in
+*warning*) bad "gpt --init with config.json beside it still warns: $out" ;;
+*"2 layers, 4 heads, n_embd 128"*) ;;
+*) bad "gpt --init with config.json (4 heads) beside it: $out" ;;
+esac
+out=$("$gpt" --init "$hf" --n-head 2 --sample 4 2>&1)
+[ $? -eq 1 ] && [ "$out" = "gpt: --n-head 2 contradicts --init $hf, whose model has n_head 4 (in the config.json beside it); drop --n-head to take the file's" ] ||
+    bad "gpt --init (config.json: 4 heads) --n-head 2: \"$out\""
+rm -rf "$hd"
+
+# Progress lines ("\r", ESC [K) only on a terminal that is the process's
+# own: copy_task (stdout) and gpt (stderr) run on a pseudo-terminal (script)
+# draw them; the same runs as ranks of an MPI job (whose stdout mpirun makes
+# a terminal even when its own output goes to a file: the launcher's
+# variable set here as mpirun sets it) do not.
+esc=$(printf '\033')
+if command -v script > /dev/null 2>&1 && script -qec true /dev/null > /dev/null 2>&1; then
+    cp_args="--epochs 1 --batches 3 --d-model 32 --d-ff 64 --check 10"
+    gpt_args="--config tiny --steps 3 --batch 2 --seq 16"
+    for run in "copy_task $cp_args" "gpt $gpt_args"; do
+        script -qec "$b/examples/$run" /dev/null > "$b/progress-check.out" 2>&1
+        grep -q "$esc" "$b/progress-check.out" || bad "$run on a terminal: no progress line"
+        script -qec "env OMPI_COMM_WORLD_SIZE=2 $b/examples/$run" /dev/null > "$b/progress-check.out" 2>&1
+        grep -q "$esc" "$b/progress-check.out" && bad "$run as an MPI rank on a terminal: a progress line (ESC) in its output"
+    done
+    rm -f "$b/progress-check.out"
+else
+    say "no script(1) here: the progress lines' terminal check is skipped"
+fi
+
+[ "$fails" -eq 0 ] && say "ok (progress lines on terminals only, not from MPI ranks; gpt killed while saving leaves no temporary; gpt --export keeps the head count, refuses a contradicting --n-head, reads config.json, warns of a guess, says it converts; --save checked before training; --sample 2^61 streams; newton and gradient_penalty converge; tokenize encodes, decodes and writes llm.c token files, and names the file and reason of each failure, writing nothing on a bad id; fashion_mnist trains alike on 1 and 2 threads, resumes exactly, names missing or disagreeing files and a refused flag)"
 exit "$fails"

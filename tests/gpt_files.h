@@ -60,7 +60,8 @@ typedef struct gf_config {
 } gf_config;
 
 /* small: n_embd 128 with 2 heads of 64, because a Hugging Face file does not
- * store the head count and nb_gpt_config_of_file infers n_embd / 64. */
+ * store the head count (no __metadata__ sizes; no config.json is written
+ * beside it) and nb_gpt_config_of_file then guesses n_embd / 64. */
 static const gf_config GF_SMALL = {.name = "small", .vocab = 101, .vocab_padded = 128,
                                    .block = 32, .n_layer = 2, .n_head = 2, .n_embd = 128,
                                    .seed = 1, .n_tokens = 200, .batch = 4, .seq = 16};

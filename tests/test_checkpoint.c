@@ -4,11 +4,15 @@
  * load into nabla and give PyTorch's output; the file nabla writes is the
  * one PyTorch read, byte for byte). Then every way a file can be wrong. */
 #include "test_util.h"
+#include "../nn/formats/files_internal.h" /* nn_temp_*: the temporaries' two paths */
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -978,6 +982,170 @@ START_TEST(test_stale_temporaries_removed) {
 }
 END_TEST
 
+/* The pid in a temporary's name may be a new process's by now (pids are
+ * reused): a temporary with bytes whose lock nobody holds is a killed
+ * save's, whatever runs under its pid; one whose lock is held is a live
+ * save's, whatever its name says; an empty one of a live pid may be a save
+ * between its open and its lock, and stays. */
+START_TEST(test_stale_temporaries_and_reused_pids) {
+    test_make_tmp_dir("ckpt");
+    pid_t dead = fork();
+    ck_assert_int_ge(dead, 0);
+    if (dead == 0) _exit(0);
+    ck_assert_int_eq(waitpid(dead, NULL, 0), dead);
+    char reused[64], held[64], empty[64];
+    snprintf(reused, sizeof reused, ".nabla-tmp-%ld-5", (long)getppid()); /* a live pid */
+    snprintf(held, sizeof held, ".nabla-tmp-%ld-6", (long)dead);
+    snprintf(empty, sizeof empty, ".nabla-tmp-%ld-7", (long)getppid());
+    const char *names[2] = {reused, held};
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(test_tmp_path(names[i]), "wb");
+        ck_assert_ptr_nonnull(f);
+        fputs("a killed save's bytes", f);
+        fclose(f);
+    }
+    touch(empty);
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    pid_t holder = fork(); /* holds the lock of `held` as a live save would */
+    ck_assert_int_ge(holder, 0);
+    if (holder == 0) {
+        int fd = open(test_tmp_path(held), O_RDONLY);
+        if (fd < 0 || flock(fd, LOCK_EX) != 0 || write(fds[1], "x", 1) != 1) _exit(1);
+        for (;;) pause();
+    }
+    char c;
+    ck_assert_int_eq(read(fds[0], &c, 1), 1);
+    nb_params *ps = small_registry();
+    CK_OK(nb_save(ps, test_tmp_path("model.safetensors")));
+    ck_assert_msg(!present(reused), "%s (bytes, no lock, pid %ld alive) is still there", reused,
+                  (long)getppid());
+    ck_assert_msg(present(held), "%s (locked by a live process) was removed", held);
+    ck_assert_msg(present(empty), "%s (empty, pid alive) was removed", empty);
+    kill(holder, SIGKILL);
+    ck_assert_int_eq(waitpid(holder, NULL, 0), holder);
+    CK_OK(nb_load(ps, test_tmp_path("model.safetensors")));
+    ck_assert_msg(!present(held), "%s (its locker is gone) is still there", held);
+    ck_assert(present(empty));
+    close(fds[0]), close(fds[1]);
+    nb_params_free(ps);
+    test_remove_tmp_dir();
+}
+END_TEST
+
+/* Files named as a save's temporary in dir: ".nabla-tmp-..." */
+static int temps_in(const char *dir) {
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) n += !strncmp(e->d_name, ".nabla-tmp-", 11);
+    closedir(d);
+    return n;
+}
+
+/* A process that dies while it writes a temporary: where the file system
+ * has O_TMPFILE the file never had a name, so nothing is left; a named one
+ * (forced here, as on a file system without O_TMPFILE) stays while its
+ * process lives, even through a save and a load beside it, and the next
+ * load after the kill removes it. */
+START_TEST(test_killed_writer_leaves_no_temporary) {
+    for (int named = 0; named < 2; named++) {
+        int before = nn_temp_force_named(named);
+        test_make_tmp_dir("ckpt");
+        const char *path = test_tmp_path("model.st");
+        nb_params *ps = small_registry();
+        CK_OK(nb_save(ps, path));
+        int fds[2];
+        ck_assert_int_eq(pipe(fds), 0);
+        pid_t child = fork();
+        ck_assert_int_ge(child, 0);
+        if (child == 0) { /* a save that stops halfway and waits to be killed */
+            nn_target t = {0};
+            nn_temp tmp;
+            char unnamed = 2;
+            if (nn_resolve(path, &t) == 0 && nn_temp_open(&t, &tmp) == 0 &&
+                write(tmp.fd, "half a checkpoint", 17) == 17)
+                unnamed = tmp.unnamed;
+            if (write(fds[1], &unnamed, 1) != 1) _exit(1);
+            for (;;) pause();
+        }
+        char unnamed = 2;
+        ck_assert_int_eq(read(fds[0], &unnamed, 1), 1);
+        close(fds[0]), close(fds[1]);
+        ck_assert_msg(unnamed != 2, "the child could not open its temporary");
+        if (named) ck_assert_int_eq(unnamed, 0);
+        int live = unnamed ? 0 : 1; /* what the live writer shows in the folder */
+        ck_assert_int_eq(temps_in(test_tmp_dir), live);
+        CK_OK(nb_save(ps, path)); /* a live save's temporary is not another's to remove */
+        CK_OK(nb_load(ps, path));
+        ck_assert_int_eq(temps_in(test_tmp_dir), live);
+        kill(child, SIGKILL);
+        ck_assert_int_eq(waitpid(child, NULL, 0), child);
+        ck_assert_int_eq(temps_in(test_tmp_dir), live); /* named: left by the kill */
+        CK_OK(nb_load(ps, path));
+        ck_assert_int_eq(temps_in(test_tmp_dir), 0); /* ...and removed by the next load */
+        nb_params_free(ps);
+        test_remove_tmp_dir();
+        nn_temp_force_named(before);
+    }
+}
+END_TEST
+
+/* Saves SIGKILLed at various moments of a loop of saves (4 MiB each), with
+ * unnamed and with named temporaries: after the next load, or the next
+ * save, no temporary is left, and the checkpoint loads whole (one save's
+ * values, never a mixture). Where the kills land does not matter. */
+START_TEST(test_killed_saves_leave_no_temporaries) {
+    enum { N = 1 << 20 };
+    for (int named = 0; named < 2; named++) {
+        int before = nn_temp_force_named(named);
+        test_make_tmp_dir("ckpt");
+        const char *path = test_tmp_path("big.safetensors");
+        nb_params *ps = nb_params_new();
+        nb_scope_begin();
+        nb_tensor *p = nb_params_add(ps, "w", nb_full(NB_F32, NB_SHAPE(N), 1.0));
+        nb_scope_end();
+        CK_NN(p);
+        CK_OK(nb_save(ps, path));
+        for (int round = 0; round < 6; round++) {
+            pid_t child = fork();
+            ck_assert_int_ge(child, 0);
+            if (child == 0) {
+                for (int k = 2;; k++) {
+                    nb_scope_begin();
+                    nb_copy_into(p, nb_scalar(NB_F32, (double)k));
+                    nb_scope_end();
+                    if (nb_save(ps, path) != 0) _exit(1);
+                }
+            }
+            nanosleep(&(struct timespec){0, 2000000L * round}, NULL); /* 0, 2, ... 10 ms */
+            kill(child, SIGKILL);
+            ck_assert_int_eq(waitpid(child, NULL, 0), child);
+            if (round % 2) CK_OK(nb_save(ps, test_tmp_path("other.safetensors")));
+            nb_params *q = nb_params_new();
+            nb_scope_begin();
+            nb_tensor *t = nb_params_add(q, "w", nb_zeros(NB_F32, NB_SHAPE(N)));
+            nb_scope_end();
+            ck_assert_msg(nb_load(q, path) == 0, "round %d (%s temporaries): %s", round,
+                          named ? "named" : "unnamed", nb_last_error());
+            ck_assert_msg(temps_in(test_tmp_dir) == 0, "round %d (%s temporaries): %d "
+                          "temporaries left after the next %s", round,
+                          named ? "named" : "unnamed", temps_in(test_tmp_dir),
+                          round % 2 ? "save" : "load");
+            const float *v = nb_data(t);
+            int64_t same = 0;
+            for (int64_t i = 0; i < N; i++) same += v[i] == v[0];
+            ck_assert_msg(same == N && v[0] >= 1.0f, "round %d: a mixed file", round);
+            nb_params_free(q);
+        }
+        nb_params_free(ps);
+        test_remove_tmp_dir();
+        nn_temp_force_named(before);
+    }
+}
+END_TEST
+
 /* A name of 253 bytes (NAME_MAX is 255): the temporary's name does not grow with it. */
 START_TEST(test_long_file_name) {
     test_make_tmp_dir("ckpt");
@@ -1015,6 +1183,9 @@ Suite *suite_checkpoint(void) {
     tcase_add_test(tc, test_save_keeps_permissions);
     tcase_add_test(tc, test_save_through_symlink);
     tcase_add_test(tc, test_stale_temporaries_removed);
+    tcase_add_test(tc, test_stale_temporaries_and_reused_pids);
+    tcase_add_test(tc, test_killed_writer_leaves_no_temporary);
+    tcase_add_test(tc, test_killed_saves_leave_no_temporaries);
     tcase_add_test(tc, test_long_file_name);
     suite_add_tcase(s, tc);
     /* alone, with room for the quadratic code it guards against to fail

@@ -238,6 +238,7 @@ typedef struct {
 typedef struct {
     hf_entry e[64];
     int n;
+    char meta[256]; /* more of __metadata__ after "format": ",\"n_head\":\"4\"" (hf_full: "") */
 } hf_file;
 
 static size_t dtype_bytes(const char *d) {
@@ -288,7 +289,7 @@ static void hf_remove(hf_file *f, const char *name) {
 /* The safetensors file: u64 header size, JSON, data in entry order. */
 static void hf_write(const hf_file *f, const char *path) {
     char *json = malloc(1 << 16);
-    size_t n = (size_t)sprintf(json, "{\"__metadata__\":{\"format\":\"pt\"}");
+    size_t n = (size_t)sprintf(json, "{\"__metadata__\":{\"format\":\"pt\"%s}", f->meta);
     size_t at = 0;
     for (int i = 0; i < f->n; i++) {
         const hf_entry *e = &f->e[i];
@@ -336,6 +337,7 @@ static void hf_full(hf_file *f, const nb_GPTConfig *c, const char *prefix, const
     int64_t C = c->n_embd;
     char name[96];
     f->n = 0;
+    f->meta[0] = 0;
     snprintf(name, sizeof name, "%swte.weight", prefix);
     hf_add(f, name, wdtype, NB_SHAPE(c->vocab_size, C), 0);
     snprintf(name, sizeof name, "%swpe.weight", prefix);
@@ -698,27 +700,32 @@ START_TEST(config_of_file) {
     write_llmc(path, &c, 128, 0.0f);
     CK_OK(nb_gpt_config_of_file(path, &got));
     expect_config(got, c); /* llm.c's header has everything */
-    /* Hugging Face: n_head = n_embd / 64 */
+    /* Hugging Face as nb_gpt_save_hf writes it: n_head from its __metadata__
+     * (4, where the shapes alone would have suggested n_embd / 64 = 2) */
     nb_GPTConfig w = {.vocab_size = 5, .block_size = 3, .n_layer = 1, .n_head = 4, .n_embd = 128,
                       .bias = true, .tie_weights = true};
     model m;
     model_make(&m, w, NB_F32, 17);
     CK_OK(nb_gpt_save_hf(&m.m, path));
     CK_OK(nb_gpt_config_of_file(path, &got));
-    w.n_head = 2;
     expect_config(got, w);
+    nb_gpt_n_head_from from = NB_GPT_N_HEAD_GUESSED;
+    CK_OK(nb_gpt_inspect(path, &got, &from));
+    expect_config(got, w);
+    ck_assert_int_eq(from, NB_GPT_N_HEAD_FILE);
     model_free(&m);
-    /* untied: lm_head.weight is there; n_embd not a multiple of 64: one head */
+    /* untied: lm_head.weight is there */
     nb_GPTConfig u = tiny();
     u.tie_weights = false;
     u.n_layer = 3;
     model_make(&m, u, NB_F32, 18);
     CK_OK(nb_gpt_save_hf(&m.m, path));
     CK_OK(nb_gpt_config_of_file(path, &got));
-    u.n_head = 1;
     expect_config(got, u);
     model_free(&m);
-    /* a file without the linear biases says so; with the prefix or without */
+    /* a file without the linear biases says so; with the prefix or without;
+     * without __metadata__ (or config.json) n_head is a guess: n_embd / 64,
+     * one head when 64 does not divide n_embd */
     hf_file f;
     nb_GPTConfig nb = tiny();
     nb.bias = false;
@@ -728,6 +735,8 @@ START_TEST(config_of_file) {
     hf_free(&f);
     CK_OK(nb_gpt_config_of_file(path, &got));
     expect_config(got, nb);
+    CK_OK(nb_gpt_inspect(path, &got, &from));
+    ck_assert_int_eq(from, NB_GPT_N_HEAD_GUESSED);
     /* the config it gives makes a model the file loads into */
     model_make(&m, got, NB_F32, 19);
     CK_OK(nb_gpt_load_hf(&m.m, path));
@@ -1013,6 +1022,143 @@ START_TEST(from_file) {
 }
 END_TEST
 
+/* A forward's logits on a fixed input, as a persistent tensor. */
+static nb_tensor *logits_of(model *x) {
+    const int64_t idx[6] = {1, 5, 2, 9, 0, 3};
+    nb_scope_begin();
+    nb_tensor *out = nb_gpt_forward(&x->m, nb_from_data(NB_I64, NB_SHAPE(1, 6), idx), false, NULL);
+    ck_assert_msg(out != NULL, "%s", nb_last_error());
+    nb_tensor *kept = nb_persistent(out);
+    nb_scope_end();
+    return kept;
+}
+
+/* The head count (the one size no tensor's shape shows) survives an export
+ * to Hugging Face's format: a 4-head model of n_embd 128 (where heads of 64
+ * would make 2) comes back with 4 heads and the same logits; a model of
+ * another head count is refused, naming both. */
+START_TEST(hf_head_count_round_trip) {
+    test_make_tmp_dir("gptio");
+    const char *path = test_tmp_path("m.safetensors");
+    nb_GPTConfig c = tiny();
+    c.n_embd = 128, c.n_head = 4;
+    model a;
+    model_make(&a, c, NB_F32, 41);
+    CK_OK(nb_gpt_save_hf(&a.m, path));
+    model b = {.ps = nb_params_new()};
+    CK_OK(nb_gpt_from_file(&b.m, b.ps, path));
+    ck_assert_int_eq(b.m.cfg.n_head, 4);
+    nb_tensor *la = logits_of(&a), *lb = logits_of(&b);
+    expect_close(lb, la, 0, 0);
+    nb_free(la);
+    nb_free(lb);
+    model_free(&b);
+    /* the file's heads against a model's */
+    nb_GPTConfig two = c;
+    two.n_head = 2;
+    model x;
+    model_make(&x, two, NB_F32, 42);
+    char want[600];
+    snprintf(want, sizeof want, "nb_gpt_load_hf: \"%s\": n_head 4 in its __metadata__, the model "
+             "has 2", path);
+    EXPECT_REFUSED(&x, nb_gpt_load_hf(&x.m, path), want);
+    model_free(&x);
+    model_free(&a);
+    test_remove_tmp_dir();
+}
+END_TEST
+
+static void write_text(const char *path, const char *text) {
+    test_write_bytes(path, text, strlen(text));
+}
+
+/* __metadata__ that contradicts the tensors is refused; a Hugging Face file
+ * without it takes n_head (and checks the sizes) from a config.json beside
+ * it; __metadata__ comes first; a config.json that is not JSON or has no
+ * integer n_head is not this file's config, and n_head is a guess. */
+START_TEST(hf_head_count_sources) {
+    test_make_tmp_dir("gptio");
+    const char *path = test_tmp_path("w.safetensors"), *json = test_tmp_path("config.json");
+    nb_GPTConfig c = tiny(), got; /* n_embd 8, 2 layers */
+    nb_gpt_n_head_from from;
+    hf_file f;
+    static const struct {
+        const char *meta, *msg;
+    } bad[] = {
+        {",\"n_layer\":\"3\"", "its __metadata__ says n_layer 3, but the file's tensors have 2"},
+        {",\"n_embd\":\"16\"", "its __metadata__ says n_embd 16, but the file's tensors have 8"},
+        {",\"block_size\":\"9\"", "its __metadata__ says block_size 9, but the file's tensors have 8"},
+        {",\"vocab_size\":\"12\"", "its __metadata__ says vocab_size 12, but the file's tensors have 11"},
+        {",\"n_head\":\"3\"", "its __metadata__ says n_head 3, which does not divide n_embd 8"},
+        {",\"n_head\":\"four\"", "its __metadata__ \"n_head\" is \"four\", not a whole number from 1 "
+                                 "to 2147483647"},
+        {",\"n_head\":\"04\"", "its __metadata__ \"n_head\" is \"04\", not a whole number"},
+        {",\"n_head\":\"99999999999\"", "\"n_head\" is \"99999999999\", not a whole number"},
+        {",\"n_head\":\"2\",\"n_head\":\"4\"", "its __metadata__ gives \"n_head\" 2 times"},
+    };
+    model m;
+    model_make(&m, c, NB_F32, 43);
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        hf_full(&f, &c, "", "F32", false);
+        snprintf(f.meta, sizeof f.meta, "%s", bad[i].meta);
+        hf_write(&f, path);
+        hf_free(&f);
+        expect_error_rc(nb_gpt_config_of_file(path, &got), "nb_gpt_config_of_file: \"", path,
+                        bad[i].msg);
+        EXPECT_REFUSED(&m, nb_gpt_load_hf(&m.m, path), "nb_gpt_load_hf: \"", path, bad[i].msg);
+    }
+    /* no __metadata__ sizes: config.json beside it (Hugging Face's, with
+     * fields of every kind) */
+    hf_full(&f, &c, "", "F32", false);
+    hf_write(&f, path);
+    hf_free(&f);
+    write_text(json, "{\"activation_function\": \"gelu_new\", \"architectures\": [\"GPT2LMHeadModel\"],"
+               " \"layer_norm_epsilon\": 1e-05, \"model_type\": \"gpt2\", \"n_ctx\": 8,"
+               " \"n_embd\": 8, \"n_head\": 4, \"n_layer\": 2, \"n_positions\": 8,"
+               " \"summary_activation\": null, \"task_specific_params\": {\"text-generation\":"
+               " {\"do_sample\": true, \"max_length\": 50}}, \"vocab_size\": 11}\n");
+    CK_OK(nb_gpt_inspect(path, &got, &from));
+    ck_assert_int_eq(got.n_head, 4);
+    ck_assert_int_eq(from, NB_GPT_N_HEAD_CONFIG_JSON);
+    char want[700];
+    snprintf(want, sizeof want, ": n_head 4 in the Hugging Face config \"%s\", the model has 2",
+             json);
+    EXPECT_REFUSED(&m, nb_gpt_load_hf(&m.m, path), "nb_gpt_load_hf: \"", path, want);
+    model k = {.ps = nb_params_new()};
+    CK_OK(nb_gpt_from_file(&k.m, k.ps, path));
+    ck_assert_int_eq(k.m.cfg.n_head, 4);
+    model_free(&k);
+    /* a config.json of other sizes is refused: it is not this file's */
+    write_text(json, "{\"n_embd\": 768, \"n_head\": 12, \"n_layer\": 2}");
+    snprintf(want, sizeof want, ": the Hugging Face config \"%s\" says n_embd 768, but the file's "
+             "tensors have 8", json);
+    expect_error_rc(nb_gpt_config_of_file(path, &got), "nb_gpt_config_of_file: \"", path, want);
+    /* __metadata__ first: nabla's own export ignores the config.json */
+    hf_full(&f, &c, "", "F32", false);
+    snprintf(f.meta, sizeof f.meta, ",\"n_head\":\"2\"");
+    hf_write(&f, path);
+    hf_free(&f);
+    CK_OK(nb_gpt_inspect(path, &got, &from));
+    ck_assert_int_eq(got.n_head, 2);
+    ck_assert_int_eq(from, NB_GPT_N_HEAD_FILE);
+    CK_OK(nb_gpt_load_hf(&m.m, path));
+    /* config.json that is no model config (no integer n_head, or not JSON): a guess */
+    const char *others[] = {"{\"n_head\": \"4\"}", "{\"name\": \"my app\"}", "n_head = 4", "[4]", ""};
+    hf_full(&f, &c, "", "F32", false);
+    hf_write(&f, path);
+    hf_free(&f);
+    for (size_t i = 0; i < sizeof others / sizeof *others; i++) {
+        write_text(json, others[i]);
+        CK_OK(nb_gpt_inspect(path, &got, &from));
+        ck_assert_int_eq(from, NB_GPT_N_HEAD_GUESSED);
+        ck_assert_int_eq(got.n_head, 1);
+        CK_OK(nb_gpt_load_hf(&m.m, path)); /* a guess is no contradiction */
+    }
+    model_free(&m);
+    test_remove_tmp_dir();
+}
+END_TEST
+
 START_TEST(saves_are_atomic) {
     test_make_tmp_dir("gptio");
     const char *path = test_tmp_path("keep.bin");
@@ -1053,6 +1199,8 @@ Suite *suite_gpt_io(void) {
     tcase_add_test(tc, llmc_errors);
     tcase_add_test(tc, hf_errors);
     tcase_add_test(tc, from_file);
+    tcase_add_test(tc, hf_head_count_round_trip);
+    tcase_add_test(tc, hf_head_count_sources);
     tcase_add_test(tc, saves_are_atomic);
     suite_add_tcase(s, tc);
     return s;

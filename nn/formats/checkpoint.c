@@ -2,12 +2,13 @@
  * u64 little-endian N, N bytes of JSON header (nn/formats/safetensors.c), then each
  * tensor row-major, little-endian, at [begin, end) of the data section.
  *
- * Saving writes a temporary file ".nabla-tmp-<pid>-<n>" in the target's
- * directory (the directory of the file a symbolic link names: the link stays
- * a link), gives it the permission bits of the file it replaces, and renames
- * it over the target. A save killed before its rename leaves the temporary
- * behind; later saves into that directory remove those of processes that no
- * longer exist. Loading is all-or-nothing: the whole file is read and every
+ * Saving writes a temporary file in the target's directory (the directory of
+ * the file a symbolic link names: the link stays a link): unnamed where the
+ * file system has O_TMPFILE (a killed save leaves nothing), else
+ * ".nabla-tmp-<pid>-<n>"; gives it the permission bits of the file it
+ * replaces, and renames it over the target. Saves and loads remove the named
+ * temporaries killed saves left in that directory (nn/formats/files.c).
+ * Loading is all-or-nothing: the whole file is read and every
  * check is made (the header's own, then names, dtypes and shapes against the
  * registry, then the values of the optimizer's state) before the first
  * tensor is written. Names are looked up through hash indexes (a header of
@@ -84,8 +85,8 @@ static int write_tensor(int fd, nb_tensor *t) {
 
 /* ------------------------------------------------------------------ saving */
 /* The header, the data, the old file's permission bits (setuid, setgid and
- * sticky are not carried over to a rewritten file), fsync, close: 0, or -1
- * with errno (0 when a tensor could not be read). */
+ * sticky are not carried over to a rewritten file), fsync: 0, or -1 with
+ * errno (0 when a tensor could not be read). */
 static int write_file(int fd, const nn_target *t, const char *header, size_t hlen,
                       const nn_st_item *v, int n) {
     unsigned char len[8];
@@ -97,9 +98,6 @@ static int write_file(int fd, const nn_target *t, const char *header, size_t hle
      * gave, which are no wider than the old ones */
     if (rc == 0 && t->exists) fchmod(fd, t->mode & 0777);
     if (rc == 0 && fsync(fd) != 0) rc = -1;
-    int e = errno;
-    if (close(fd) != 0 && rc == 0) rc = -1, e = errno;
-    errno = e;
     return rc;
 }
 
@@ -109,9 +107,8 @@ static int save_to(const nn_target *t, const char *path, const char *header, siz
                    const nn_st_item *v, int n) {
     const char *fn = "nb_save";
     nn_remove_stale_temps(t->dir);
-    char *tmp = NULL;
-    int fd = nn_open_temp(t, &tmp);
-    if (fd < 0) {
+    nn_temp tmp;
+    if (nn_temp_open(t, &tmp) != 0) {
         int e = errno;
         char via[256] = ""; /* the directory that matters is the link's file's */
         if (strcmp(t->path, path))
@@ -119,16 +116,13 @@ static int save_to(const nn_target *t, const char *path, const char *header, siz
         return nn_error("%s: cannot create a file next to \"%s\"%s: %s", fn, path, via,
                         strerror(e)), -1;
     }
-    int rc = write_file(fd, t, header, hlen, v, n), e = errno;
-    if (rc == 0 && rename(tmp, t->path) != 0) rc = -1, e = errno;
-    if (rc == 0) {
+    int rc = write_file(tmp.fd, t, header, hlen, v, n), e = errno;
+    if (nn_temp_finish(&tmp, t, rc == 0) != 0 && rc == 0) rc = -1, e = errno;
+    if (rc == 0)
         nn_sync_dir(t->dir);
-    } else {
-        unlink(tmp);
+    else
         nn_error("%s: cannot write \"%s\": %s (the previous file, if any, is unchanged)", fn,
                  path, e ? strerror(e) : "a tensor could not be read");
-    }
-    free(tmp);
     return rc;
 }
 
@@ -381,6 +375,7 @@ static int write_values(const nn_st_item *reg, int n, const nn_st_header *h,
 int nb_load(nb_params *ps, const char *path) {
     const char *fn = "nb_load";
     if (!ps || !path) return nn_error("%s: %s is NULL", fn, ps ? "path" : "registry"), -1;
+    nn_remove_stale_temps_beside(path); /* what saves killed there left */
     char msg[512] = "";
     uint64_t size = 0;
     unsigned char *buf = read_file(path, &size, msg, sizeof msg);

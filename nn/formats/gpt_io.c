@@ -20,7 +20,8 @@
  *   4. only then is each parameter written (memcpy through nb_data) and
  *      nb_mark_modified.
  * A failure in 1-3 leaves the model as it was. Saves go through a temporary
- * file, fsync and rename, as nb_save (nn/formats/files.c). */
+ * file, fsync and rename, as nb_save (nn/formats/files.c); saves and loads
+ * remove the temporaries killed saves left beside the file. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -31,6 +32,7 @@
 #include <unistd.h>
 
 #include "files_internal.h"
+#include "json_internal.h"
 #include "safetensors_internal.h"
 
 #define LLMC_MAGIC 20240326
@@ -370,7 +372,7 @@ static int put_tensor(writer *w, nb_tensor *t, nb_dtype fdt, bool conv) {
 static int save_atomic(const char *fn, const char *path, int (*body)(writer *, void *), void *ctx) {
     nn_target t = {0};
     int e = nn_resolve(path, &t), rc = -1;
-    char *tmp = NULL;
+    nn_temp tmp = {.fd = -1};
     writer w = {.fd = -1};
     if (e != 0) {
         nn_error("%s: cannot write \"%s\": %s (the previous file, if any, is unchanged)", fn, path,
@@ -382,11 +384,12 @@ static int save_atomic(const char *fn, const char *path, int (*body)(writer *, v
         nn_error("%s: out of memory", fn);
         goto done;
     }
-    if ((w.fd = nn_open_temp(&t, &tmp)) < 0) {
+    if (nn_temp_open(&t, &tmp) != 0) {
         e = errno;
         nn_error("%s: cannot create a file next to \"%s\": %s", fn, path, strerror(e));
         goto done;
     }
+    w.fd = tmp.fd;
     errno = 0;
     rc = body(&w, ctx) == 0 && flush(&w) == 0 ? 0 : -1;
     /* a failed fchmod (a file system without modes) leaves open()'s bits,
@@ -394,17 +397,13 @@ static int save_atomic(const char *fn, const char *path, int (*body)(writer *, v
     if (rc == 0 && t.exists) fchmod(w.fd, t.mode & 0777);
     if (rc == 0 && fsync(w.fd) != 0) rc = -1;
     e = errno;
-    if (close(w.fd) != 0 && rc == 0) rc = -1, e = errno;
-    if (rc == 0 && rename(tmp, t.path) != 0) rc = -1, e = errno;
-    if (rc == 0) {
+    if (nn_temp_finish(&tmp, &t, rc == 0) != 0 && rc == 0) rc = -1, e = errno;
+    if (rc == 0)
         nn_sync_dir(t.dir);
-    } else {
-        unlink(tmp);
+    else
         nn_error("%s: cannot write \"%s\": %s (the previous file, if any, is unchanged)", fn, path,
                  strerror(e ? e : EIO));
-    }
 done:
-    free(tmp);
     free(w.buf);
     nn_target_free(&t);
     return rc;
@@ -527,6 +526,7 @@ static int load_llmc_body(nb_GPT *m, const char *path) {
     if (!m->cfg.bias)
         return nn_error("%s: the model has no biases (cfg.bias false); llm.c's checkpoints "
                         "have them", fn), -1;
+    nn_remove_stale_temps_beside(path); /* what saves killed there left */
     source f;
     if (open_source(&f, fn, path) != 0) return -1;
     char msg[400] = "";
@@ -612,6 +612,147 @@ static int save_llmc_body(const nb_GPT *m, const char *path) {
 int nb_gpt_save_llmc(const nb_GPT *m, const char *path) {
     nn_enter();
     return nn_leave_rc("nb_gpt_save_llmc", save_llmc_body(m, path));
+}
+
+/* ------------------------------------------------ the head count's source */
+/* What a Hugging Face file's tensors cannot say is its head count. nabla
+ * writes its config into __metadata__ (string values: "n_layer", "n_head",
+ * "n_embd", "vocab_size", "block_size"); Hugging Face keeps it in a
+ * config.json beside the weights (n_layer, n_head, n_embd, vocab_size,
+ * n_positions). Either is checked against the tensors' shapes (shape: a
+ * config of the tensors' sizes); then n_head must divide n_embd. */
+enum { K_LAYER, K_HEAD, K_EMBD, K_VOCAB, K_BLOCK, N_KEYS };
+static const char *const meta_keys[N_KEYS] = {"n_layer", "n_head", "n_embd", "vocab_size",
+                                             "block_size"};
+static const char *const json_keys[N_KEYS] = {"n_layer", "n_head", "n_embd", "vocab_size",
+                                             "n_positions"};
+
+static int64_t cfg_size(const nb_GPTConfig *c, int k) {
+    const int64_t v[N_KEYS] = {c->n_layer, c->n_head, c->n_embd, c->vocab_size, c->block_size};
+    return v[k];
+}
+
+/* The sizes found (got[k] > 0; 0 when absent) against shape: 0, or -1 with
+ * msg naming where they were: __metadata__ (json NULL) or the config.json
+ * at json. */
+static int stored_check(const int64_t got[N_KEYS], const char *json, const nb_GPTConfig *shape,
+                        char *msg, size_t cap) {
+    const char *const *keys = json ? json_keys : meta_keys;
+    for (int k = 0; k < N_KEYS; k++) {
+        if (k == K_HEAD || got[k] <= 0 || got[k] == cfg_size(shape, k)) continue;
+        long long a = (long long)got[k], b = (long long)cfg_size(shape, k);
+        if (json)
+            snprintf(msg, cap, "the Hugging Face config \"%.300s\" says %s %lld, but the file's "
+                     "tensors have %lld", json, keys[k], a, b);
+        else
+            snprintf(msg, cap, "its __metadata__ says %s %lld, but the file's tensors have %lld",
+                     keys[k], a, b);
+        return -1;
+    }
+    if (got[K_HEAD] <= 0 || shape->n_embd % got[K_HEAD] == 0) return 0;
+    long long a = (long long)got[K_HEAD], b = (long long)shape->n_embd;
+    if (json)
+        snprintf(msg, cap, "the Hugging Face config \"%.300s\" says n_head %lld, which does not "
+                 "divide n_embd %lld", json, a, b);
+    else
+        snprintf(msg, cap, "its __metadata__ says n_head %lld, which does not divide n_embd %lld",
+                 a, b);
+    return -1;
+}
+
+/* __metadata__'s sizes into got (0 when absent): 0, or -1 with msg. */
+static int meta_sizes(const nn_st_header *h, int64_t got[N_KEYS], char *msg, size_t cap) {
+    for (int k = 0; k < N_KEYS; k++) {
+        got[k] = 0;
+        int seen = 0;
+        for (int i = 0; i < h->n_meta; i++) seen += !strcmp(h->meta[2 * i], meta_keys[k]);
+        if (seen > 1)
+            return snprintf(msg, cap, "its __metadata__ gives \"%s\" %d times", meta_keys[k],
+                            seen), -1;
+        const char *v = nn_st_header_meta(h, meta_keys[k]);
+        if (!v) continue;
+        int64_t x = 0;
+        bool ok = *v >= '1' && *v <= '9';
+        for (const char *p = v; ok && *p; p++)
+            ok = *p >= '0' && *p <= '9' && x <= (INT32_MAX - (*p - '0')) / 10 &&
+                 (x = x * 10 + (*p - '0'), true);
+        if (!ok)
+            return snprintf(msg, cap, "its __metadata__ \"%s\" is \"%.40s\", not a whole number "
+                            "from 1 to %d", meta_keys[k], v, INT32_MAX), -1;
+        got[k] = x;
+    }
+    return 0;
+}
+
+/* config.json in path's folder (the folder as path names it: Hugging Face's
+ * cache links model.safetensors and config.json alike into a snapshot
+ * folder) into where. */
+static void config_json_path(const char *path, char *where, size_t cap) {
+    const char *slash = strrchr(path, '/');
+    if (slash) snprintf(where, cap, "%.*s/config.json", (int)(slash - path), path);
+    else snprintf(where, cap, "config.json");
+}
+
+/* Reads the sizes of the config.json at where into got: 1 when it holds an
+ * integer n_head, 0 when it is missing, unreadable, not JSON or has no
+ * integer n_head (then it is not taken to be this file's config). */
+static int config_json_sizes(const char *where, int64_t got[N_KEYS]) {
+    struct stat st;
+    char why[512];
+    for (int k = 0; k < N_KEYS; k++) got[k] = 0;
+    int fd = nn_open_regular(where, &st, why, sizeof why);
+    if (fd < 0) return 0;
+    char *text = st.st_size > 0 && st.st_size <= (16 << 20) ? malloc((size_t)st.st_size) : NULL;
+    source f = {.fd = fd, .size = st.st_size};
+    int rc = text && read_at(&f, text, (size_t)st.st_size, 0, why, sizeof why) == 0;
+    close(fd);
+    if (!rc) return free(text), 0;
+    nn_json j;
+    nn_json_init(&j, text, (size_t)st.st_size, "file");
+    int more = nn_json_open(&j, '{');
+    while (more == 1) {
+        if (nn_json_string(&j) || nn_json_expect(&j, ':')) break;
+        int k = 0;
+        while (k < N_KEYS && strcmp(j.s, json_keys[k])) k++;
+        char c = nn_json_peek(&j);
+        int64_t x;
+        if (k < N_KEYS && c >= '0' && c <= '9' && nn_json_int(&j, 1, INT32_MAX, &x) == 0)
+            got[k] = x;
+        else if (nn_json_skip(&j))
+            break;
+        more = nn_json_more(&j, '}');
+    }
+    rc = more == 0 && nn_json_end(&j) == 0 && got[K_HEAD] > 0;
+    nn_json_free(&j);
+    free(text);
+    return rc;
+}
+
+/* The head count of a Hugging Face file whose tensors have the sizes of
+ * shape: from its __metadata__, else a config.json beside it (its path in
+ * json), else a guess (heads of 64, as every GPT-2 size; one head when 64
+ * does not divide n_embd). 0, or -1 with msg. */
+static int hf_heads(const nn_st_header *h, const char *path, const nb_GPTConfig *shape,
+                    int64_t *n_head, nb_gpt_n_head_from *from, char *json, size_t jcap,
+                    char *msg, size_t cap) {
+    int64_t got[N_KEYS];
+    if (meta_sizes(h, got, msg, cap) != 0 || stored_check(got, NULL, shape, msg, cap) != 0)
+        return -1;
+    if (got[K_HEAD] > 0) {
+        *n_head = got[K_HEAD];
+        *from = NB_GPT_N_HEAD_FILE;
+        return 0;
+    }
+    config_json_path(path, json, jcap);
+    if (config_json_sizes(json, got)) {
+        if (stored_check(got, json, shape, msg, cap) != 0) return -1;
+        *n_head = got[K_HEAD];
+        *from = NB_GPT_N_HEAD_CONFIG_JSON;
+        return 0;
+    }
+    *n_head = shape->n_embd % 64 == 0 ? shape->n_embd / 64 : 1;
+    *from = NB_GPT_N_HEAD_GUESSED;
+    return 0;
 }
 
 /* ------------------------------------------------------------ Hugging Face */
@@ -721,6 +862,7 @@ static int load_hf_body(nb_GPT *m, const char *path) {
     const char *fn = "nb_gpt_load_hf";
     if (check_model(fn, m) != 0) return -1;
     if (!path) return nn_error("%s: path is NULL", fn), -1;
+    nn_remove_stale_temps_beside(path); /* what saves killed there left */
     source f;
     if (open_source(&f, fn, path) != 0) return -1;
     char msg[400] = "";
@@ -732,6 +874,19 @@ static int load_hf_body(nb_GPT *m, const char *path) {
     int rc = file_of ? 0 : (snprintf(msg, sizeof msg, "out of memory"), -1);
     if (rc == 0) rc = hf_read_header(&f, &h, &hlen, msg, sizeof msg);
     if (rc == 0) rc = hf_match(&h, &m->cfg, file_of, msg, sizeof msg);
+    if (rc == 0) { /* the one size the tensors do not show */
+        int64_t heads;
+        nb_gpt_n_head_from from;
+        char json[4200];
+        rc = hf_heads(&h, path, &m->cfg, &heads, &from, json, sizeof json, msg, sizeof msg);
+        long long a = (long long)heads, b = (long long)m->cfg.n_head;
+        if (rc == 0 && from == NB_GPT_N_HEAD_FILE && a != b)
+            rc = -1, snprintf(msg, sizeof msg, "n_head %lld in its __metadata__, the model has "
+                              "%lld", a, b);
+        if (rc == 0 && from == NB_GPT_N_HEAD_CONFIG_JSON && a != b)
+            rc = -1, snprintf(msg, sizeof msg, "n_head %lld in the Hugging Face config \"%.300s\", "
+                              "the model has %lld", a, json, b);
+    }
     if (rc == 0) rc = staging_make(m, &st, msg, sizeof msg);
     if (rc == 0 && !(chunk = malloc(CHUNK * sizeof(double))))
         rc = -1, snprintf(msg, sizeof msg, "out of memory");
@@ -815,7 +970,15 @@ static int save_hf_body(const nb_GPT *m, const char *path) {
                 it->shape[0] = it->shape[1], it->shape[1] = tmp;
             }
         }
-        header = nn_st_header_build(v, (int)k, &x.hlen);
+        /* what the tensors do not show (n_head), and the sizes beside it */
+        char vals[N_KEYS][24];
+        const char *meta[2 * N_KEYS];
+        for (int i = 0; i < N_KEYS; i++) {
+            snprintf(vals[i], sizeof vals[i], "%lld", (long long)cfg_size(&m->cfg, i));
+            meta[2 * i] = meta_keys[i];
+            meta[2 * i + 1] = vals[i];
+        }
+        header = nn_st_header_build_meta(v, (int)k, meta, N_KEYS, &x.hlen);
     }
     if (!header) {
         nn_error("%s: out of memory", fn);
@@ -838,7 +1001,8 @@ int nb_gpt_save_hf(const nb_GPT *m, const char *path) {
 /* The config of a Hugging Face header: from the shapes of wte and wpe, the
  * highest layer named, lm_head.weight (untied) and the linear biases; then
  * the whole header is matched against it. 0, or -1 with msg. */
-static int hf_config(const nn_st_header *h, nb_GPTConfig *cfg, char *msg, size_t cap) {
+static int hf_config(const nn_st_header *h, const char *path, nb_GPTConfig *cfg,
+                     nb_gpt_n_head_from *from, char *msg, size_t cap) {
     int wte = -1, wpe = -1;
     bool lm_head = false, bias = false;
     int64_t layers = 0;
@@ -862,20 +1026,21 @@ static int hf_config(const nn_st_header *h, nb_GPTConfig *cfg, char *msg, size_t
     if (layers == 0) return snprintf(msg, cap, "no layers (missing h.0.ln_1.weight)"), -1;
     int64_t C = h->v[wte].shape[1];
     *cfg = (nb_GPTConfig){.vocab_size = h->v[wte].shape[0], .block_size = h->v[wpe].shape[0],
-                          .n_layer = layers, .n_embd = C,
-                          /* heads of 64, as every GPT-2; else one head (the file cannot say) */
-                          .n_head = C % 64 == 0 ? C / 64 : 1, .dropout = 0.0, .bias = bias,
+                          .n_layer = layers, .n_embd = C, .dropout = 0.0, .bias = bias,
                           .tie_weights = !lm_head};
     int *file_of = malloc((size_t)n_slots(cfg) * sizeof *file_of);
     if (!file_of) return snprintf(msg, cap, "out of memory"), -1;
     int rc = hf_match(h, cfg, file_of, msg, cap);
     free(file_of);
+    char json[4200];
+    if (rc == 0) rc = hf_heads(h, path, cfg, &cfg->n_head, from, json, sizeof json, msg, cap);
     return rc;
 }
 
-static int config_of_file_body(const char *path, nb_GPTConfig *cfg) {
-    const char *fn = "nb_gpt_config_of_file";
+static int config_of_file_body(const char *fn, const char *path, nb_GPTConfig *cfg,
+                               nb_gpt_n_head_from *from_out) {
     if (!path || !cfg) return nn_error("%s: %s is NULL", fn, path ? "cfg" : "path"), -1;
+    nb_gpt_n_head_from from = NB_GPT_N_HEAD_FILE;
     source f;
     if (open_source(&f, fn, path) != 0) return -1;
     char msg[400] = "";
@@ -893,7 +1058,7 @@ static int config_of_file_body(const char *path, nb_GPTConfig *cfg) {
             rc = -1;
             nn_error("%s: %s: neither llm.c's checkpoint (magic %d) nor a safetensors file: %s",
                      fn, path, LLMC_MAGIC, msg);
-        } else if ((rc = hf_config(&h, &out, msg, sizeof msg)) != 0) {
+        } else if ((rc = hf_config(&h, path, &out, &from, msg, sizeof msg)) != 0) {
             nn_error("%s: \"%s\": %s", fn, path, msg);
         }
         nn_st_header_free(&h);
@@ -902,12 +1067,20 @@ static int config_of_file_body(const char *path, nb_GPTConfig *cfg) {
     }
     close_source(&f);
     if (rc == 0) *cfg = out;
+    if (rc == 0 && from_out) *from_out = from;
     return rc;
 }
 
 int nb_gpt_config_of_file(const char *path, nb_GPTConfig *cfg) {
     nn_enter();
-    return nn_leave_rc("nb_gpt_config_of_file", config_of_file_body(path, cfg));
+    const char *fn = "nb_gpt_config_of_file";
+    return nn_leave_rc(fn, config_of_file_body(fn, path, cfg, NULL));
+}
+
+int nb_gpt_inspect(const char *path, nb_GPTConfig *cfg, nb_gpt_n_head_from *from) {
+    nn_enter();
+    const char *fn = "nb_gpt_inspect";
+    return nn_leave_rc(fn, config_of_file_body(fn, path, cfg, from));
 }
 
 static int from_file_body(nb_GPT *m, nb_params *ps, const char *path) {

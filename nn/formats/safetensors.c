@@ -134,9 +134,18 @@ static void put_json_string(strbuf *b, const char *s) {
     put(b, "\"", 1);
 }
 
-/* The header for items laid out one after another, padded to 8 bytes. */
-static int build_header(strbuf *b, const nn_st_item *v, int n) {
-    puts_(b, "{\"__metadata__\":{\"format\":\"pt\"}");
+/* The header for items laid out one after another, padded to 8 bytes;
+ * __metadata__ holds "format": "pt", then the n_meta pairs of meta. */
+static int build_header(strbuf *b, const nn_st_item *v, int n, const char *const *meta,
+                        int n_meta) {
+    puts_(b, "{\"__metadata__\":{\"format\":\"pt\"");
+    for (int i = 0; i < n_meta; i++) {
+        puts_(b, ",");
+        put_json_string(b, meta[2 * i]);
+        puts_(b, ":");
+        put_json_string(b, meta[2 * i + 1]);
+    }
+    puts_(b, "}");
     uint64_t at = 0;
     for (int i = 0; i < n; i++) {
         puts_(b, ",");
@@ -206,11 +215,27 @@ static int parse_object(reader *r, int (*field)(reader *, void *), void *ctx) {
     return more;
 }
 
-/* __metadata__: string values only, as the format says; kept for nothing. */
+/* __metadata__: string values only, as the format says; kept in h->meta. */
 static int metadata_field(reader *r, void *ctx) {
-    (void)ctx;
+    nn_st_header *h = ctx;
     if (nn_json_peek(&r->j) != '"') return fail(r, "__metadata__ values must be strings");
-    return nn_json_string(&r->j);
+    char *key = strdup(r->j.s);
+    if (!key) return fail(r, "out of memory");
+    if (nn_json_string(&r->j)) return free(key), -1;
+    char **more = realloc(h->meta, (size_t)(h->n_meta + 1) * 2 * sizeof *more);
+    char *value = more ? strdup(r->j.s) : NULL;
+    if (more) h->meta = more;
+    if (!value) return free(key), fail(r, "out of memory");
+    h->meta[2 * h->n_meta] = key;
+    h->meta[2 * h->n_meta + 1] = value;
+    h->n_meta++;
+    return 0;
+}
+
+const char *nn_st_header_meta(const nn_st_header *h, const char *key) {
+    for (int i = 0; i < h->n_meta; i++)
+        if (!strcmp(h->meta[2 * i], key)) return h->meta[2 * i + 1];
+    return NULL;
 }
 
 typedef struct {
@@ -263,6 +288,8 @@ static int tensor_field(reader *r, void *ctx) {
 
 void nn_st_header_free(nn_st_header *h) {
     for (int i = 0; i < h->n; i++) free(h->names[i]);
+    for (int i = 0; i < 2 * h->n_meta; i++) free(h->meta[i]);
+    free(h->meta);
     free(h->names);
     free(h->v);
     nn_index_free(&h->index);
@@ -292,7 +319,7 @@ static int top_field(reader *r, void *ctx) {
     if (!strcmp(r->j.s, "__metadata__")) {
         if (r->metadata) return fail(r, "__metadata__ appears twice");
         r->metadata = true;
-        return parse_object(r, metadata_field, NULL);
+        return parse_object(r, metadata_field, h);
     }
     if (nn_index_get(&h->index, r->j.s) >= 0)
         return fail(r, "tensor \"%.200s\" appears twice", r->j.s);
@@ -375,8 +402,13 @@ static int parse_header(reader *r, nn_st_header *h, uint64_t data_len) {
 
 /* The whole file in memory (a regular file, at least the 8-byte size). */
 char *nn_st_header_build(const nn_st_item *v, int n, size_t *len) {
+    return nn_st_header_build_meta(v, n, NULL, 0, len);
+}
+
+char *nn_st_header_build_meta(const nn_st_item *v, int n, const char *const *meta, int n_meta,
+                              size_t *len) {
     strbuf b = {0};
-    if (build_header(&b, v, n) != 0) {
+    if (build_header(&b, v, n, meta, n_meta) != 0) {
         free(b.p);
         return NULL;
     }

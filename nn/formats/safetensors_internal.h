@@ -29,13 +29,16 @@ typedef struct {
 /* The dtype of an item whose dtype is foreign (never a tensor's). */
 #define NN_ST_FOREIGN ((nb_dtype)0x7f)
 
-/* A parsed header: its tensors in file order (names owned), and an index of
- * the names (values: positions in v). */
+/* A parsed header: its tensors in file order (names owned), an index of
+ * the names (values: positions in v), and __metadata__'s n_meta pairs
+ * (meta[2i] the key, meta[2i+1] its value; owned). */
 typedef struct {
     nn_st_item *v;
     int n, cap;
     char **names;
     nn_index index;
+    char **meta;
+    int n_meta;
 } nn_st_header;
 
 size_t nn_st_dtype_size(nb_dtype d);    /* 4, 8, 8, 1 */
@@ -47,6 +50,10 @@ void nn_st_copy_le(void *dst, const void *src, size_t n, size_t size);
 /* The header for v[0..n) laid out one after another from offset 0, padded to
  * a multiple of 8: malloc'ed, length in *len; NULL when out of memory. */
 char *nn_st_header_build(const nn_st_item *v, int n, size_t *len);
+/* The same with n_meta more pairs (meta[2i] the key, meta[2i+1] the value)
+ * in __metadata__, after "format": "pt". */
+char *nn_st_header_build_meta(const nn_st_item *v, int n, const char *const *meta, int n_meta,
+                              size_t *len);
 /* Parses and checks len bytes of header text against a data section of
  * data_len bytes; 0, or -1 with the reason in msg. Free h either way. */
 int nn_st_header_parse(const char *text, size_t len, uint64_t data_len, nn_st_header *h,
@@ -59,6 +66,8 @@ int nn_st_header_parse(const char *text, size_t len, uint64_t data_len, nn_st_he
 int nn_st_header_parse_any(const char *text, size_t len, uint64_t data_len, nn_st_header *h,
                            char *msg, size_t cap);
 void nn_st_header_free(nn_st_header *h);
+/* The value of __metadata__'s key, or NULL. */
+const char *nn_st_header_meta(const nn_st_header *h, const char *key);
 /* The position in h->v of the tensor called name, or -1. */
 int nn_st_header_find(const nn_st_header *h, const char *name);
 

@@ -1,7 +1,8 @@
 #!/bin/sh
 # examples_check.sh BUILD "MPIRUN": make test-mpi's checks of the examples'
 # --dist (BUILD holds the examples built with MPI, make MPI=1):
-#   1. copy_task on 2 ranks reaches "exact match 100% (1000/1000)";
+#   1. copy_task on 2 ranks reaches "exact match 100% (1000/1000)", and
+#      its redirected output has no progress line ("\r", ESC);
 #   2. copy_task on 2 ranks: 2 epochs, --load, 2 more = 4 epochs at once,
 #      the same checkpoint bit for bit;
 #   3. gpt on 2 ranks: --zero (sharded AdamW state) writes the checkpoint
@@ -24,9 +25,13 @@ export NABLA_NUM_THREADS=1
 
 # 1
 $mpirun -np 2 "$ex/copy_task" --dist > "$d/run.log" 2>&1
-last=$(tail -1 "$d/run.log" | tr -d '\r')
+last=$(tail -1 "$d/run.log")
 [ "$last" = "exact match 100% (1000/1000)" ] || { cat "$d/run.log"; die "copy_task --dist on 2 ranks ended on \"$last\""; }
 say "mpirun -np 2 copy_task --dist: $last"
+# no progress line in a log: mpirun gives each rank's stdout a terminal of
+# its own (isatty says yes) even when its own output goes to a file
+plain() { tr -d '\r\033' < "$1" | cmp -s - "$1"; }
+plain "$d/run.log" || die "mpirun -np 2 copy_task --dist > log: the log has progress lines (\\r or ESC): $(od -c "$d/run.log" | grep -m1 '\\r\|033')"
 
 # 2
 for e in 4:straight 2:half 4:resumed; do
