@@ -1147,6 +1147,68 @@ START_TEST(test_killed_saves_leave_no_temporaries) {
 END_TEST
 
 /* A name of 253 bytes (NAME_MAX is 255): the temporary's name does not grow with it. */
+/* Registry entries that share memory take their file values in one place:
+ * a tensor registered twice loads when the file holds the same values under
+ * both names (a tied pair saved twice), and is refused, changing nothing,
+ * when they differ; overlapping views are refused; views that interleave
+ * without meeting load as any two tensors. */
+static double first_value(nb_tensor *t) {
+    double v[64];
+    ck_assert_int_eq(nb_copy_to_f64(t, v), 0);
+    return v[0];
+}
+
+START_TEST(test_load_into_shared_memory) {
+    test_make_tmp_dir("ckpt");
+    const char *same = test_tmp_path("same.safetensors"), *diff = test_tmp_path("diff.safetensors");
+    nb_params *two = nb_params_new();
+    ck_assert_ptr_nonnull(nb_params_add(two, "a", nb_full(NB_F32, NB_SHAPE(2, 3), 1.0)));
+    ck_assert_ptr_nonnull(nb_params_add(two, "b", nb_full(NB_F32, NB_SHAPE(2, 3), 2.0)));
+    ck_assert_int_eq(nb_save(two, diff), 0);
+
+    nb_tensor *w = nb_full(NB_F32, NB_SHAPE(2, 3), 5.0);
+    nb_params *tied = nb_params_new();
+    ck_assert_ptr_nonnull(nb_params_add(tied, "a", w));
+    ck_assert_ptr_nonnull(nb_params_add(tied, "b", w));
+    ck_assert_int_eq(nb_save(tied, same), 0);
+    nb_copy_into(w, nb_zeros(NB_F32, NB_SHAPE(1)));
+    ck_assert_int_eq(nb_load(tied, same), 0); /* the same values twice: fine */
+    ck_assert_double_eq(first_value(w), 5.0);
+    expect_error_rc(nb_load(tied, diff), "nb_load", "registry tensors \"a\" and \"b\" share "
+                    "memory and the file holds different values for them, so one would overwrite "
+                    "the other", "no tensor was changed");
+    ck_assert_double_eq(first_value(w), 5.0);
+
+    nb_tensor *buf = nb_zeros(NB_F32, NB_SHAPE(3, 3));
+    nb_params *rows = nb_params_new(), *cols = nb_params_new();
+    nb_scope_begin(); /* rows 0..1 and 1..2: row 1 in both */
+    ck_assert_ptr_nonnull(nb_params_add(rows, "a", nb_narrow(buf, 0, 0, 2)));
+    ck_assert_ptr_nonnull(nb_params_add(rows, "b", nb_narrow(buf, 0, 1, 2)));
+    nb_scope_end();
+    expect_error_rc(nb_load(rows, diff), "nb_load", "registry tensors \"a\" and \"b\" share "
+                    "memory, so one would overwrite the other");
+    nb_tensor *big = nb_zeros(NB_F32, NB_SHAPE(4, 3));
+    nb_scope_begin(); /* rows 0 and 2 of a (4,3) buffer, as (2,3): interleaved with rows 1, 3 */
+    nb_tensor *even = nb_select(nb_view(big, NB_SHAPE(2, 2, 3)), 1, 0);
+    nb_tensor *odd = nb_select(nb_view(big, NB_SHAPE(2, 2, 3)), 1, 1);
+    ck_assert_ptr_nonnull(nb_params_add(cols, "a", even));
+    ck_assert_ptr_nonnull(nb_params_add(cols, "b", odd));
+    nb_scope_end();
+    ck_assert_int_eq(nb_load(cols, diff), 0);
+    double v[12];
+    ck_assert_int_eq(nb_copy_to_f64(big, v), 0);
+    for (int i = 0; i < 12; i++) ck_assert_double_eq(v[i], i / 3 % 2 ? 2.0 : 1.0);
+    nb_free(big);
+    nb_free(buf);
+    nb_free(w);
+    nb_params_free(two);
+    nb_params_free(tied);
+    nb_params_free(rows);
+    nb_params_free(cols);
+    test_remove_tmp_dir();
+}
+END_TEST
+
 START_TEST(test_long_file_name) {
     test_make_tmp_dir("ckpt");
     char name[254], path[400];
@@ -1187,6 +1249,7 @@ Suite *suite_checkpoint(void) {
     tcase_add_test(tc, test_killed_writer_leaves_no_temporary);
     tcase_add_test(tc, test_killed_saves_leave_no_temporaries);
     tcase_add_test(tc, test_long_file_name);
+    tcase_add_test(tc, test_load_into_shared_memory);
     suite_add_tcase(s, tc);
     /* alone, with room for the quadratic code it guards against to fail
      * rather than time out */
