@@ -1038,7 +1038,13 @@ nb_tensor *nb_conv2d(nb_tensor *input, nb_tensor *weight, nb_tensor *bias,
         return nbi_error("%s: weight must be (out_channels, in_channels/groups, kH, kW), got "
                          "shape %s", fn, NBI_SHAPE(weight));
     const int64_t one[2] = {1, 1}, zero[2] = {0, 0};
+    /* "same" is one setting for both dims (torch's padding="same"), given in
+     * padding[0]; padding[1] is then not read */
     bool same = padding && padding[0] == NB_PADDING_SAME;
+    if (padding && !same && padding[1] == NB_PADDING_SAME)
+        return nbi_error("%s: padding[1] is NB_PADDING_SAME but padding[0] is %lld: \"same\" "
+                         "pads both dims and is set by padding[0] alone",
+                         fn, (long long)padding[0]);
     const int64_t *s = stride ? stride : one, *p = padding && !same ? padding : zero;
     const int64_t *d = dilation ? dilation : one;
     if (input->ndim == 4)

@@ -501,13 +501,20 @@ static nb_tensor *max_pool(const char *fn, nb_tensor *x, const pool_args *a) {
     return y;
 }
 
+/* Pooling's stride: 0 (or a NULL array) is the kernel's size, torch's
+ * stride=None, in 2-d per dim as in 1-d; a negative one is refused later. */
+static int64_t stride_or_kernel(const int64_t *stride, const int64_t *kernel_size, int d) {
+    return stride && stride[d] != 0 ? stride[d] : kernel_size[d];
+}
+
 nb_tensor *nb_max_pool2d(nb_tensor *input, const int64_t kernel_size[2], const int64_t stride[2],
                          const int64_t padding[2]) {
     const char *fn = "nb_max_pool2d";
     if (!nbi_arg(fn, input, 0)) return NULL;
     if (!kernel_size) return nbi_error("%s: kernel_size is NULL", fn);
     pool_args a = {{kernel_size[0], kernel_size[1]},
-                   {stride ? stride[0] : kernel_size[0], stride ? stride[1] : kernel_size[1]},
+                   {stride_or_kernel(stride, kernel_size, 0),
+                    stride_or_kernel(stride, kernel_size, 1)},
                    {padding ? padding[0] : 0, padding ? padding[1] : 0}, false, false};
     return max_pool(fn, input, &a);
 }
@@ -645,7 +652,8 @@ nb_tensor *nb_avg_pool2d(nb_tensor *input, const int64_t kernel_size[2], const i
     if (!nbi_arg(fn, input, 0)) return NULL;
     if (!kernel_size) return nbi_error("%s: kernel_size is NULL", fn);
     pool_args a = {{kernel_size[0], kernel_size[1]},
-                   {stride ? stride[0] : kernel_size[0], stride ? stride[1] : kernel_size[1]},
+                   {stride_or_kernel(stride, kernel_size, 0),
+                    stride_or_kernel(stride, kernel_size, 1)},
                    {padding ? padding[0] : 0, padding ? padding[1] : 0}, count_include_pad,
                    false};
     geom g;
