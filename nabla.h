@@ -369,17 +369,24 @@ NB_API nb_tensor *nb_multinomial(nb_tensor *probs, int64_t num_samples, bool rep
  *           (C_out, C_in/groups, KH, KW), bias (C_out) or NULL -> (N, C_out, H_out, W_out);
  * L_out = (L + 2 padding - dilation (K - 1) - 1) / stride + 1, per dim for 2-d.
  * conv2d's stride, padding and dilation are (h, w) pairs, NULL for torch's
- * defaults (1, 0, 1); padding NB_PADDING_SAME (conv1d's padding, or
- * padding[0] for conv2d) is torch's padding="same": the output keeps the
- * input's size, stride must be 1, and an odd total pad puts the extra one at
- * the end, as torch. One floating dtype; groups divides C_in and C_out.
- * Differentiable in input, weight and bias. Errors name the sizes that
- * disagree. On AVX-512 CPUs, f32 3x3 and 5x5 convs of stride 1, dilation 1,
- * one group and >= 16 channels in and out use Winograd's F(2x2, r x r):
+ * defaults (1, 0, 1). stride and dilation >= 1 (0 is an error, as in torch
+ * and in nb_conv1d_init / nb_conv2d_init), padding >= 0 or NB_PADDING_SAME:
+ * torch's padding="same", one setting for every dim as torch's string is,
+ * spelled as conv1d's padding or as conv2d's padding[0] (padding[1] is then
+ * not read; NB_PADDING_SAME in padding[1] alone is an error). "same" keeps
+ * the input's size, needs stride 1, and an odd total pad puts the extra one
+ * at the end, as torch. Sizes are computed exactly in int64: a padding or
+ * dilation that makes the padded input or the dilated kernel pass INT64_MAX
+ * is an error naming it and its value. One floating dtype; groups divides
+ * C_in and C_out. Differentiable in input, weight and bias. Errors name the
+ * sizes that disagree. On AVX-512 CPUs, f32 3x3 and 5x5 convs of stride 1,
+ * dilation 1, one group and >= 16 channels in and out use Winograd's F(2x2, r x r):
  * 2.8x fewer multiply-adds for 5x5, with a rounding error bounded by each
  * 2x2 output tile's input patch rather than by the output's own terms
  * (docs/numerics.md); NABLA_WINOGRAD=0 in the environment turns it off. */
-#define NB_PADDING_SAME (-1)
+/* INT64_MIN, a value no size arithmetic gives, so that any other negative
+ * padding (-1 included) is refused as torch refuses it. */
+#define NB_PADDING_SAME INT64_MIN
 NB_API nb_tensor *nb_conv1d(nb_tensor *input, nb_tensor *weight, nb_tensor *bias, int64_t stride,
                             int64_t padding, int64_t dilation, int64_t groups);
 NB_API nb_tensor *nb_conv2d(nb_tensor *input, nb_tensor *weight, nb_tensor *bias,
@@ -387,11 +394,15 @@ NB_API nb_tensor *nb_conv2d(nb_tensor *input, nb_tensor *weight, nb_tensor *bias
                             const int64_t dilation[2], int64_t groups);
 /* As torch.nn.functional.max_pool2d / avg_pool2d / max_pool1d (dilation 1,
  * ceil_mode false): input (N, C, H, W) or (C, H, W) (1d: (N, C, L) or (C, L));
- * kernel_size (h, w); stride NULL (1d: 0) = kernel_size; padding NULL = 0, at
- * most half the kernel; -inf padding for max, zeros for avg (counted in the
- * divisor when count_include_pad, as torch's default). Max pooling's gradient
- * goes to the first maximum of each window in row-major order (torch's), NaN
- * counting as the maximum. Differentiable in input. */
+ * kernel_size (h, w) >= 1; stride 0 is the kernel size (torch's stride=None),
+ * for each dim of 2-d and for 1-d, and so is a NULL stride array; a negative
+ * stride is an error; padding NULL = 0, at most half the kernel; -inf padding
+ * for max, zeros for avg (counted in the divisor when count_include_pad, as
+ * torch's default). Any kernel, stride and padding up to INT64_MAX is
+ * computed exactly (no int64 overflow). Max pooling's gradient goes where
+ * torch's scan of the window (row-major, a value replacing the maximum when
+ * greater or NaN) left the maximum: the first of equal maxima, but the last
+ * NaN when the window holds several. Differentiable in input. */
 NB_API nb_tensor *nb_max_pool2d(nb_tensor *input, const int64_t kernel_size[2],
                                 const int64_t stride[2], const int64_t padding[2]);
 NB_API nb_tensor *nb_avg_pool2d(nb_tensor *input, const int64_t kernel_size[2],
@@ -1003,8 +1014,10 @@ typedef struct nb_Conv2d {
     int64_t in_channels, out_channels, kernel_size[2], stride[2], padding[2], dilation[2], groups;
 } nb_Conv2d;
 /* Registers "<name>.weight" (and "<name>.bias"), as torch.nn.Conv2d; stride,
- * padding, dilation NULL = torch's defaults (padding[0] NB_PADDING_SAME:
- * "same"). Forward: nb_conv2d with m's parameters. */
+ * padding, dilation NULL = torch's defaults (1, 0, 1), elements as nb_conv2d
+ * takes them (stride and dilation >= 1; padding[0] NB_PADDING_SAME: "same"
+ * in both dims, kept as {NB_PADDING_SAME, NB_PADDING_SAME}). Forward:
+ * nb_conv2d with m's parameters. */
 NB_API int nb_conv2d_init(nb_Conv2d *m, nb_params *ps, const char *name, int64_t in, int64_t out,
                           const int64_t kernel_size[2], const int64_t stride[2],
                           const int64_t padding[2], const int64_t dilation[2], int64_t groups,
@@ -1016,7 +1029,8 @@ typedef struct nb_Conv1d {
     nb_tensor *bias;
     int64_t in_channels, out_channels, kernel_size, stride, padding, dilation, groups;
 } nb_Conv1d;
-/* As nb_conv2d_init for torch.nn.Conv1d (stride, dilation 0 = 1). */
+/* As nb_conv2d_init for torch.nn.Conv1d: stride and dilation >= 1 (0 is an
+ * error, as in nb_conv1d), padding >= 0 or NB_PADDING_SAME. */
 NB_API int nb_conv1d_init(nb_Conv1d *m, nb_params *ps, const char *name, int64_t in, int64_t out,
                           int64_t kernel_size, int64_t stride, int64_t padding, int64_t dilation,
                           int64_t groups, bool bias, nb_rng *rng);

@@ -2342,8 +2342,9 @@ static void pick_op(pool *p, reader *r, const char *fn, bool select) {
 static void op_gather(pool *p, reader *r, const char *fn) { pick_op(p, r, fn, false); }
 static void op_index_select(pool *p, reader *r, const char *fn) { pick_op(p, r, fn, true); }
 
-/* Pooling (ops/pool.c): kernel 0-3, stride 0-3 (2-d: a stride of 0 in h is
- * stride NULL, the kernel's; 1-d: 0 is the kernel's), padding 0-2. Valid as
+/* Pooling (ops/pool.c): kernel 0-3, stride 0-3 (a stride of 0 is the
+ * kernel's, in 1-d and per dim in 2-d; 2-d: a stride of 0 in h is passed as
+ * stride NULL, the kernel's in both dims), padding 0-2. Valid as
  * torch: floating, (N,)C,H,W (1-d: (N,)C,L) with only N empty, kernel and
  * stride > 0, padding <= kernel / 2, a window that fits the padded input.
  * Max: torch's scan from -inf (greater or NaN replaces), exact; avg: the
@@ -2363,7 +2364,7 @@ static void pool_op(pool *p, reader *r, const char *fn, int kind) {
              (long long)pd[0], (long long)pd[1]);
     /* the arguments as (h, w); 1-d: h is a dim of size 1 */
     int64_t K[2] = {one ? 1 : k[0], k[1]}, P[2] = {one ? 0 : pd[0], pd[1]};
-    int64_t S[2] = {one ? 1 : snull ? k[0] : s[0], (one && s[1] == 0) || snull ? k[1] : s[1]};
+    int64_t S[2] = {one ? 1 : s[0] == 0 ? k[0] : s[0], s[1] == 0 || snull ? k[1] : s[1]};
     expect e;
     expect_init(&e, fn, in[0].dt);
     const shp *sh = &in[0].sh;

@@ -14,8 +14,16 @@ static int conv_params(const char *fn, nb_params *ps, const char *name, int64_t 
     int64_t shape[4] = {out, in / groups}, fan_in = in / groups;
     for (int i = 0; i < nk; i++) {
         shape[2 + i] = kernel[i];
-        if (fan_in > INT64_MAX / kernel[i])
-            return (nn_error("%s: the kernel is too large", fn), -1);
+        if (fan_in > INT64_MAX / kernel[i]) {
+            if (nk == 1)
+                return (nn_error("%s: kernel_size %lld x in/groups %lld weights per output "
+                                 "channel pass INT64_MAX",
+                                 fn, (long long)kernel[0], (long long)(in / groups)), -1);
+            return (nn_error("%s: kernel_size (%lld, %lld) x in/groups %lld weights per output "
+                             "channel pass INT64_MAX",
+                             fn, (long long)kernel[0], (long long)kernel[1],
+                             (long long)(in / groups)), -1);
+        }
         fan_in *= kernel[i];
     }
     char buf[512];
@@ -30,9 +38,12 @@ static int conv_params(const char *fn, nb_params *ps, const char *name, int64_t 
 }
 
 /* The sizes torch checks when a Conv module is made: positive channels and
- * kernel, groups dividing both channel counts, stride and dilation >= 1,
- * padding >= 0 or "same" (then stride 1). nd dims; padding[0] may be
- * NB_PADDING_SAME. */
+ * kernel, groups dividing both channel counts, stride and dilation >= 1 (0
+ * is an error, as in nb_conv1d / nb_conv2d), padding >= 0 or "same" (then
+ * stride 1), and a dilated kernel d (k - 1) + 1 that fits int64 (nb_conv1d
+ * / nb_conv2d would refuse every input). nd dims; padding[0] may be
+ * NB_PADDING_SAME, which then stands for every dim (padding[1] is not read);
+ * in padding[1] alone it is an error, as nb_conv2d says. */
 static bool conv_sizes_ok(const char *fn, int64_t in, int64_t out, int64_t groups, int nd,
                           const int64_t *kernel, const int64_t *stride, const int64_t *padding,
                           const int64_t *dilation) {
@@ -43,6 +54,10 @@ static bool conv_sizes_ok(const char *fn, int64_t in, int64_t out, int64_t group
         return nn_error("%s: groups %lld must be positive and divide in %lld and out %lld", fn,
                         (long long)groups, (long long)in, (long long)out), false;
     bool same = padding[0] == NB_PADDING_SAME;
+    if (nd == 2 && !same && padding[1] == NB_PADDING_SAME)
+        return nn_error("%s: padding[1] is NB_PADDING_SAME but padding[0] is %lld: \"same\" "
+                        "pads both dims and is set by padding[0] alone",
+                        fn, (long long)padding[0]), false;
     for (int i = 0; i < nd; i++) {
         const char *dim = nd == 1 ? "" : i == 0 ? " for h" : " for w";
         if (kernel[i] <= 0)
@@ -57,6 +72,12 @@ static bool conv_sizes_ok(const char *fn, int64_t in, int64_t out, int64_t group
         if (!same && padding[i] < 0)
             return nn_error("%s: padding must be >= 0 or NB_PADDING_SAME, got %lld%s", fn,
                             (long long)padding[i], dim), false;
+        int64_t span;
+        if (__builtin_mul_overflow(dilation[i], kernel[i] - 1, &span) ||
+            __builtin_add_overflow(span, 1, &span))
+            return nn_error("%s: dilation %lld makes the dilated kernel size overflow int64 "
+                            "(kernel size %lld)%s",
+                            fn, (long long)dilation[i], (long long)kernel[i], dim), false;
         if (same && stride[i] != 1)
             return nn_error("%s: padding \"same\" needs stride 1, got %lld%s (as torch)", fn,
                             (long long)stride[i], dim), false;
@@ -115,8 +136,6 @@ static int conv1d_init_body(nb_Conv1d *m, nb_params *ps, const char *name, int64
                             int64_t dilation, int64_t groups, bool bias, nb_rng *rng) {
     const char *fn = "nb_conv1d_init";
     if (!m || !ps) return (nn_error("%s: module or registry is NULL", fn), -1);
-    stride = stride ? stride : 1;
-    dilation = dilation ? dilation : 1;
     if (!conv_sizes_ok(fn, in, out, groups, 1, &kernel_size, &stride, &padding, &dilation))
         return -1;
     *m = (nb_Conv1d){.in_channels = in, .out_channels = out, .kernel_size = kernel_size,

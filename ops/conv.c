@@ -103,6 +103,18 @@ static nb_tensor *flat_from(const char *fn, nb_tensor *t, int d0, nb_tensor **co
     return *copy = c;
 }
 
+/* A work buffer of rows x cols elements of es bytes (one more, so never 0),
+ * or NULL when out of memory or when that many bytes pass SIZE_MAX (a
+ * kernel of 2^62 elements read through stride 0 asks for that much). */
+static char *buf_alloc(int64_t rows, int64_t cols, size_t es) {
+    int64_t n;
+    size_t bytes;
+    if (__builtin_mul_overflow(rows, cols, &n) || __builtin_add_overflow(n, 1, &n) ||
+        __builtin_mul_overflow((size_t)n, es, &bytes))
+        return NULL;
+    return malloc(bytes);
+}
+
 static int gemm(nbi_gemm_ws *ws, bool f64, int64_t M, int64_t N, int64_t K, const void *a,
                 int64_t sam, int64_t sak, const void *b, int64_t sbk, int64_t sbn, void *c,
                 int64_t scm, int64_t scn) {
@@ -111,9 +123,11 @@ static int gemm(nbi_gemm_ws *ws, bool f64, int64_t M, int64_t N, int64_t K, cons
 }
 
 /* The pixels [lo, hi) of the output row ow = 0.. that read input column
- * iw = ow * s + off inside [0, W): ow in [*a, *b). */
+ * iw = ow * s + off inside [0, W): ow in [*a, *b). lo = ceil(-off / s)
+ * without forming -off + s - 1, which passes INT64_MAX for a large stride;
+ * W - 1 - off <= W - 1 + pw fits (conv_check). */
 static void valid_cols(int64_t OW, int64_t s, int64_t off, int64_t W, int64_t *a, int64_t *b) {
-    int64_t lo = off >= 0 ? 0 : (-off + s - 1) / s;
+    int64_t lo = off >= 0 ? 0 : (-off - 1) / s + 1;
     int64_t hi = W - 1 - off < 0 ? 0 : (W - 1 - off) / s + 1;
     *a = lo < OW ? lo : OW;
     *b = hi < OW ? hi : OW;
@@ -122,7 +136,11 @@ static void valid_cols(int64_t OW, int64_t s, int64_t off, int64_t W, int64_t *a
 
 /* im2col and col2im over rows [k0, k1) of col (r = (c, kh, kw)) and output
  * pixels [p0, p1) of one image: xn is the image's first channel of the
- * group, xs its strides (c, h, w); col rows ld apart. col2im adds. */
+ * group, xs its strides (c, h, w); col rows ld apart. col2im adds. Pointers
+ * are formed for input pixels inside the image only (a padding or stride
+ * near INT64_MAX puts off * xs[2] and the stride's step past int64), so the
+ * run's reads start at its first valid column va, input column
+ * va sw + off, and step sw xs[2] only between valid ones (< W xs[2]). */
 #define DEFINE_COL(T)                                                                     \
     static void im2col_##T(const conv_geom *g, const T *xn, const int64_t *xs, int64_t k0, \
                            int64_t k1, int64_t p0, int64_t p1, T *col, int64_t ld) {       \
@@ -131,24 +149,24 @@ static void valid_cols(int64_t OW, int64_t s, int64_t off, int64_t W, int64_t *a
             int64_t c = r / kk, kh = r % kk / g->KW, kw = r % g->KW;                       \
             int64_t off = kw * g->dw - g->pw, a, b;                                        \
             valid_cols(g->OW, g->sw, off, g->W, &a, &b);                                   \
-            T *dst = col + (r - k0) * ld;                                                  \
-            int64_t oh = p0 / g->OW, ow = p0 % g->OW, step = g->sw * xs[2];                \
+            T *dst = col + (r - k0) * ld; /* dst[j - ow]: output column j of this run */   \
+            int64_t oh = p0 / g->OW, ow = p0 % g->OW;                                      \
             for (int64_t p = p0; p < p1; oh++, ow = 0) {                                   \
                 int64_t run = g->OW - ow < p1 - p ? g->OW - ow : p1 - p, e = ow + run;     \
                 int64_t ih = oh * g->sh - g->ph + kh * g->dh;                              \
-                if (ih < 0 || ih >= g->H) {                                                \
+                int64_t va = a > ow ? a : ow, vb = b < e ? b : e;                          \
+                if (ih < 0 || ih >= g->H || vb <= va) {                                    \
                     for (int64_t j = 0; j < run; j++) dst[j] = 0;                          \
                 } else {                                                                   \
-                    const T *src = xn + c * xs[0] + ih * xs[1] + off * xs[2];              \
-                    int64_t va = a > ow ? a : ow, vb = b < e ? b : e;                      \
-                    if (vb < va) vb = va;                                                  \
-                    T *d = dst - ow; /* d[j]: output column j of this run */               \
-                    for (int64_t j = ow; j < va; j++) d[j] = 0;                            \
-                    if (step == 1)                                                         \
-                        for (int64_t j = va; j < vb; j++) d[j] = src[j];                   \
-                    else                                                                   \
-                        for (int64_t j = va; j < vb; j++) d[j] = src[j * step];            \
-                    for (int64_t j = vb; j < e; j++) d[j] = 0;                             \
+                    const T *src = xn + c * xs[0] + ih * xs[1] + (va * g->sw + off) * xs[2]; \
+                    for (int64_t j = ow; j < va; j++) dst[j - ow] = 0;                     \
+                    if (vb - va == 1 || g->sw * xs[2] == 1) {                              \
+                        for (int64_t j = va; j < vb; j++) dst[j - ow] = src[j - va];       \
+                    } else {                                                               \
+                        int64_t step = g->sw * xs[2];                                      \
+                        for (int64_t j = va; j < vb; j++) dst[j - ow] = src[(j - va) * step]; \
+                    }                                                                      \
+                    for (int64_t j = vb; j < e; j++) dst[j - ow] = 0;                      \
                 }                                                                          \
                 dst += run;                                                                \
                 p += run;                                                                  \
@@ -169,9 +187,9 @@ static void valid_cols(int64_t OW, int64_t s, int64_t off, int64_t W, int64_t *a
                 int64_t run = g->OW - ow < p1 - p ? g->OW - ow : p1 - p, e = ow + run;     \
                 int64_t ih = oh * g->sh - g->ph + kh * g->dh;                              \
                 if (ih >= 0 && ih < g->H) {                                                \
-                    T *dst = gxn + (c * g->H + ih) * g->W + off;                           \
+                    T *row = gxn + (c * g->H + ih) * g->W; /* row[iw], iw = j sw + off */  \
                     int64_t va = a > ow ? a : ow, vb = b < e ? b : e;                      \
-                    for (int64_t j = va; j < vb; j++) dst[j * g->sw] += src[j - ow];       \
+                    for (int64_t j = va; j < vb; j++) row[j * g->sw + off] += src[j - ow]; \
                 }                                                                          \
                 src += run;                                                                \
                 p += run;                                                                  \
@@ -208,11 +226,13 @@ static C512 void im2col_f32_avx512(const conv_geom *g, const float *xn, const in
                 st[v] = (__mmask16)((1u << n) - 1);
                 ldm[v] = hi > lo ? (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1)) : 0;
             }
-            const float *s = xn + c * xs[0] + off;
+            /* addresses in uintptr_t: input column off may lie far outside x
+             * (a large padding), where only masked-off lanes point */
+            uintptr_t s = (uintptr_t)(xn + c * xs[0]) + 4 * (uintptr_t)off;
             for (; p + g->OW <= p1; oh++, p += g->OW, dst += g->OW) {
                 int64_t ih = oh * g->sh - g->ph + kh * g->dh;
                 bool in = ih >= 0 && ih < g->H;
-                uintptr_t src = (uintptr_t)s + 4 * (uintptr_t)(ih * xs[1]);
+                uintptr_t src = s + 4 * (uintptr_t)(in ? ih * xs[1] : 0);
                 for (int v = 0; v < nv; v++)
                     _mm512_mask_storeu_ps(dst + 16 * v, st[v],
                                           _mm512_maskz_loadu_ps(in ? ldm[v] : 0,
@@ -223,16 +243,15 @@ static C512 void im2col_f32_avx512(const conv_geom *g, const float *xn, const in
             int64_t run = g->OW - ow < p1 - p ? g->OW - ow : p1 - p, e = ow + run;
             int64_t ih = oh * g->sh - g->ph + kh * g->dh;
             bool in = ih >= 0 && ih < g->H;
-            /* d[j], s[j]: output column j of this run and its input */
-            float *d = dst - ow;
-            const float *s = xn + c * xs[0] + ih * xs[1] + off;
+            /* dst[j - ow], s + 4 j: output column j of this run and its input */
+            uintptr_t s = in ? (uintptr_t)(xn + c * xs[0] + ih * xs[1]) + 4 * (uintptr_t)off : 0;
             for (int64_t j = ow; j < e; j += 16) {
                 int64_t n = e - j < 16 ? e - j : 16;
                 int64_t lo = a - j < 0 ? 0 : a - j, hi = b - j > n ? n : b - j;
                 __mmask16 st = (__mmask16)((1u << n) - 1), ldm = 0;
                 if (in && hi > lo) ldm = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-                __m512 v = _mm512_maskz_loadu_ps(ldm, (const void *)((uintptr_t)s + 4 * j));
-                _mm512_mask_storeu_ps(d + j, st, v);
+                __m512 v = _mm512_maskz_loadu_ps(ldm, (const void *)(s + 4 * (uintptr_t)j));
+                _mm512_mask_storeu_ps(dst + (j - ow), st, v);
             }
             dst += run;
             p += run;
@@ -256,15 +275,15 @@ static C512 void col2im_f32_avx512(const conv_geom *g, float *gxn, int64_t p0, i
             int64_t ih = oh * g->sh - g->ph + kh * g->dh;
             int64_t va = a > ow ? a : ow, vb = b < e ? b : e;
             if (ih >= 0 && ih < g->H && vb > va) {
-                /* d[j], s[j]: output column j of this run */
-                uintptr_t d = (uintptr_t)(gxn + (c * g->H + ih) * g->W + off);
-                const float *s = src - ow;
+                /* d + 4 j, src[j - ow]: output column j of this run (d in
+                 * uintptr_t: off may lie far left of the row, j >= va not) */
+                uintptr_t d = (uintptr_t)(gxn + (c * g->H + ih) * g->W) + 4 * (uintptr_t)off;
                 for (int64_t j = va; j < vb; j += 16) {
                     int64_t n = vb - j < 16 ? vb - j : 16;
                     __mmask16 m = (__mmask16)((1u << n) - 1);
                     float *dj = (float *)(d + 4 * (uintptr_t)j);
                     __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, dj),
-                                             _mm512_maskz_loadu_ps(m, s + j));
+                                             _mm512_maskz_loadu_ps(m, src + (j - ow)));
                     _mm512_mask_storeu_ps(dj, m, v);
                 }
             }
@@ -318,7 +337,7 @@ static bool use_avx512(void) {
 static void im2col(bool f64, const conv_geom *g, const char *xn, const int64_t *xs, int64_t k0,
                    int64_t k1, int64_t p0, int64_t p1, void *col, int64_t ld) {
 #ifdef CONV_AVX512
-    if (!f64 && g->sw * xs[2] == 1 && use_avx512()) {
+    if (!f64 && g->sw == 1 && xs[2] == 1 && use_avx512()) { /* (sw xs[2] may pass int64) */
         im2col_f32_avx512(g, (const float *)xn, xs, k0, k1, p0, p1, col, ld);
         return;
     }
@@ -433,8 +452,8 @@ static void fwd_tasks(void *ctx, int64_t lo, int64_t hi) {
     const conv_geom *g = &j->g;
     int64_t Kc = g->C / g->G * g->KH * g->KW, Og = g->O / g->G;
     int64_t cols = j->t.per > 1 ? j->t.per * g->OH * g->OW : j->t.tile;
-    char *col = j->direct ? NULL : malloc((size_t)(Kc * cols + 1) * j->es);
-    char *tmp = j->t.per > 1 ? malloc((size_t)(Og * cols + 1) * j->es) : NULL;
+    char *col = j->direct ? NULL : buf_alloc(Kc, cols, j->es);
+    char *tmp = j->t.per > 1 ? buf_alloc(Og, cols, j->es) : NULL;
     nbi_gemm_ws ws = {0};
     if ((!j->direct && !col) || (j->t.per > 1 && !tmp)) atomic_store(&j->failed, 1);
     for (int64_t t = lo; t < hi && !atomic_load(&j->failed); t++)
@@ -524,7 +543,7 @@ static void igrad_tasks(void *ctx, int64_t lo, int64_t hi) {
     igrad_job *j = ctx;
     const conv_geom *g = &j->g;
     int64_t Kc = g->C / g->G * g->KH * g->KW;
-    char *col = malloc((size_t)(Kc * j->t.tile + 1) * j->es);
+    char *col = buf_alloc(Kc, j->t.tile, j->es);
     nbi_gemm_ws ws = {0};
     if (!col) atomic_store(&j->failed, 1);
     for (int64_t t = lo; t < hi && !atomic_load(&j->failed); t++)
@@ -593,8 +612,8 @@ static void wgrad_tasks(void *ctx, int64_t lo, int64_t hi) {
     wgrad_job *j = ctx;
     const conv_geom *g = &j->g;
     int64_t Og = g->O / g->G, Kc = g->C / g->G * g->KH * g->KW;
-    char *col = malloc((size_t)(j->kchunk * j->tile + 1) * j->es);
-    char *tmp = malloc((size_t)(j->ochunk * j->kchunk + 1) * j->es);
+    char *col = buf_alloc(j->kchunk, j->tile, j->es);
+    char *tmp = buf_alloc(j->ochunk, j->kchunk, j->es);
     nbi_gemm_ws ws = {0};
     if (!col || !tmp) atomic_store(&j->failed, 1);
     for (int64_t t = lo; t < hi && !atomic_load(&j->failed); t++) {
@@ -865,7 +884,8 @@ static nb_tensor *conv_weight_grad(nb_tensor *x, nb_tensor *gy, const conv_geom 
     const nbi_gemm_blocks bk = nbi_gemm_blocks_of(j.f64);
     int threads = nb_num_threads();
     j.kchunks = Kc / 64 > 0 ? Kc / 64 : 1;
-    int64_t per_group = (2 * threads + g->G - 1) / g->G;
+    /* (groups may be near INT64_MAX when there are no channels, and gw is empty) */
+    int64_t per_group = g->G > 2 * threads ? 1 : (2 * threads + g->G - 1) / g->G;
     if (j.kchunks > per_group) j.kchunks = per_group;
     j.kchunk = (Kc + j.kchunks - 1) / j.kchunks;
     if (j.kchunk < 1) j.kchunk = 1;
@@ -903,21 +923,29 @@ record:;
 
 /* ------------------------------------------------------------- public */
 /* Checks x (N,C,H,W), w (O,C/G,KH,KW), b and the arguments (2-d form;
- * one_d: the messages speak of conv1d's dims) and fills g. same: torch's
- * padding="same" (total pad d (K - 1), the extra one at the end). */
-static bool conv_check(const char *fn, const nb_tensor *x, const nb_tensor *w,
+ * one_d: conv1d, whose H is 1 and whose messages name no dim) and fills g.
+ * same: torch's padding="same" (total pad d (K - 1), the extra one at the
+ * end). Every size is computed exactly: a padded input or a dilated kernel
+ * past INT64_MAX is refused, naming the argument that made it. What the
+ * kernels compute from g then fits int64 too: input rows ih in [-ph, H + ph],
+ * columns in [-pw, W + pw], oh * sh <= H + 2 ph - span (and the sizes
+ * products of a tensor's shape, which the library keeps below INT64_MAX). */
+static bool conv_check(const char *fn, bool one_d, const nb_tensor *x, const nb_tensor *w,
                        const nb_tensor *b, const int64_t *s, const int64_t *p, bool same,
                        const int64_t *d, int64_t groups, conv_geom *g) {
     if (!nbi_check_float(fn, x) || !nbi_check_same_dtype(fn, x, w)) return false;
     if (b && !nbi_check_same_dtype(fn, x, b)) return false;
     if (groups < 1) return nbi_error("%s: groups must be >= 1, got %lld", fn, (long long)groups);
-    for (int k = 0; k < 2; k++) {
-        if (s[k] < 1) return nbi_error("%s: stride must be >= 1, got %lld", fn, (long long)s[k]);
+    static const char *const dims[2] = {" for h", " for w"};
+    for (int k = one_d; k < 2; k++) {
+        const char *dim = one_d ? "" : dims[k];
+        if (s[k] < 1)
+            return nbi_error("%s: stride must be >= 1, got %lld%s", fn, (long long)s[k], dim);
         if (d[k] < 1)
-            return nbi_error("%s: dilation must be >= 1, got %lld", fn, (long long)d[k]);
+            return nbi_error("%s: dilation must be >= 1, got %lld%s", fn, (long long)d[k], dim);
         if (!same && p[k] < 0)
-            return nbi_error("%s: padding must be >= 0 or NB_PADDING_SAME, got %lld", fn,
-                             (long long)p[k]);
+            return nbi_error("%s: padding must be >= 0 or NB_PADDING_SAME, got %lld%s", fn,
+                             (long long)p[k], dim);
     }
     if (w->shape[2] < 1 || w->shape[3] < 1)
         return nbi_error("%s: kernel size must be >= 1, got weight %s", fn, NBI_SHAPE(w));
@@ -927,12 +955,18 @@ static bool conv_check(const char *fn, const nb_tensor *x, const nb_tensor *w,
     if (g->C % groups || g->O % groups)
         return nbi_error("%s: groups %lld must divide in_channels %lld and out_channels %lld", fn,
                          (long long)groups, (long long)g->C, (long long)g->O);
-    if (w->shape[1] * groups != g->C)
+    if (w->shape[1] != g->C / groups) { /* (groups divides C: no product to overflow) */
+        int64_t want;
+        if (__builtin_mul_overflow(w->shape[1], groups, &want))
+            return nbi_error("%s: weight %s expects %lld input channels per group x %lld "
+                             "groups, more than int64 can count; input %s has %lld",
+                             fn, NBI_SHAPE(w), (long long)w->shape[1], (long long)groups,
+                             NBI_SHAPE(x), (long long)g->C);
         return nbi_error("%s: weight %s expects %lld input channels (%lld per group x %lld "
                          "groups), input %s has %lld",
-                         fn, NBI_SHAPE(w), (long long)(w->shape[1] * groups),
-                         (long long)w->shape[1], (long long)groups, NBI_SHAPE(x),
-                         (long long)g->C);
+                         fn, NBI_SHAPE(w), (long long)want, (long long)w->shape[1],
+                         (long long)groups, NBI_SHAPE(x), (long long)g->C);
+    }
     if (b && (b->ndim != 1 || b->shape[0] != g->O))
         return nbi_error("%s: bias must have shape (%lld) (out_channels), got %s", fn,
                          (long long)g->O, NBI_SHAPE(b));
@@ -941,13 +975,38 @@ static bool conv_check(const char *fn, const nb_tensor *x, const nb_tensor *w,
                          (long long)(s[0] != 1 ? s[0] : s[1]));
     int64_t in[2] = {g->H, g->W}, ks[2] = {g->KH, g->KW}, out[2], lead[2];
     for (int k = 0; k < 2; k++) {
-        int64_t span = d[k] * (ks[k] - 1) + 1, total = same ? span - 1 : 2 * p[k];
+        const char *dim = one_d ? "" : dims[k];
+        int64_t span, total, padded; /* d (K - 1) + 1, the pad on both sides, in + total */
+        if (__builtin_mul_overflow(d[k], ks[k] - 1, &span) ||
+            __builtin_add_overflow(span, 1, &span))
+            return nbi_error("%s: dilation %lld%s makes the dilated kernel size overflow int64 "
+                             "(kernel size %lld)",
+                             fn, (long long)d[k], dim, (long long)ks[k]);
+        if (same) {
+            total = span - 1;
+            if (__builtin_add_overflow(in[k], total, &padded))
+                return nbi_error("%s: padding \"same\"%s with dilated kernel size %lld makes the "
+                                 "padded input size overflow int64 (input size %lld)",
+                                 fn, dim, (long long)span, (long long)in[k]);
+        } else if (__builtin_mul_overflow(p[k], 2, &total) ||
+                   __builtin_add_overflow(in[k], total, &padded)) {
+            return nbi_error("%s: padding %lld%s makes the padded input size overflow int64 "
+                             "(input size %lld)",
+                             fn, (long long)p[k], dim, (long long)in[k]);
+        }
         lead[k] = same ? total / 2 : p[k];
-        if (in[k] + total < span)
+        if (padded < span && same)
             return nbi_error("%s: kernel size %lld (dilated %lld) is larger than the padded "
-                             "input size %lld",
-                             fn, (long long)ks[k], (long long)span, (long long)(in[k] + total));
-        out[k] = (in[k] + total - span) / s[k] + 1;
+                             "input size %lld%s (input size %lld, padding \"same\", dilation "
+                             "%lld)",
+                             fn, (long long)ks[k], (long long)span, (long long)padded, dim,
+                             (long long)in[k], (long long)d[k]);
+        if (padded < span)
+            return nbi_error("%s: kernel size %lld (dilated %lld) is larger than the padded "
+                             "input size %lld%s (input size %lld, padding %lld, dilation %lld)",
+                             fn, (long long)ks[k], (long long)span, (long long)padded, dim,
+                             (long long)in[k], (long long)p[k], (long long)d[k]);
+        out[k] = (padded - span) / s[k] + 1;
     }
     g->OH = out[0];
     g->OW = out[1];
@@ -958,11 +1017,11 @@ static bool conv_check(const char *fn, const nb_tensor *x, const nb_tensor *w,
 
 /* The shared path of conv1d and conv2d: x, w already in the 2-d form
  * (batched), checked ranks. */
-static nb_tensor *conv_common(const char *fn, nb_tensor *x, nb_tensor *w, nb_tensor *b,
-                              const int64_t *s, const int64_t *p, bool same, const int64_t *d,
-                              int64_t groups) {
+static nb_tensor *conv_common(const char *fn, bool one_d, nb_tensor *x, nb_tensor *w,
+                              nb_tensor *b, const int64_t *s, const int64_t *p, bool same,
+                              const int64_t *d, int64_t groups) {
     conv_geom g;
-    if (!conv_check(fn, x, w, b, s, p, same, d, groups, &g)) return NULL;
+    if (!conv_check(fn, one_d, x, w, b, s, p, same, d, groups, &g)) return NULL;
     return conv_fwd(fn, x, w, b, &g);
 }
 
@@ -979,11 +1038,19 @@ nb_tensor *nb_conv2d(nb_tensor *input, nb_tensor *weight, nb_tensor *bias,
         return nbi_error("%s: weight must be (out_channels, in_channels/groups, kH, kW), got "
                          "shape %s", fn, NBI_SHAPE(weight));
     const int64_t one[2] = {1, 1}, zero[2] = {0, 0};
+    /* "same" is one setting for both dims (torch's padding="same"), given in
+     * padding[0]; padding[1] is then not read */
     bool same = padding && padding[0] == NB_PADDING_SAME;
+    if (padding && !same && padding[1] == NB_PADDING_SAME)
+        return nbi_error("%s: padding[1] is NB_PADDING_SAME but padding[0] is %lld: \"same\" "
+                         "pads both dims and is set by padding[0] alone",
+                         fn, (long long)padding[0]);
     const int64_t *s = stride ? stride : one, *p = padding && !same ? padding : zero;
     const int64_t *d = dilation ? dilation : one;
-    if (input->ndim == 4) return conv_common(fn, input, weight, bias, s, p, same, d, groups);
-    nb_tensor *y = conv_common(fn, nb_unsqueeze(input, 0), weight, bias, s, p, same, d, groups);
+    if (input->ndim == 4)
+        return conv_common(fn, false, input, weight, bias, s, p, same, d, groups);
+    nb_tensor *y =
+        conv_common(fn, false, nb_unsqueeze(input, 0), weight, bias, s, p, same, d, groups);
     return y ? nb_squeeze(y, 0) : NULL;
 }
 
@@ -1004,7 +1071,7 @@ nb_tensor *nb_conv1d(nb_tensor *input, nb_tensor *weight, nb_tensor *bias, int64
     nb_tensor *x = nb_unsqueeze(batched ? input : nb_unsqueeze(input, 0), 2); /* (N,C,1,L) */
     nb_tensor *w = nb_unsqueeze(weight, 2);                                      /* (O,Cg,1,K) */
     if (!x || !w) return NULL;
-    nb_tensor *y = conv_common(fn, x, w, bias, s, p, same, d, groups);
+    nb_tensor *y = conv_common(fn, true, x, w, bias, s, p, same, d, groups);
     if (y) y = nb_squeeze(y, 2);
     return y && !batched ? nb_squeeze(y, 0) : y;
 }

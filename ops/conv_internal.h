@@ -21,7 +21,9 @@ bool nbi_wino_enabled(void);
 int nbi_wino_force(int on);
 /* Whether g is a conv they compute: r 3 or 5, 0 <= ph, pw <= r - 1 (so the
  * input gradient is such a conv too), at least 16 input and 16 output
- * channels (a vector holds 16), non-empty. */
+ * channels (a vector holds 16), non-empty, and buffers whose sizes fit
+ * int64 with room to spare (not so for tensors of 2^55 channels read
+ * through stride 0, which conv.c's im2col path refuses as out of memory). */
 bool nbi_wino_fits(const nbi_wino_geom *g);
 
 /* y (N,O,OH,OW), contiguous = conv of x and w, + b[o * bs] when b; element

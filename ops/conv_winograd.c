@@ -74,7 +74,20 @@ bool nbi_wino_fits(const nbi_wino_geom *g) {
     /* channels come 16 to a vector: fewer would mostly multiply padding
      * (the Fashion network's first conv, C = 1, runs 8x slower here) */
     if (g->C < 16 || g->O < 16) return false;
-    return g->H > 0 && g->W > 0;
+    if (g->H <= 0 || g->W <= 0) return false;
+    /* The buffers it packs, in elements with room for their bytes and for the
+     * rounding of channels and blocks: the padded input and gradient (at most
+     * N Hp Wp max(Cp, Op)) and the transformed weights (a^2 Cp Op). Near
+     * INT64_MAX (tensors read through stride 0) the product would wrap: then
+     * conv.c's im2col path runs, whose buffers are checked. */
+    const int64_t lim = INT64_MAX / 256, big = g->C > g->O ? g->C : g->O;
+    if (big > lim || g->OH > lim || g->OW > lim) return false;
+    int64_t n, hp = g->OH / 2 * 2 + 2 * g->r, wp = g->OW / 2 * 2 + 2 * g->r; /* >= Hp, Wp */
+    if (__builtin_mul_overflow(g->N, hp, &n) || __builtin_mul_overflow(n, wp, &n) ||
+        __builtin_mul_overflow(n, big + 16, &n) || n > lim)
+        return false;
+    return !__builtin_mul_overflow((g->r + 1) * (g->r + 1) * (g->C + 16), g->O + 64, &n) &&
+           n <= lim;
 }
 
 #ifdef WINO

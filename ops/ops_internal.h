@@ -12,6 +12,12 @@
  * 64: 4K-50K elements) use both threads (1.47x instead of 1.25x a step). */
 #define NBI_GRAIN ((int64_t)1 << 12)
 #define NBI_GRAIN_HEAVY ((int64_t)1 << 10)
+/* Items per range for items of `work` units each: grain / (work + 1) + 1,
+ * without forming work + 1 when work is INT64_MAX (the reduced dim of an
+ * empty (INT64_MAX, 0) tensor, where there are no items). */
+static inline int64_t nbi_grain_per(int64_t grain, int64_t work) {
+    return work >= grain ? 1 : grain / (work + 1) + 1;
+}
 
 /* Sums g over broadcast dims so that it has (ndim, shape); g itself when it
  * already has that shape. Recorded (nb_sum, nb_reshape) when grad mode is on

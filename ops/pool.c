@@ -53,7 +53,8 @@ static void plane_strides(const nb_tensor *t, bool one_d, geom *g) {
     g->sw = t->strides[nd - 1];
 }
 
-/* floor((n + 2p - k) / s) + 1, or 0 when the window does not fit */
+/* floor((n + 2p - k) / s) + 1, or 0 when the window does not fit; n, k, s >= 1,
+ * 0 <= p <= k / 2 (checked) */
 static int64_t out_size(int64_t n, int64_t k, int64_t s, int64_t p);
 
 /* g's N, C (from like, of the input's shape), OH, OW (from g->H, g->W and
@@ -72,20 +73,41 @@ static int64_t plane_base(const geom *g, int64_t p) {
     return (p / g->C) * g->sn + (p % g->C) * g->sc;
 }
 
+/* As n - (k - 2p): 2p <= k, so nothing passes INT64_MAX where n + 2p would
+ * (kernel INT64_MAX, padding INT64_MAX / 2), and the size is exact. */
 static int64_t out_size(int64_t n, int64_t k, int64_t s, int64_t p) {
-    int64_t span = n + 2 * p - k;
-    return span < 0 ? 0 : span / s + 1;
+    int64_t cut = k - 2 * p;
+    return n < cut ? 0 : (n - cut) / s + 1;
 }
 
-/* The window of output position o along one dim: [lo, hi) clamped to the
- * input, and the size torch's avg divides by with padding counted. */
+/* The window of output position o < out_size along one dim: [a, a + k)
+ * with a = o s - p, clamped to the input [0, n) as [lo, hi). Without
+ * ceil_mode no window passes the padded end (a + k <= n + p), so the size
+ * torch's avg divides by with padding counted, min(a + k, n + p) - a, is k.
+ * a + k is not formed where it could pass INT64_MAX (n + p can): o s <= n
+ * - (k - 2p), so a <= n - k / 2 and a + k > n exactly when k > n - a. */
 static void window(int64_t o, int64_t k, int64_t s, int64_t p, int64_t n, int64_t *lo,
-                   int64_t *hi, int64_t *padded) {
-    int64_t a = o * s - p, b = a + k < n + p ? a + k : n + p;
-    *padded = b - a;
+                   int64_t *hi) {
+    int64_t a = o * s - p;
     *lo = a > 0 ? a : 0;
-    *hi = b < n ? b : n;
+    if (a < 0) *hi = a + k < n ? a + k : n; /* a + k >= k - p >= 0 */
+    else *hi = k < n - a ? a + k : n;
 }
+
+/* The divisor of an average, in T: the window's size k0 k1 with padding
+ * counted (cip), else its h x w elements inside the input (at most H W,
+ * which fits int64); the integer converted once, torch's divisor. k0 k1 may
+ * pass INT64_MAX (torch's int64 product wraps there): then the product of
+ * the two in double. */
+#define AVG_DIV(T)                                                                        \
+    static T avg_div_##T(bool cip, int64_t k0, int64_t k1, int64_t h, int64_t w) {        \
+        int64_t n;                                                                        \
+        if (!cip) return (T)(h * w);                                                      \
+        if (__builtin_mul_overflow(k0, k1, &n)) return (T)((double)k0 * (double)k1);      \
+        return (T)n;                                                                      \
+    }
+AVG_DIV(float)
+AVG_DIV(double)
 
 static void args_put(nbi_node *n, const pool_args *a, const geom *g) {
     int64_t v[10] = {a->k[0], a->k[1], a->s[0], a->s[1], a->p[0], a->p[1], a->cip, a->one_d,
@@ -149,10 +171,12 @@ static void out_shape(const nb_tensor *x, const pool_args *a, const geom *g, int
     if (!a->one_d) sh[x->ndim - 2] = g->OH;
 }
 
-/* Planes per range: about NBI_GRAIN_HEAVY window reads each. */
+/* Planes per range: about NBI_GRAIN_HEAVY window reads each (counted in
+ * double: OH OW k0 k1 may pass INT64_MAX, the clipped windows' reads not). */
 static int64_t plane_grain(const geom *g, const pool_args *a) {
-    int64_t work = g->OH * g->OW * a->k[0] * a->k[1];
-    return NBI_GRAIN_HEAVY / (work > 0 ? work : 1) + 1;
+    double work = (double)g->OH * (double)g->OW * (double)a->k[0] * (double)a->k[1];
+    if (work > (double)NBI_GRAIN_HEAVY) return 1;
+    return NBI_GRAIN_HEAVY / (work >= 1 ? (int64_t)work : 1) + 1;
 }
 
 /* ------------------------------------------------------------ max kernels */
@@ -173,9 +197,9 @@ typedef struct {
         int64_t *ix = j->pi ? j->pi + p * g->OH * g->OW : NULL;                          \
         for (int64_t oh = 0; oh < g->OH; oh++)                                           \
             for (int64_t ow = 0; ow < g->OW; ow++) {                                     \
-                int64_t h0, h1, w0, w1, unused;                                          \
-                window(oh, j->a.k[0], j->a.s[0], j->a.p[0], g->H, &h0, &h1, &unused);   \
-                window(ow, j->a.k[1], j->a.s[1], j->a.p[1], g->W, &w0, &w1, &unused);   \
+                int64_t h0, h1, w0, w1;                                                  \
+                window(oh, j->a.k[0], j->a.s[0], j->a.p[0], g->H, &h0, &h1);            \
+                window(ow, j->a.k[1], j->a.s[1], j->a.p[1], g->W, &w0, &w1);            \
                 T m = -(T)INFINITY;                                                      \
                 int64_t best = h0 * g->W + w0;                                           \
                 for (int64_t h = h0; h < h1; h++)                                        \
@@ -477,13 +501,20 @@ static nb_tensor *max_pool(const char *fn, nb_tensor *x, const pool_args *a) {
     return y;
 }
 
+/* Pooling's stride: 0 (or a NULL array) is the kernel's size, torch's
+ * stride=None, in 2-d per dim as in 1-d; a negative one is refused later. */
+static int64_t stride_or_kernel(const int64_t *stride, const int64_t *kernel_size, int d) {
+    return stride && stride[d] != 0 ? stride[d] : kernel_size[d];
+}
+
 nb_tensor *nb_max_pool2d(nb_tensor *input, const int64_t kernel_size[2], const int64_t stride[2],
                          const int64_t padding[2]) {
     const char *fn = "nb_max_pool2d";
     if (!nbi_arg(fn, input, 0)) return NULL;
     if (!kernel_size) return nbi_error("%s: kernel_size is NULL", fn);
     pool_args a = {{kernel_size[0], kernel_size[1]},
-                   {stride ? stride[0] : kernel_size[0], stride ? stride[1] : kernel_size[1]},
+                   {stride_or_kernel(stride, kernel_size, 0),
+                    stride_or_kernel(stride, kernel_size, 1)},
                    {padding ? padding[0] : 0, padding ? padding[1] : 0}, false, false};
     return max_pool(fn, input, &a);
 }
@@ -506,14 +537,14 @@ nb_tensor *nb_max_pool1d(nb_tensor *input, int64_t kernel_size, int64_t stride, 
             T *y = (T *)j->py + p * g->OH * g->OW;                                       \
             for (int64_t oh = 0; oh < g->OH; oh++)                                       \
                 for (int64_t ow = 0; ow < g->OW; ow++) {                                 \
-                    int64_t h0, h1, w0, w1, ph, pw;                                      \
-                    window(oh, j->a.k[0], j->a.s[0], j->a.p[0], g->H, &h0, &h1, &ph);    \
-                    window(ow, j->a.k[1], j->a.s[1], j->a.p[1], g->W, &w0, &w1, &pw);    \
+                    int64_t h0, h1, w0, w1;                                              \
+                    window(oh, j->a.k[0], j->a.s[0], j->a.p[0], g->H, &h0, &h1);         \
+                    window(ow, j->a.k[1], j->a.s[1], j->a.p[1], g->W, &w0, &w1);         \
                     T sum = 0;                                                           \
                     for (int64_t h = h0; h < h1; h++)                                    \
                         for (int64_t w = w0; w < w1; w++) sum += x[h * g->sh + w * g->sw]; \
-                    int64_t count = j->a.cip ? ph * pw : (h1 - h0) * (w1 - w0);          \
-                    y[oh * g->OW + ow] = sum / (T)count;                                 \
+                    y[oh * g->OW + ow] =                                                 \
+                        sum / avg_div_##T(j->a.cip, j->a.k[0], j->a.k[1], h1 - h0, w1 - w0); \
                 }                                                                        \
         }                                                                                \
     }
@@ -531,11 +562,11 @@ AVG_PLANE(double)
             T *gi = (T *)j->py + p * g->H * g->W;                                        \
             for (int64_t oh = 0; oh < g->OH; oh++)                                       \
                 for (int64_t ow = 0; ow < g->OW; ow++) {                                 \
-                    int64_t h0, h1, w0, w1, ph, pw;                                      \
-                    window(oh, j->a.k[0], j->a.s[0], j->a.p[0], g->H, &h0, &h1, &ph);    \
-                    window(ow, j->a.k[1], j->a.s[1], j->a.p[1], g->W, &w0, &w1, &pw);    \
-                    int64_t count = j->a.cip ? ph * pw : (h1 - h0) * (w1 - w0);          \
-                    T d = gp[oh * g->sh + ow * g->sw] / (T)count;                        \
+                    int64_t h0, h1, w0, w1;                                              \
+                    window(oh, j->a.k[0], j->a.s[0], j->a.p[0], g->H, &h0, &h1);         \
+                    window(ow, j->a.k[1], j->a.s[1], j->a.p[1], g->W, &w0, &w1);         \
+                    T d = gp[oh * g->sh + ow * g->sw] /                                  \
+                          avg_div_##T(j->a.cip, j->a.k[0], j->a.k[1], h1 - h0, w1 - w0); \
                     for (int64_t h = h0; h < h1; h++)                                    \
                         for (int64_t w = w0; w < w1; w++) gi[h * g->W + w] += d;         \
                 }                                                                        \
@@ -621,7 +652,8 @@ nb_tensor *nb_avg_pool2d(nb_tensor *input, const int64_t kernel_size[2], const i
     if (!nbi_arg(fn, input, 0)) return NULL;
     if (!kernel_size) return nbi_error("%s: kernel_size is NULL", fn);
     pool_args a = {{kernel_size[0], kernel_size[1]},
-                   {stride ? stride[0] : kernel_size[0], stride ? stride[1] : kernel_size[1]},
+                   {stride_or_kernel(stride, kernel_size, 0),
+                    stride_or_kernel(stride, kernel_size, 1)},
                    {padding ? padding[0] : 0, padding ? padding[1] : 0}, count_include_pad,
                    false};
     geom g;

@@ -91,7 +91,7 @@ static nb_tensor *sum_kernel(const char *fn, nb_tensor *t, int d, bool keepdim, 
     nb_tensor *y = reduction_begin(fn, t, d, keepdim, t->dtype, &j.r);
     if (!y) return NULL;
     j.po = nbi_ptr(y);
-    nbi_parallel_for(y->numel, NBI_GRAIN / (j.r.len + 1) + 1, sum_span, &j);
+    nbi_parallel_for(y->numel, nbi_grain_per(NBI_GRAIN, j.r.len), sum_span, &j);
     return y;
 }
 
@@ -454,8 +454,8 @@ static void mred_span(void *ctx, int64_t lo, int64_t hi) {
 static nb_tensor *mred_run(const char *fn, nb_tensor *t, uint32_t mask, bool keepdim, mred *m) {
     nb_tensor *y = mred_begin(fn, t, mask, keepdim, m);
     if (!y) return NULL;
-    int64_t cost = m->mode == MR_SUM ? m->n : 2 * m->n;
-    nbi_parallel_for(y->numel, NBI_GRAIN / (cost + 1) + 1, mred_span, m);
+    int64_t cost = m->mode == MR_SUM || m->n > INT64_MAX / 2 ? m->n : 2 * m->n;
+    nbi_parallel_for(y->numel, nbi_grain_per(NBI_GRAIN, cost), mred_span, m);
     return y;
 }
 
@@ -618,7 +618,7 @@ static nb_tensor *cum_kernel(const char *fn, nb_tensor *t, int d, bool reverse) 
     const int64_t *st[2] = {y->strides, t->strides};
     nbi_iter_init(&j.it, t->ndim, keep, 2, st);
     int64_t lines = j.len ? t->numel / j.len : 0;
-    nbi_parallel_for(lines, NBI_GRAIN / (j.len + 1) + 1, cum_span, &j);
+    nbi_parallel_for(lines, nbi_grain_per(NBI_GRAIN, j.len), cum_span, &j);
     return y;
 }
 

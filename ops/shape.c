@@ -64,7 +64,10 @@ nb_tensor *nb_cat(nb_tensor *const *list, int n, int dim) {
         if (!ok)
             return nbi_error("%s: tensor %d has shape %s, expected %s except in dim %d", fn, k,
                              NBI_SHAPE(t), NBI_SHAPE(a), d);
-        if (sh[d] > INT64_MAX - t->shape[d]) return nbi_error("%s: result too large", fn);
+        if (sh[d] > INT64_MAX - t->shape[d])
+            return nbi_error("%s: the sizes along dim %d pass INT64_MAX: tensor %d's %lld after "
+                             "%lld",
+                             fn, d, k, (long long)t->shape[d], (long long)sh[d]);
         sh[d] += t->shape[d];
     }
     nb_tensor *y = nbi_new(fn, a->dtype, a->ndim, sh, false);

@@ -47,7 +47,8 @@ static bool infer_shape(const char *fn, const nb_tensor *t, int ndim, const int6
         return nbi_error("%s: ndim %d out of range (0..%d)", fn, ndim, NB_MAX_DIMS), false;
     if (ndim > 0 && !shape) return nbi_error("%s: shape is NULL", fn), false;
     int infer = -1;
-    int64_t known = 1;
+    int64_t known = 1, nonzero = 1; /* the product, and that of the nonzero sizes: the
+                                     * strides of an empty shape, which must fit too */
     for (int i = 0; i < ndim; i++) {
         out[i] = shape[i];
         if (shape[i] == -1 && infer < 0) {
@@ -57,10 +58,11 @@ static bool infer_shape(const char *fn, const nb_tensor *t, int ndim, const int6
         if (shape[i] < 0)
             return nbi_error("%s: invalid size %lld in shape %s", fn, (long long)shape[i],
                              nbi_shape_str(ndim, shape)), false;
-        if (shape[i] && known > INT64_MAX / shape[i])
+        if (shape[i] && nonzero > INT64_MAX / shape[i])
             return nbi_error("%s: shape %s overflows int64", fn, nbi_shape_str(ndim, shape)),
                    false;
         known *= shape[i];
+        nonzero *= shape[i] ? shape[i] : 1;
     }
     if (infer >= 0) {
         if (known == 0 || t->numel % known != 0)

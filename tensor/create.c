@@ -121,7 +121,7 @@ nb_tensor *nb_tril_mask(int64_t rows, int64_t cols) {
     nb_tensor *t = nbi_new("nb_tril_mask", NB_BOOL, 2, (const int64_t[]){rows, cols}, false);
     if (!t) return NULL;
     bool *p = nbi_ptr(t);
-    for (int64_t i = 0; i < rows; i++)
+    for (int64_t i = 0; i < rows && cols > 0; i++) /* (rows may be INT64_MAX when cols is 0) */
         for (int64_t j = 0; j < cols; j++) p[i * cols + j] = j <= i;
     return t;
 }

@@ -49,7 +49,8 @@ void nb_print(const nb_tensor *t) {
         return;
     }
     printf("tensor(");
-    print_dim(t, 0, t->offset, t->numel > 1000);
+    /* elided when long, and when empty: (INT64_MAX, 0) has that many rows */
+    print_dim(t, 0, t->offset, t->numel > 1000 || t->numel == 0);
     printf(", shape=%s, dtype=%s%s)\n", NBI_SHAPE(t), nb_dtype_name(t->dtype),
            t->requires_grad ? ", requires_grad" : "");
 }

@@ -43,6 +43,7 @@ int main(void) {
     srunner_add_suite(sr, suite_softmax());
     srunner_add_suite(sr, suite_pool());
     srunner_add_suite(sr, suite_conv());
+    srunner_add_suite(sr, suite_sizes());
     srunner_add_suite(sr, suite_edges());
     srunner_add_suite(sr, suite_autograd());
     srunner_add_suite(sr, suite_function());

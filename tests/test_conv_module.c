@@ -37,8 +37,8 @@ static void torch_convs_load(torch_convs *t) {
                          (int64_t[]){1, 0}, (int64_t[]){1, 2}, 1, true, NULL));
     CK_OK(nb_conv2d_init(&t->c2g, t->ps, "c2g", 4, 6, (int64_t[]){3, 3}, NULL,
                          (int64_t[]){NB_PADDING_SAME, 0}, NULL, 2, false, NULL));
-    CK_OK(nb_conv1d_init(&t->c1, t->ps, "c1", 3, 4, 3, 2, 1, 0, 1, true, NULL));
-    CK_OK(nb_conv1d_init(&t->c1g, t->ps, "c1g", 4, 4, 4, 0, NB_PADDING_SAME, 2, 4, true, NULL));
+    CK_OK(nb_conv1d_init(&t->c1, t->ps, "c1", 3, 4, 3, 2, 1, 1, 1, true, NULL));
+    CK_OK(nb_conv1d_init(&t->c1g, t->ps, "c1g", 4, 4, 4, 1, NB_PADDING_SAME, 2, 4, true, NULL));
     nb_set_default_dtype(saved);
     char path[512];
     snprintf(path, sizeof path, "%s/conv_module_torch.safetensors", NB_FIXTURE_DIR);
@@ -130,7 +130,7 @@ START_TEST(test_init) {
     ck_assert_ptr_null(s.bias);
     ck_assert_int_eq(nb_params_count(ps), 3);
     nb_Conv1d c1;
-    CK_OK(nb_conv1d_init(&c1, ps, "c1", 6, 3, 7, 0, 0, 0, 3, true, &rng));
+    CK_OK(nb_conv1d_init(&c1, ps, "c1", 6, 3, 7, 1, 0, 1, 3, true, &rng));
     ck_assert_int_eq(c1.stride, 1);
     ck_assert_int_eq(c1.dilation, 1);
     ck_assert_int_eq(nb_shape(c1.weight)[1], 2);

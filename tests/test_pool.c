@@ -199,8 +199,8 @@ START_TEST(pool_errors) {
                  "kernel_size (w) must be positive, got -1");
     expect_error(nb_max_pool1d(nb_zeros(NB_F32, NB_SHAPE(2, 5)), 0, 0, 0), "nb_max_pool1d",
                  "kernel_size must be positive, got 0");
-    expect_error(nb_max_pool2d(x, k2, (const int64_t[]){1, 0}, NULL), "nb_max_pool2d",
-                 "stride (w) must be positive, got 0");
+    expect_error(nb_max_pool2d(x, k2, (const int64_t[]){1, -2}, NULL), "nb_max_pool2d",
+                 "stride (w) must be positive, got -2");
     expect_error(nb_max_pool1d(nb_zeros(NB_F32, NB_SHAPE(2, 5)), 2, -1, 0), "nb_max_pool1d",
                  "stride must be positive, got -1");
     expect_error(nb_max_pool2d(x, (const int64_t[]){3, 3}, NULL, (const int64_t[]){1, 2}),

@@ -151,6 +151,7 @@ Suite *suite_randn(void);    /* test_randn.c: nb_randn's values (the f32 fast pa
 Suite *suite_tokens(void);   /* test_tokens.c: nb_load_tokens (llm.c token files, bytes) */
 Suite *suite_idx(void);      /* test_idx.c: nb_load_idx (IDX files: MNIST, Fashion-MNIST) */
 Suite *suite_tokenizer(void); /* test_tokenizer.c: nb_tokenizer (GPT-2 BPE) */
+Suite *suite_sizes(void);    /* test_sizes.c: every size argument at 0, -1, INT64_MAX, INT64_MIN */
 /* test_second_order.c: Hessians, Hv, jvp and a gradient penalty against PyTorch */
 Suite *suite_second_order(void);
 
