@@ -323,8 +323,8 @@ NB_API nb_tensor *nb_matmul(nb_tensor *a, nb_tensor *b);
 
 /* Mixed precision, as torch.autocast("cpu", dtype=torch.bfloat16): between
  * nb_autocast_begin(NB_BF16) and nb_autocast_end(), the matrix products of
- * nb_matmul, nb_linear and attention run in bf16 with f32 accumulation (see
- * nb_matmul); every other op, the losses, the optimizer and the parameters
+ * nb_matmul, nb_linear and attention, and the convolutions, run in bf16 with
+ * f32 accumulation (see nb_matmul); every other op, the losses, the optimizer and the parameters
  * stay f32 (master weights; bf16 needs no loss scaling). Regions nest and are
  * per thread; nb_autocast_begin(NB_F32) opens a region without autocast
  * inside one. Every backward (and tangent) rule runs in the region its
@@ -383,7 +383,10 @@ NB_API nb_tensor *nb_multinomial(nb_tensor *probs, int64_t num_samples, bool rep
  * dilation 1, one group and >= 16 channels in and out use Winograd's F(2x2, r x r):
  * 2.8x fewer multiply-adds for 5x5, with a rounding error bounded by each
  * 2x2 output tile's input patch rather than by the output's own terms
- * (docs/numerics.md); NABLA_WINOGRAD=0 in the environment turns it off. */
+ * (docs/numerics.md); NABLA_WINOGRAD=0 in the environment turns it off.
+ * Inside an NB_BF16 autocast region an f32 conv runs its products in bf16
+ * with f32 sums and an f32 result, forward and backward, as nb_matmul does
+ * (Winograd is then off). */
 /* INT64_MIN, a value no size arithmetic gives, so that any other negative
  * padding (-1 included) is refused as torch refuses it. */
 #define NB_PADDING_SAME INT64_MIN

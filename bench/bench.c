@@ -1594,6 +1594,7 @@ typedef struct {
     nb_optim *opt;
     nb_tensor *x, *y; /* (64, 1, 28, 28) U(0, 1), (64) labels; persistent */
     nb_rng drop;
+    bool bf16; /* the forward under nb_autocast_begin(NB_BF16) */
 } fashion_ctx;
 
 static nb_tensor *fashion_block(const nb_Conv2d *c, nb_BatchNorm *bn, nb_tensor *x) {
@@ -1606,11 +1607,14 @@ static nb_tensor *fashion_block(const nb_Conv2d *c, nb_BatchNorm *bn, nb_tensor 
 static void fashion_step(void *p) {
     fashion_ctx *c = p;
     nb_scope_begin();
+    if (c->bf16) nb_autocast_begin(NB_BF16);
     nb_tensor *h = fashion_block(&c->conv1, c->bn ? &c->bn1 : NULL, c->x);
     h = fashion_block(&c->conv2, c->bn ? &c->bn2 : NULL, h);
     h = nb_relu(nb_linear_forward(&c->fc1, nb_reshape(h, NB_SHAPE(FASHION_BATCH, 64 * 7 * 7))));
     h = nb_linear_forward(&c->fc2, nb_dropout(h, 0.4, true, &c->drop));
-    if (nb_backward(need(nb_cross_entropy(h, c->y, -1, 0.0), "fashion forward")) != 0)
+    nb_tensor *loss = nb_cross_entropy(h, c->y, -1, 0.0);
+    if (c->bf16) nb_autocast_end();
+    if (nb_backward(need(loss, "fashion forward")) != 0)
         die("fashion backward");
     nb_optim_step(c->opt);
     nb_optim_zero_grad(c->opt);
@@ -1662,13 +1666,17 @@ static void bench_fashion(void) {
                  (28 * 28 * 32 * 25.0 + 14 * 14 * 64 * 32 * 25.0 + 3136 * 1024.0 + 1024 * 10.0);
     printf("%-16s %4s %9s %9s %6s %10s %9s %7s %10s\n", "network", "thr", "ms/step", "GFLOP/s",
            "%pk", "epoch s", "pt ms", "nb/pt", "pt epoch s");
-    for (int b = 0; b < 2; b++) {
+    static const char *names[3] = {"2 conv", "2 conv + BN", "2 conv, bf16"};
+    static const char *ref_keys[3] = {"fashion_step_ms_%dt", "fashion_bn_step_ms_%dt",
+                                      "fashion_bf16_step_ms_%dt"};
+    for (int b = 0; b < 3; b++) {
         fashion_ctx c = fashion_setup(b == 1);
+        c.bf16 = b == 2; /* autocast: convs and linear layers in bf16, as torch.autocast */
         for (int t = 1; t <= ncpu; t = next_threads(t)) {
             nb_set_num_threads(t);
             double ms = 1e3 * median_time(fashion_step, &c, 2, 11);
-            double pt = ref(b ? "fashion_bn_step_ms_%dt" : "fashion_step_ms_%dt", t);
-            printf("%-16s %4d", b ? "2 conv + BN" : "2 conv", t);
+            double pt = ref(ref_keys[b], t);
+            printf("%-16s %4d", names[b], t);
             cell(ms, 9, 1);
             cell(3 * fwd / (ms * 1e6), 9, 1);
             cell(100 * 3 * fwd / (ms * 1e6) / (t == 1 ? peak_1t : peak_nt), 6, 0);
@@ -1680,7 +1688,8 @@ static void bench_fashion(void) {
         }
         fashion_teardown(&c);
     }
-    printf("epoch s = 938 steps x ms/step (training only; the example's test pass adds to it)\n");
+    printf("epoch s = 938 steps x ms/step (training only; the example's test pass adds to it); "
+           "%%pk of the f32 FMA peak, also for bf16\n");
 }
 
 /* ------------------------------------------------------------------- main */

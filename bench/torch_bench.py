@@ -40,7 +40,8 @@ workloads as bench.c:
 
     /usr/bin/python3 bench/torch_bench.py --fashion [RUNS]  # only these keys:
 
-  fashion[_bn]_step_ms_{T}t        examples/fashion_mnist.c's network
+  fashion[_bn|_bf16]_step_ms_{T}t   examples/fashion_mnist.c's network (_bf16: under
+                                   torch.autocast, bf16)
                                    (bench/torch_fashion.py), one training
                                    step of 64 random images, with and
                                    without batch norm (bench section 11)
@@ -816,9 +817,9 @@ def update_fashion(runs=3):
     for _ in range(runs):
         for t in THREADS:
             set_threads(t)
-            for bn in (False, True):
-                key = f"fashion{'_bn' if bn else ''}_step_ms_{t}t"
-                per_key.setdefault(key, []).append(step_ms(t, bn))
+            for bn, ac in ((False, False), (True, False), (False, True)):
+                key = f"fashion{'_bn' if bn else ''}{'_bf16' if ac else ''}_step_ms_{t}t"
+                per_key.setdefault(key, []).append(step_ms(t, bn, autocast=ac))
                 print(f"{key:36s} {per_key[key][-1]:12.4f}", flush=True)
     old.update({key: statistics.median(v) for key, v in per_key.items()})
     with open(OUT, "w") as f:

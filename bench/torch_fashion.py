@@ -118,9 +118,10 @@ def load(data_dir):
             scale(out["test_images"]), out["test_labels"].long())
 
 
-def train_step(model, opt, x, y, label_smoothing=0.0):
+def train_step(model, opt, x, y, label_smoothing=0.0, autocast=False):
     opt.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(x), y, label_smoothing=label_smoothing)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = F.cross_entropy(model(x).float(), y, label_smoothing=label_smoothing)
     loss.backward()
     opt.step()
     return loss.item()
@@ -135,8 +136,9 @@ def correct(model, x, y, batch=1000):
     return n
 
 
-def step_ms(threads, bn=False, steps=20, warmup=3, batch=64):
-    """Median ms of one training step on random data (bench section 10)."""
+def step_ms(threads, bn=False, steps=20, warmup=3, batch=64, autocast=False):
+    """Median ms of one training step on random data (bench section 13); with
+    autocast, its convolutions and linear layers in bf16 (torch.autocast)."""
     set_threads(threads)
     torch.manual_seed(0)
     model = Net(bn)
@@ -145,7 +147,7 @@ def step_ms(threads, bn=False, steps=20, warmup=3, batch=64):
     times = []
     for i in range(warmup + steps):
         t0 = time.perf_counter()
-        train_step(model, opt, x, y)
+        train_step(model, opt, x, y, autocast=autocast)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     times.sort()

@@ -27,6 +27,10 @@
  * CPUs (conv_winograd.c), in all three passes; a non-finite Winograd result
  * is recomputed here.
  *
+ * Inside an NB_BF16 autocast region, f32 convs take the bf16 GEMM (bf16
+ * products, f32 sums and results, as nb_matmul), in all three passes: the
+ * engine runs a conv's backward in the region its forward ran in.
+ *
  * The backward is two internal recorded ops, conv_input_grad (a transposed
  * conv of g with w) and conv_weight_grad (of x and g), plus a sum for the
  * bias: all three are bilinear, so their own backward and tangent rules are
@@ -68,8 +72,10 @@ static nb_tensor *conv_fwd(const char *fn, nb_tensor *x, nb_tensor *w, nb_tensor
 
 /* g as conv_winograd.c's geometry when it is one it computes in f32 (stride
  * and dilation 1, one group, a square 3x3 or 5x5 kernel). */
+static bool autocast_bf16(nb_dtype dt);
 static bool wino_geom(const conv_geom *g, nb_dtype dt, nbi_wino_geom *w) {
-    if (dt != NB_F32 || !nbi_wino_enabled() || g->G != 1 || g->sh != 1 || g->sw != 1 ||
+    if (dt != NB_F32 || autocast_bf16(dt) || !nbi_wino_enabled() || g->G != 1 || g->sh != 1 ||
+        g->sw != 1 ||
         g->dh != 1 || g->dw != 1 || g->KH != g->KW)
         return false;
     *w = (nbi_wino_geom){g->N, g->C, g->H, g->W, g->O, g->KH, g->OH, g->OW, g->ph, g->pw};
@@ -115,10 +121,18 @@ static char *buf_alloc(int64_t rows, int64_t cols, size_t es) {
     return malloc(bytes);
 }
 
-static int gemm(nbi_gemm_ws *ws, bool f64, int64_t M, int64_t N, int64_t K, const void *a,
-                int64_t sam, int64_t sak, const void *b, int64_t sbk, int64_t sbn, void *c,
-                int64_t scm, int64_t scn) {
+/* Under an NB_BF16 autocast region (in force for the forward, and for the
+ * backward and tangent rules of a conv made in one: the engine runs them in
+ * their forward's region) f32 convs run their products in bf16 with f32
+ * sums, as nb_matmul does: the columns and weights are rounded to bf16 as
+ * the bf16 GEMM packs them, and results stay f32. Winograd is f32 only. */
+static bool autocast_bf16(nb_dtype dt) { return dt == NB_F32 && nb_autocast_dtype() == NB_BF16; }
+
+static int gemm(nbi_gemm_ws *ws, bool f64, bool bf16, int64_t M, int64_t N, int64_t K,
+                const void *a, int64_t sam, int64_t sak, const void *b, int64_t sbk, int64_t sbn,
+                void *c, int64_t scm, int64_t scn) {
     if (f64) return nbi_gemm_f64(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+    if (bf16) return nbi_gemm_bf16(ws, M, N, K, a, 1, sam, sak, b, 1, sbk, sbn, c, scm, scn);
     return nbi_gemm_f32(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
 }
 
@@ -381,7 +395,7 @@ static tiling tiles_for(const conv_geom *g, int64_t rows, size_t es) {
 /* ------------------------------------------------------------- forward */
 typedef struct {
     conv_geom g;
-    bool f64, direct;
+    bool f64, bf16, direct;
     size_t es;
     const char *x, *w, *b;
     int64_t xs[4], ws0, wk, bs, xflat;
@@ -418,7 +432,7 @@ static int fwd_chunk(const fwd_job *j, nbi_gemm_ws *ws, int64_t chunk, int64_t g
         for (int64_t n = n0; n < n1; n++)
             im2col(j->f64, g, j->x + (size_t)(n * j->xs[0] + grp * Cg * j->xs[1]) * j->es,
                    j->xs + 1, 0, Kc, 0, ohw, col + (size_t)((n - n0) * ohw) * j->es, cols);
-        if (gemm(ws, j->f64, Og, cols, Kc, wg, j->ws0, j->wk, col, cols, 1, tmp, cols, 1))
+        if (gemm(ws, j->f64, j->bf16, Og, cols, Kc, wg, j->ws0, j->wk, col, cols, 1, tmp, cols, 1))
             return -1;
         for (int64_t n = n0; n < n1; n++) {
             char *yn = j->y + (size_t)((n * g->O + grp * Og) * ohw) * j->es;
@@ -432,13 +446,14 @@ static int fwd_chunk(const fwd_job *j, nbi_gemm_ws *ws, int64_t chunk, int64_t g
     char *yn = j->y + (size_t)((n0 * g->O + grp * Og) * ohw) * j->es;
     const char *xn = j->x + (size_t)(n0 * j->xs[0] + grp * Cg * j->xs[1]) * j->es;
     if (j->direct) { /* 1x1, stride 1, no padding: x is the column matrix */
-        if (gemm(ws, j->f64, Og, ohw, Kc, wg, j->ws0, j->wk, xn, j->xs[1], j->xflat, yn, ohw, 1))
+        if (gemm(ws, j->f64, j->bf16, Og, ohw, Kc, wg, j->ws0, j->wk, xn, j->xs[1], j->xflat, yn,
+                 ohw, 1))
             return -1;
     } else {
         for (int64_t p0 = 0; p0 < ohw; p0 += j->t.tile) {
             int64_t p1 = p0 + j->t.tile < ohw ? p0 + j->t.tile : ohw, cols = p1 - p0;
             im2col(j->f64, g, xn, j->xs + 1, 0, Kc, p0, p1, col, cols);
-            if (gemm(ws, j->f64, Og, cols, Kc, wg, j->ws0, j->wk, col, cols, 1,
+            if (gemm(ws, j->f64, j->bf16, Og, cols, Kc, wg, j->ws0, j->wk, col, cols, 1,
                      yn + (size_t)p0 * j->es, ohw, 1))
                 return -1;
         }
@@ -478,7 +493,8 @@ static int run_forward(const char *fn, const conv_geom *g, const nb_tensor *x, n
     nb_tensor *wcopy;
     nb_tensor *wf = flat_from(fn, w, 1, &wcopy);
     if (!wf) return -1;
-    fwd_job j = {.g = *g, .f64 = x->dtype == NB_F64, .es = nbi_dtype_size(x->dtype),
+    fwd_job j = {.g = *g, .f64 = x->dtype == NB_F64, .bf16 = autocast_bf16(x->dtype),
+                 .es = nbi_dtype_size(x->dtype),
                  .x = nbi_ptr(x), .w = nbi_ptr(wf), .b = b ? nbi_ptr(b) : NULL,
                  .ws0 = wf->strides[0], .wk = flat_stride(wf, 1), .bs = b ? b->strides[0] : 0,
                  .y = nbi_ptr(y)};
@@ -505,7 +521,7 @@ static int run_forward(const char *fn, const conv_geom *g, const nb_tensor *x, n
 /* --------------------------------------------------------- input grad */
 typedef struct {
     conv_geom g;
-    bool f64;
+    bool f64, bf16;
     size_t es;
     const char *gy, *w;
     int64_t gs0, gs1, gflat, ws0, wk;
@@ -524,8 +540,8 @@ static int igrad_image(const igrad_job *j, nbi_gemm_ws *ws, int64_t n, int64_t g
     for (int64_t p0 = 0; p0 < ohw; p0 += j->t.tile) {
         int64_t p1 = p0 + j->t.tile < ohw ? p0 + j->t.tile : ohw, cols = p1 - p0;
         /* col (Kc, cols) = W[g]^T (Kc, Og) G (Og, cols) */
-        if (gemm(ws, j->f64, Kc, cols, Og, wg, j->wk, j->ws0, gn + (size_t)(p0 * j->gflat) * j->es,
-                 j->gs1, j->gflat, col, cols, 1))
+        if (gemm(ws, j->f64, j->bf16, Kc, cols, Og, wg, j->wk, j->ws0,
+                 gn + (size_t)(p0 * j->gflat) * j->es, j->gs1, j->gflat, col, cols, 1))
             return -1;
         if (j->f64) col2im_double(g, (double *)gxn, p0, p1, (const double *)col, cols);
 #ifdef CONV_AVX512
@@ -555,7 +571,7 @@ static void igrad_tasks(void *ctx, int64_t lo, int64_t hi) {
 /* -------------------------------------------------------- weight grad */
 typedef struct {
     conv_geom g;
-    bool f64;
+    bool f64, bf16;
     size_t es;
     const char *x, *gy;
     int64_t xs[4], gs0, gs1, gflat;
@@ -583,8 +599,8 @@ static int wgrad_block(const wgrad_job *j, nbi_gemm_ws *ws, int64_t grp, int64_t
             /* (rows, kr) = G (rows, cols) col^T (cols, kr) */
             char *c = first ? acc : tmp;
             int64_t ldc = first ? Kc : kr;
-            if (gemm(ws, j->f64, rows, kr, cols, gn + (size_t)(p0 * j->gflat) * j->es, j->gs1,
-                     j->gflat, col, 1, cols, c, ldc, 1))
+            if (gemm(ws, j->f64, j->bf16, rows, kr, cols, gn + (size_t)(p0 * j->gflat) * j->es,
+                     j->gs1, j->gflat, col, 1, cols, c, ldc, 1))
                 return -1;
             if (!first) {
                 for (int64_t o = 0; o < rows; o++) {
@@ -828,7 +844,8 @@ static nb_tensor *conv_input_grad(nb_tensor *gy, nb_tensor *w, const conv_geom *
     nb_tensor *gcopy, *wcopy = NULL;
     nb_tensor *gf = flat_from(fn, gy, 2, &gcopy), *wf = gf ? flat_from(fn, w, 1, &wcopy) : NULL;
     int64_t Kc = g->C / g->G * g->KH * g->KW;
-    igrad_job j = {.g = *g, .f64 = gy->dtype == NB_F64, .es = nbi_dtype_size(gy->dtype),
+    igrad_job j = {.g = *g, .f64 = gy->dtype == NB_F64, .bf16 = autocast_bf16(gy->dtype),
+                   .es = nbi_dtype_size(gy->dtype),
                    .gx = nbi_ptr(gx)};
     if (wf) {
         j.gy = nbi_ptr(gf);
@@ -875,7 +892,8 @@ static nb_tensor *conv_weight_grad(nb_tensor *x, nb_tensor *gy, const conv_geom 
     nb_tensor *gcopy;
     nb_tensor *gf = flat_from(fn, gy, 2, &gcopy);
     if (!gf) return nbi_discard(gw);
-    wgrad_job j = {.g = *g, .f64 = x->dtype == NB_F64, .es = nbi_dtype_size(x->dtype),
+    wgrad_job j = {.g = *g, .f64 = x->dtype == NB_F64, .bf16 = autocast_bf16(x->dtype),
+                   .es = nbi_dtype_size(x->dtype),
                    .x = nbi_ptr(x), .gy = nbi_ptr(gf), .gs0 = gf->strides[0],
                    .gs1 = gf->strides[1], .gflat = flat_stride(gf, 2), .gw = nbi_ptr(gw)};
     for (int d = 0; d < 4; d++) j.xs[d] = x->strides[d];
