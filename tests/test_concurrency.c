@@ -471,7 +471,7 @@ Suite *suite_concurrency(void) {
     tcase_add_test(tc, parallel_for_near_int64_max);
     suite_add_tcase(s, tc);
     tc = tcase_create("process");
-    tcase_set_timeout(tc, 600); /* a hang guard: 200 forks beside busy threads take 5 s */
+    tcase_set_timeout(tc, 600); /* a hang guard: 200 forks beside busy threads take 10 s */
     tcase_add_test(tc, fork_while_other_threads_allocate);
     tcase_add_test(tc, allocation_retries_after_emptying_the_cache);
     tcase_add_test(tc, cache_limit_from_the_environment);
