@@ -29,7 +29,7 @@ int main(void) {
      * case sets one) and fails it. A timeout here is a hang guard, never a
      * speed bound: each is at least 40 times the slowest test of its case
      * measured on a busy machine (make test beside two busy loops or stress
-     * and other builds on 2 cores, load 7-11; docs/testing.md), so that load
+     * and other builds on 2 cores, load 3-11; docs/testing.md), so that load
      * cannot reach it and only a hang does. Cases that set none get 120 s;
      * the environment's CK_DEFAULT_TIMEOUT (and CK_TIMEOUT_MULTIPLIER, for
      * every case) still win. Check reads the variable in tcase_create: the
