@@ -13,8 +13,10 @@
  *   6. the copy task's training step (examples/copy_task.c), two model sizes,
  *      and its allocator peak with and without retain_graph
  *   7. nb_save / nb_load of the d_model 512 model with Adam's state, nb_load
- *      of 120,000 and 1,000,000 empty tensors (the cost of names alone), and
- *      the cost of anomaly mode on the d_model 64 step
+ *      of 120,000 and 1,000,000 empty tensors (the cost of names alone), the
+ *      growth from 12,000 to 120,000 names of registering, nb_load and
+ *      nb_params_get (the ratio of medians, beside the name index's work),
+ *      and the cost of anomaly mode on the d_model 64 step
  *   8. GPT-2 124M training step (B=4 T=64 and B=1 T=1024, f32 and bf16
  *      autocast): ms/step, GFLOP/s, % of peak,
  *      the first step, peak RSS, on 1 thread and all CPUs (each a fresh
@@ -59,6 +61,7 @@
 
 #include "nabla.h"
 #include "ops/conv_internal.h" /* whether a layer takes the Winograd kernels */
+#include "nn/nn_internal.h"      /* nn_index_work_done: the name index's work */
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -1157,6 +1160,71 @@ static void bench_many_tensors(int n, const char *path) {
     nb_params_free(ps);
 }
 
+/* Registering n names, nb_load of their checkpoint and n nb_params_get, one
+ * run each into t (seconds), and the name index's work (slots visited, on
+ * this thread) into w. */
+#define SCALE_RUNS 5
+static void registry_phases(int n, const char *path, double t[3], double w[3]) {
+    nb_params *ps = nb_params_new();
+    if (!ps) die("nb_params_new");
+    nb_scope_begin();
+    nb_tensor *e = need(nb_zeros(NB_F32, NB_SHAPE(0)), "nb_zeros");
+    char name[32];
+    nn_index_work w0 = nn_index_work_done();
+    double t0 = now();
+    for (int i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "layers.%d.w", i);
+        if (!nb_params_add(ps, name, e)) die("nb_params_add");
+    }
+    t[0] = now() - t0;
+    nn_index_work w1 = nn_index_work_done();
+    nb_scope_end();
+    if (nb_save(ps, path) != 0) die("nb_save");
+    nn_index_work w2 = nn_index_work_done();
+    t0 = now();
+    if (nb_load(ps, path) != 0) die("nb_load");
+    t[1] = now() - t0;
+    nn_index_work w3 = nn_index_work_done();
+    t0 = now();
+    for (int i = n - 1; i >= 0; i--) {
+        snprintf(name, sizeof name, "layers.%d.w", i);
+        if (!nb_params_get(ps, name)) die("nb_params_get");
+    }
+    t[2] = now() - t0;
+    nn_index_work w4 = nn_index_work_done();
+    w[0] = (double)(w1.probes - w0.probes + w1.moved - w0.moved) / n;
+    w[1] = (double)(w3.probes - w2.probes + w3.moved - w2.moved) / n;
+    w[2] = (double)(w4.probes - w3.probes + w4.moved - w3.moved) / n;
+    unlink(path);
+    nb_params_free(ps);
+}
+
+/* The growth from 12,000 to 120,000 names: time (median of SCALE_RUNS runs,
+ * interleaved) beside the work the index did, which make test's checkpoint
+ * suite bounds (the time is not asserted anywhere: on a shared machine the
+ * cache, not the algorithm, moves it most). */
+static void bench_registry_scaling(const char *path) {
+    static const int sizes[2] = {12000, 120000};
+    static const char *const phase[3] = {"registering", "nb_load", "nb_params_get"};
+    double t[2][3][SCALE_RUNS], w[2][3], ms[2][3];
+    for (int r = 0; r < SCALE_RUNS; r++)
+        for (int s = 0; s < 2; s++) {
+            double one[3];
+            registry_phases(sizes[s], path, one, w[s]);
+            for (int p = 0; p < 3; p++) t[s][p][r] = one[p];
+        }
+    printf("registry scaling, 12,000 -> 120,000 names (\"layers.<i>.w\", empty tensors; "
+           "median of %d runs; linear growth is 10x):\n", SCALE_RUNS);
+    for (int p = 0; p < 3; p++) {
+        for (int s = 0; s < 2; s++) {
+            qsort(t[s][p], SCALE_RUNS, sizeof(double), cmp_double);
+            ms[s][p] = 1e3 * t[s][p][SCALE_RUNS / 2];
+        }
+        printf("  %-14s %7.1f -> %7.1f ms (%5.1fx); index slots visited a name %.2f -> %.2f\n",
+               phase[p], ms[0][p], ms[1][p], ratio(ms[1][p], ms[0][p]), w[0][p], w[1][p]);
+    }
+}
+
 static void bench_checkpoint(void) {
     section("7. checkpoints (model + Adam state, safetensors, file in /tmp) and anomaly mode");
     copy_ctx m = copy_setup(512, 2048, 8);
@@ -1178,6 +1246,7 @@ static void bench_checkpoint(void) {
     copy_teardown(&m);
     bench_many_tensors(120000, c.path);
     bench_many_tensors(1000000, c.path);
+    bench_registry_scaling(c.path);
 
     printf("%-34s %4s %12s %12s %7s\n", "copy-task step, d64/ff256/h4", "thr", "ms, off",
            "ms, anomaly", "ratio");

@@ -78,6 +78,16 @@ void nn_index_put(nn_index *ix, const char *key, int value); /* room reserved, k
 int nn_index_get(const nn_index *ix, const char *key);        /* its value, or -1 */
 void nn_index_free(nn_index *ix);
 
+/* The index's work, counted on each thread since it started: tests prove
+ * that names cost O(1) each by counting these (tests/test_checkpoint.c),
+ * never by timing; make bench times them. */
+typedef struct {
+    uint64_t lookups; /* nn_index_get and nn_index_put calls */
+    uint64_t probes;  /* slots they visited */
+    uint64_t moved;   /* slots visited by nn_index_reserve's growth: old read, new probed */
+} nn_index_work;
+nn_index_work nn_index_work_done(void); /* this thread's totals */
+
 /* The one tensor name a checkpoint cannot hold: the safetensors header's
  * metadata entry. */
 #define NN_RESERVED_NAME "__metadata__"

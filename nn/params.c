@@ -65,10 +65,18 @@ static uint64_t hash_name(const char *s) {
     return h ^ (h >> 29);
 }
 
+static _Thread_local nn_index_work work; /* per thread: no lock, no race */
+
+nn_index_work nn_index_work_done(void) { return work; }
+
 static nn_index_slot *probe(nn_index_slot *slot, size_t cap, const char *key, uint64_t h) {
     uint32_t tag = (uint32_t)(h >> 32);
-    for (size_t i = (size_t)h & (cap - 1);; i = (i + 1) & (cap - 1))
-        if (!slot[i].key || (slot[i].hash == tag && !strcmp(slot[i].key, key))) return &slot[i];
+    uint64_t visited = 1;
+    size_t i = (size_t)h & (cap - 1);
+    for (; slot[i].key && (slot[i].hash != tag || strcmp(slot[i].key, key)); visited++)
+        i = (i + 1) & (cap - 1);
+    work.probes += visited;
+    return &slot[i];
 }
 
 int nn_index_reserve(nn_index *ix, size_t n) {
@@ -80,13 +88,15 @@ int nn_index_reserve(nn_index *ix, size_t n) {
     }
     nn_index_slot *slot = calloc(cap, sizeof *slot);
     if (!slot) return -1;
+    uint64_t moved = ix->cap;
     for (size_t i = 0; i < ix->cap; i++) {
         const nn_index_slot *s = &ix->slot[i];
         if (!s->key) continue;
         size_t k = (size_t)hash_name(s->key) & (cap - 1);
-        while (slot[k].key) k = (k + 1) & (cap - 1);
+        for (moved++; slot[k].key; moved++) k = (k + 1) & (cap - 1);
         slot[k] = *s;
     }
+    work.moved += moved;
     free(ix->slot);
     ix->slot = slot;
     ix->cap = cap;
@@ -94,6 +104,7 @@ int nn_index_reserve(nn_index *ix, size_t n) {
 }
 
 void nn_index_put(nn_index *ix, const char *key, int value) {
+    work.lookups++;
     uint64_t h = hash_name(key);
     nn_index_slot *s = probe(ix->slot, ix->cap, key, h);
     if (!s->key) ix->n++;
@@ -101,6 +112,7 @@ void nn_index_put(nn_index *ix, const char *key, int value) {
 }
 
 int nn_index_get(const nn_index *ix, const char *key) {
+    work.lookups++;
     if (ix->n == 0) return -1;
     const nn_index_slot *s = probe(ix->slot, ix->cap, key, hash_name(key));
     return s->key ? s->value : -1;

@@ -30,6 +30,16 @@ int main(void) {
         print_op_table(table);
         return 0;
     }
+    /* Check ends a test that runs past its case's timeout (4 s unless the
+     * case sets one) and fails it. A timeout here is a hang guard, never a
+     * speed bound: each is at least 40 times the slowest test of its case
+     * measured on a busy machine (make test beside two busy loops or stress
+     * and other builds on 2 cores, load 3-11; docs/testing.md), so that load
+     * cannot reach it and only a hang does. Cases that set none get 120 s;
+     * the environment's CK_DEFAULT_TIMEOUT (and CK_TIMEOUT_MULTIPLIER, for
+     * every case) still win. Check reads the variable in tcase_create: the
+     * suites are made below. */
+    setenv("CK_DEFAULT_TIMEOUT", "120", 0);
     SRunner *sr = srunner_create(suite_tensor());
     srunner_add_suite(sr, suite_randn());
     srunner_add_suite(sr, suite_views());

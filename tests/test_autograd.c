@@ -904,7 +904,7 @@ END_TEST
 Suite *suite_autograd(void) {
     Suite *s = suite_create("autograd");
     TCase *tc = tcase_create("engine");
-    tcase_set_timeout(tc, 60);
+    tcase_set_timeout(tc, 120); /* a hang guard (tests/run_tests.c) */
     tcase_add_test(tc, accumulates_across_backward_calls);
     tcase_add_test(tc, shared_subexpression);
     tcase_add_test(tc, broadcast_gradients_sum_back);

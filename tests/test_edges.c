@@ -425,7 +425,7 @@ END_TEST
 Suite *suite_edges(void) {
     Suite *s = suite_create("edges");
     TCase *tc = tcase_create("ops");
-    tcase_set_timeout(tc, 60);
+    tcase_set_timeout(tc, 120); /* a hang guard (tests/run_tests.c) */
     tcase_add_loop_test(tc, test_op_edges, 0, NOPS);
     suite_add_tcase(s, tc);
     return s;

@@ -1377,7 +1377,7 @@ Suite *suite_elementwise(void) {
     suite_add_tcase(s, tc);
 
     tc = tcase_create("vmath");
-    tcase_set_timeout(tc, 120);
+    tcase_set_timeout(tc, 300); /* a hang guard (tests/run_tests.c) */
     tcase_add_checked_fixture(tc, NULL, teardown);
     tcase_add_loop_test(tc, test_vmath_accuracy, NBV_PORTABLE, NBV_AVX512 + 1);
     tcase_add_loop_test(tc, test_vmath_bitwise_any_position, NBV_PORTABLE, NBV_AVX512 + 1);

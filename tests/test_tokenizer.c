@@ -815,7 +815,7 @@ static void make_dir(void) { test_make_tmp_dir("tokenizer"); }
 Suite *suite_tokenizer(void) {
     Suite *s = suite_create("tokenizer");
     TCase *tc = tcase_create("tokenizer");
-    tcase_set_timeout(tc, 60);
+    tcase_set_timeout(tc, 300); /* a hang guard (tests/run_tests.c) */
     tcase_add_checked_fixture(tc, make_dir, test_remove_tmp_dir);
     tcase_add_test(tc, encoder_json_matches_reference);
     tcase_add_test(tc, every_format_gives_the_same);
