@@ -3,7 +3,7 @@
  * int64, for conv1d / conv2d (stride, padding, dilation, groups, the
  * weight's kernel and channel sizes), pooling (kernel, stride, padding),
  * nb_narrow, nb_select, nb_expand, nb_view / nb_reshape, nb_arange,
- * nb_empty / nb_full, nb_tril_mask, nb_topk, nb_multinomial, nb_cat /
+ * nb_empty / nb_full, nb_positional_encoding, nb_tril_mask, nb_topk, nb_multinomial, nb_cat /
  * nb_stack, reductions and nb_print over an empty dim of INT64_MAX, and
  * the conv modules' init.
  *
@@ -262,6 +262,9 @@ CALL(full_max_2, nb_full(NB_F32, NB_SHAPE(MX, 2), 1.0))
 CALL(full_m1_2, nb_full(NB_F32, NB_SHAPE(-1, 2), 1.0))
 CALL(empty_0_max_max, nb_empty(NB_F32, NB_SHAPE(0, MX, MX)))
 CALL(full_max_0, nb_full(NB_F32, NB_SHAPE(MX, 0), 2.0))
+CALL(pe_max_4, nb_positional_encoding(MX, 4, NB_F32))
+CALL(pe_4_m1, nb_positional_encoding(4, -1, NB_F32))
+CALL(pe_4_min, nb_positional_encoding(4, MN, NB_F32))
 CALL(tril_max_3, nb_tril_mask(MX, 3))
 CALL(tril_3_min, nb_tril_mask(3, MN))
 CALL(tril_m1_m1, nb_tril_mask(-1, -1))
@@ -524,6 +527,13 @@ static const size_case CASES[] = {
      {"nb_empty: shape (0,9223372036854775807,9223372036854775807) has more strides than int64 "
       "can count"}},
     {"full (MAX, 0)", full_max_0, empty_max_0, 0, {0}},
+    {"positional_encoding max_len MAX", pe_max_4, NULL, 0,
+     {"nb_positional_encoding: max_len 9223372036854775807 x d_model 4 is too large"}},
+    {"positional_encoding d_model -1", pe_4_m1, NULL, 0,
+     {"nb_positional_encoding: sizes must be positive, got max_len 4, d_model -1"}},
+    {"positional_encoding d_model MIN", pe_4_min, NULL, 0,
+     {"nb_positional_encoding: sizes must be positive, got max_len 4, d_model "
+      "-9223372036854775808"}},
     {"tril_mask (MAX, 3)", tril_max_3, NULL, 0,
      {"nb_tril_mask: shape (9223372036854775807,3) has more elements than int64 can count"}},
     {"tril_mask (3, MIN)", tril_3_min, NULL, 0,
@@ -843,7 +853,7 @@ Suite *suite_sizes(void) {
     tcase_add_test(tc, sizes_conv_modules);
     suite_add_tcase(s, tc);
     TCase *tp = tcase_create("print"); /* (a loop over INT64_MAX rows fails by its timeout) */
-    tcase_set_timeout(tp, 10);
+    tcase_set_timeout(tp, 60);
     tcase_add_test(tp, sizes_print_empty_rows);
     suite_add_tcase(s, tp);
     return s;
