@@ -13,7 +13,8 @@
 #      uninterrupted run on the first count, to the 6 digits printed;
 #   4. a host whose rank is killed: BUILD/mpi/fault train runs, and the
 #      last host's rank gets SIGKILL from outside (its pid in its
-#      namespace): mpirun must end within 30 s with its message naming the
+#      namespace): mpirun must end (nonzero, not stopped by the 300 s hang
+#      guard; the time is printed, not judged) with its message naming the
 #      rank, its pid and signal 9, and no process of the run may remain.
 #      Now and then (once in 29 kills here) a rank that writes to the dead one's
 #      socket dies of SIGPIPE first, and mpirun names that rank and signal
@@ -22,7 +23,8 @@
 #   5. a link taken down mid-step: the same training, and the last host's
 #      veth is set down on the bridge side (a pulled cable). Every rank,
 #      the cut-off one too, must print nabla's timeout message
-#      (NABLA_MPI_TIMEOUT=5) and mpirun must end within 45 s, no process of
+#      (NABLA_MPI_TIMEOUT=5) and mpirun must end (about 20 s here; judged
+#      only by the hang guard), no process of
 #      the run remaining. The cut-off rank's message cannot reach mpirun:
 #      each host's orted also writes its ranks' output to a file
 #      (--output-filename), which is where the test reads every rank's.
@@ -84,17 +86,17 @@ gpt() { # log-name hosts args...: gpt --dist over the emulated hosts
 fault() {
     n=$1 mode=$2 of=$build/mpi/net-$2-$1.ranks out=$build/mpi/net-$2-$1.log last=$(($1 - 1))
     rm -rf "$of"
-    NABLA_MPI_TIMEOUT=5 timeout 60 ip netns exec "${p}n1" $mpirun $over -x NABLA_MPI_TIMEOUT \
+    NABLA_MPI_TIMEOUT=5 timeout 300 ip netns exec "${p}n1" $mpirun $over -x NABLA_MPI_TIMEOUT \
         --output-filename "$of" -np "$n" "$(pwd)/$build/mpi/fault" train > "$out" 2>&1 &
     mpid=$!
     steps() { cat "$of"/*/rank.$1/stdout 2> /dev/null | grep -c "^rank $1: step [0-9]*$"; }
     t=$(now) r=0
-    while [ "$r" -lt "$n" ] && kill -0 "$mpid" 2> /dev/null && [ "$(since "$t" | cut -d. -f1)" -lt 30 ]; do
+    while [ "$r" -lt "$n" ] && kill -0 "$mpid" 2> /dev/null && [ "$(since "$t" | cut -d. -f1)" -lt 240 ]; do
         if [ "$(steps $r)" -ge 20 ]; then r=$((r + 1)); else sleep 0.1; fi
     done
     if [ "$r" -lt "$n" ]; then
         kill "$mpid" 2> /dev/null; wait "$mpid"
-        cat "$out"; say "$n hosts, $mode: the ranks did not all reach step 20 within 30 s"
+        cat "$out"; say "$n hosts, $mode: the ranks did not all reach step 20 within 240 s (a hang guard)"
         return 1
     fi
     step=$(steps $last)
@@ -128,15 +130,15 @@ fault() {
     done
     wait "$mpid"
     status=$? dt=$(since "$t0")
-    # then until no process of the run is left in its namespaces (20 s at most)
-    while [ -n "$(net_pids)" ] && [ "$(since "$t0" | cut -d. -f1)" -lt "$(( ${dt%.*} + 20 ))" ]; do
+    # then until no process of the run is left in its namespaces (60 s at most: a hang guard)
+    while [ -n "$(net_pids)" ] && [ "$(since "$t0" | cut -d. -f1)" -lt "$(( ${dt%.*} + 60 ))" ]; do
         [ -n "$hostgone" ] || [ -n "$(ip netns pids "${p}n$n")" ] || hostgone=$(since "$t0")
         sleep 0.1
     done
     left=$(net_pids | wc -l) gone=$(since "$t0")
     [ "$mode" = down ] && ip link set "${p}r$n" up
     if [ "$status" -eq 124 ]; then
-        cat "$out"; say "$n hosts, $mode: mpirun hung (killed by timeout after 60 s)"; return 1
+        cat "$out"; say "$n hosts, $mode: mpirun hung (killed by timeout after 300 s)"; return 1
     fi
     if [ "$left" -ne 0 ]; then
         cat "$out"; say "$n hosts, $mode: $left processes of the run still alive $gone s after the fault"; return 1
@@ -147,15 +149,15 @@ fault() {
         # of SIGPIPE first and mpirun names that one; the killed rank's host
         # is then named by Open MPI's "peer hung up" message
         pipe=$(grep -o "mpirun noticed that process rank [0-9]* with PID [0-9]* on node [^ ]* exited on signal 13 (Broken pipe)." "$out")
-        if [ "$status" -ne 0 ] && [ "${dt%.*}" -lt 30 ] && grep -qF "$msg" "$out"; then
+        if [ "$status" -ne 0 ] && grep -qF "$msg" "$out"; then
             say "$n hosts: rank $last killed (SIGKILL to its pid in host $n's namespace) after $step steps:" \
                 "mpirun ended in $dt s (exit $status): \"$msg\"; no process of the run left after $gone s"
-        elif [ "$status" -ne 0 ] && [ "${dt%.*}" -lt 30 ] && [ -n "$pipe" ] && grep -q "Peer host: *$net.$n\$" "$out"; then
+        elif [ "$status" -ne 0 ] && [ -n "$pipe" ] && grep -q "Peer host: *$net.$n\$" "$out"; then
             say "$n hosts: rank $last killed (SIGKILL to its pid in host $n's namespace) after $step steps:" \
                 "mpirun ended in $dt s (exit $status), naming a rank that died of SIGPIPE writing to it: \"$pipe\"" \
                 "and Open MPI's \"peer hung up\" naming host $n ($net.$n); no process of the run left after $gone s"
         else
-            cat "$out"; say "$n hosts, kill: exit $status after $dt s, expected nonzero within 30 s and \"$msg\""
+            cat "$out"; say "$n hosts, kill: exit $status after $dt s, expected nonzero and \"$msg\""
             return 1
         fi
     else
@@ -169,14 +171,14 @@ fault() {
             r=$((r + 1))
         done
         times=$(echo "$said" | tr ' ' '\n' | cut -s -d: -f2 | sort -n | sed -n '1p;$p' | paste -sd- | sed 's/^\([^-]*\)-\1$/\1/')
-        if [ "$ok" -eq 1 ] && [ "$status" -ne 0 ] && [ "${dt%.*}" -lt 45 ]; then
+        if [ "$ok" -eq 1 ] && [ "$status" -ne 0 ]; then
             say "$n hosts: host $n's link down (bridge side) after $step steps: every rank said \"$want\"" \
                 "after $times s ($seen of them reached mpirun's output: rank $last's orted cannot reach it);" \
                 "host $n's orted exited by itself after ${hostgone:-$gone} s, mpirun after $dt s (exit $status);" \
                 "no process of the run left after $gone s"
         else
             cat "$out"; for f in "$of"/*/rank.*/stdout; do grep -v 'step [0-9]*$' "$f"; done
-            say "$n hosts, link down: exit $status after $dt s; expected every rank's \"$want\" and a nonzero exit within 45 s"
+            say "$n hosts, link down: exit $status after $dt s; expected every rank's \"$want\" and a nonzero exit"
             return 1
         fi
     fi
