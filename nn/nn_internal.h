@@ -123,6 +123,14 @@ static inline int64_t nn_rows_grain(int64_t len) { return len > 0 && len < 2048 
 
 /* nb_gpt_init's body; draw false makes every weight 0 instead of drawing
  * it (for a load that overwrites them all). On error m is freed. */
+/* Writers of several caller tensors (an optimizer step, nb_load) refuse
+ * destinations that share memory. nn_shared_pair: the first pair (*a < *b)
+ * of ts[0..n) that shares a memory location (nb_shares_memory) and that
+ * accept(a, b, ctx) does not let pass (accept NULL: none passes); 1 when
+ * found, 0 when none, -1 when out of memory. Sorted by address, only
+ * tensors whose byte ranges meet are compared, so n may be large. */
+int nn_shared_pair(nb_tensor *const *ts, int n, bool (*accept)(int a, int b, void *ctx),
+                   void *ctx, int *a, int *b);
 int nn_gpt_make(nb_GPT *m, nb_params *ps, const nb_GPTConfig *cfg, nb_rng *rng, bool draw);
 
 #endif

@@ -369,3 +369,55 @@ int64_t nb_params_numel(const nb_params *ps) {
 void nb_params_zero_grad(nb_params *ps) {
     for (int i = 0; ps && i < ps->params.n; i++) nb_zero_grad(ps->params.v[i].t);
 }
+
+/* ------------------------------------------------- destinations that meet */
+typedef struct {
+    uintptr_t lo, hi; /* bytes [lo, hi) */
+    int i;
+} extent;
+
+static int cmp_extent(const void *a, const void *b) {
+    const extent *x = a, *y = b;
+    return (x->lo > y->lo) - (x->lo < y->lo);
+}
+
+int nn_shared_pair(nb_tensor *const *ts, int n, bool (*accept)(int a, int b, void *ctx),
+                   void *ctx, int *a, int *b) {
+    extent *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
+    if (!v) return -1;
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        nb_tensor *t = ts[i];
+        if (nb_numel(t) == 0) continue;
+        int64_t es = nb_dtype_of(t) == NB_F64 || nb_dtype_of(t) == NB_I64 ? 8
+                     : nb_dtype_of(t) == NB_F32                           ? 4
+                     : nb_dtype_of(t) == NB_BF16                          ? 2
+                                                                          : 1;
+        uintptr_t lo = (uintptr_t)nb_data(t), hi = lo;
+        for (int d = 0; d < nb_ndim(t); d++) {
+            int64_t span = (nb_shape(t)[d] - 1) * nb_strides(t)[d] * es;
+            if (span < 0) lo -= (uintptr_t)-span;
+            else hi += (uintptr_t)span;
+        }
+        v[k++] = (extent){lo, hi + (uintptr_t)es, i};
+    }
+    qsort(v, (size_t)k, sizeof *v, cmp_extent);
+    int found = 0;
+    /* a cluster: extents that chain into each other; only within one can two meet */
+    for (int j = 1, start = 0; j < k && !found; j++) {
+        uintptr_t reach = 0;
+        for (int i = start; i < j; i++) reach = v[i].hi > reach ? v[i].hi : reach;
+        if (v[j].lo >= reach) {
+            start = j;
+            continue;
+        }
+        for (int i = start; i < j && !found; i++) {
+            int x = v[i].i < v[j].i ? v[i].i : v[j].i, y = v[i].i < v[j].i ? v[j].i : v[i].i;
+            if (v[i].hi <= v[j].lo || !nb_shares_memory(ts[x], ts[y])) continue;
+            if (accept && accept(x, y, ctx)) continue;
+            *a = x, *b = y, found = 1;
+        }
+    }
+    free(v);
+    return found;
+}

@@ -328,71 +328,46 @@ static int check_values(const nn_st_item *reg, int n, const nn_st_header *h,
     return 0;
 }
 
-/* A registry tensor's bytes [lo, hi) in memory, and its position. */
-typedef struct {
-    uintptr_t lo, hi;
-    int i;
-} extent;
-
-static int cmp_extent(const void *a, const void *b) {
-    const extent *x = a, *y = b;
-    return (x->lo > y->lo) - (x->lo < y->lo);
-}
-
 /* Two registry entries that share memory (one tensor under two names, tied
  * weights, overlapping views) take both their file values in one place:
  * the later write wins. That is harmless only when they are the same view
  * and the file holds the same bytes for both (a tied pair saved twice);
- * anything else is refused. Sorted by start address, only entries whose
- * byte ranges meet are compared element by element (nb_shares_memory). */
+ * anything else is refused. */
+typedef struct {
+    const nn_st_item *reg;
+    const nn_st_header *h;
+    const unsigned char *data;
+} load_view;
+
+static bool same_view(const nn_st_item *a, const nn_st_item *b) {
+    return nb_data(a->t) == nb_data(b->t) && a->dtype == b->dtype && a->ndim == b->ndim &&
+           !memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof *a->shape) &&
+           !memcmp(nb_strides(a->t), nb_strides(b->t), (size_t)a->ndim * sizeof(int64_t));
+}
+
+static bool same_values_twice(int a, int b, void *ctx) {
+    const load_view *l = ctx;
+    const nn_st_item *fa = &l->h->v[l->reg[a].file], *fb = &l->h->v[l->reg[b].file];
+    return same_view(&l->reg[a], &l->reg[b]) && fa->end - fa->begin == fb->end - fb->begin &&
+           !memcmp(l->data + fa->begin, l->data + fb->begin, fa->end - fa->begin);
+}
+
 static int check_distinct(const nn_st_item *reg, int n, const nn_st_header *h,
                           const unsigned char *data, char *msg, size_t cap) {
-    extent *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
-    if (!v) return snprintf(msg, cap, "out of memory"), -1;
-    int k = 0;
-    for (int i = 0; i < n; i++) {
-        nb_tensor *t = reg[i].t;
-        if (nb_numel(t) == 0) continue;
-        uintptr_t lo = (uintptr_t)nb_data(t), hi = lo;
-        size_t es = nn_st_dtype_size(reg[i].dtype);
-        for (int d = 0; d < reg[i].ndim; d++) {
-            int64_t span = (reg[i].shape[d] - 1) * nb_strides(t)[d] * (int64_t)es;
-            if (span < 0) lo -= (uintptr_t)-span;
-            else hi += (uintptr_t)span;
-        }
-        v[k++] = (extent){lo, hi + es, i};
-    }
-    qsort(v, (size_t)k, sizeof *v, cmp_extent);
-    int rc = 0;
-    for (int j = 1, start = 0; j < k && rc == 0; j++) {
-        uintptr_t reach = 0;
-        for (int i = start; i < j; i++) reach = v[i].hi > reach ? v[i].hi : reach;
-        if (v[j].lo >= reach) { /* meets none before it: a new cluster */
-            start = j;
-            continue;
-        }
-        for (int i = start; i < j && rc == 0; i++) {
-            const nn_st_item *a = &reg[v[i].i < v[j].i ? v[i].i : v[j].i];
-            const nn_st_item *b = &reg[v[i].i < v[j].i ? v[j].i : v[i].i];
-            if (v[i].hi <= v[j].lo || !nb_shares_memory(a->t, b->t)) continue;
-            const nn_st_item *fa = &h->v[a->file], *fb = &h->v[b->file];
-            bool same_view = nb_data(a->t) == nb_data(b->t) && a->dtype == b->dtype &&
-                             a->ndim == b->ndim &&
-                             !memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof *a->shape) &&
-                             !memcmp(nb_strides(a->t), nb_strides(b->t),
-                                     (size_t)a->ndim * sizeof(int64_t));
-            if (same_view && fa->end - fa->begin == fb->end - fb->begin &&
-                !memcmp(data + fa->begin, data + fb->begin, fa->end - fa->begin))
-                continue;
-            snprintf(msg, cap, "registry tensors \"%.150s\" and \"%.150s\" share memory%s, so "
-                     "one would overwrite the other (register each tensor once, or tie them "
-                     "after loading)", a->name, b->name,
-                     same_view ? " and the file holds different values for them" : "");
-            rc = -1;
-        }
-    }
-    free(v);
-    return rc;
+    nb_tensor **ts = malloc((size_t)(n > 0 ? n : 1) * sizeof *ts);
+    if (!ts) return snprintf(msg, cap, "out of memory"), -1;
+    for (int i = 0; i < n; i++) ts[i] = reg[i].t;
+    load_view l = {reg, h, data};
+    int a, b, found = nn_shared_pair(ts, n, same_values_twice, &l, &a, &b);
+    free(ts);
+    if (found < 0) return snprintf(msg, cap, "out of memory"), -1;
+    if (found)
+        snprintf(msg, cap, "registry tensors \"%.150s\" and \"%.150s\" share memory%s, so one "
+                 "would overwrite the other (register each tensor once, or tie them after "
+                 "loading)", reg[a].name, reg[b].name,
+                 same_view(&reg[a], &reg[b]) ? " and the file holds different values for them"
+                                               : "");
+    return found ? -1 : 0;
 }
 
 /* Writes one tensor's values from the file. Only contiguous destinations are

@@ -107,48 +107,23 @@ static void reserve_gradients(nb_params *ps, int n) {
     nb_clear_error(); /* out of memory here only means no reserve */
 }
 
-/* A parameter's bytes [lo, hi) and its position, to find two that meet. */
-typedef struct {
-    uintptr_t lo, hi;
-    int i;
-} span;
-
-static int cmp_span(const void *a, const void *b) {
-    const span *x = a, *y = b;
-    return (x->lo > y->lo) - (x->lo < y->lo);
-}
-
 /* A step writes every parameter in place: two that share memory (one tensor
  * registered twice, overlapping views of one buffer) would take two updates
- * each step. Parameters are contiguous here, so their bytes are one range. */
+ * each step. */
 static int check_distinct(const char *fn, nb_params *ps, int n) {
-    if (n <= 0) return 0;
-    span *v = malloc((size_t)n * sizeof *v);
-    if (!v) return nn_error("%s: out of memory", fn), -1;
-    int k = 0;
-    for (int i = 0; i < n; i++) {
-        nb_tensor *p = nb_params_at(ps, i, NULL);
-        size_t es = nb_dtype_of(p) == NB_F32 ? 4 : 8;
-        if (nb_numel(p) == 0) continue;
-        uintptr_t lo = (uintptr_t)nb_data(p);
-        v[k++] = (span){lo, lo + (size_t)nb_numel(p) * es, i};
-    }
-    qsort(v, (size_t)k, sizeof *v, cmp_span);
-    int rc = 0, far = 0; /* far: the span reaching furthest so far */
-    for (int j = 1; j < k && rc == 0; j++) {
-        if (v[j].lo < v[far].hi) {
-            int a = v[far].i < v[j].i ? v[far].i : v[j].i, b = v[far].i ^ v[j].i ^ a;
-            const char *na = "", *nbn = "";
-            nb_params_at(ps, a, &na);
-            nb_params_at(ps, b, &nbn);
-            nn_error("%s: parameters \"%s\" and \"%s\" share memory; a step would update it "
-                     "twice (register each tensor once)", fn, na, nbn);
-            rc = -1;
-        }
-        if (v[j].hi > v[far].hi) far = j;
-    }
-    free(v);
-    return rc;
+    nb_tensor **ts = malloc((size_t)(n > 0 ? n : 1) * sizeof *ts);
+    if (!ts) return nn_error("%s: out of memory", fn), -1;
+    for (int i = 0; i < n; i++) ts[i] = nb_params_at(ps, i, NULL);
+    int a, b, found = nn_shared_pair(ts, n, NULL, NULL, &a, &b);
+    free(ts);
+    if (found < 0) return nn_error("%s: out of memory", fn), -1;
+    if (!found) return 0;
+    const char *na = "", *nbn = "";
+    nb_params_at(ps, a, &na);
+    nb_params_at(ps, b, &nbn);
+    nn_error("%s: parameters \"%s\" and \"%s\" share memory; a step would update it twice "
+             "(register each tensor once)", fn, na, nbn);
+    return -1;
 }
 
 static nb_optim *make(opt_kind kind, nb_params *ps, double lr, double momentum, double beta1,
