@@ -121,7 +121,7 @@ $(TEST_BIN): $(TEST_SRC) tests/test_util.h $(BUILD)/libnabla.a nabla.h | check-d
 # ops/registry.h must have run successfully at least once.
 test: check-deps
 	@$(MAKE) --no-print-directory $(TEST_BIN) $(BUILD)/fuzz/replay $(BUILD)/examples/gpt \
-	  $(BUILD)/examples/newton $(BUILD)/examples/gradient_penalty $(BUILD)/examples/tokenize \
+	  $(BUILD)/examples/copy_task $(BUILD)/examples/newton $(BUILD)/examples/gradient_penalty $(BUILD)/examples/tokenize \
 	  $(BUILD)/examples/fashion_mnist $(BUILD)/tests/gpt_sample_check $(BUILD)/examples/lstm_add $(BUILD)/tests/lstm_add_check \
 	  $(BUILD)/tests/gen_gpt_files
 	$(TEST_BIN)
