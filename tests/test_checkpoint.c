@@ -1182,8 +1182,10 @@ START_TEST(test_load_into_shared_memory) {
     test_make_tmp_dir("ckpt");
     const char *same = test_tmp_path("same.safetensors"), *diff = test_tmp_path("diff.safetensors");
     nb_params *two = nb_params_new();
+    nb_scope_begin(); /* the registry keeps handles of its own */
     ck_assert_ptr_nonnull(nb_params_add(two, "a", nb_full(NB_F32, NB_SHAPE(2, 3), 1.0)));
     ck_assert_ptr_nonnull(nb_params_add(two, "b", nb_full(NB_F32, NB_SHAPE(2, 3), 2.0)));
+    nb_scope_end();
     ck_assert_int_eq(nb_save(two, diff), 0);
 
     nb_tensor *w = nb_full(NB_F32, NB_SHAPE(2, 3), 5.0);
@@ -1191,7 +1193,9 @@ START_TEST(test_load_into_shared_memory) {
     ck_assert_ptr_nonnull(nb_params_add(tied, "a", w));
     ck_assert_ptr_nonnull(nb_params_add(tied, "b", w));
     ck_assert_int_eq(nb_save(tied, same), 0);
-    nb_copy_into(w, nb_zeros(NB_F32, NB_SHAPE(1)));
+    nb_tensor *zero = nb_zeros(NB_F32, NB_SHAPE(1));
+    nb_copy_into(w, zero);
+    nb_free(zero);
     ck_assert_int_eq(nb_load(tied, same), 0); /* the same values twice: fine */
     ck_assert_double_eq(first_value(w), 5.0);
     expect_error_rc(nb_load(tied, diff), "nb_load", "registry tensors \"a\" and \"b\" share "

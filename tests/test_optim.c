@@ -529,9 +529,11 @@ START_TEST(test_errors) {
      * one buffer are fine */
     nb_params *twice = nb_params_new(), *rows = nb_params_new(), *apart = nb_params_new();
     nb_tensor *buf = nb_zeros(NB_F64, NB_SHAPE(4, 3));
+    nb_scope_begin();
     CHECK_NOT_NULL(nb_params_add(twice, "a", buf));
     CHECK_NOT_NULL(nb_params_add(twice, "z", nb_zeros(NB_F64, NB_SHAPE(2))));
     CHECK_NOT_NULL(nb_params_add(twice, "b", buf));
+    nb_scope_end();
     expect_error(nb_adam(twice, 0.1, 0.9, 0.98, 1e-9, 0),
                  "nb_adam: parameters \"a\" and \"b\" share memory; a step would update it twice");
     nb_scope_begin();
