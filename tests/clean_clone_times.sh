@@ -2,7 +2,9 @@
 # clean_clone_times.sh TARGET...: how long each `make TARGET` takes from a
 # clean clone of this repository's HEAD, build included, as README.md and
 # docs/ quote them: each target in a fresh clone of its own (so none reuses
-# another's build), with make's default parallelism (every CPU). Prints one
+# another's build), with make's default parallelism (every CPU: MAKELEVEL and
+# MAKEFLAGS of a calling make are dropped, or the Makefile would not add its
+# -j and every build would run on one CPU). Prints one
 # line per target, the whole command's wall time, after the time of a plain
 # make (the library and examples) in a clone of its own.
 set -u
@@ -13,7 +15,7 @@ tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT INT TERM
 secs() { # seconds of: make -C dir target (its output to dir/.log)
     t0=$(date +%s.%N)
-    make -C "$1" --no-print-directory "$2" > "$1/.log" 2>&1 || { tail -20 "$1/.log"; return 1; }
+    env -u MAKELEVEL -u MAKEFLAGS -u MFLAGS make -C "$1" --no-print-directory "$2" > "$1/.log" 2>&1 || { tail -20 "$1/.log"; return 1; }
     t1=$(date +%s.%N)
     echo "$t0 $t1" | awk '{ printf "%.0f", $2 - $1 }'
 }
