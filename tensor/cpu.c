@@ -26,8 +26,14 @@ static int env_cap = NBI_ISA_COUNT;         /* NABLA_ISA */
 static _Atomic int forced = NBI_ISA_COUNT;  /* nbi_isa_force */
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
+#if NBI_ARCH_X86
 static const char *const isa_names[NBI_ISA_COUNT] = {"portable", "avx2", "avx512", "avx512bf16",
                                                      "amx"};
+#elif NBI_ARCH_ARM64
+static const char *const isa_names[NBI_ISA_COUNT] = {"portable", "neon", "neon-bf16", "sve"};
+#else
+static const char *const isa_names[NBI_ISA_COUNT] = {"portable"};
+#endif
 
 const char *nbi_isa_name(int isa) {
     return isa >= 0 && isa < NBI_ISA_COUNT ? isa_names[isa] : "unknown";
@@ -278,10 +284,14 @@ static void detect(void) {
     if (e && *e) {
         int v = parse_isa(e);
         env_cap = v >= 0 ? v : NBI_ISA_COUNT; /* an unknown name caps nothing */
-        if (v < 0)
-            nbi_env_warn("NABLA_ISA=\"%s\" names no vector path (one of portable, avx2, avx512, "
-                         "avx512bf16, amx); it is ignored: this CPU's best path, %s, runs", e,
-                         isa_names[cpu.detected]);
+        if (v < 0) {
+            char list[128] = "";
+            for (int i = 0; i < NBI_ISA_COUNT; i++)
+                snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
+                         isa_names[i]);
+            nbi_env_warn("NABLA_ISA=\"%s\" names no vector path (one of %s); it is ignored: "
+                         "this CPU's best path, %s, runs", e, list, isa_names[cpu.detected]);
+        }
     }
 }
 

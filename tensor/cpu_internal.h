@@ -7,10 +7,27 @@
 
 #include <stdint.h>
 
-/* Instruction-set paths, each a superset of the one before: AVX2 means
- * AVX2+FMA; AVX512 means AVX-512F (with BW/VL/DQ where present);
- * AVX512BF16 adds vdpbf16ps; AMX adds AMX-BF16 tiles (with the OS's
- * permission, asked once). */
+/* Instruction-set paths, one list per architecture, each path a superset of
+ * the one before (NABLA_ISA and nbi_isa_force cap the path; a kernel asks
+ * `nbi_isa() >= NBI_ISA_X`). Code naming a path of another architecture
+ * does not compile: x86 kernels live under #if of their architecture.
+ *
+ * x86-64: AVX2 means AVX2+FMA; AVX512 means AVX-512F (with BW/VL/DQ where
+ * present); AVX512BF16 adds vdpbf16ps; AMX adds AMX-BF16 tiles (with the
+ * OS's permission, asked once).
+ *
+ * aarch64: NEON is Advanced SIMD (every aarch64 CPU); NEON_BF16 adds the
+ * bf16 matrix and dot instructions (BFMMLA, BFDOT: FEAT_BF16); SVE adds the
+ * scalable vectors for the f32/f64 kernels (its bf16 products are those of
+ * NEON_BF16 when the CPU has FEAT_BF16, else the f32 fallback: an SVE CPU
+ * without bf16, as A64FX, detects as SVE with NBI_CPU_BF16 unset).
+ *
+ * Other architectures (riscv64, s390x, ...): the portable path only. */
+#if defined(__aarch64__)
+#define NBI_ARCH_ARM64 1
+enum { NBI_ISA_PORTABLE = 0, NBI_ISA_NEON = 1, NBI_ISA_NEON_BF16 = 2, NBI_ISA_SVE = 3, NBI_ISA_COUNT };
+#elif defined(__x86_64__) || defined(__i386__)
+#define NBI_ARCH_X86 1
 enum {
     NBI_ISA_PORTABLE = 0,
     NBI_ISA_AVX2 = 1,
@@ -19,9 +36,32 @@ enum {
     NBI_ISA_AMX = 4,
     NBI_ISA_COUNT
 };
+#else
+enum { NBI_ISA_PORTABLE = 0, NBI_ISA_COUNT };
+#endif
+#ifndef NBI_ARCH_ARM64
+#define NBI_ARCH_ARM64 0
+#endif
+#ifndef NBI_ARCH_X86
+#define NBI_ARCH_X86 0
+#endif
+
+/* Features (nbi_cpu.features) beyond the path, as the OS reports them
+ * (aarch64: getauxval AT_HWCAP / AT_HWCAP2). */
+enum {
+    NBI_CPU_ASIMD = 1 << 0, /* Advanced SIMD */
+    NBI_CPU_FPHP = 1 << 1,  /* half-precision arithmetic, scalar and vector */
+    NBI_CPU_SVE = 1 << 2,
+    NBI_CPU_SVE2 = 1 << 3,
+    NBI_CPU_BF16 = 1 << 4,  /* FEAT_BF16: BFMMLA, BFDOT, BFCVT */
+    NBI_CPU_I8MM = 1 << 5,
+    NBI_CPU_SME = 1 << 6,
+};
 
 typedef struct nbi_cpu {
     int detected;        /* the best path this CPU (and OS) supports */
+    unsigned features;   /* NBI_CPU_* bits (0 on x86: the path says it all) */
+    int sve_bytes;       /* SVE vector length in bytes (0 without SVE) */
     char name[64];       /* brand string, "unknown" when not known */
     /* Data caches, bytes (0 when not known; the kernels then assume
      * 32 KiB / 1 MiB / 8 MiB). l1d and l2 are per core; l3 is per
@@ -38,12 +78,14 @@ typedef struct nbi_cpu {
 /* The CPU as detected (read once, thread-safe). */
 const nbi_cpu *nbi_cpu_info(void);
 /* The path in use: the detected one, capped by NABLA_ISA (portable, avx2,
- * avx512, avx512bf16, amx) or by nbi_isa_force. */
+ * avx512, avx512bf16, amx; aarch64: portable, neon, neon-bf16, sve) or by
+ * nbi_isa_force. */
 int nbi_isa(void);
 /* Caps the path (tests and benchmarks): NBI_ISA_COUNT or -1 means no cap
  * beyond NABLA_ISA's. Returns the path in use after the call. */
 int nbi_isa_force(int isa);
-/* "portable", "avx2", "avx512", "avx512bf16", "amx". */
+/* x86: "portable", "avx2", "avx512", "avx512bf16", "amx";
+ * aarch64: "portable", "neon", "neon-bf16", "sve". */
 const char *nbi_isa_name(int isa);
 
 /* The caches as CPUID tells them (Intel's leaf 4, AMD's 0x8000001D with the
