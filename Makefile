@@ -40,9 +40,9 @@ VERSION_ABI := $(if $(filter 0,$(VERSION_MAJOR)),0.$(call nb_version_part,MINOR)
 SONAME  := libnabla.so.$(VERSION_ABI)
 SHLIB   := libnabla.so.$(VERSION)
 
-LIB_SRC := $(wildcard tensor/*.c ops/*.c autograd/*.c nn/*.c nn/*/*.c)
+LIB_SRC := $(wildcard tensor/*.c ops/*.c ops/arch/*/*.c autograd/*.c nn/*.c nn/*/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
-HDRS    := nabla.h $(wildcard tensor/*.h ops/*.h autograd/*.h nn/*.h nn/*/*.h)
+HDRS    := nabla.h $(wildcard tensor/*.h ops/*.h ops/arch/*.h ops/arch/*/*.h autograd/*.h nn/*.h nn/*/*.h)
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
 TEST_SRC := $(wildcard tests/*.c)
 TEST_BIN := $(BUILD)/tests/run_tests

@@ -44,11 +44,16 @@ may_include() {
     esac
 }
 
-# A layer's files: its folder's, and for nn/ those of its kinds too
-# (nn/train, nn/formats, nn/text: see docs/api.md, "Layout").
+# A layer's files: its folder's, for nn/ those of its kinds too (nn/train,
+# nn/formats, nn/text: see docs/api.md, "Layout"), and for ops/ its
+# per-architecture kernels (ops/arch/mca.h, ops/arch/<arch>/).
 layer_files() {
     local ext=$1 layer=$2
-    if [ "$layer" = nn ]; then ls nn/*."$ext" nn/*/*."$ext" 2>/dev/null; else ls "$layer"/*."$ext" 2>/dev/null; fi
+    case $layer in
+    nn) ls nn/*."$ext" nn/*/*."$ext" 2>/dev/null ;;
+    ops) ls ops/*."$ext" ops/arch/*."$ext" ops/arch/*/*."$ext" 2>/dev/null ;;
+    *) ls "$layer"/*."$ext" 2>/dev/null ;;
+    esac
 }
 
 for layer in "${layers[@]}" mpi; do
