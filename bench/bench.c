@@ -935,7 +935,7 @@ static void bench_conv(void) {
                       leaf_randn(NB_F32, NB_SHAPE(N, O, H, H), false, &rng), NULL,
                       layers[l].grad_x};
         double flops = 2.0 * (double)(N * O * H * H) * (double)(C * K * K);
-        /* Winograd's F(2x2, KxK) (ops/conv_winograd.c): the multiply-adds it
+        /* Winograd's F(2x2, KxK) (ops/arch/x86/conv_winograd.c): the multiply-adds it
          * executes, 2 (K+1)^2 C O per 2x2 tile each way (channels rounded up
          * to 16; the weight gradient's O up to 12) */
         nbi_wino_geom wg = {N, C, H, H, O, K, H, H, (K - 1) / 2, (K - 1) / 2};

@@ -41,39 +41,28 @@
 
 #include <stdatomic.h>
 #include <stdlib.h>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 #include <string.h>
 #include "../tensor/cpu_internal.h"
 #include "ops_internal.h"
 
-/* The geometry of one conv in its 2-d form, kept in nbi_node.i (16 slots). */
-typedef struct {
-    int64_t N, C, H, W;   /* input (N, C, H, W) */
-    int64_t O, KH, KW;    /* weight (O, C/G, KH, KW) */
-    int64_t OH, OW;       /* output (N, O, OH, OW) */
-    int64_t sh, sw, ph, pw, dh, dw; /* stride, leading pad, dilation */
-    int64_t G;            /* groups */
-} conv_geom;
-_Static_assert(sizeof(conv_geom) <= sizeof(((nbi_node *)0)->i), "conv_geom fits nbi_node.i");
+_Static_assert(sizeof(nbi_conv_geom) <= sizeof(((nbi_node *)0)->i), "nbi_conv_geom fits nbi_node.i");
 
-static void geom_put(nbi_node *n, const conv_geom *g) {
+static void geom_put(nbi_node *n, const nbi_conv_geom *g) {
     memcpy(n->i, g, sizeof *g);
 }
-static conv_geom geom_get(const nbi_node *n) {
-    conv_geom g;
+static nbi_conv_geom geom_get(const nbi_node *n) {
+    nbi_conv_geom g;
     memcpy(&g, n->i, sizeof g);
     return g;
 }
 
 static nb_tensor *conv_fwd(const char *fn, nb_tensor *x, nb_tensor *w, nb_tensor *b,
-                           const conv_geom *g);
+                           const nbi_conv_geom *g);
 
 /* g as conv_winograd.c's geometry when it is one it computes in f32 (stride
  * and dilation 1, one group, a square 3x3 or 5x5 kernel). */
 static bool autocast_bf16(nb_dtype dt);
-static bool wino_geom(const conv_geom *g, nb_dtype dt, nbi_wino_geom *w) {
+static bool wino_geom(const nbi_conv_geom *g, nb_dtype dt, nbi_wino_geom *w) {
     if (dt != NB_F32 || autocast_bf16(dt) || !nbi_wino_enabled() || g->G != 1 || g->sh != 1 ||
         g->sw != 1 ||
         g->dh != 1 || g->dw != 1 || g->KH != g->KW)
@@ -81,8 +70,8 @@ static bool wino_geom(const conv_geom *g, nb_dtype dt, nbi_wino_geom *w) {
     *w = (nbi_wino_geom){g->N, g->C, g->H, g->W, g->O, g->KH, g->OH, g->OW, g->ph, g->pw};
     return nbi_wino_fits(w);
 }
-static nb_tensor *conv_input_grad(nb_tensor *gy, nb_tensor *w, const conv_geom *g);
-static nb_tensor *conv_weight_grad(nb_tensor *x, nb_tensor *gy, const conv_geom *g);
+static nb_tensor *conv_input_grad(nb_tensor *gy, nb_tensor *w, const nbi_conv_geom *g);
+static nb_tensor *conv_weight_grad(nb_tensor *x, nb_tensor *gy, const nbi_conv_geom *g);
 
 /* ------------------------------------------------------------- helpers */
 /* The one stride that walks dims [d0, 4) of t as a flat index, or -1 when
@@ -140,7 +129,7 @@ static int gemm(nbi_gemm_ws *ws, bool f64, bool bf16, int64_t M, int64_t N, int6
  * iw = ow * s + off inside [0, W): ow in [*a, *b). lo = ceil(-off / s)
  * without forming -off + s - 1, which passes INT64_MAX for a large stride;
  * W - 1 - off <= W - 1 + pw fits (conv_check). */
-static void valid_cols(int64_t OW, int64_t s, int64_t off, int64_t W, int64_t *a, int64_t *b) {
+void nbi_conv_valid_cols(int64_t OW, int64_t s, int64_t off, int64_t W, int64_t *a, int64_t *b) {
     int64_t lo = off >= 0 ? 0 : (-off - 1) / s + 1;
     int64_t hi = W - 1 - off < 0 ? 0 : (W - 1 - off) / s + 1;
     *a = lo < OW ? lo : OW;
@@ -156,13 +145,13 @@ static void valid_cols(int64_t OW, int64_t s, int64_t off, int64_t W, int64_t *a
  * run's reads start at its first valid column va, input column
  * va sw + off, and step sw xs[2] only between valid ones (< W xs[2]). */
 #define DEFINE_COL(T)                                                                     \
-    static void im2col_##T(const conv_geom *g, const T *xn, const int64_t *xs, int64_t k0, \
+    static void im2col_##T(const nbi_conv_geom *g, const T *xn, const int64_t *xs, int64_t k0, \
                            int64_t k1, int64_t p0, int64_t p1, T *col, int64_t ld) {       \
         int64_t kk = g->KH * g->KW;                                                        \
         for (int64_t r = k0; r < k1; r++) {                                                \
             int64_t c = r / kk, kh = r % kk / g->KW, kw = r % g->KW;                       \
             int64_t off = kw * g->dw - g->pw, a, b;                                        \
-            valid_cols(g->OW, g->sw, off, g->W, &a, &b);                                   \
+            nbi_conv_valid_cols(g->OW, g->sw, off, g->W, &a, &b);                                   \
             T *dst = col + (r - k0) * ld; /* dst[j - ow]: output column j of this run */   \
             int64_t oh = p0 / g->OW, ow = p0 % g->OW;                                      \
             for (int64_t p = p0; p < p1; oh++, ow = 0) {                                   \
@@ -188,13 +177,13 @@ static void valid_cols(int64_t OW, int64_t s, int64_t off, int64_t W, int64_t *a
         }                                                                                  \
     }                                                                                      \
     /* gxn contiguous (Cg, H, W) */                                                        \
-    static void col2im_##T(const conv_geom *g, T *gxn, int64_t p0, int64_t p1,             \
+    static void col2im_##T(const nbi_conv_geom *g, T *gxn, int64_t p0, int64_t p1,             \
                            const T *col, int64_t ld) {                                     \
         int64_t kk = g->KH * g->KW, Kc = g->C / g->G * kk;                                 \
         for (int64_t r = 0; r < Kc; r++) {                                                 \
             int64_t c = r / kk, kh = r % kk / g->KW, kw = r % g->KW;                       \
             int64_t off = kw * g->dw - g->pw, a, b;                                        \
-            valid_cols(g->OW, g->sw, off, g->W, &a, &b);                                   \
+            nbi_conv_valid_cols(g->OW, g->sw, off, g->W, &a, &b);                                   \
             const T *src = col + r * ld;                                                   \
             for (int64_t p = p0; p < p1;) {                                                \
                 int64_t oh = p / g->OW, ow = p % g->OW;                                    \
@@ -213,146 +202,22 @@ static void valid_cols(int64_t OW, int64_t s, int64_t off, int64_t W, int64_t *a
 DEFINE_COL(float)
 DEFINE_COL(double)
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define CONV_AVX512 1
-#define C512 __attribute__((target("avx512f")))
-/* im2col_float for rows of unit stride (sw * xs[2] == 1) with AVX-512: a
- * run of an output row is at most a few 16-lane masked loads and stores
- * (lanes outside the input read nothing, masked loads do not fault), where
- * the generic loop pays a short copy and two zero fills per run of OW
- * (14 in the Fashion network's second conv). The same values. */
-static C512 void im2col_f32_avx512(const conv_geom *g, const float *xn, const int64_t *xs,
-                                   int64_t k0, int64_t k1, int64_t p0, int64_t p1, float *col,
-                                   int64_t ld) {
-    int64_t kk = g->KH * g->KW;
-    for (int64_t r = k0; r < k1; r++) {
-        int64_t c = r / kk, kh = r % kk / g->KW, kw = r % g->KW;
-        int64_t off = kw * g->dw - g->pw, a, b;
-        valid_cols(g->OW, 1, off, g->W, &a, &b);
-        float *dst = col + (r - k0) * ld;
-        int64_t oh = p0 / g->OW, ow = p0 % g->OW, p = p0;
-        if (ow == 0 && g->OW <= 64) { /* whole output rows: a load and store per 16 */
-            int nv = (int)((g->OW + 15) / 16);
-            __mmask16 st[4], ldm[4];
-            for (int v = 0; v < nv; v++) {
-                int64_t n = g->OW - 16 * v < 16 ? g->OW - 16 * v : 16;
-                int64_t lo = a - 16 * v < 0 ? 0 : a - 16 * v, hi = b - 16 * v > n ? n : b - 16 * v;
-                st[v] = (__mmask16)((1u << n) - 1);
-                ldm[v] = hi > lo ? (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1)) : 0;
-            }
-            /* addresses in uintptr_t: input column off may lie far outside x
-             * (a large padding), where only masked-off lanes point */
-            uintptr_t s = (uintptr_t)(xn + c * xs[0]) + 4 * (uintptr_t)off;
-            for (; p + g->OW <= p1; oh++, p += g->OW, dst += g->OW) {
-                int64_t ih = oh * g->sh - g->ph + kh * g->dh;
-                bool in = ih >= 0 && ih < g->H;
-                uintptr_t src = s + 4 * (uintptr_t)(in ? ih * xs[1] : 0);
-                for (int v = 0; v < nv; v++)
-                    _mm512_mask_storeu_ps(dst + 16 * v, st[v],
-                                          _mm512_maskz_loadu_ps(in ? ldm[v] : 0,
-                                                                (const void *)(src + 64 * v)));
-            }
-        }
-        for (; p < p1; oh++, ow = 0) {
-            int64_t run = g->OW - ow < p1 - p ? g->OW - ow : p1 - p, e = ow + run;
-            int64_t ih = oh * g->sh - g->ph + kh * g->dh;
-            bool in = ih >= 0 && ih < g->H;
-            /* dst[j - ow], s + 4 j: output column j of this run and its input */
-            uintptr_t s = in ? (uintptr_t)(xn + c * xs[0] + ih * xs[1]) + 4 * (uintptr_t)off : 0;
-            for (int64_t j = ow; j < e; j += 16) {
-                int64_t n = e - j < 16 ? e - j : 16;
-                int64_t lo = a - j < 0 ? 0 : a - j, hi = b - j > n ? n : b - j;
-                __mmask16 st = (__mmask16)((1u << n) - 1), ldm = 0;
-                if (in && hi > lo) ldm = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-                __m512 v = _mm512_maskz_loadu_ps(ldm, (const void *)(s + 4 * (uintptr_t)j));
-                _mm512_mask_storeu_ps(dst + (j - ow), st, v);
-            }
-            dst += run;
-            p += run;
-        }
-    }
-}
-
-/* col2im_float for sw == 1 with AVX-512: each run added with a masked
- * load, add and store (one add per element, the same order: the same bits). */
-static C512 void col2im_f32_avx512(const conv_geom *g, float *gxn, int64_t p0, int64_t p1,
-                                   const float *col, int64_t ld) {
-    int64_t kk = g->KH * g->KW, Kc = g->C / g->G * kk;
-    for (int64_t r = 0; r < Kc; r++) {
-        int64_t c = r / kk, kh = r % kk / g->KW, kw = r % g->KW;
-        int64_t off = kw * g->dw - g->pw, a, b;
-        valid_cols(g->OW, 1, off, g->W, &a, &b);
-        const float *src = col + r * ld;
-        int64_t oh = p0 / g->OW, ow = p0 % g->OW;
-        for (int64_t p = p0; p < p1; oh++, ow = 0) {
-            int64_t run = g->OW - ow < p1 - p ? g->OW - ow : p1 - p, e = ow + run;
-            int64_t ih = oh * g->sh - g->ph + kh * g->dh;
-            int64_t va = a > ow ? a : ow, vb = b < e ? b : e;
-            if (ih >= 0 && ih < g->H && vb > va) {
-                /* d + 4 j, src[j - ow]: output column j of this run (d in
-                 * uintptr_t: off may lie far left of the row, j >= va not) */
-                uintptr_t d = (uintptr_t)(gxn + (c * g->H + ih) * g->W) + 4 * (uintptr_t)off;
-                for (int64_t j = va; j < vb; j += 16) {
-                    int64_t n = vb - j < 16 ? vb - j : 16;
-                    __mmask16 m = (__mmask16)((1u << n) - 1);
-                    float *dj = (float *)(d + 4 * (uintptr_t)j);
-                    __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, dj),
-                                             _mm512_maskz_loadu_ps(m, src + (j - ow)));
-                    _mm512_mask_storeu_ps(dj, m, v);
-                }
-            }
-            src += run;
-            p += run;
-        }
-    }
-}
-
-/* col2im_f32_avx512 for a whole image (p0 = 0, p1 = OH OW), stride 1 and
- * input rows of at most 16 pixels: each input row of gx summed in a
- * register over (kh, kw), the order of r in which col2im adds them (one
- * pixel per (kh, kw) at stride 1), and stored once: the same sums, without
- * the load after a store one pixel over that stalls the generic order. */
-static C512 void col2im_f32_rows_avx512(const conv_geom *g, float *gxn, const float *col,
-                                        int64_t ld) {
-    int64_t Cg = g->C / g->G;
-    __mmask16 wm = (__mmask16)((1u << g->W) - 1);
-    for (int64_t c = 0; c < Cg; c++)
-        for (int64_t ih = 0; ih < g->H; ih++) {
-            __m512 acc = _mm512_setzero_ps();
-            for (int64_t kh = 0; kh < g->KH; kh++) {
-                int64_t oh = ih + g->ph - kh * g->dh;
-                if (oh < 0 || oh >= g->OH) continue;
-                for (int64_t kw = 0; kw < g->KW; kw++) {
-                    int64_t off = kw * g->dw - g->pw, r = (c * g->KH + kh) * g->KW + kw;
-                    int64_t lo = off > 0 ? off : 0, hi = g->OW + off < g->W ? g->OW + off : g->W;
-                    if (hi <= lo) continue;
-                    __mmask16 m = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-                    /* lane iw reads col row r at pixel (oh, iw - off) */
-                    uintptr_t src = (uintptr_t)(col + r * ld + oh * g->OW) - 4 * (uintptr_t)off;
-                    acc = _mm512_mask_add_ps(acc, m, acc, _mm512_maskz_loadu_ps(m, (void *)src));
-                }
-            }
-            _mm512_mask_storeu_ps(gxn + (c * g->H + ih) * g->W, wm, acc);
-        }
-}
-#endif
-
+#if NBI_ARCH_X86
+/* The AVX-512 forms of im2col, col2im and the bias gradient's sums
+ * (ops/arch/x86/conv_avx512.c): the same values, fewer instructions. */
 static bool use_avx512(void) {
-#ifdef CONV_AVX512
     static _Atomic int avx512 = -1; /* the path, read once */
     int use = atomic_load_explicit(&avx512, memory_order_relaxed);
     if (use < 0) atomic_store(&avx512, use = nbi_isa() >= NBI_ISA_AVX512);
     return use;
-#else
-    return false;
-#endif
 }
+#endif
 
-static void im2col(bool f64, const conv_geom *g, const char *xn, const int64_t *xs, int64_t k0,
+static void im2col(bool f64, const nbi_conv_geom *g, const char *xn, const int64_t *xs, int64_t k0,
                    int64_t k1, int64_t p0, int64_t p1, void *col, int64_t ld) {
-#ifdef CONV_AVX512
+#if NBI_ARCH_X86
     if (!f64 && g->sw == 1 && xs[2] == 1 && use_avx512()) { /* (sw xs[2] may pass int64) */
-        im2col_f32_avx512(g, (const float *)xn, xs, k0, k1, p0, p1, col, ld);
+        nbi_im2col_f32_avx512(g, (const float *)xn, xs, k0, k1, p0, p1, col, ld);
         return;
     }
 #endif
@@ -373,7 +238,7 @@ typedef struct {
  * small images are batched): a few of its column panels. */
 #define MIN_COLS 256
 
-static tiling tiles_for(const conv_geom *g, int64_t rows, size_t es) {
+static tiling tiles_for(const nbi_conv_geom *g, int64_t rows, size_t es) {
     const nbi_cpu *cpu = nbi_cpu_info();
     int64_t l2 = cpu && cpu->l2 > 0 ? cpu->l2 : (int64_t)1 << 20;
     int64_t ohw = g->OH * g->OW;
@@ -394,7 +259,7 @@ static tiling tiles_for(const conv_geom *g, int64_t rows, size_t es) {
 
 /* ------------------------------------------------------------- forward */
 typedef struct {
-    conv_geom g;
+    nbi_conv_geom g;
     bool f64, bf16, direct;
     size_t es;
     const char *x, *w, *b;
@@ -423,7 +288,7 @@ static void add_bias(const fwd_job *j, char *y, int64_t o0, int64_t rows, int64_
 /* One chunk of images, one group. */
 static int fwd_chunk(const fwd_job *j, nbi_gemm_ws *ws, int64_t chunk, int64_t grp, char *col,
                      char *tmp) {
-    const conv_geom *g = &j->g;
+    const nbi_conv_geom *g = &j->g;
     int64_t Cg = g->C / g->G, Og = g->O / g->G, Kc = Cg * g->KH * g->KW, ohw = g->OH * g->OW;
     const char *wg = j->w + (size_t)(grp * Og * j->ws0) * j->es;
     int64_t n0 = chunk * j->t.per, n1 = n0 + j->t.per < g->N ? n0 + j->t.per : g->N;
@@ -464,7 +329,7 @@ static int fwd_chunk(const fwd_job *j, nbi_gemm_ws *ws, int64_t chunk, int64_t g
 
 static void fwd_tasks(void *ctx, int64_t lo, int64_t hi) {
     fwd_job *j = ctx;
-    const conv_geom *g = &j->g;
+    const nbi_conv_geom *g = &j->g;
     int64_t Kc = g->C / g->G * g->KH * g->KW, Og = g->O / g->G;
     int64_t cols = j->t.per > 1 ? j->t.per * g->OH * g->OW : j->t.tile;
     char *col = j->direct ? NULL : buf_alloc(Kc, cols, j->es);
@@ -483,7 +348,7 @@ static int64_t grain_for(double flops_per_task) {
     return (int64_t)(2e6 / (flops_per_task + 1.0)) + 1;
 }
 
-static int run_forward(const char *fn, const conv_geom *g, const nb_tensor *x, nb_tensor *w,
+static int run_forward(const char *fn, const nbi_conv_geom *g, const nb_tensor *x, nb_tensor *w,
                        const nb_tensor *b, nb_tensor *y) {
     nbi_wino_geom wg;
     if (wino_geom(g, x->dtype, &wg) &&
@@ -520,7 +385,7 @@ static int run_forward(const char *fn, const conv_geom *g, const nb_tensor *x, n
 
 /* --------------------------------------------------------- input grad */
 typedef struct {
-    conv_geom g;
+    nbi_conv_geom g;
     bool f64, bf16;
     size_t es;
     const char *gy, *w;
@@ -531,7 +396,7 @@ typedef struct {
 } igrad_job;
 
 static int igrad_image(const igrad_job *j, nbi_gemm_ws *ws, int64_t n, int64_t grp, char *col) {
-    const conv_geom *g = &j->g;
+    const nbi_conv_geom *g = &j->g;
     int64_t Cg = g->C / g->G, Og = g->O / g->G, Kc = Cg * g->KH * g->KW, ohw = g->OH * g->OW;
     char *gxn = j->gx + (size_t)((n * g->C + grp * Cg) * g->H * g->W) * j->es;
     memset(gxn, 0, (size_t)(Cg * g->H * g->W) * j->es);
@@ -544,11 +409,11 @@ static int igrad_image(const igrad_job *j, nbi_gemm_ws *ws, int64_t n, int64_t g
                  gn + (size_t)(p0 * j->gflat) * j->es, j->gs1, j->gflat, col, cols, 1))
             return -1;
         if (j->f64) col2im_double(g, (double *)gxn, p0, p1, (const double *)col, cols);
-#ifdef CONV_AVX512
+#if NBI_ARCH_X86
         else if (g->sh == 1 && g->sw == 1 && g->W <= 16 && p0 == 0 && p1 == ohw && use_avx512())
-            col2im_f32_rows_avx512(g, (float *)gxn, (const float *)col, cols);
+            nbi_col2im_f32_rows_avx512(g, (float *)gxn, (const float *)col, cols);
         else if (g->sw == 1 && use_avx512())
-            col2im_f32_avx512(g, (float *)gxn, p0, p1, (const float *)col, cols);
+            nbi_col2im_f32_avx512(g, (float *)gxn, p0, p1, (const float *)col, cols);
 #endif
         else col2im_float(g, (float *)gxn, p0, p1, (const float *)col, cols);
     }
@@ -557,7 +422,7 @@ static int igrad_image(const igrad_job *j, nbi_gemm_ws *ws, int64_t n, int64_t g
 
 static void igrad_tasks(void *ctx, int64_t lo, int64_t hi) {
     igrad_job *j = ctx;
-    const conv_geom *g = &j->g;
+    const nbi_conv_geom *g = &j->g;
     int64_t Kc = g->C / g->G * g->KH * g->KW;
     char *col = buf_alloc(Kc, j->t.tile, j->es);
     nbi_gemm_ws ws = {0};
@@ -570,7 +435,7 @@ static void igrad_tasks(void *ctx, int64_t lo, int64_t hi) {
 
 /* -------------------------------------------------------- weight grad */
 typedef struct {
-    conv_geom g;
+    nbi_conv_geom g;
     bool f64, bf16;
     size_t es;
     const char *x, *gy;
@@ -585,7 +450,7 @@ typedef struct {
  * order, each tile's product added to the running one. */
 static int wgrad_block(const wgrad_job *j, nbi_gemm_ws *ws, int64_t grp, int64_t o0, int64_t o1,
                        int64_t k0, int64_t k1, char *col, char *tmp) {
-    const conv_geom *g = &j->g;
+    const nbi_conv_geom *g = &j->g;
     int64_t Cg = g->C / g->G, Og = g->O / g->G, Kc = Cg * g->KH * g->KW, ohw = g->OH * g->OW;
     int64_t rows = o1 - o0, kr = k1 - k0;
     char *acc = j->gw + (size_t)((grp * Og + o0) * Kc + k0) * j->es;
@@ -626,7 +491,7 @@ static int wgrad_block(const wgrad_job *j, nbi_gemm_ws *ws, int64_t grp, int64_t
 
 static void wgrad_tasks(void *ctx, int64_t lo, int64_t hi) {
     wgrad_job *j = ctx;
-    const conv_geom *g = &j->g;
+    const nbi_conv_geom *g = &j->g;
     int64_t Og = g->O / g->G, Kc = g->C / g->G * g->KH * g->KW;
     char *col = buf_alloc(j->kchunk, j->tile, j->es);
     char *tmp = buf_alloc(j->ochunk, j->kchunk, j->es);
@@ -677,36 +542,14 @@ typedef struct {
 DEFINE_BGRAD(float)
 DEFINE_BGRAD(double)
 
-#ifdef CONV_AVX512
-/* bgrad_sum_float with the 8 chains as the lanes of one register: the same
- * additions in the same order (gcc keeps the scalar loop scalar: 1 ms of the
- * Fashion step). */
-static C512 double bgrad_sum_f32_avx512(const bgrad_job *j, int64_t o) {
-    __m512d acc = _mm512_setzero_pd();
-    double tail[8] = {0};
-    for (int64_t n = 0; n < j->N; n++) {
-        const float *r = (const float *)j->gy + n * j->s0 + o * j->s1;
-        int64_t q = 0;
-        for (; q + 8 <= j->P; q += 8) acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_loadu_ps(r + q)));
-        if (q < j->P) { /* pixels q.. go to chains 0.. as in the scalar loop, since 8 | q */
-            _mm512_storeu_pd(tail, acc);
-            for (; q < j->P; q++) tail[q % 8] += (double)r[q];
-            acc = _mm512_loadu_pd(tail);
-        }
-    }
-    _mm512_storeu_pd(tail, acc);
-    double v = 0;
-    for (int l = 0; l < 8; l++) v += tail[l];
-    return v;
-}
-#endif
 
 static void bgrad_tasks(void *ctx, int64_t lo, int64_t hi) {
     const bgrad_job *j = ctx;
     for (int64_t o = lo; o < hi; o++) {
         if (j->f64) ((double *)j->gb)[o] = bgrad_sum_double(j, o);
-#ifdef CONV_AVX512
-        else if (j->sp == 1 && use_avx512()) ((float *)j->gb)[o] = (float)bgrad_sum_f32_avx512(j, o);
+#if NBI_ARCH_X86
+        else if (j->sp == 1 && use_avx512()) ((float *)j->gb)[o] =
+                (float)nbi_conv_bias_sum_f32_avx512((const float *)j->gy + o * j->s1, j->N, j->s0, j->P);
 #endif
         else ((float *)j->gb)[o] = (float)bgrad_sum_float(j, o);
     }
@@ -732,7 +575,7 @@ static nb_tensor *conv_bias_grad(nb_tensor *gy) {
 
 /* ------------------------------------------------------ recorded ops */
 static int conv_backward(nbi_node *n, nb_tensor *gy, nb_tensor **gin) {
-    conv_geom g = geom_get(n);
+    nbi_conv_geom g = geom_get(n);
     nb_tensor *x = nbi_saved_in(n, 0), *w = nbi_saved_in(n, 1);
     if (!x || !w) return -1;
     if (nbi_wants(n, 0) && !(gin[0] = conv_input_grad(gy, w, &g))) return -1;
@@ -745,7 +588,7 @@ static int conv_backward(nbi_node *n, nb_tensor *gy, nb_tensor **gin) {
 
 /* d conv(x, w, b) = conv(dx, w) + conv(x, dw) + db */
 static nb_tensor *conv_jvp(nbi_node *n, nb_tensor *const *tin) {
-    conv_geom g = geom_get(n);
+    nbi_conv_geom g = geom_get(n);
     nb_tensor *x = nbi_saved_in(n, 0), *w = nbi_saved_in(n, 1);
     if (!x || !w) return NULL;
     nb_tensor *r = tin[0] ? conv_fwd(n->op, tin[0], w, NULL, &g) : NULL;
@@ -763,7 +606,7 @@ static nb_tensor *conv_jvp(nbi_node *n, nb_tensor *const *tin) {
 
 /* u = T(gy, w) (conv_input_grad): du/dgy . v = conv(v, w); du/dw . v = W(v, gy) */
 static int igrad_backward(nbi_node *n, nb_tensor *v, nb_tensor **gin) {
-    conv_geom g = geom_get(n);
+    nbi_conv_geom g = geom_get(n);
     nb_tensor *gy = nbi_saved_in(n, 0), *w = nbi_saved_in(n, 1);
     if (!gy || !w) return -1;
     if (nbi_wants(n, 0) && !(gin[0] = conv_fwd(n->op, v, w, NULL, &g))) return -1;
@@ -772,7 +615,7 @@ static int igrad_backward(nbi_node *n, nb_tensor *v, nb_tensor **gin) {
 }
 
 static nb_tensor *igrad_jvp(nbi_node *n, nb_tensor *const *tin) {
-    conv_geom g = geom_get(n);
+    nbi_conv_geom g = geom_get(n);
     nb_tensor *gy = nbi_saved_in(n, 0), *w = nbi_saved_in(n, 1);
     if (!gy || !w) return NULL;
     nb_tensor *r = tin[0] ? conv_input_grad(tin[0], w, &g) : NULL;
@@ -786,7 +629,7 @@ static nb_tensor *igrad_jvp(nbi_node *n, nb_tensor *const *tin) {
 
 /* u = W(x, gy) (conv_weight_grad): du/dx . v = T(gy, v); du/dgy . v = conv(x, v) */
 static int wgrad_backward(nbi_node *n, nb_tensor *v, nb_tensor **gin) {
-    conv_geom g = geom_get(n);
+    nbi_conv_geom g = geom_get(n);
     nb_tensor *x = nbi_saved_in(n, 0), *gy = nbi_saved_in(n, 1);
     if (!x || !gy) return -1;
     if (nbi_wants(n, 0) && !(gin[0] = conv_input_grad(gy, v, &g))) return -1;
@@ -795,7 +638,7 @@ static int wgrad_backward(nbi_node *n, nb_tensor *v, nb_tensor **gin) {
 }
 
 static nb_tensor *wgrad_jvp(nbi_node *n, nb_tensor *const *tin) {
-    conv_geom g = geom_get(n);
+    nbi_conv_geom g = geom_get(n);
     nb_tensor *x = nbi_saved_in(n, 0), *gy = nbi_saved_in(n, 1);
     if (!x || !gy) return NULL;
     nb_tensor *r = tin[0] ? conv_weight_grad(tin[0], gy, &g) : NULL;
@@ -809,7 +652,7 @@ static nb_tensor *wgrad_jvp(nbi_node *n, nb_tensor *const *tin) {
 
 /* x (N,C,H,W), w (O,C/G,KH,KW), b (O) or NULL -> y (N,O,OH,OW); checked. */
 static nb_tensor *conv_fwd(const char *fn, nb_tensor *x, nb_tensor *w, nb_tensor *b,
-                           const conv_geom *g) {
+                           const nbi_conv_geom *g) {
     nb_tensor *y = nbi_new(fn, x->dtype, 4, (const int64_t[]){g->N, g->O, g->OH, g->OW}, false);
     if (!y) return NULL;
     if (run_forward(fn, g, x, w, b, y)) return nbi_discard(y);
@@ -826,7 +669,7 @@ static nb_tensor *conv_fwd(const char *fn, nb_tensor *x, nb_tensor *w, nb_tensor
 }
 
 /* gy (N,O,OH,OW), w (O,C/G,KH,KW) -> gx (N,C,H,W) */
-static nb_tensor *conv_input_grad(nb_tensor *gy, nb_tensor *w, const conv_geom *g) {
+static nb_tensor *conv_input_grad(nb_tensor *gy, nb_tensor *w, const nbi_conv_geom *g) {
     static const char *fn = "conv_input_grad";
     nb_tensor *gx = nbi_new(fn, gy->dtype, 4, (const int64_t[]){g->N, g->C, g->H, g->W}, false);
     if (!gx) return NULL;
@@ -879,7 +722,7 @@ record:;
 }
 
 /* x (N,C,H,W), gy (N,O,OH,OW) -> gw (O,C/G,KH,KW) */
-static nb_tensor *conv_weight_grad(nb_tensor *x, nb_tensor *gy, const conv_geom *g) {
+static nb_tensor *conv_weight_grad(nb_tensor *x, nb_tensor *gy, const nbi_conv_geom *g) {
     static const char *fn = "conv_weight_grad";
     int64_t Cg = g->C / g->G, Og = g->O / g->G, Kc = Cg * g->KH * g->KW;
     nb_tensor *gw = nbi_new(fn, x->dtype, 4, (const int64_t[]){g->O, Cg, g->KH, g->KW}, false);
@@ -950,7 +793,7 @@ record:;
  * products of a tensor's shape, which the library keeps below INT64_MAX). */
 static bool conv_check(const char *fn, bool one_d, const nb_tensor *x, const nb_tensor *w,
                        const nb_tensor *b, const int64_t *s, const int64_t *p, bool same,
-                       const int64_t *d, int64_t groups, conv_geom *g) {
+                       const int64_t *d, int64_t groups, nbi_conv_geom *g) {
     if (!nbi_check_float(fn, x) || !nbi_check_same_dtype(fn, x, w)) return false;
     if (b && !nbi_check_same_dtype(fn, x, b)) return false;
     if (groups < 1) return nbi_error("%s: groups must be >= 1, got %lld", fn, (long long)groups);
@@ -967,7 +810,7 @@ static bool conv_check(const char *fn, bool one_d, const nb_tensor *x, const nb_
     }
     if (w->shape[2] < 1 || w->shape[3] < 1)
         return nbi_error("%s: kernel size must be >= 1, got weight %s", fn, NBI_SHAPE(w));
-    *g = (conv_geom){.N = x->shape[0], .C = x->shape[1], .H = x->shape[2], .W = x->shape[3],
+    *g = (nbi_conv_geom){.N = x->shape[0], .C = x->shape[1], .H = x->shape[2], .W = x->shape[3],
                      .O = w->shape[0], .KH = w->shape[2], .KW = w->shape[3], .sh = s[0],
                      .sw = s[1], .dh = d[0], .dw = d[1], .G = groups};
     if (g->C % groups || g->O % groups)
@@ -1038,7 +881,7 @@ static bool conv_check(const char *fn, bool one_d, const nb_tensor *x, const nb_
 static nb_tensor *conv_common(const char *fn, bool one_d, nb_tensor *x, nb_tensor *w,
                               nb_tensor *b, const int64_t *s, const int64_t *p, bool same,
                               const int64_t *d, int64_t groups) {
-    conv_geom g;
+    nbi_conv_geom g;
     if (!conv_check(fn, one_d, x, w, b, s, p, same, d, groups, &g)) return NULL;
     return conv_fwd(fn, x, w, b, &g);
 }

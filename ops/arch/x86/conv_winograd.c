@@ -29,14 +29,14 @@
  * stays in the L1. Threads split tiles (forward) or transform positions
  * (weight gradient), never a sum: bitwise the same for any thread count.
  * AVX-512 only (elsewhere conv.c's im2col path runs). */
-#include "conv_internal.h"
+#include "../../conv_internal.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include "../tensor/cpu_internal.h"
-#include "gemm_internal.h"
-#include "ops_internal.h"
+#include "../../../tensor/cpu_internal.h"
+#include "../../gemm_internal.h"
+#include "../../ops_internal.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>

@@ -16,7 +16,7 @@
  * sequential streams through W, the next block of rows warmed as in gemv.c;
  * in the x W form each of up to 8 vectors of columns takes one FMA per row
  * of W, the rows ahead prefetched. */
-#include "gemv_internal.h"
+#include "../../gemv_internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
