@@ -66,6 +66,10 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define HAVE_X86_PEAK 1
+#elif defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+#include <arm_neon.h>
+#include <sys/auxv.h>
+#define HAVE_ARM_PEAK 1
 #endif
 
 #ifdef NB_BENCH_BLAS
@@ -326,6 +330,87 @@ __attribute__((target("avx512f,avx512bf16"))) static float dot_bf16(long iters) 
 }
 #endif
 
+#ifdef HAVE_ARM_PEAK
+/* aarch64: the same loops in Advanced SIMD (every aarch64 CPU), SVE (at the
+ * CPU's vector length) and BFMMLA, each with more independent chains than
+ * latency x pipes of any current core (4 x 4 on Neoverse V1/V2). */
+static volatile float fma_mul = 0.9999999f, fma_add = 1e-7f, fma_init = 1.0f;
+
+#define REP24(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) \
+    X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23)
+
+/* 24 q-register chains of fmla: 24 x 4 lanes x 2 FLOPs per iteration. */
+static float fma_neon(long iters) {
+    float32x4_t m = vdupq_n_f32(fma_mul), c = vdupq_n_f32(fma_add), s = vdupq_n_f32(0);
+    float init = fma_init;
+#define DECL(i) float32x4_t a##i = vdupq_n_f32(init + 0.01f * (float)(i));
+#define STEP(i) a##i = vfmaq_f32(c, a##i, m);
+#define SUM(i) s = vaddq_f32(s, a##i);
+    REP24(DECL)
+    for (long i = 0; i < iters; i++) {
+        REP24(STEP)
+    }
+    REP24(SUM)
+    return vgetq_lane_f32(s, 0) + vgetq_lane_f32(s, 3);
+#undef DECL
+#undef STEP
+#undef SUM
+}
+
+static volatile uint16_t mmla_one = 0x3f80, mmla_tiny = 0x3380;
+
+/* 24 chains of bfmmla: each a 2x4 by 4x2 product into a 2x2 block, 16
+ * multiply-adds = 32 bf16 FLOPs. */
+__attribute__((target("arch=armv8.2-a+bf16"))) static float mmla_bf16(long iters) {
+    float32x4_t s = vdupq_n_f32(0);
+    /* bf16 1.0 and a tiny value, read at run time (as immediates gcc would
+     * make an fp16 fmov of them, an instruction FEAT_BF16 does not imply) */
+    bfloat16x8_t m = vreinterpretq_bf16_u16(vdupq_n_u16(mmla_one));
+    bfloat16x8_t c = vreinterpretq_bf16_u16(vdupq_n_u16(mmla_tiny));
+#define DECL(i) float32x4_t a##i = vdupq_n_f32(fma_init + 0.01f * (float)(i));
+#define STEP(i) a##i = vbfmmlaq_f32(a##i, m, c);
+#define SUM(i) s = vaddq_f32(s, a##i);
+    REP24(DECL)
+    for (long i = 0; i < iters; i++) {
+        REP24(STEP)
+    }
+    REP24(SUM)
+    return vgetq_lane_f32(s, 0) + vgetq_lane_f32(s, 3);
+#undef DECL
+#undef STEP
+#undef SUM
+}
+
+#if defined(__ARM_FEATURE_SVE) || defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("arch=armv8.2-a+sve")
+#include <arm_sve.h>
+/* 24 SVE chains at the CPU's vector length: 24 x svcntw() lanes x 2 FLOPs. */
+static float fma_sve(long iters) {
+    svbool_t p = svptrue_b32();
+    svfloat32_t m = svdup_f32(fma_mul), c = svdup_f32(fma_add), s = svdup_f32(0);
+    float init = fma_init;
+#define DECL(i) svfloat32_t a##i = svdup_f32(init + 0.01f * (float)(i));
+#define STEP(i) a##i = svmad_f32_x(p, a##i, m, c);
+#define SUM(i) s = svadd_f32_x(p, s, a##i);
+    REP24(DECL)
+    for (long i = 0; i < iters; i++) {
+        REP24(STEP)
+    }
+    REP24(SUM)
+    return svaddv_f32(p, s);
+#undef DECL
+#undef STEP
+#undef SUM
+}
+static double sve_lanes(void) {
+    return (double)svcntw();
+}
+#pragma GCC pop_options
+#define HAVE_SVE_PEAK 1
+#endif
+#endif
+
 /* bf16 peak for the %pk of bf16 products: the vdpbf16ps loop's on a path
  * that uses it, else the f32 FMA peak (the fallback computes in f32). */
 static double peak_bf16_1t = NAN, peak_bf16_nt = NAN;
@@ -411,8 +496,40 @@ static void bench_peak(void) {
         peak_bf16_1t = g1;
         peak_bf16_nt = gn;
     }
+#elif defined(HAVE_ARM_PEAK)
+    unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    int has_sve = (hw >> 22) & 1, has_bf16 = (hw2 >> 14) & 1; /* HWCAP_SVE, HWCAP2_BF16 */
+#ifdef HAVE_SVE_PEAK
+    if (has_sve) {
+        double fl = 24 * sve_lanes() * 2;
+        double g1 = peak_gflops(fma_sve, fl, 1), gn = peak_gflops(fma_sve, fl, ncpu);
+        char name[64];
+        snprintf(name, sizeof name, "SVE (%d bits), 24 z FMA chains", (int)sve_lanes() * 32);
+        printf("%-36s %10.1f %10.1f\n", name, g1, gn);
+        peak_1t = g1;
+        peak_nt = gn;
+        printf("  (the peak for %%pk ratios; f64 peak taken as half)\n");
+    }
+#endif
+    {
+        double g1 = peak_gflops(fma_neon, 24 * 4 * 2, 1), gn = peak_gflops(fma_neon, 24 * 4 * 2, ncpu);
+        printf("%-36s %10.1f %10.1f\n", "Advanced SIMD, 24 q FMA chains", g1, gn);
+        if (isnan(peak_1t) || g1 > peak_1t) { /* where 128-bit SVE or NEON is faster */
+            peak_1t = g1;
+            peak_nt = gn;
+            printf("  (the peak for %%pk ratios; f64 peak taken as half)\n");
+        }
+    }
+    if (has_bf16) {
+        double g1 = peak_gflops(mmla_bf16, 24 * 32, 1), gn = peak_gflops(mmla_bf16, 24 * 32, ncpu);
+        printf("%-36s %10.1f %10.1f  (bf16 FLOPs: the bf16 peak)\n", "BFMMLA, 24 q chains", g1, gn);
+        if (strcmp(nb_cpu_isa(), "neon") && strcmp(nb_cpu_isa(), "portable")) {
+            peak_bf16_1t = g1;
+            peak_bf16_nt = gn;
+        }
+    }
 #else
-    printf("%-36s %10s %10s  (no x86-64 FMA loop for this target)\n", "-", "-", "-");
+    printf("%-36s %10s %10s  (no FMA loop for this target)\n", "-", "-", "-");
 #endif
     if (isnan(peak_bf16_1t)) { /* the bf16 products' fallback computes in f32 */
         peak_bf16_1t = peak_1t;
