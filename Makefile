@@ -263,7 +263,7 @@ $(BUILD)/bench/bench: bench/bench.c $(BUILD)/libnabla.a nabla.h
 # have"). Times nothing. llvm-16 and gcc-aarch64-linux-gnu are installed when
 # missing and we are root, as check-deps does for Check. MCA_CLANG=1: clang too.
 MCA       ?= llvm-mca-16
-MCA_CROSS ?= aarch64-linux-gnu-gcc
+MCA_CROSS ?= $(if $(filter aarch64%,$(shell $(CC) -dumpmachine 2>/dev/null)),$(CC),aarch64-linux-gnu-gcc)
 .PHONY: mca mca-deps
 mca-deps:
 	@if ! command -v $(MCA) >/dev/null 2>&1 || \

@@ -35,7 +35,10 @@ MEASURED=bench/mca_measured.txt
 
 die() { echo "make mca: $*" >&2; exit 1; }
 command -v "$MCA" >/dev/null 2>&1 || die "$MCA not found (Debian: apt-get install llvm-16)"
-command -v "$CROSS" >/dev/null 2>&1 || die "$CROSS not found (Debian: apt-get install gcc-aarch64-linux-gnu)"
+case $("$CC" -dumpmachine 2>/dev/null) in
+  aarch64*) ;;
+  *) command -v "$CROSS" >/dev/null 2>&1 || die "$CROSS not found (Debian: apt-get install gcc-aarch64-linux-gnu)" ;;
+esac
 [ -f ops/arch/mca.h ] || die "run from the top of the source tree (ops/arch/mca.h not found)"
 rm -rf "$OUT" && mkdir -p "$OUT" || die "cannot create $OUT"
 
@@ -53,19 +56,24 @@ done
 marked=$(printf '%s\n' $marked | LC_ALL=C sort -u)
 [ -n "$marked" ] || die "no source has LLVM-MCA marks (NBI_MCA_BEGIN, ops/arch/mca.h)"
 
-# compilers: "arch tag compiler" lines
-compilers="x86_64 gcc $CC
-aarch64 gcc $CROSS"
+# compilers: "arch tag compiler" lines. On an x86-64 host the build's CC and
+# the aarch64 cross compiler; on an aarch64 host the build's CC and, when
+# installed, x86_64-linux-gnu-gcc.
+case $("$CC" --version 2>/dev/null | head -1) in *clang*) cctag=clang ;; *) cctag=gcc ;; esac
+case $("$CC" -dumpmachine 2>/dev/null) in
+  x86_64*) compilers="x86_64 $cctag $CC
+aarch64 gcc $CROSS" ;;
+  aarch64*) compilers="aarch64 $cctag $CC"
+    command -v x86_64-linux-gnu-gcc >/dev/null 2>&1 && compilers="$compilers
+x86_64 gcc x86_64-linux-gnu-gcc" ;;
+  *) die "CC=$CC targets $("$CC" -dumpmachine 2>/dev/null): make mca knows x86-64 and aarch64 hosts" ;;
+esac
 if [ "${MCA_CLANG:-0}" = 1 ]; then
   command -v clang >/dev/null 2>&1 || die "MCA_CLANG=1: clang not found"
   compilers="$compilers
-x86_64 clang clang
+x86_64 clang clang --target=x86_64-linux-gnu
 aarch64 clang clang --target=aarch64-linux-gnu"
 fi
-case $("$CC" -dumpmachine 2>/dev/null) in
-  x86_64*) ;;
-  *) die "CC=$CC does not target x86-64 ($("$CC" -dumpmachine 2>/dev/null)); make mca runs on an x86-64 host" ;;
-esac
 
 # The arch a source is compiled for: ops/arch/<dir>/ names it, else both.
 src_arches() {
@@ -316,7 +324,8 @@ region_rows() { # arch tag src nm file kind nwork back nbr
     pk=$(cat "$OUT/peak/$cpu-$kind.ipc")
     if [ "$pk" = - ]; then
       printf "$fmt" "$nm" "$arch" "$tag" "$cpu" - - - "$nwork ($kind)" - - - \
-        "n/a: $(sed -n 's/^.*error: //p' "$OUT/peak/$cpu-$kind.err" | head -1)"
+        "n/a: $(sed -n 's/^.*error: //; s/^found an unsupported instruction in the input.*/not in this model/p' \
+          "$OUT/peak/$cpu-$kind.err" | head -1)"
       continue
     fi
     r=$(run_mca "$arch" "$cpu" "$file" 2> "$file.$cpu.err") || {
@@ -344,7 +353,7 @@ wait
 for f in "$OUT"/rows/*.fail; do [ -f "$f" ] && die "$(tail -1 "$f")"; done
 table=$OUT/table.txt
 { printf "$fmt" kernel arch cc "CPU model" "(model)" cyc/iter RThru "FMA/iter (kind)" FMA/cyc peak %peak ""
-  cat "$OUT"/rows/*.txt; } > "$table"
+  cat "$OUT"/rows/*.txt; } | sed 's/ *$//' > "$table"
 cat "$table"
 echo
 echo "cyc/iter: llvm-mca's Total Cycles / $ITER iterations of the loop body; RThru: its Block RThroughput"
