@@ -258,9 +258,12 @@ peak_template() { # kind -> lines with {i}; 24 accumulators (12 without AVX-512)
 triple() { case $1 in x86_64) echo x86_64-linux-gnu ;; aarch64) echo aarch64-linux-gnu ;; esac; }
 
 # llvm-mca on a file: "cycles_per_iter rthroughput" or the error on stderr
+# (llvm-mca skips an instruction it cannot parse, says error: and exits 0:
+# any error: is a failure here).
 run_mca() { # arch cpu file
   local o
-  o=$("$MCA" -mtriple="$(triple "$1")" -mcpu="$2" -iterations="$ITER" "$3" 2>&1) || { printf '%s\n' "$o" >&2; return 1; }
+  o=$("$MCA" -mtriple="$(triple "$1")" -mcpu="$2" -iterations="$ITER" "$3" 2>&1) &&
+    ! printf '%s\n' "$o" | grep -q 'error:' || { printf '%s\n' "$o" >&2; return 1; }
   printf '%s\n' "$o" | awk '/^Iterations:/ {it = $2} /^Total Cycles:/ {tc = $3} /^Block RThroughput:/ {rt = $3}
     END { if (it > 0 && tc > 0 && rt > 0) printf "%.2f %.2f\n", tc / it, rt; else exit 1 }'
 }
@@ -324,8 +327,8 @@ region_rows() { # arch tag src nm file kind nwork back nbr
     pk=$(cat "$OUT/peak/$cpu-$kind.ipc")
     if [ "$pk" = - ]; then
       printf "$fmt" "$nm" "$arch" "$tag" "$cpu" - - - "$nwork ($kind)" - - - \
-        "n/a: $(sed -n 's/^.*error: //; s/^found an unsupported instruction in the input.*/not in this model/p' \
-          "$OUT/peak/$cpu-$kind.err" | head -1)"
+        "n/a: $(sed -n 's/^.*error: //p' "$OUT/peak/$cpu-$kind.err" | head -1 |
+          sed 's/^found an unsupported instruction in the input.*/not in this model/')"
       continue
     fi
     r=$(run_mca "$arch" "$cpu" "$file" 2> "$file.$cpu.err") || {
