@@ -97,9 +97,9 @@ mca_command() { # src ccx out.s
 
 # Names of the marked regions SRC has for a compiler (its preprocessed text:
 # `"# LLVM-MCA-BEGIN " "gemm_" "f32_avx512"` joined up).
-region_names() { # cmdline
-  eval "$(printf '%s' "$1" | sed 's# -S # -E #; s# -o [^ ]*# -o -#')" 2>/dev/null |
-    grep -o '"# LLVM-MCA-BEGIN "[^)]*)' | sed 's/" *"//g; s/^"# LLVM-MCA-BEGIN //; s/").*//' | LC_ALL=C sort -u
+region_names() { # cmdline out.i
+  eval "$(printf '%s' "$1" | sed "s# -S # -E #; s# -o [^ ]*# -o $2#")" 2> "$2.log" || return 1
+  grep -o '"# LLVM-MCA-BEGIN "[^)]*)' "$2" | sed 's/" *"//g; s/^"# LLVM-MCA-BEGIN //; s/").*//' | LC_ALL=C sort -u
 }
 
 # ------------------------------------------------------------ compile
@@ -113,7 +113,7 @@ while read -r arch tag ccx; do
     base=$OUT/$arch-$tag/${src%.c}
     mkdir -p "$(dirname "$base")"
     cmd=$(mca_command "$src" "$ccx" "$base.s") || die "make -n printed no compile command for $src with CC=$ccx"
-    names=$(region_names "$cmd")
+    names=$(region_names "$cmd" "$base.i") || { cat "$base.i.log" >&2; die "preprocessing $src for $arch failed"; }
     [ -n "$names" ] || continue # its marks are for the other architecture
     printf '%s\n' "$names" > "$base.names"
     printf '%s\n' "$cmd" > "$base.cmd"
