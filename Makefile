@@ -255,6 +255,32 @@ $(BUILD)/bench/bench: bench/bench.c $(BUILD)/libnabla.a nabla.h
 	$(CC) $(CFLAGS) -I. -DNB_BENCH_DIR='"$(CURDIR)/bench"' $(if $(filter 1,$(BLAS)),-DNB_BENCH_BLAS) \
 	  $< $(BUILD)/libnabla.a $(if $(filter 1,$(BLAS)),-lopenblas) $(LDLIBS) -o $@
 
+# make mca: the micro-kernels' inner loops (the LLVM-MCA-marked ones, ops/arch/mca.h)
+# on CPU models we do not have: each marked source compiled to assembly with its
+# object's flags and -DNB_MCA (aarch64 ones with the cross compiler), the
+# regions through llvm-mca on aarch64 and x86-64 models, against each model's
+# own FMA peak (bench/mca.sh; docs/performance.md, "Estimates for CPUs we do not
+# have"). Times nothing. llvm-16 and gcc-aarch64-linux-gnu are installed when
+# missing and we are root, as check-deps does for Check. MCA_CLANG=1: clang too.
+MCA       ?= llvm-mca-16
+MCA_CROSS ?= $(if $(filter aarch64%,$(shell $(CC) -dumpmachine 2>/dev/null)),$(CC),aarch64-linux-gnu-gcc)
+.PHONY: mca mca-deps
+mca-deps:
+	@if ! command -v $(MCA) >/dev/null 2>&1 || \
+	  ! printf '#include <stdlib.h>\n' | $(MCA_CROSS) -E -x c - >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "make mca: installing llvm-16 and the aarch64 cross compiler (apt-get install llvm-16 gcc-aarch64-linux-gnu)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      llvm-16 gcc-aarch64-linux-gnu libc6-dev-arm64-cross >/dev/null; \
+	  else \
+	    echo "make mca needs $(MCA) (llvm-16) and $(MCA_CROSS). Install them with:"; \
+	    echo "    sudo apt-get update && sudo apt-get install -y llvm-16 gcc-aarch64-linux-gnu libc6-dev-arm64-cross"; \
+	    exit 1; \
+	  fi; \
+	fi
+mca: mca-deps
+	@MAKE="$(MAKE)" CC="$(CC)" MCA="$(MCA)" CROSS="$(MCA_CROSS)" MCA_CLANG="$(MCA_CLANG)" bash bench/mca.sh $(BUILD)
+
 # make clean-clone-times [TIMES="run test gpt"]: the times README.md quotes,
 # each command in a fresh clone of HEAD, build included (tests/clean_clone_times.sh).
 TIMES ?= run test gpt

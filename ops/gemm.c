@@ -35,6 +35,7 @@
 #include "gemm_internal.h"
 
 #include "../tensor/cpu_internal.h"
+#include "arch/mca.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -239,6 +240,15 @@ static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src
         if (nv == 2) memcpy(c + (r) * ldc + sizeof x##r##0 / sizeof *c, &x##r##1, sizeof x##r##1); \
     }
 
+/* make mca's marks (ops/arch/mca.h: nothing in other builds) on the loop of the
+ * full tiles (MR rows, two vectors): gemm_<P> where A is packed (or A^T read in
+ * place), gemm_<P>_rowA where row-major A is read in place. */
+#define GEMM_MCA(MARK, P)                                                                      \
+    if (rows == P##_MR && nv == 2) {                                                           \
+        if (arow) MARK("gemm_" #P "_rowA");                                                    \
+        else MARK("gemm_" #P);                                                                 \
+    }
+
 /* -------------------------------------------------------- one ISA's gemm */
 /* P: name prefix; T: element type; V: vector of T, W elements wide; MR x 2W:
  * the register tile (two vectors per row); BLK: the path's entry of
@@ -266,12 +276,14 @@ static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src
         (void)x_end;                                                                           \
         GEMM_ROWS(GEMM_ACC_LOAD)                                                               \
         for (int64_t k = 0; k < kc; k++) {                                                     \
+            GEMM_MCA(NBI_MCA_BEGIN, P)                                                         \
             V b0, b1 = {0};                                                                    \
             memcpy(&b0, b, sizeof(V));                                                         \
             if (nv == 2) memcpy(&b1, b + (W), sizeof(V));                                      \
             GEMM_ROWS(GEMM_ACC_FMA)                                                            \
             a += arow ? 1 : aks;                                                               \
             b += nv * (W);                                                                     \
+            GEMM_MCA(NBI_MCA_END, P)                                                           \
         }                                                                                      \
         GEMM_ROWS(GEMM_ACC_STORE)                                                              \
     }                                                                                          \

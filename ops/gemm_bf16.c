@@ -46,6 +46,7 @@
 
 #include "../tensor/bf16_internal.h"
 #include "../tensor/cpu_internal.h"
+#include "arch/mca.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -506,6 +507,7 @@ static BF_ATTR BF_INLINE void bf_kern(const int rows, const int nv, int64_t np,
         }
     }
     for (int64_t p = 0; p < np; p++) {
+        if (rows == BF_MR && nv == BF_NV) NBI_MCA_BEGIN("gemm_bf16_avx512bf16"); /* make mca */
         __m512bh y[BF_NV];
         BF_UNROLL for (int v = 0; v < nv; v++) y[v] = (__m512bh)_mm512_loadu_si512(b + 16 * v);
         BF_UNROLL for (int r = 0; r < rows; r++) {
@@ -514,6 +516,7 @@ static BF_ATTR BF_INLINE void bf_kern(const int rows, const int nv, int64_t np,
         }
         a += BF_MR;
         b += BF_NR;
+        if (rows == BF_MR && nv == BF_NV) NBI_MCA_END("gemm_bf16_avx512bf16");
     }
     BF_UNROLL for (int r = 0; r < rows; r++) {
         BF_UNROLL for (int v = 0; v < nv; v++) {
