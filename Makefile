@@ -5,6 +5,14 @@ WARN    := -std=c11 -Wall -Wextra -Wpedantic
 CFLAGS  += $(OPT) $(WARN) -D_POSIX_C_SOURCE=200809L -pthread
 LIBFLAGS := -fPIC -fvisibility=hidden
 LDLIBS  += -lm -lpthread
+# GCC for s390x evaluates float expressions in double under -std=c11
+# (FLT_EVAL_METHOD 1): a float scalar times a float vector is then a double
+# converted to float lanes, an error. -fexcess-precision=fast rounds each
+# float operation to float there (FLT_EVAL_METHOD 0, as on x86-64 and aarch64,
+# and as -std=gnu11 does).
+ifeq ($(shell printf '__FLT_EVAL_METHOD__\n' | $(CC) -std=c11 -E -P -x c - 2>/dev/null | tail -1),1)
+CFLAGS  += -fexcess-precision=fast
+endif
 # make MPI=1: the examples built with Open MPI (their --dist flag), into build-mpi/
 ifeq ($(MPI),1)
 BUILD   ?= build-mpi
