@@ -225,8 +225,8 @@ test-isa: check-deps
 # with its time; then examples/tokenize must write "Hello world"'s llm.c
 # token file byte for byte as on x86-64. The cross compiler,
 # qemu-user-static and Check for s390x (Debian's multiarch check:s390x) are
-# installed when missing and root, else the command is printed. About 6
-# minutes on 2 cores; S390X_SUITES="..." runs others.
+# installed when missing and root, else the command is printed. About 4
+# minutes on 2 cores (1 to build); S390X_SUITES="..." runs others.
 S390X_CC     ?= s390x-linux-gnu-gcc
 S390X_QEMU   ?= qemu-s390x-static
 S390X_LIBDIR := /usr/lib/s390x-linux-gnu
