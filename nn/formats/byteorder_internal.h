@@ -54,13 +54,15 @@ static inline void nn_st_le16(void *p, uint16_t v) {
     unsigned char *b = p;
     b[0] = (unsigned char)v, b[1] = (unsigned char)(v >> 8);
 }
-static inline void nn_st_le32(void *p, uint32_t v) {
+static inline void nn_st_le32(void *p, uint32_t v) { /* written out: one store */
     unsigned char *b = p;
-    for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
+    b[0] = (unsigned char)v, b[1] = (unsigned char)(v >> 8);
+    b[2] = (unsigned char)(v >> 16), b[3] = (unsigned char)(v >> 24);
 }
 static inline void nn_st_le64(void *p, uint64_t v) {
     unsigned char *b = p;
-    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
+    nn_st_le32(b, (uint32_t)v);
+    nn_st_le32(b + 4, (uint32_t)(v >> 32));
 }
 static inline float nn_ld_le_f32(const void *p) {
     uint32_t u = nn_ld_le32(p);
