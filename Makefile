@@ -5,6 +5,14 @@ WARN    := -std=c11 -Wall -Wextra -Wpedantic
 CFLAGS  += $(OPT) $(WARN) -D_POSIX_C_SOURCE=200809L -pthread
 LIBFLAGS := -fPIC -fvisibility=hidden
 LDLIBS  += -lm -lpthread
+# GCC for s390x evaluates float expressions in double under -std=c11
+# (FLT_EVAL_METHOD 1): a float scalar times a float vector is then a double
+# converted to float lanes, an error. -fexcess-precision=fast rounds each
+# float operation to float there (FLT_EVAL_METHOD 0, as on x86-64 and aarch64,
+# and as -std=gnu11 does).
+ifeq ($(shell printf '__FLT_EVAL_METHOD__\n' | $(CC) -std=c11 -E -P -x c - 2>/dev/null | tail -1),1)
+CFLAGS  += -fexcess-precision=fast
+endif
 # make MPI=1: the examples built with Open MPI (their --dist flag), into build-mpi/
 ifeq ($(MPI),1)
 BUILD   ?= build-mpi
@@ -208,6 +216,60 @@ test-isa: check-deps
 	    [ $$rc = 0 ] || { echo "$$out"; echo "test-isa: suite $$s FAILED with NABLA_ISA=$$isa"; exit 1; }; \
 	  done; echo "test-isa: suites $(ISA_SUITES) pass with NABLA_ISA=$$isa"; \
 	done; echo "test-isa: this CPU's best path, $$best, is make test's"
+
+# make test-s390x: nabla on a big-endian host (IBM Z, s390x) under QEMU's
+# user-mode emulation: the library, examples and test binary cross-built by
+# GCC into build-s390x/ (warnings are errors), then the suites that read or
+# write files (each format's byte order is fixed whatever the host:
+# nn/formats/byteorder_internal.h), the GEMM's and a few cheap ones, each
+# with its time; then examples/tokenize must write "Hello world"'s llm.c
+# token file byte for byte as on x86-64. The cross compiler,
+# qemu-user-static and Check for s390x (Debian's multiarch check:s390x) are
+# installed when missing and root, else the command is printed. About 4
+# minutes on 2 cores (1 to build); S390X_SUITES="..." runs others.
+S390X_CC     ?= s390x-linux-gnu-gcc
+S390X_QEMU   ?= qemu-s390x-static
+S390X_LIBDIR := /usr/lib/s390x-linux-gnu
+S390X_OPT    ?= -O2 -Werror
+S390X_SUITES ?= byteorder checkpoint gpt_io tokens idx tokenizer gpt_torch bf16 batchnorm conv_module \
+                rnn matmul tensor autograd errors
+.PHONY: test-s390x s390x-deps
+s390x-deps:
+	@if ! command -v $(S390X_CC) >/dev/null 2>&1 || ! command -v $(S390X_QEMU) >/dev/null 2>&1 || \
+	  ! [ -e $(S390X_LIBDIR)/pkgconfig/check.pc ] || ! command -v pkg-config >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "make test-s390x: installing gcc-s390x-linux-gnu, qemu-user-static and check:s390x"; \
+	    dpkg --add-architecture s390x && apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq gcc-s390x-linux-gnu qemu-user-static check:s390x pkg-config >/dev/null; \
+	  else \
+	    echo "make test-s390x needs a cross compiler, QEMU and Check for s390x. Install them with:"; \
+	    echo "    sudo dpkg --add-architecture s390x && sudo apt-get update && \\"; \
+	    echo "    sudo apt-get install -y gcc-s390x-linux-gnu qemu-user-static check:s390x pkg-config"; \
+	    exit 1; \
+	  fi; \
+	fi
+
+test-s390x: s390x-deps
+	@t0=$$(date +%s); \
+	PKG_CONFIG_LIBDIR=$(S390X_LIBDIR)/pkgconfig $(MAKE) --no-print-directory CC=$(S390X_CC) \
+	  BUILD=build-s390x OPT="$(S390X_OPT)" all build-s390x/tests/run_tests || exit 1; \
+	echo "test-s390x: built in $$(($$(date +%s) - t0)) s"; fail=0; \
+	for s in $(S390X_SUITES); do t=$$(date +%s); \
+	  out=$$(CK_RUN_SUITE=$$s $(S390X_QEMU) build-s390x/tests/run_tests 2>&1); rc=$$?; \
+	  res=$$(printf '%s\n' "$$out" | grep -E '^[0-9]+%: Checks'); \
+	  echo "test-s390x: $$s: $${res:-no result} ($$(($$(date +%s) - t)) s)"; \
+	  [ $$rc = 0 ] || { printf '%s\n' "$$out" | grep -E ':[FE]:|qemu' | head -20; fail=1; }; \
+	done; \
+	f=build-s390x/tokens-check.bin; \
+	printf 'Hello world' | $(S390X_QEMU) build-s390x/examples/tokenize \
+	  --tokenizer tests/fixtures/gpt2/encoder.json --out $$f && \
+	{ printf '\210\330\064\001\001\000\000\000\002\000\000\000'; head -c 1012 /dev/zero; \
+	  printf '\210\074\343\003'; } | cmp -s - $$f && \
+	echo "test-s390x: examples/tokenize --out: llm.c's token file, as x86-64 writes it" || \
+	{ echo "test-s390x: examples/tokenize --out wrote other bytes than 20240520 1 2 (int32 LE)," \
+	  "zeros to byte 1024, 15496 995 (uint16 LE)"; fail=1; }; \
+	echo "test-s390x: $$([ $$fail = 0 ] && echo passed || echo FAILED) in $$(($$(date +%s) - t0)) s"; \
+	exit $$fail
 
 # make gpt: examples/gpt.c's character-level GPT (0.8M parameters) trained on
 # examples/data/kjv.txt for 1000 steps (about 15 s on 2 cores), then a sample.
@@ -522,7 +584,7 @@ gpt-fixture: $(BUILD)/tests/gen_gpt_files
 	/usr/bin/python3 tests/fixtures/gen_gpt.py --files $(BUILD)/gpt-check
 
 clean:
-	rm -rf $(BUILD) build-asan build-asan-clang build-clang build-fuzz build-tsan libnabla.a libnabla.so
+	rm -rf $(BUILD) build-asan build-asan-clang build-clang build-fuzz build-tsan build-s390x libnabla.a libnabla.so
 
 # ------------------------------------------------------------- nabla_mpi
 # The optional data-parallel part (mpi/nabla_mpi.h, docs/distributed.md):

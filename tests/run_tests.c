@@ -74,6 +74,7 @@ int main(void) {
     srunner_add_suite(sr, suite_gpt_torch());
     srunner_add_suite(sr, suite_tokens());
     srunner_add_suite(sr, suite_idx());
+    srunner_add_suite(sr, suite_byteorder());
     srunner_add_suite(sr, suite_tokenizer());
     srunner_add_suite(sr, suite_checkpoint());
     srunner_add_suite(sr, suite_handles());

@@ -261,8 +261,8 @@ static hf_entry *hf_add(hf_file *f, const char *name, const char *dtype, int ndi
     e->nbytes = (size_t)n * z;
     e->data = calloc(1, e->nbytes + 1);
     for (int64_t k = 0; k < n; k++) {
-        if (!strcmp(dtype, "F32")) ((float *)e->data)[k] = (float)(id * 100000 + k);
-        if (!strcmp(dtype, "F64")) ((double *)e->data)[k] = id * 100000 + k + 0.25;
+        if (!strcmp(dtype, "F32")) test_put_le_f32(e->data + 4 * k, (float)(id * 100000 + k));
+        if (!strcmp(dtype, "F64")) test_put_le_f64(e->data + 8 * k, id * 100000 + k + 0.25);
     }
     return e;
 }
@@ -499,13 +499,10 @@ START_TEST(llmc_padded_vocab) {
     CK_OK(nb_gpt_save_llmc(&a.m, path));
     size_t n;
     unsigned char *f = slurp(path, &n);
-    int32_t vp;
-    memcpy(&vp, f + 28, 4);
-    ck_assert_int_eq(vp, 128);
+    ck_assert_int_eq(test_le(f + 28, 4), 128); /* Vp */
     for (size_t k = 1024 + 4 * 11 * 8; k < 1024 + 4 * 128 * 8; k++) ck_assert_int_eq(f[k], 0);
     /* padding rows are ignored on load, whatever they hold */
-    float junk = 123.5f;
-    for (size_t k = 1024 + 4 * 11 * 8; k < 1024 + 4 * 128 * 8; k += 4) memcpy(f + k, &junk, 4);
+    for (size_t k = 1024 + 4 * 11 * 8; k < 1024 + 4 * 128 * 8; k += 4) test_put_le_f32(f + k, 123.5f);
     test_write_bytes(path, f, n);
     free(f);
     CK_OK(nb_gpt_load_llmc(&b.m, path));
@@ -528,8 +525,7 @@ START_TEST(llmc_padded_vocab) {
     model_make(&v, big, NB_F32, 9);
     CK_OK(nb_gpt_save_llmc(&v.m, path));
     f = slurp(path, &n);
-    memcpy(&vp, f + 28, 4);
-    ck_assert_int_eq(vp, 256);
+    ck_assert_int_eq(test_le(f + 28, 4), 256);
     free(f);
     model_free(&v);
     model_free(&m);
@@ -638,8 +634,7 @@ START_TEST(hf_saved_layout) {
     CK_OK(nb_gpt_save_hf(&m.m, path));
     size_t n;
     unsigned char *f = slurp(path, &n);
-    uint64_t hlen;
-    memcpy(&hlen, f, 8);
+    uint64_t hlen = test_le(f, 8);
     char *json = malloc(hlen + 1);
     memcpy(json, f + 8, hlen);
     json[hlen] = 0;
@@ -653,11 +648,11 @@ START_TEST(hf_saved_layout) {
     unsigned long long begin, end;
     ck_assert_int_eq(sscanf(at + strlen(key), "%llu,%llu", &begin, &end), 2);
     ck_assert_uint_eq(end - begin, 8 * 24 * 4);
-    const float *w = (const float *)(f + 8 + hlen + begin);
+    const unsigned char *w = f + 8 + hlen + begin;
     nb_tensor *t = nb_params_get(m.ps, "transformer.h.1.attn.c_attn.weight");
     for (int i = 0; i < 8; i++)
         for (int o = 0; o < 24; o++)
-            ck_assert(w[i * 24 + o] == ((float *)nb_data(t))[o * 8 + i]);
+            ck_assert(test_le_f32(w + 4 * (i * 24 + o)) == ((float *)nb_data(t))[o * 8 + i]);
     ck_assert_ptr_nonnull(strstr(json, "\"transformer.wte.weight\":{\"dtype\":\"F32\",\"shape\":[11,8]"));
     free(json);
     free(f);
@@ -668,7 +663,7 @@ START_TEST(hf_saved_layout) {
     model_make(&m, u, NB_F64, 16);
     CK_OK(nb_gpt_save_hf(&m.m, path));
     f = slurp(path, &n);
-    memcpy(&hlen, f, 8);
+    hlen = test_le(f, 8);
     json = malloc(hlen + 1);
     memcpy(json, f + 8, hlen);
     json[hlen] = 0;
@@ -776,7 +771,7 @@ START_TEST(config_of_file) {
 END_TEST
 
 /* -------------------------------------------------------- llm.c refusals */
-static void put32(unsigned char *b, int i, int32_t v) { memcpy(b + 4 * i, &v, 4); }
+static void put32(unsigned char *b, int i, int32_t v) { test_put_le(b + 4 * i, (uint32_t)v, 4); }
 
 START_TEST(llmc_errors) {
     test_make_tmp_dir("gptio");
@@ -931,8 +926,7 @@ START_TEST(hf_errors) {
     test_write_bytes(path, b, n - 1);
     EXPECT_REFUSED(&m, nb_gpt_load_hf(&m.m, path), "nb_gpt_load_hf: ", path,
                    "invalid safetensors header");
-    uint64_t hlen;
-    memcpy(&hlen, b, 8);
+    uint64_t hlen = test_le(b, 8);
     test_write_bytes(path, b, 8 + hlen); /* the header only */
     EXPECT_REFUSED(&m, nb_gpt_load_hf(&m.m, path), "nb_gpt_load_hf: ", path,
                    "invalid safetensors header", "data_offsets");

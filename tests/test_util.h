@@ -75,6 +75,35 @@ char *test_read_file(const char *path, size_t *n);
 /* Writes n bytes of data to path (asserting every step). */
 void test_write_bytes(const char *path, const void *data, size_t n);
 
+/* Little-endian values in a file's bytes, whatever the host (the files'
+ * order: tests that build or inspect a file by hand go through these, never
+ * through a memcpy of a host value). Written out byte by byte here, apart
+ * from the library's nn/formats/byteorder_internal.h, which they check. */
+static inline uint64_t test_le(const void *p, int bytes) {
+    uint64_t v = 0;
+    for (int i = bytes - 1; i >= 0; i--) v = v << 8 | ((const unsigned char *)p)[i];
+    return v;
+}
+static inline void test_put_le(void *p, uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; i++) ((unsigned char *)p)[i] = (unsigned char)(v >> (8 * i));
+}
+static inline float test_le_f32(const void *p) {
+    uint32_t u = (uint32_t)test_le(p, 4);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline void test_put_le_f32(void *p, float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    test_put_le(p, u, 4);
+}
+static inline void test_put_le_f64(void *p, double d) {
+    uint64_t u;
+    memcpy(&u, &d, 8);
+    test_put_le(p, u, 8);
+}
+
 /* Deterministic f64 test input: values drawn from a fixed seed, requiring grad. */
 nb_tensor *rand_leaf(uint64_t seed, int ndim, const int64_t *shape);
 
@@ -150,6 +179,7 @@ Suite *suite_gpt_torch(void); /* test_gpt_torch.c: agreement with PyTorch on gen
 Suite *suite_randn(void);    /* test_randn.c: nb_randn's values (the f32 fast path = libm) */
 Suite *suite_tokens(void);   /* test_tokens.c: nb_load_tokens (llm.c token files, bytes) */
 Suite *suite_idx(void);      /* test_idx.c: nb_load_idx (IDX files: MNIST, Fashion-MNIST) */
+Suite *suite_byteorder(void); /* test_byteorder.c: files little-endian on any host (IDX big) */
 Suite *suite_tokenizer(void); /* test_tokenizer.c: nb_tokenizer (GPT-2 BPE) */
 Suite *suite_sizes(void);    /* test_sizes.c: every size argument at 0, -1, INT64_MAX, INT64_MIN */
 /* test_second_order.c: Hessians, Hv, jvp and a gradient penalty against PyTorch */

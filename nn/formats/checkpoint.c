@@ -24,6 +24,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include "byteorder_internal.h"
 #include "files_internal.h"
 #include "safetensors_internal.h"
 
@@ -65,7 +66,7 @@ static int write_tensor(int fd, nb_tensor *t) {
     if (c) {
         size_t size = nn_st_dtype_size(nb_dtype_of(c)), n = (size_t)nb_numel(c);
         const unsigned char *src = nb_data(c);
-        if (nn_st_little_endian() || size == 1) {
+        if (nn_host_le() || size == 1) {
             rc = write_all(fd, src, n * size);
         } else {
             unsigned char chunk[1 << 16];
@@ -73,7 +74,7 @@ static int write_tensor(int fd, nb_tensor *t) {
             rc = 0;
             for (size_t i = 0; i < n && rc == 0; i += per) {
                 size_t k = n - i < per ? n - i : per;
-                nn_st_copy_le(chunk, src + i * size, k, size);
+                nn_copy_le(chunk, src + i * size, k, size);
                 rc = write_all(fd, chunk, k * size);
             }
         }
@@ -90,7 +91,7 @@ static int write_tensor(int fd, nb_tensor *t) {
 static int write_file(int fd, const nn_target *t, const char *header, size_t hlen,
                       const nn_st_item *v, int n) {
     unsigned char len[8];
-    nn_st_copy_le(len, &(uint64_t){hlen}, 1, 8);
+    nn_st_le64(len, hlen);
     errno = 0;
     int rc = write_all(fd, len, 8) || write_all(fd, header, hlen) ? -1 : 0;
     for (int i = 0; i < n && rc == 0; i++) rc = write_tensor(fd, v[i].t);
@@ -282,7 +283,7 @@ static int64_t first_bad(const nn_st_item *r, const unsigned char *src) {
     size_t size = nn_st_dtype_size(r->dtype), n = (size_t)nb_numel(r->t);
     for (size_t at = 0; at < n; at += CHUNK) {
         size_t k = n - at < CHUNK ? n - at : CHUNK;
-        nn_st_copy_le(&c, src + at * size, k, size);
+        nn_copy_le(&c, src + at * size, k, size);
         if (chunk_ok(&c, r->dtype, k, r->check)) continue;
         for (size_t i = 0; i < k; i++)
             if (!chunk_ok((const unsigned char *)&c + i * size, r->dtype, 1, r->check))
@@ -300,7 +301,7 @@ static void bad_value(const nn_st_item *r, const unsigned char *src, int64_t i, 
         double d;
         int64_t i;
     } v;
-    nn_st_copy_le(&v, src + (size_t)i * size, 1, size);
+    nn_copy_le(&v, src + (size_t)i * size, 1, size);
     if (r->dtype == NB_I64) {
         snprintf(msg, cap, "tensor \"%.200s\" holds %lld; an optimizer step count must be in "
                  "[0, %lld]", r->name, (long long)v.i, (long long)NN_MAX_STEP);
@@ -377,7 +378,7 @@ static nb_tensor *stage(const nn_st_item *reg, const unsigned char *src) {
     if (nb_is_contiguous(reg->t)) return reg->t;
     size_t size = nn_st_dtype_size(reg->dtype), n = (size_t)nb_numel(reg->t);
     nb_tensor *s = nb_empty(reg->dtype, reg->ndim, reg->shape);
-    if (s) nn_st_copy_le(nb_data(s), src, n, size);
+    if (s) nn_copy_le(nb_data(s), src, n, size);
     return s;
 }
 
@@ -385,7 +386,7 @@ static void fill(const nn_st_item *reg, nb_tensor *staged, const unsigned char *
     size_t size = nn_st_dtype_size(reg->dtype), n = (size_t)nb_numel(reg->t);
     if (staged == reg->t) {
         unsigned char *dst = nb_data(reg->t);
-        nn_st_copy_le(dst, src, n, size);
+        nn_copy_le(dst, src, n, size);
         if (reg->dtype == NB_BOOL) /* C's bool holds 0 or 1 only */
             for (size_t i = 0; i < n; i++) dst[i] = dst[i] != 0;
     } else {
@@ -422,8 +423,7 @@ int nb_load(nb_params *ps, const char *path) {
     uint64_t size = 0;
     unsigned char *buf = read_file(path, &size, msg, sizeof msg);
     if (!buf) return nn_error("%s: %s", fn, msg), -1;
-    uint64_t hlen;
-    nn_st_copy_le(&hlen, buf, 1, 8);
+    uint64_t hlen = nn_ld_le64(buf);
     nn_st_item *reg = NULL;
     nn_st_header h = {0};
     char bad_header[320] = "";

@@ -31,6 +31,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include "byteorder_internal.h"
 #include "files_internal.h"
 #include "json_internal.h"
 #include "safetensors_internal.h"
@@ -166,18 +167,6 @@ static int check_model(const char *fn, const nb_GPT *m) {
 /* ------------------------------------------------------------ conversions */
 static size_t esize(nb_dtype d) { return d == NB_F64 ? 8 : 4; }
 
-/* Reverses each element's bytes on a big-endian host (file order <-> memory). */
-static void swap_le(void *p, size_t n, size_t size) {
-    if (nn_st_little_endian() || size == 1) return;
-    unsigned char *c = p;
-    for (size_t i = 0; i < n; i++)
-        for (size_t b = 0; b < size / 2; b++) {
-            unsigned char t = c[i * size + b];
-            c[i * size + b] = c[i * size + size - 1 - b];
-            c[i * size + size - 1 - b] = t;
-        }
-}
-
 /* Element di of dst (ddt) = element si of src (sdt); same dtypes copy the bits. */
 static void convert1(void *dst, nb_dtype ddt, size_t di, const void *src, nb_dtype sdt, size_t si) {
     if (ddt == sdt) {
@@ -283,7 +272,7 @@ static int read_values(const source *f, int64_t off, nb_dtype fdt, int64_t n, in
     for (int64_t at = 0; at < n; at += CHUNK) {
         int64_t k = n - at < CHUNK ? n - at : CHUNK;
         if (read_at(f, chunk, (size_t)k * fz, off + at * (int64_t)fz, msg, cap) != 0) return -1;
-        swap_le(chunk, (size_t)k, fz);
+        nn_swap_le(chunk, (size_t)k, fz); /* file order -> memory */
         if (cols <= 0) {
             convert((unsigned char *)dst + (size_t)at * esize(ddt), ddt, chunk, fdt, (size_t)k);
             continue;
@@ -361,7 +350,7 @@ static int put_tensor(writer *w, nb_tensor *t, nb_dtype fdt, bool conv) {
                 if (++c == out) c = 0, r++;
             }
         }
-        swap_le(chunk, (size_t)k, esize(fdt));
+        nn_swap_le(chunk, (size_t)k, esize(fdt)); /* memory -> file order */
         if (put(w, chunk, (size_t)k * esize(fdt)) != 0) return -1;
     }
     return 0;
@@ -415,10 +404,7 @@ typedef struct {
         padded_vocab_size;
 } llmc_header;
 
-static int32_t le32(const unsigned char *p) {
-    return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-                     (uint32_t)p[3] << 24);
-}
+static int32_t le32(const unsigned char *p) { return (int32_t)nn_ld_le32(p); }
 
 /* a*b+c into *out, false on int64 overflow (or a negative operand) */
 static bool mul_add(int64_t a, int64_t b, int64_t c, int64_t *out) {
@@ -571,8 +557,7 @@ static int llmc_body(writer *w, void *ctx) {
     int64_t Vp = (V + LLMC_VOCAB_ROUND - 1) / LLMC_VOCAB_ROUND * LLMC_VOCAB_ROUND;
     unsigned char head[LLMC_HEADER_BYTES] = {0};
     const int64_t v[8] = {LLMC_MAGIC, LLMC_VERSION, c->block_size, V, c->n_layer, c->n_head, C, Vp};
-    for (int i = 0; i < 8; i++)
-        for (int b = 0; b < 4; b++) head[4 * i + b] = (unsigned char)((uint64_t)v[i] >> (8 * b));
+    for (int i = 0; i < 8; i++) nn_st_le32(head + 4 * i, (uint32_t)v[i]);
     if (put(w, head, sizeof head) != 0 || put_tensor(w, m->wte.weight, NB_F32, false) != 0)
         return -1;
     static const float zeros[256];
@@ -838,7 +823,7 @@ static int hf_read_header(const source *f, nn_st_header *h, uint64_t *hlen, char
     if (le32(len) == LLMC_MAGIC)
         return snprintf(msg, cap, "this is llm.c's checkpoint (magic %d), not a safetensors "
                         "file: use nb_gpt_load_llmc", LLMC_MAGIC), -1;
-    nn_st_copy_le(hlen, len, 1, 8);
+    *hlen = nn_ld_le64(len);
     uint64_t room = (uint64_t)f->size - 8;
     if (*hlen > room || *hlen > NN_ST_MAX_HEADER)
         return snprintf(msg, cap, "invalid safetensors header: header size %llu exceeds %s "
@@ -926,7 +911,7 @@ typedef struct {
 static int hf_body(writer *w, void *ctx) {
     const hf_ctx *x = ctx;
     unsigned char len[8];
-    nn_st_copy_le(len, &(uint64_t){x->hlen}, 1, 8);
+    nn_st_le64(len, x->hlen);
     if (put(w, len, 8) != 0 || put(w, x->header, x->hlen) != 0) return -1;
     for (int64_t s = 0; s < n_slots(&x->m->cfg); s++) {
         if (!slot_present(&x->m->cfg, s)) continue;

@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "byteorder_internal.h"
 #include "files_internal.h"
 #include "../nn_internal.h"
 
@@ -41,10 +42,10 @@ static const idx_type *idx_type_of(unsigned char code) {
     return NULL;
 }
 
+/* A big-endian unsigned value of width 1, 2, 4 or 8 bytes */
 static uint64_t be_u(const unsigned char *p, int width) {
-    uint64_t v = 0;
-    for (int i = 0; i < width; i++) v = v << 8 | p[i];
-    return v;
+    return width == 1 ? p[0] : width == 2 ? nn_ld_be16(p) : width == 4 ? nn_ld_be32(p)
+                                                                          : nn_ld_be64(p);
 }
 
 /* One value of type ty at p, as a double (exact: every IDX type fits a double). */

@@ -58,24 +58,6 @@ const char *nn_st_dtype_tag(nb_dtype d) {
     return "?";
 }
 
-bool nn_st_little_endian(void) {
-    const uint16_t one = 1;
-    return *(const unsigned char *)&one == 1;
-}
-
-/* Copies n elements of `size` bytes, reversing each element's bytes on a
- * big-endian host: file order and memory order are then both correct. */
-void nn_st_copy_le(void *dst, const void *src, size_t n, size_t size) {
-    if (nn_st_little_endian() || size == 1) {
-        memcpy(dst, src, n * size);
-        return;
-    }
-    unsigned char *d = dst;
-    const unsigned char *s = src;
-    for (size_t i = 0; i < n; i++)
-        for (size_t b = 0; b < size; b++) d[i * size + b] = s[i * size + size - 1 - b];
-}
-
 static uint64_t item_bytes(const nn_st_item *it) {
     uint64_t n = elem_size(it);
     for (int d = 0; d < it->ndim; d++) n *= (uint64_t)it->shape[d];

@@ -43,9 +43,6 @@ typedef struct {
 
 size_t nn_st_dtype_size(nb_dtype d);    /* 4, 8, 8, 1 */
 const char *nn_st_dtype_tag(nb_dtype d); /* "F32", "F64", "I64", "BOOL" */
-bool nn_st_little_endian(void);
-/* n elements of size bytes, each byte-reversed on a big-endian host */
-void nn_st_copy_le(void *dst, const void *src, size_t n, size_t size);
 
 /* The header for v[0..n) laid out one after another from offset 0, padded to
  * a multiple of 8: malloc'ed, length in *len; NULL when out of memory. */

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "byteorder_internal.h"
 #include "files_internal.h"
 #include "../nn_internal.h"
 
@@ -26,10 +27,7 @@
 
 static const char *FN = "nb_load_tokens";
 
-static int32_t le_i32(const unsigned char *p) {
-    return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-                     (uint32_t)p[3] << 24);
-}
+static int32_t le_i32(const unsigned char *p) { return (int32_t)nn_ld_le32(p); }
 
 /* A 1-D i64 tensor of n elements that outlives any open scope. */
 static nb_tensor *persistent_i64(int64_t n) {
@@ -58,7 +56,7 @@ static nb_tensor *read_tokens(int fd, const char *path, int64_t n, int width,
         int64_t k = n - done < per_chunk ? n - done : per_chunk;
         if (nn_read_all(fd, FN, path, buf, (size_t)(k * width)) != 0) goto fail;
         for (int64_t i = 0; i < k; i++) {
-            int64_t v = width == 1 ? buf[i] : (int64_t)(buf[2 * i] | buf[2 * i + 1] << 8);
+            int64_t v = width == 1 ? buf[i] : (int64_t)nn_ld_le16(buf + 2 * i);
             if (vocab_size > 0 && v >= vocab_size) {
                 nn_error("%s: \"%s\": token %lld at position %lld is not below vocab_size "
                          "%lld", FN, path, (long long)v, (long long)(done + i),

@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../formats/byteorder_internal.h"
 #include "../formats/files_internal.h"
 #include "../nn_internal.h"
 #include "tokenizer_internal.h"
@@ -604,9 +605,7 @@ static int read_merges_beside(loader *L) {
                  L->merges_path);
 }
 
-static uint32_t le32(const unsigned char *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
+static uint32_t le32(const unsigned char *p) { return nn_ld_le32(p); }
 
 /* llm.c's gpt2_tokenizer.bin, into tok (tokens only; can_encode stays false). */
 static int load_bin(loader *L, nb_tokenizer *tok, const unsigned char *d, int64_t len) {
