@@ -337,16 +337,14 @@ static C512 void col2im_f32_rows_avx512(const conv_geom *g, float *gxn, const fl
 }
 #endif
 
-static bool use_avx512(void) {
 #ifdef CONV_AVX512
+static bool use_avx512(void) {
     static _Atomic int avx512 = -1; /* the path, read once */
     int use = atomic_load_explicit(&avx512, memory_order_relaxed);
     if (use < 0) atomic_store(&avx512, use = nbi_isa() >= NBI_ISA_AVX512);
     return use;
-#else
-    return false;
-#endif
 }
+#endif
 
 static void im2col(bool f64, const conv_geom *g, const char *xn, const int64_t *xs, int64_t k0,
                    int64_t k1, int64_t p0, int64_t p1, void *col, int64_t ld) {
