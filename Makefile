@@ -583,8 +583,94 @@ gpt-fixture: $(BUILD)/tests/gen_gpt_files
 	$(BUILD)/tests/gen_gpt_files small $(BUILD)/gpt-check && $(BUILD)/tests/gen_gpt_files gpt2 $(BUILD)/gpt-check
 	/usr/bin/python3 tests/fixtures/gen_gpt.py --files $(BUILD)/gpt-check
 
+# ------------------------------------------------------- aarch64 and riscv64
+# make test-arm: the library, examples, test runner and op-fuzzer replay
+# cross-compiled for aarch64 with -Werror by GCC (build-arm) and by clang
+# --target=aarch64-linux-gnu (build-arm-clang: library, examples, runner),
+# Check linked from Debian's arm64 multiarch libraries; then the suites under
+# qemu-aarch64 user emulation, one run per aarch64 path (portable, neon,
+# neon-bf16; sve at 16, 32 and 64-byte vectors) and on CPUs without SVE or
+# BF16, where detection must fall back (tests/arm_check.sh, docs/testing.md).
+# make test-riscv: the same -Werror build for riscv64 (GCC, build-riscv; the
+# test sources compiled, not linked: Debian 12 has no Check for riscv64),
+# then under qemu-riscv64 the op fuzzer's corpus (every op against its
+# reference) and examples whose last line must match PyTorch's numbers.
+# cross-deps installs what both need when missing and root (adding the arm64
+# architecture to dpkg), or prints the commands.
+ARM_CC     ?= aarch64-linux-gnu-gcc
+ARM_CLANG  ?= clang --target=aarch64-linux-gnu
+RISCV_CC   ?= riscv64-linux-gnu-gcc
+CROSS_OPT  ?= -O3 -g -Werror
+CROSS_PKGS := gcc-aarch64-linux-gnu libc6-dev-arm64-cross gcc-riscv64-linux-gnu libc6-dev-riscv64-cross \
+  qemu-user-static clang check:arm64 libsubunit-dev:arm64 check pkg-config
+# Check's header is the host's (/usr/include, the same file on every
+# architecture); a cross GCC does not look there otherwise.
+CROSS_INC  := -idirafter /usr/include
+# A build directory is built whole with -Werror: one made with other flags
+# (make does not track them) is removed first.
+cross_fresh = f="$(1) $(CROSS_OPT)"; [ "$$(cat $(2)/.cross-flags 2>/dev/null)" = "$$f" ] || \
+  { rm -rf $(2); mkdir -p $(2); echo "$$f" > $(2)/.cross-flags; }
+.PHONY: cross-deps test-arm test-riscv
+cross-deps:
+	@missing=; for c in aarch64-linux-gnu-gcc riscv64-linux-gnu-gcc qemu-aarch64-static qemu-riscv64-static clang; do \
+	  command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \
+	[ -f /usr/lib/aarch64-linux-gnu/libcheck_pic.a ] || missing="$$missing check:arm64"; \
+	[ -f /usr/lib/aarch64-linux-gnu/libsubunit.a ] || missing="$$missing libsubunit-dev:arm64"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "make test-arm/test-riscv: installing the cross toolchains, QEMU and Check for arm64 (missing:$$missing)"; \
+	    { dpkg --print-foreign-architectures | grep -qx arm64 || dpkg --add-architecture arm64; } && \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(CROSS_PKGS) >/dev/null; \
+	  else \
+	    echo "make test-arm and test-riscv need cross compilers, QEMU and Check for arm64 (missing:$$missing)."; \
+	    echo "Install them with:"; \
+	    echo "    sudo dpkg --add-architecture arm64 && sudo apt-get update && sudo apt-get install -y $(CROSS_PKGS)"; \
+	    exit 1; \
+	  fi; \
+	fi
+
+test-arm: cross-deps check-deps
+	@t0=$$(date +%s); $(call cross_fresh,$(ARM_CC),build-arm); \
+	PKG_CONFIG_LIBDIR=/usr/lib/aarch64-linux-gnu/pkgconfig $(MAKE) --no-print-directory \
+	  CC="$(ARM_CC) $(CROSS_INC)" BUILD=build-arm OPT="$(CROSS_OPT)" \
+	  all build-arm/tests/run_tests build-arm/fuzz/replay > build-arm/build.log 2>&1 || \
+	  { grep -E -A4 '(error|warning):' build-arm/build.log | head -60; echo "test-arm: $(ARM_CC) build FAILED"; exit 1; }; \
+	echo "test-arm: build-arm: library, examples, tests and fuzz/replay built by $(ARM_CC) $(CROSS_OPT) in $$(($$(date +%s) - t0)) s"
+	@t0=$$(date +%s); $(call cross_fresh,$(ARM_CLANG),build-arm-clang); \
+	PKG_CONFIG_LIBDIR=/usr/lib/aarch64-linux-gnu/pkgconfig $(MAKE) --no-print-directory \
+	  CC="$(ARM_CLANG)" BUILD=build-arm-clang OPT="$(CROSS_OPT)" \
+	  all build-arm-clang/tests/run_tests > build-arm-clang/build.log 2>&1 || \
+	  { grep -E -A4 '(error|warning):' build-arm-clang/build.log | head -60; echo "test-arm: $(ARM_CLANG) build FAILED"; exit 1; }; \
+	echo "test-arm: build-arm-clang: library, examples and tests built by $(ARM_CLANG) $(CROSS_OPT) in $$(($$(date +%s) - t0)) s"
+	@bash tests/arm_check.sh build-arm build-arm-clang
+
+RISCV_QEMU = qemu-riscv64-static -L /usr/riscv64-linux-gnu -E LD_LIBRARY_PATH=/usr/riscv64-linux-gnu/lib
+test-riscv: cross-deps check-deps
+	@t0=$$(date +%s); $(call cross_fresh,$(RISCV_CC),build-riscv); \
+	$(MAKE) --no-print-directory CC="$(RISCV_CC)" BUILD=build-riscv OPT="$(CROSS_OPT)" \
+	  all build-riscv/fuzz/replay > build-riscv/build.log 2>&1 && \
+	mkdir -p build-riscv/tests-obj && cd build-riscv/tests-obj && \
+	$(RISCV_CC) $(CROSS_OPT) $(WARN) -D_POSIX_C_SOURCE=200809L -pthread $(CROSS_INC) -I$(CURDIR) \
+	  -DNB_FIXTURE_DIR='"$(CURDIR)/tests/fixtures"' -c $(addprefix $(CURDIR)/,$(TEST_SRC)) >> ../build.log 2>&1 || \
+	  { cd $(CURDIR); grep -E -A4 '(error|warning):' build-riscv/build.log | head -60; echo "test-riscv: $(RISCV_CC) build FAILED"; exit 1; }; \
+	echo "test-riscv: build-riscv: library, examples, fuzz/replay and the test sources built by $(RISCV_CC) $(CROSS_OPT) in $$(($$(date +%s) - t0)) s"
+	@t0=$$(date +%s); fail=0; \
+	$(RISCV_QEMU) build-riscv/fuzz/replay fuzz/corpus/ops > build-riscv/replay.log 2>&1 && \
+	  echo "test-riscv: ok: $$(tail -1 build-riscv/replay.log)" || { tail -5 build-riscv/replay.log; fail=1; }; \
+	for e in "newton:newton: converged to (1, 1) in 7 steps; Hv and the jvp agree with the references" \
+	  "gradient_penalty:gradient_penalty: loss fell from 8.725266 to 1.957491 in 10 steps"; do \
+	  last=$$($(RISCV_QEMU) build-riscv/examples/$${e%%:*} 2>&1 | tail -1); \
+	  [ "$$last" = "$${e#*:}" ] && echo "test-riscv: ok: examples/$$last" || \
+	    { echo "test-riscv: FAIL: examples/$${e%%:*} ended on \"$$last\""; fail=1; }; done; \
+	got=$$(printf 'Hello, world<|endoftext|> caf\303\251\n' | \
+	  $(RISCV_QEMU) build-riscv/examples/tokenize --tokenizer tests/fixtures/gpt2/encoder.json); \
+	[ "$$got" = "15496 11 995 50256 40304 198" ] && echo "test-riscv: ok: examples/tokenize encodes GPT-2's ids" || \
+	  { echo "test-riscv: FAIL: examples/tokenize gave \"$$got\""; fail=1; }; \
+	echo "test-riscv: $$([ $$fail = 0 ] && echo "every check passed" || echo FAILED) under $(RISCV_QEMU) in $$(($$(date +%s) - t0)) s"; \
+	exit $$fail
+
 clean:
-	rm -rf $(BUILD) build-asan build-asan-clang build-clang build-fuzz build-tsan build-s390x libnabla.a libnabla.so
+	rm -rf $(BUILD) build-asan build-asan-clang build-clang build-fuzz build-tsan build-arm build-arm-clang build-riscv build-s390x libnabla.a libnabla.so
 
 # ------------------------------------------------------------- nabla_mpi
 # The optional data-parallel part (mpi/nabla_mpi.h, docs/distributed.md):

@@ -12,8 +12,9 @@
  * failure names the output, the thread count, the first differing element
  * and how many differ. The thread count is restored after every case, before
  * anything is compared, and every run must free all it made (tensors and
- * storage bytes). Under valgrind the sizes shrink (still above the parallel
- * thresholds); NB_SLOW_TESTS=1 keeps the full ones.
+ * storage bytes). Under valgrind, and under emulation (NB_TEST_REDUCED=1:
+ * make test-arm), the sizes shrink (still above the parallel thresholds);
+ * NB_SLOW_TESTS=1 keeps the full ones.
  *
  * Also: the harness itself (a thread-dependent result is caught), the
  * nb_set_num_threads errors, the memory statistics (nb_memory_allocated and
@@ -280,9 +281,10 @@ static nb_tensor *transposed(nb_dtype dt, uint64_t seed, int64_t rows, int64_t c
     return OK(nb_transpose(randn_t(dt, seed, NB_SHAPE(cols, rows)), 0, 1));
 }
 
-/* Sizes. Under valgrind (seen by its preload library in LD_PRELOAD) they
- * shrink, still above every parallel threshold (NBI_GRAIN 32K elements,
- * NBI_GRAIN_HEAVY 4K, ~2 MFLOP per matmul task), unless NB_SLOW_TESTS=1. */
+/* Sizes. Under valgrind (seen by its preload library in LD_PRELOAD) or with
+ * NB_TEST_REDUCED=1 (make test-arm's runs under QEMU) they shrink, still
+ * above every parallel threshold (NBI_GRAIN 32K elements, NBI_GRAIN_HEAVY
+ * 4K, ~2 MFLOP per matmul task), unless NB_SLOW_TESTS=1. */
 static int64_t N1 = 1000003;       /* flat elementwise / full reductions */
 static int64_t R = 997, C = 1031;  /* 2-d elementwise and reductions */
 static int64_t WR = 33, WC = 32771; /* wide: reductions along dim 0 */
@@ -299,7 +301,9 @@ static bool reduced;
 
 static void choose_sizes(void) {
     const char *pre = getenv("LD_PRELOAD"), *slow = getenv("NB_SLOW_TESTS");
-    if (!pre || !strstr(pre, "vgpreload") || (slow && slow[0] && strcmp(slow, "0") != 0)) return;
+    const char *small = getenv("NB_TEST_REDUCED");
+    bool shrink = (pre && strstr(pre, "vgpreload")) || (small && strcmp(small, "1") == 0);
+    if (!shrink || (slow && slow[0] && strcmp(slow, "0") != 0)) return;
     reduced = true;
     N1 = 200003;
     R = 241;
@@ -1094,7 +1098,8 @@ END_TEST
 Suite *suite_threads(void) {
     choose_sizes();
     if (reduced)
-        printf("threads: under valgrind, reduced sizes (NB_SLOW_TESTS=1 for the full ones)\n");
+        printf("threads: under valgrind or NB_TEST_REDUCED=1, reduced sizes (NB_SLOW_TESTS=1 for "
+               "the full ones)\n");
     Suite *s = suite_create("threads");
     TCase *tc = tcase_create("harness");
     tcase_set_timeout(tc, 60);
