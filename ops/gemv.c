@@ -279,6 +279,8 @@ int nbi_gemv_f32(int64_t N, int64_t K, const float *w, int64_t ldw, const float 
 #if GV_X86
     if (p == 2) gv_f32(N, K, w, ldw, x, y, sy);
     else nbi_gemv_f32_avx2(N, K, w, ldw, x, y, sy);
+#else
+    (void)K, (void)w, (void)ldw, (void)x, (void)y, (void)sy;
 #endif
     return 0;
 }
@@ -290,6 +292,8 @@ int nbi_vecmat_f32(int64_t N, int64_t K, const float *w, int64_t ldw, const floa
 #if GV_X86
     if (p == 2) gv_vecmat(N, K, w, ldw, x, y);
     else nbi_vecmat_f32_avx2(N, K, w, ldw, x, y);
+#else
+    (void)K, (void)w, (void)ldw, (void)x, (void)y;
 #endif
     return 0;
 }
@@ -316,6 +320,8 @@ int nbi_gemv_bf16(int64_t N, int64_t K, const uint16_t *w, int64_t ldw, const ui
 #if GV_X86
     if (p == 3) gv_bf16(N, K, w, ldw, xp, y, sy);
     else nbi_gemv_bf16_avx2(N, K, w, ldw, xp, y, sy);
+#else
+    (void)K, (void)w, (void)ldw, (void)xp, (void)y, (void)sy;
 #endif
     return 0;
 }
