@@ -2501,12 +2501,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     p.fdt = head & 1 ? NB_F64 : NB_F32;
     p.bf16_inputs = head >> 5 & 3;
     int ntensors = 1 + (int)((head >> 1 & 3) % 3);
-    /* the kernel path of f32/f64 products and of bf16 ones (best: vdpbf16ps
-     * here; the others: the f32-FMA fallbacks); one the CPU lacks falls back */
-    static const int paths[] = {NBI_GEMM_AUTO, NBI_GEMM_PORTABLE, NBI_GEMM_AVX2, NBI_GEMM_AVX512};
-    static const int isas[] = {-1, NBI_ISA_PORTABLE, NBI_ISA_AVX2, NBI_ISA_AVX512};
-    nbi_isa_force(isas[head >> 3 & 3]);
-    nbi_gemm_path(paths[head >> 3 & 3]);
+    /* the kernel path of f32/f64 products and of bf16 ones: 0 the best, k the
+     * k-th path of this architecture from portable (x86: portable, AVX2,
+     * AVX-512; aarch64: portable, NEON, NEON_BF16), capped by the best the
+     * CPU has; the f32/f64 product path follows the capped one */
+    const int k = (int)(head >> 3 & 3);
+    nbi_isa_force(k == 0 || k > NBI_ISA_COUNT ? -1 : k - 1);
+    nbi_gemm_path(NBI_GEMM_AUTO);
     nb_clear_error();
     nb_scope_begin();
     for (int i = 0; i < ntensors; i++) make_tensor(&p, &r, i);
