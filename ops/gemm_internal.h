@@ -60,7 +60,9 @@ int nbi_gemm_bf16(nbi_gemm_ws *ws, int64_t M, int64_t N, int64_t K,
                   float *c, int64_t scm, int64_t scn);
 /* The path nbi_gemm_bf16 takes now (from nbi_isa, tensor/cpu_internal.h):
  * NBI_ISA_AVX512BF16 (vdpbf16ps), or the f32-FMA path it falls to
- * (NBI_ISA_AVX512, NBI_ISA_AVX2, NBI_ISA_PORTABLE). */
+ * (NBI_ISA_AVX512, NBI_ISA_AVX2, NBI_ISA_PORTABLE); on aarch64
+ * NBI_ISA_NEON_BF16 (BFMMLA, ops/arch/arm/gemm_bf16_neon.c) for the NEON_BF16
+ * and SVE paths when the CPU has NBI_CPU_BF16, else NBI_ISA_PORTABLE. */
 int nbi_gemm_bf16_path(void);
 
 /* Cache blocks (gemm.c): a path's register tile (mr rows x nr columns) and
