@@ -102,7 +102,8 @@ int64_t nbi_gemm_mc_in_place(const struct nbi_cpu *cpu, const nbi_gemm_blocks *b
  * when this CPU path has no such kernel (nothing written: use the general
  * one). Paths: AVX-512 and AVX2+FMA for f32 (gemm.c's path in use), and
  * for bf16 AVX512_BF16 or the f32 fallbacks' AVX-512F / AVX2 (gemm_bf16.c's
- * path in use). nbi_gemv_available: whether they would run (bf16 = 1: the
+ * path in use); aarch64: NEON for f32 where gemm.c's path is not portable,
+ * BFMMLA for bf16 where gemm_bf16.c's is NEON_BF16. nbi_gemv_available: whether they would run (bf16 = 1: the
  * bf16 one; nbi_vecmat_f32 runs where the f32 one does). */
 int nbi_gemv_f32(int64_t N, int64_t K, const float *w, int64_t ldw, const float *x, float *y,
                  int64_t sy);
