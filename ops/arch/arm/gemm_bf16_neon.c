@@ -188,17 +188,20 @@ MM_ATTR void nbi_mmla_block(int64_t mc, int64_t nc, int64_t kg, const void *pa, 
 /* ------------------------------------------------------------- the gemv */
 /* Rows j, j+1 of W as B's blocks and x as both rows of A's: the block's
  * low half is [y_j, y_j+1], each element the chain of the GEMM (the high
- * half repeats it). 8 rows at a time (4 chains in flight), 8 k per load
- * (a 64-bit zip of two rows' 16 bytes gives two groups' blocks). */
+ * half repeats it). 16 rows at a time: 8 chains in flight, two BFMMLA of
+ * latency 5 each per step (with 8 rows, 4 chains, llvm-mca's Neoverse N2
+ * model gave 10 cycles per 128 bytes of W: latency-bound), 8 k per load (a
+ * 64-bit zip of two rows' 16 bytes gives two groups' blocks). */
 static MM_ATTR MM_INLINE void mm_gemv_rows(const int rp, int64_t K, const uint16_t *w,
                                            int64_t ldw, const uint32_t *xp, float *y,
                                            int64_t sy, int n) {
-    float32x4_t acc[4];
+    float32x4_t acc[8];
     MM_UNROLL for (int r = 0; r < rp; r++) acc[r] = vdupq_n_f32(0);
-    const uint16_t *row[8];
+    const uint16_t *row[16];
     MM_UNROLL for (int i = 0; i < 2 * rp; i++) row[i] = w + (i < n ? i : 0) * ldw;
     int64_t k = 0;
     for (; k + 8 <= K; k += 8) {
+        NBI_MCA_BEGIN("gemv_bf16_bfmmla");
         const uint64x2_t xv = vreinterpretq_u64_u32(vld1q_u32(xp + k / 2));
         const bfloat16x8_t x0 = vreinterpretq_bf16_u64(vdupq_laneq_u64(xv, 0));
         const bfloat16x8_t x1 = vreinterpretq_bf16_u64(vdupq_laneq_u64(xv, 1));
@@ -208,9 +211,10 @@ static MM_ATTR MM_INLINE void mm_gemv_rows(const int rp, int64_t K, const uint16
             acc[r] = vbfmmlaq_f32(acc[r], x0, vreinterpretq_bf16_u64(vzip1q_u64(e, o)));
             acc[r] = vbfmmlaq_f32(acc[r], x1, vreinterpretq_bf16_u64(vzip2q_u64(e, o)));
         }
+        NBI_MCA_END("gemv_bf16_bfmmla");
     }
     for (; k < K; k += 4) { /* the last groups, zero-padded past K */
-        uint16_t xs[8] = {0}, ws[8][4] = {{0}};
+        uint16_t xs[8] = {0}, ws[16][4] = {{0}};
         const int m = (int)MM_MIN(4, K - k);
         for (int e = 0; e < m; e++) {
             xs[e] = xs[4 + e] = (uint16_t)(xp[(k + e) / 2] >> ((k + e) % 2 * 16));
@@ -220,7 +224,7 @@ static MM_ATTR MM_INLINE void mm_gemv_rows(const int rp, int64_t K, const uint16
         MM_UNROLL for (int r = 0; r < rp; r++)
             acc[r] = vbfmmlaq_f32(acc[r], xv, vreinterpretq_bf16_u16(vld1q_u16(ws[2 * r])));
     }
-    float out[8];
+    float out[16];
     MM_UNROLL for (int r = 0; r < rp; r++) vst1_f32(out + 2 * r, vget_low_f32(acc[r]));
     for (int i = 0; i < n; i++) y[i * sy] = out[i];
 }
@@ -228,10 +232,11 @@ static MM_ATTR MM_INLINE void mm_gemv_rows(const int rp, int64_t K, const uint16
 MM_ATTR void nbi_mmla_gemv(int64_t N, int64_t K, const uint16_t *w, int64_t ldw,
                            const uint32_t *xp, float *y, int64_t sy) {
     int64_t j = 0;
-    for (; j + 8 <= N; j += 8) mm_gemv_rows(4, K, w + j * ldw, ldw, xp, y + j * sy, sy, 8);
+    for (; j + 16 <= N; j += 16) mm_gemv_rows(8, K, w + j * ldw, ldw, xp, y + j * sy, sy, 16);
     if (j < N) {
         const int n = (int)(N - j);
-        if (n > 4) mm_gemv_rows(4, K, w + j * ldw, ldw, xp, y + j * sy, sy, n);
+        if (n > 8) mm_gemv_rows(8, K, w + j * ldw, ldw, xp, y + j * sy, sy, n);
+        else if (n > 4) mm_gemv_rows(4, K, w + j * ldw, ldw, xp, y + j * sy, sy, n);
         else if (n > 2) mm_gemv_rows(2, K, w + j * ldw, ldw, xp, y + j * sy, sy, n);
         else mm_gemv_rows(1, K, w + j * ldw, ldw, xp, y + j * sy, sy, n);
     }
