@@ -49,21 +49,34 @@ static MM_INLINE uint16_t mm_get(const void *p, const int f32, int64_t off) {
 
 /* The layout of the header, f32 constant at each call. Reads run along the
  * operand's unit stride: along k within a lane when k is contiguous (a
- * row-major A, a transposed B), across the lanes of one k otherwise. */
+ * row-major A, a transposed B: whole groups of 4 k are one 8-byte copy, or
+ * 4 roundings), across the lanes of one k otherwise; the padding (lanes
+ * past n, k past kc) is written as zeros outside the copying loops. */
 static MM_INLINE void mm_pack_as(const void *p, const int f32, int64_t sj, int64_t sk,
                                  int64_t n, int w, int64_t ps, int64_t kc, uint16_t *dst) {
-    const int64_t kg = (kc + 3) / 4;
+    const int64_t kg = (kc + 3) / 4, kf = kc / 4; /* groups, whole groups */
     for (int64_t j0 = 0; j0 < n; j0 += w) {
         uint16_t *d = dst + j0 / w * ps * 2;
         const int64_t m = MM_MIN(w, n - j0), base = j0 * sj;
         if (sk == 1 || sj != 1) {
             for (int64_t l = 0; l < w; l++) {
                 uint16_t *dl = d + (l / 2) * 8 + (l % 2) * 4;
-                for (int64_t g = 0; g < kg; g++) {
+                const int64_t off = base + l * sj;
+                int64_t g = 0;
+                if (l < m && sk == 1)
+                    for (; g < kf; g++) {
+                        uint16_t *b = dl + g * 4 * w;
+                        if (f32)
+                            for (int e = 0; e < 4; e++)
+                                b[e] = nbi_bf16_from_f32(((const float *)p)[off + 4 * g + e]);
+                        else
+                            memcpy(b, (const uint16_t *)p + off + 4 * g, 8);
+                    }
+                for (; g < kg; g++) {
                     uint16_t *b = dl + g * 4 * w;
                     for (int e = 0; e < 4; e++) {
                         const int64_t k = 4 * g + e;
-                        b[e] = l < m && k < kc ? mm_get(p, f32, base + l * sj + k * sk) : 0;
+                        b[e] = l < m && k < kc ? mm_get(p, f32, off + k * sk) : 0;
                     }
                 }
             }
@@ -72,9 +85,11 @@ static MM_INLINE void mm_pack_as(const void *p, const int f32, int64_t sj, int64
                 for (int e = 0; e < 4; e++) {
                     const int64_t k = 4 * g + e;
                     uint16_t *b = d + g * 4 * w + e;
-                    for (int64_t l = 0; l < w; l++)
-                        b[(l / 2) * 8 + (l % 2) * 4] =
-                            l < m && k < kc ? mm_get(p, f32, base + l + k * sk) : 0;
+                    int64_t l = 0;
+                    if (k < kc)
+                        for (; l < m; l++)
+                            b[(l / 2) * 8 + (l % 2) * 4] = mm_get(p, f32, base + l + k * sk);
+                    for (; l < w; l++) b[(l / 2) * 8 + (l % 2) * 4] = 0;
                 }
         }
     }
