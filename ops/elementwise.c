@@ -10,6 +10,7 @@
 #include "elementwise_internal.h"
 #include "registry.h"
 #include "vmath.h"
+#include "../tensor/cpu_internal.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -22,6 +23,8 @@ static int vmath_detect(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) return NBV_AVX512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return NBV_AVX2;
+#elif NBV_ARM
+    if (nbi_isa() >= NBI_ISA_NEON) return NBV_NEON;
 #endif
     return NBV_PORTABLE;
 }

@@ -34,7 +34,12 @@
  * sums, where the fallbacks keep them.
  *
  * Paths (nbi_gemm_bf16_path, from tensor/cpu.c's nbi_isa): AVX512_BF16, then
- * the f32 fallbacks AVX-512F, AVX2+FMA and portable. AMX would plug in above
+ * the f32 fallbacks AVX-512F, AVX2+FMA and portable. On aarch64 with FEAT_BF16
+ * (the NEON_BF16 and SVE paths) a third layout, BFMMLA's blocks of 2 lanes x
+ * 4 k (kstep 4: one chain step per group of 4 k, K zero-padded to a multiple
+ * of 4, KC a multiple of 4), packed and multiplied in
+ * ops/arch/arm/gemm_bf16_neon.c (see its header for the bits); without it
+ * the portable fallback. AMX would plug in above
  * AVX512_BF16: TDPBF16PS takes B in this same pairs layout (a panel row of
  * NR = 32 columns is two tile rows side by side; tileloadd takes the stride),
  * with A packed row-major in tiles of 16 rows x 32 k. It is not written, as
@@ -46,6 +51,7 @@
 
 #include "../tensor/bf16_internal.h"
 #include "../tensor/cpu_internal.h"
+#include "arch/arm/gemm_bf16_neon.h"
 #include "arch/mca.h"
 
 #include <math.h>
@@ -130,7 +136,8 @@ typedef void bf_block_fn(int64_t mc, int64_t nc, int64_t kr, const void *pa, int
 typedef struct {
     int mr, nr;         /* register tile */
     int64_t kc, mc, nc; /* cache blocks */
-    int kstep;          /* k per packed row: 2 (pairs) or 1 (f32) */
+    int kstep;          /* k per packed row: 4 (BFMMLA), 2 (pairs) or 1 (f32) */
+    int lw;             /* 32-bit words per lane per packed row: 2 (BFMMLA), else 1 */
     bf_pack_fn *pack_a, *pack_b;
     bf_block_fn *block;
 } bf_path;
@@ -147,14 +154,15 @@ static int bf_run(const bf_path *P, nbi_gemm_ws *ws, int64_t M, int64_t N, int64
     const int64_t kcap = BF_MIN(P->kc, K), krcap = (kcap + P->kstep - 1) / P->kstep;
     const int64_t mpan = (BF_MIN(P->mc, M) + P->mr - 1) / P->mr; /* panels per block */
     const int64_t npan = (BF_MIN(P->nc, N) + P->nr - 1) / P->nr;
-    const size_t asz = (size_t)(mpan * (krcap * P->mr + BF_SKEW)) * 4;
-    if (nbi_gemm_ws_reserve(ws, asz + (size_t)(npan * (krcap * P->nr + BF_SKEW)) * 4)) return -1;
+    const size_t asz = (size_t)(mpan * (krcap * P->mr * P->lw + BF_SKEW)) * 4;
+    if (nbi_gemm_ws_reserve(ws, asz + (size_t)(npan * (krcap * P->nr * P->lw + BF_SKEW)) * 4))
+        return -1;
     char *pa = ws->buf, *pb = pa + asz;
     for (int64_t jc = 0; jc < N; jc += P->nc) {
         const int64_t nc = BF_MIN(P->nc, N - jc);
         for (int64_t pc = 0; pc < K; pc += P->kc) {
             const int64_t kc = BF_MIN(P->kc, K - pc), kr = (kc + P->kstep - 1) / P->kstep;
-            const int64_t psa = kr * P->mr + BF_SKEW, psb = kr * P->nr + BF_SKEW;
+            const int64_t psa = kr * P->mr * P->lw + BF_SKEW, psb = kr * P->nr * P->lw + BF_SKEW;
             P->pack_b(B, jc, nc, psb, pc, kc, pb);
             for (int64_t ic = 0; ic < M; ic += P->mc) {
                 const int64_t mc = BF_MIN(P->mc, M - ic);
@@ -309,8 +317,7 @@ typedef float fb_v4sf __attribute__((vector_size(16)));
 FB_DEFINE(fbp, fb_v4sf, 4, FBP_MR, , FB_MULADD)
 FB_PACK_DEFINE(fbp_pack_a, FBP_MR)
 FB_PACK_DEFINE(fbp_pack_b, 8)
-static const bf_path path_portable = {FBP_MR,    8,          FBP_KC,    FBP_MC,
-                                      FBP_NC, 1, fbp_pack_a, fbp_pack_b, fbp_block};
+static const bf_path path_portable = {FBP_MR, 8, FBP_KC, FBP_MC, FBP_NC, 1, 1, fbp_pack_a, fbp_pack_b, fbp_block};
 
 #if BF_X86
 #define FB_AVX2 __attribute__((target("avx2,fma")))
@@ -323,10 +330,8 @@ FB_PACK_DEFINE(fb2_pack_a, FB2_MR)
 FB_PACK_DEFINE(fb2_pack_b, 16)
 FB_PACK_DEFINE(fb512_pack_a, FB512_MR)
 FB_PACK_DEFINE(fb512_pack_b, 32)
-static const bf_path path_avx2 = {FB2_MR,    16,         FB2_KC,     FB2_MC,
-                                  FB2_NC, 1, fb2_pack_a, fb2_pack_b, fb2_block};
-static const bf_path path_avx512 = {FB512_MR,    32,           FB512_KC,     FB512_MC,
-                                    FB512_NC, 1, fb512_pack_a, fb512_pack_b, fb512_block};
+static const bf_path path_avx2 = {FB2_MR, 16, FB2_KC, FB2_MC, FB2_NC, 1, 1, fb2_pack_a, fb2_pack_b, fb2_block};
+static const bf_path path_avx512 = {FB512_MR, 32, FB512_KC, FB512_MC, FB512_NC, 1, 1, fb512_pack_a, fb512_pack_b, fb512_block};
 #endif
 
 /* ------------------------------------------------------- AVX512_BF16 path */
@@ -559,8 +564,33 @@ static BF_ATTR void bf_block(int64_t mc, int64_t nc, int64_t kr, const void *pa,
                     load);
 }
 
-static const bf_path path_bf16 = {BF_MR, BF_NR,     BF_KC,     BF_MC,
-                                  BF_NC, 2,         bf_pack_a, bf_pack_b, bf_block};
+static const bf_path path_bf16 = {BF_MR, BF_NR, BF_KC, BF_MC, BF_NC, 2, 1, bf_pack_a, bf_pack_b, bf_block};
+#endif
+
+/* ------------------------------------------------------ aarch64 BFMMLA path */
+/* ops/arch/arm/gemm_bf16_neon.c: groups of 4 k (kstep 4, two words per lane
+ * per group), 8 x 12 tiles. Blocks as the AVX512_BF16 path's (bf16 panels);
+ * KC a multiple of 4 so that no group straddles two k blocks. */
+#if NBI_ARCH_ARM64
+#define MM_KC 768
+#define MM_MC 256
+#define MM_NC 1020
+_Static_assert(MM_KC % 4 == 0, "the groups must not straddle KC blocks");
+
+static void mm_pack_a(const bf_src *s, int64_t j0, int64_t n, int64_t ps, int64_t k0, int64_t kc,
+                      void *dst) {
+    const int64_t off = j0 * s->sj + k0 * s->sk;
+    nbi_mmla_pack((const char *)s->p + off * (s->f32 ? 4 : 2), s->f32, s->sj, s->sk, n,
+                  NBI_MMLA_MR, ps, kc, dst);
+}
+static void mm_pack_b(const bf_src *s, int64_t j0, int64_t n, int64_t ps, int64_t k0, int64_t kc,
+                      void *dst) {
+    const int64_t off = j0 * s->sj + k0 * s->sk;
+    nbi_mmla_pack((const char *)s->p + off * (s->f32 ? 4 : 2), s->f32, s->sj, s->sk, n,
+                  NBI_MMLA_NR, ps, kc, dst);
+}
+static const bf_path path_mmla = {NBI_MMLA_MR, NBI_MMLA_NR, MM_KC,     MM_MC,         MM_NC,
+                                  4,           2,           mm_pack_a, mm_pack_b, nbi_mmla_block};
 #endif
 
 /* ------------------------------------------------------------- the blocks */
@@ -582,16 +612,20 @@ static void size_paths(void) {
     sized[NBI_ISA_AVX512] = nbi_gemm_blocking(cpu, path_avx512.mr, path_avx512.nr, 4);
     sized[NBI_ISA_AVX512BF16] = nbi_gemm_blocking(cpu, path_bf16.mr, path_bf16.nr, 2);
 #endif
+#if NBI_ARCH_ARM64
+    sized[NBI_ISA_NEON_BF16] = nbi_gemm_blocking(cpu, path_mmla.mr, path_mmla.nr, 2);
+#endif
 }
 
 static void sized_from_cpu(bf_path *p, int64_t K) {
 #ifndef BF_CONSTANT_BLOCKS
     pthread_once(&sized_once, size_paths);
     const nbi_gemm_blocks b = sized[nbi_gemm_bf16_path()];
-    p->kc = b.kc & ~(int64_t)1;
+    const int64_t q = p->kstep > 2 ? p->kstep : 2; /* kc: whole pairs or groups */
+    p->kc = b.kc / q * q > 0 ? b.kc / q * q : q;
     p->mc = (b.mc + p->mr - 1) / p->mr * p->mr;
     p->nc = (b.nc + p->nr - 1) / p->nr * p->nr;
-    if (K > p->kc && K <= p->kc + p->kc / 2) p->kc = (K + 1) & ~(int64_t)1;
+    if (K > p->kc && K <= p->kc + p->kc / 2) p->kc = (K + q - 1) / q * q;
 #else
     (void)p;
     (void)K;
@@ -600,12 +634,19 @@ static void sized_from_cpu(bf_path *p, int64_t K) {
 
 /* ------------------------------------------------------------------ entry */
 int nbi_gemm_bf16_path(void) {
-#if BF_X86
+#if BF_X86 || NBI_ARCH_ARM64
     const int isa = nbi_isa();
+#endif
+#if BF_X86
     /* NBI_ISA_AMX: an AMX path would go first here (see the header). */
     if (isa >= NBI_ISA_AVX512BF16) return NBI_ISA_AVX512BF16;
     if (isa >= NBI_ISA_AVX512) return NBI_ISA_AVX512;
     if (isa >= NBI_ISA_AVX2) return NBI_ISA_AVX2;
+#elif NBI_ARCH_ARM64
+    /* SVE's bf16 products are NEON_BF16's (BFMMLA on 128-bit registers) */
+    if (isa >= NBI_ISA_NEON_BF16 && (nbi_cpu_info()->features & NBI_CPU_BF16) &&
+        nbi_mmla_compiled())
+        return NBI_ISA_NEON_BF16;
 #endif
     return NBI_ISA_PORTABLE;
 }
@@ -626,6 +667,9 @@ int nbi_gemm_bf16(nbi_gemm_ws *ws, int64_t M, int64_t N, int64_t K, const void *
     case NBI_ISA_AVX512BF16: P = &path_bf16; break;
     case NBI_ISA_AVX512: P = &path_avx512; break;
     case NBI_ISA_AVX2: P = &path_avx2; break;
+#endif
+#if NBI_ARCH_ARM64
+    case NBI_ISA_NEON_BF16: P = &path_mmla; break;
 #endif
     default: break;
     }

@@ -60,7 +60,9 @@ int nbi_gemm_bf16(nbi_gemm_ws *ws, int64_t M, int64_t N, int64_t K,
                   float *c, int64_t scm, int64_t scn);
 /* The path nbi_gemm_bf16 takes now (from nbi_isa, tensor/cpu_internal.h):
  * NBI_ISA_AVX512BF16 (vdpbf16ps), or the f32-FMA path it falls to
- * (NBI_ISA_AVX512, NBI_ISA_AVX2, NBI_ISA_PORTABLE). */
+ * (NBI_ISA_AVX512, NBI_ISA_AVX2, NBI_ISA_PORTABLE); on aarch64
+ * NBI_ISA_NEON_BF16 (BFMMLA, ops/arch/arm/gemm_bf16_neon.c) for the NEON_BF16
+ * and SVE paths when the CPU has NBI_CPU_BF16, else NBI_ISA_PORTABLE. */
 int nbi_gemm_bf16_path(void);
 
 /* Cache blocks (gemm.c): a path's register tile (mr rows x nr columns) and
@@ -100,7 +102,8 @@ int64_t nbi_gemm_mc_in_place(const struct nbi_cpu *cpu, const nbi_gemm_blocks *b
  * when this CPU path has no such kernel (nothing written: use the general
  * one). Paths: AVX-512 and AVX2+FMA for f32 (gemm.c's path in use), and
  * for bf16 AVX512_BF16 or the f32 fallbacks' AVX-512F / AVX2 (gemm_bf16.c's
- * path in use). nbi_gemv_available: whether they would run (bf16 = 1: the
+ * path in use); aarch64: NEON for f32 where gemm.c's path is not portable,
+ * BFMMLA for bf16 where gemm_bf16.c's is NEON_BF16. nbi_gemv_available: whether they would run (bf16 = 1: the
  * bf16 one; nbi_vecmat_f32 runs where the f32 one does). */
 int nbi_gemv_f32(int64_t N, int64_t K, const float *w, int64_t ldw, const float *x, float *y,
                  int64_t sy);

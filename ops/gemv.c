@@ -28,13 +28,17 @@
  * Paths: AVX-512F (f32) and AVX512_BF16 (bf16) here, from tensor/cpu.c's
  * nbi_isa; AVX2+FMA (f32, and bf16 weights widened to f32 where gemm_bf16.c
  * takes its f32 fallback, AVX-512F without BF16 too) in gemv_avx2.c, with
- * that path's bits; elsewhere the functions return 1 and the caller takes
- * the general kernel, whose bits these are. */
+ * that path's bits; on aarch64 NEON f32 (arch/arm/gemv_neon.c: one FMA
+ * chain per output, as gemm.c's aarch64 paths) and BFMMLA bf16
+ * (arch/arm/gemm_bf16_neon.c: gemm_bf16.c's groups of 4 k); elsewhere the
+ * functions return 1 and the caller takes the general kernel, whose bits
+ * these are. */
 #include "gemm_internal.h"
 
 #include "../tensor/bf16_internal.h"
 #include "../tensor/cpu_internal.h"
 #include "gemv_internal.h"
+#include "arch/arm/gemm_bf16_neon.h"
 
 #include <stdbool.h>
 #include <string.h>
@@ -255,6 +259,10 @@ static int gv_path(void) {
 #if GV_X86
     int p = nbi_gemm_path_now();
     return p == NBI_GEMM_AVX512 ? 2 : p == NBI_GEMM_AVX2 ? 1 : 0;
+#elif defined(__aarch64__)
+    /* 4: NEON (ops/arch/arm/gemv_neon.c), where gemm.c runs a vector path:
+     * all of aarch64's give one FMA chain per element, as it does */
+    return nbi_gemm_path_now() != NBI_GEMM_PORTABLE ? 4 : 0;
 #else
     return 0;
 #endif
@@ -266,6 +274,9 @@ static int gv_bf16_path(void) {
 #if GV_X86
     int p = nbi_gemm_bf16_path();
     return p == NBI_ISA_AVX512BF16 ? 3 : p == NBI_ISA_AVX512 || p == NBI_ISA_AVX2 ? 1 : 0;
+#elif defined(__aarch64__)
+    /* 5: BFMMLA (ops/arch/arm/gemm_bf16_neon.c), gemm_bf16.c's chains */
+    return nbi_gemm_bf16_path() == NBI_ISA_NEON_BF16 ? 5 : 0;
 #else
     return 0;
 #endif
@@ -279,6 +290,8 @@ int nbi_gemv_f32(int64_t N, int64_t K, const float *w, int64_t ldw, const float 
 #if GV_X86
     if (p == 2) gv_f32(N, K, w, ldw, x, y, sy);
     else nbi_gemv_f32_avx2(N, K, w, ldw, x, y, sy);
+#elif defined(__aarch64__)
+    nbi_gemv_f32_neon(N, K, w, ldw, x, y, sy);
 #else
     (void)K, (void)w, (void)ldw, (void)x, (void)y, (void)sy;
 #endif
@@ -292,6 +305,8 @@ int nbi_vecmat_f32(int64_t N, int64_t K, const float *w, int64_t ldw, const floa
 #if GV_X86
     if (p == 2) gv_vecmat(N, K, w, ldw, x, y);
     else nbi_vecmat_f32_avx2(N, K, w, ldw, x, y);
+#elif defined(__aarch64__)
+    nbi_vecmat_f32_neon(N, K, w, ldw, x, y);
 #else
     (void)K, (void)w, (void)ldw, (void)x, (void)y;
 #endif
@@ -320,6 +335,8 @@ int nbi_gemv_bf16(int64_t N, int64_t K, const uint16_t *w, int64_t ldw, const ui
 #if GV_X86
     if (p == 3) gv_bf16(N, K, w, ldw, xp, y, sy);
     else nbi_gemv_bf16_avx2(N, K, w, ldw, xp, y, sy);
+#elif defined(__aarch64__)
+    nbi_mmla_gemv(N, K, w, ldw, xp, y, sy);
 #else
     (void)K, (void)w, (void)ldw, (void)xp, (void)y, (void)sy;
 #endif

@@ -24,5 +24,12 @@ void nbi_gemv_bf16_avx2(int64_t N, int64_t K, const uint16_t *w, int64_t ldw,
 void nbi_vecmat_f32_avx2(int64_t N, int64_t K, const float *w, int64_t ldw, const float *x,
                          float *y);
 #endif
+#if defined(__aarch64__)
+/* arch/arm/gemv_neon.c: NEON FMA chains, one per output in k order. */
+void nbi_gemv_f32_neon(int64_t N, int64_t K, const float *w, int64_t ldw, const float *x,
+                       float *y, int64_t sy);
+void nbi_vecmat_f32_neon(int64_t N, int64_t K, const float *w, int64_t ldw, const float *x,
+                         float *y);
+#endif
 
 #endif

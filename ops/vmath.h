@@ -22,15 +22,16 @@
  * a zero-padded vector and computed by the same function, strided inputs are
  * gathered into vectors. So a value's result never depends on the array's
  * length, offset, alignment or on how a range was split across threads. It
- * may depend on the instruction-set path (fused multiply-adds on AVX2 and
- * AVX-512, separate multiplies and adds on the portable path), chosen once
- * per process as for the GEMM (nbi_vmath_path).
+ * may depend on the instruction-set path (fused multiply-adds on AVX2,
+ * AVX-512 and NEON, separate multiplies and adds on the portable path),
+ * chosen once per process as for the GEMM (nbi_vmath_path).
  *
  * Like ops/gemm.c, the library is built without -march: each function is
  * written once in a macro (NBV_DEFINE) and instantiated per instruction set
  * with GCC vector extensions: AVX-512 (16 floats, 8 doubles per vector) and
- * AVX2+FMA (8, 4) under target attributes, and a portable one (4, 2) of
- * whatever the baseline target makes of 16-byte vectors. Multiply-adds that
+ * AVX2+FMA (8, 4) under target attributes, on aarch64 NEON (4, 2: FMLA
+ * is baseline there), and a portable one (4, 2) of whatever the baseline
+ * target makes of 16-byte vectors. Multiply-adds that
  * should be fused are written FMAF / FMAD (an intrinsic on the FMA paths, a
  * multiply and an add on the portable one); the build does not contract
  * a*b+c (-std=c11), so every operation is as written, in every copy the
@@ -50,12 +51,25 @@
 #else
 #define NBV_X86 0
 #endif
+#if defined(__aarch64__)
+#define NBV_ARM 1
+#include <arm_neon.h>
+#else
+#define NBV_ARM 0
+#endif
 
 /* The instruction-set path (as nbi_gemm_path): NBV_AUTO picks the best the CPU
  * supports (the default); tests and benchmarks may force one. Returns the path
  * in use after the call (a forced path the CPU lacks falls back to the
- * portable one). Defined in ops/elementwise.c. */
-enum { NBV_AUTO = -1, NBV_PORTABLE = 0, NBV_AVX2 = 1, NBV_AVX512 = 2 };
+ * portable one). Defined in ops/elementwise.c. The paths are those of the
+ * architecture compiled for (tests loop up to NBV_COUNT). */
+#if NBV_X86
+enum { NBV_AUTO = -1, NBV_PORTABLE = 0, NBV_AVX2 = 1, NBV_AVX512 = 2, NBV_COUNT };
+#elif NBV_ARM
+enum { NBV_AUTO = -1, NBV_PORTABLE = 0, NBV_NEON = 1, NBV_COUNT };
+#else
+enum { NBV_AUTO = -1, NBV_PORTABLE = 0, NBV_COUNT };
+#endif
 int nbi_vmath_path(int force);
 int nbi_vmath_current(void); /* the path in use (detected on first call) */
 
@@ -435,6 +449,17 @@ NBV_DEFINE(nbv_avx2, nbv_f8, nbv_i8, nbv_u8, 8, nbv_d4, nbv_l4, nbv_q4, nbv_f4, 
 NBV_DEFINE(nbv_avx512, nbv_f16, nbv_i16, nbv_u16, 16, nbv_d8, nbv_l8, nbv_q8, nbv_f8, 8,
            _mm512_fmadd_ps, _mm512_fmadd_pd, NBV_AVX512_ATTR)
 #endif
+#if NBV_ARM
+/* NEON (every aarch64 CPU): the portable path's 128-bit vectors with the
+ * multiply-adds fused (FMLA), as on AVX2 and AVX-512: the same operations
+ * lane by lane, so the same bits as those paths. */
+#define NBV_NEON_FMAF(a, b, c)                                                                 \
+    ((nbv_f4)vfmaq_f32((float32x4_t)(c), (float32x4_t)(a), (float32x4_t)(b)))
+#define NBV_NEON_FMAD(a, b, c)                                                                 \
+    ((nbv_d2)vfmaq_f64((float64x2_t)(c), (float64x2_t)(a), (float64x2_t)(b)))
+NBV_DEFINE(nbv_neon, nbv_f4, nbv_i4, nbv_u4, 4, nbv_d2, nbv_l2, nbv_q2, nbv_f2, 2, NBV_NEON_FMAF,
+           NBV_NEON_FMAD, )
+#endif
 
 /* ------------------------------------------------------------ dispatch */
 /* nbv_<f>_f32(x, sx, y, n): y[i] = f(x[i * sx]), i < n, on the path in use;
@@ -445,6 +470,12 @@ NBV_DEFINE(nbv_avx512, nbv_f16, nbv_i16, nbv_u16, 16, nbv_d8, nbv_l8, nbv_q8, nb
     switch (nbi_vmath_current()) {                                                             \
     case NBV_AVX512: nbv_avx512_##f args; break;                                               \
     case NBV_AVX2: nbv_avx2_##f args; break;                                                   \
+    default: nbv_port_##f args; break;                                                         \
+    }
+#elif NBV_ARM
+#define NBV_DISPATCH(f, args)                                                                  \
+    switch (nbi_vmath_current()) {                                                             \
+    case NBV_NEON: nbv_neon_##f args; break;                                                   \
     default: nbv_port_##f args; break;                                                         \
     }
 #else

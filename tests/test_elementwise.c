@@ -1086,7 +1086,11 @@ END_TEST
  * computes that too (the others' backward rules are plain arithmetic). */
 typedef nb_tensor *(*vm_op)(nb_tensor *);
 typedef long double (*vm_ref)(long double);
+#if NBV_ARM
+static const char *const VM_PATH_NAME[NBV_COUNT] = {"portable", "neon"};
+#else
 static const char *const VM_PATH_NAME[] = {"portable", "avx2", "avx512"};
+#endif
 
 /* References in long double (x87: 64-bit significand) from libm; NaN and
  * infinities where PyTorch has them (-inf * 0 in silu, gelu, gelu_tanh; the
@@ -1379,8 +1383,8 @@ Suite *suite_elementwise(void) {
     tc = tcase_create("vmath");
     tcase_set_timeout(tc, 300); /* a hang guard (tests/run_tests.c) */
     tcase_add_checked_fixture(tc, NULL, teardown);
-    tcase_add_loop_test(tc, test_vmath_accuracy, NBV_PORTABLE, NBV_AVX512 + 1);
-    tcase_add_loop_test(tc, test_vmath_bitwise_any_position, NBV_PORTABLE, NBV_AVX512 + 1);
+    tcase_add_loop_test(tc, test_vmath_accuracy, NBV_PORTABLE, NBV_COUNT);
+    tcase_add_loop_test(tc, test_vmath_bitwise_any_position, NBV_PORTABLE, NBV_COUNT);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("clamp_abs_extrema");
