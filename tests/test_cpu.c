@@ -367,6 +367,69 @@ START_TEST(products_have_the_same_bits_for_any_blocks) {
 }
 END_TEST
 
+/* The aarch64 detection's pure parts: Linux's hwcap bits to features and
+ * path, MIDR parts to names, /proc/cpuinfo's fields. (On an aarch64 CPU the
+ * path detected is also checked by hand under qemu: -cpu max gives sve,
+ * -cpu cortex-a57 neon.) */
+START_TEST(arm_hwcaps_parts_and_cpuinfo) {
+    /* Neoverse-N1: fp asimd ... fphp asimdhp cpuid (hwcap 0x...ff of Linux) */
+    unsigned n1 = nbi_cpu_arm_features((1ul << 0) | (1ul << 1) | (1ul << 9) | (1ul << 10) |
+                                           (1ul << 11), 0);
+    ck_assert_uint_eq(n1, NBI_CPU_ASIMD | NBI_CPU_FPHP);
+    ck_assert_int_eq(nbi_cpu_arm_path(n1, 0), 1); /* neon */
+    /* half precision needs both halves */
+    ck_assert_uint_eq(nbi_cpu_arm_features((1ul << 1) | (1ul << 9), 0), NBI_CPU_ASIMD);
+    /* Neoverse-V1: sve (hwcap bit 22), bf16 and i8mm (hwcap2 bits 14, 13) */
+    unsigned v1 = nbi_cpu_arm_features((1ul << 1) | (1ul << 22), (1ul << 14) | (1ul << 13));
+    ck_assert_uint_eq(v1, NBI_CPU_ASIMD | NBI_CPU_SVE | NBI_CPU_BF16 | NBI_CPU_I8MM);
+    ck_assert_int_eq(nbi_cpu_arm_path(v1, 32), 3);  /* sve */
+    ck_assert_int_eq(nbi_cpu_arm_path(v1, 0), 2);   /* no vector length: neon-bf16 */
+    /* sve2 (hwcap2 bit 1) and sme (bit 23) */
+    ck_assert_uint_eq(nbi_cpu_arm_features(0, (1ul << 1) | (1ul << 23)), NBI_CPU_SVE2 | NBI_CPU_SME);
+    ck_assert_int_eq(nbi_cpu_arm_path(NBI_CPU_ASIMD | NBI_CPU_BF16, 0), 2);
+    ck_assert_int_eq(nbi_cpu_arm_path(NBI_CPU_ASIMD | NBI_CPU_SVE, 64), 3); /* A64FX: no bf16 */
+    ck_assert_int_eq(nbi_cpu_arm_path(0, 0), 0);
+    ck_assert_int_eq(nbi_cpu_arm_features(~0ul & ~((1ul << 1) | (1ul << 9) | (1ul << 10) |
+                                                   (1ul << 22)), 0), 0);
+
+    char name[64];
+    nbi_cpu_arm_name(0x41, 0xd0c, name, sizeof name);
+    ck_assert_str_eq(name, "ARM Neoverse-N1");
+    nbi_cpu_arm_name(0x41, 0xd4f, name, sizeof name);
+    ck_assert_str_eq(name, "ARM Neoverse-V2");
+    nbi_cpu_arm_name(0x46, 0x001, name, sizeof name);
+    ck_assert_str_eq(name, "Fujitsu A64FX");
+    nbi_cpu_arm_name(0x41, 0x123, name, sizeof name);
+    ck_assert_str_eq(name, "aarch64 implementer 0x41 part 0x123");
+    nbi_cpu_arm_name(0, 0, name, sizeof name);
+    ck_assert_str_eq(name, "aarch64 implementer 0x00 part 0x000");
+
+    unsigned impl = 0, part = 0;
+    const char *info = "processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd evtstrm\n"
+                       "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x3\n"
+                       "CPU part\t: 0xd0c\nCPU revision\t: 1\n\nprocessor\t: 1\n"
+                       "CPU implementer\t: 0x61\nCPU part\t: 0x023\n";
+    ck_assert_int_eq(nbi_cpu_arm_cpuinfo(info, &impl, &part), 0);
+    ck_assert_uint_eq(impl, 0x41);
+    ck_assert_uint_eq(part, 0xd0c);
+    ck_assert_int_eq(nbi_cpu_arm_cpuinfo("processor\t: 0\nvendor_id\t: GenuineIntel\n", &impl, &part), -1);
+    ck_assert_int_eq(nbi_cpu_arm_cpuinfo("CPU implementer\t: 0x41\n", &impl, &part), -1);
+    ck_assert_int_eq(nbi_cpu_arm_cpuinfo("CPU part: 0xd0c\nCPU implementer:0x48\n", &impl, &part), 0);
+    ck_assert_uint_eq(impl, 0x48);
+    ck_assert_uint_eq(part, 0xd0c);
+    ck_assert_int_eq(nbi_cpu_arm_cpuinfo(NULL, &impl, &part), -1);
+#if defined(__aarch64__)
+    /* this CPU: the path follows its features, the vector length is SVE's */
+    const nbi_cpu *c = nbi_cpu_info();
+    ck_assert(c->features & NBI_CPU_ASIMD);
+    ck_assert_int_eq(c->detected, nbi_cpu_arm_path(c->features, c->sve_bytes));
+    if (c->features & NBI_CPU_SVE) ck_assert(c->sve_bytes >= 16 && c->sve_bytes % 16 == 0);
+    else ck_assert_int_eq(c->sve_bytes, 0);
+    ck_assert_str_ne(c->name, "");
+#endif
+}
+END_TEST
+
 /* ------------------------------------------------------------ the cache */
 
 /* Freed storage past NABLA_CACHE_MB's default 1 GiB is kept when the
@@ -410,6 +473,7 @@ Suite *suite_cpu(void) {
     tcase_add_test(tc, blocks_in_use_come_from_this_cpu);
     tcase_add_loop_test(tc, in_place_a_fits_the_l2_sets, 0, NFAKES);
     tcase_add_test(tc, products_have_the_same_bits_for_any_blocks);
+    tcase_add_test(tc, arm_hwcaps_parts_and_cpuinfo);
     tcase_add_test(tc, cache_keeps_what_the_peak_had);
     suite_add_tcase(s, tc);
     return s;
