@@ -243,21 +243,18 @@ static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src
 /* make mca's marks (ops/arch/mca.h: nothing in other builds) on the loop of the
  * full tiles (MR rows, two vectors): gemm_<P> where A is packed (or A^T read in
  * place), gemm_<P>_rowA where row-major A is read in place. */
-#define GEMM_MCA(MARK, P)                                                                      \
-    if (rows == P##_MR && nv == 2) {                                                           \
+#define GEMM_MCA(MARK, P, MR)                                                                  \
+    if (rows == (MR) && nv == 2) {                                                             \
         if (arow) MARK("gemm_" #P "_rowA");                                                    \
         else MARK("gemm_" #P);                                                                 \
     }
 
 /* -------------------------------------------------------- one ISA's gemm */
-/* P: name prefix; T: element type; V: vector of T, W elements wide; MR x 2W:
- * the register tile (two vectors per row); BLK: the path's entry of
- * gemm_blk (its cache blocks KC, MC, NC, derived from the CPU's caches at
- * the first product); TB, TR: the transpose block (above); ATTR: the target
- * attribute. */
-#define GEMM_DEFINE(P, T, V, W, MR, BLK, TB, TR, ATTR)                                        \
-    enum { P##_NR = 2 * (W), P##_MR = (MR), P##_CH = 16 / (int)sizeof(T) };                    \
-                                                                                               \
+/* GEMM_KERN_DEFINE: a micro-kernel of MR x 2W (two vectors V of W elements T
+ * per row) written with GCC vectors: P##_kern_any, the kernel GEMM_DRIVER
+ * calls (a hand-written one, ops/arch/, has the same contract: KERN below).
+ * ATTR: the target attribute. */
+#define GEMM_KERN_DEFINE(P, T, V, W, MR, ATTR)                                                \
     /* The tile: c (rows x nv*W, row stride ldc) = (load ? c : 0) + a b over kc steps.      \
      * b: packed panel, row k at b + k*nv*W. a: element (r,k) at a[r*ars + k*aks] with       \
      * either ars == 1 (packed, or A^T in place) or aks == 1 (row-major A in place): arow    \
@@ -276,14 +273,14 @@ static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src
         (void)x_end;                                                                           \
         GEMM_ROWS(GEMM_ACC_LOAD)                                                               \
         for (int64_t k = 0; k < kc; k++) {                                                     \
-            GEMM_MCA(NBI_MCA_BEGIN, P)                                                         \
+            GEMM_MCA(NBI_MCA_BEGIN, P, MR)                                                     \
             V b0, b1 = {0};                                                                    \
             memcpy(&b0, b, sizeof(V));                                                         \
             if (nv == 2) memcpy(&b1, b + (W), sizeof(V));                                      \
             GEMM_ROWS(GEMM_ACC_FMA)                                                            \
             a += arow ? 1 : aks;                                                               \
             b += nv * (W);                                                                     \
-            GEMM_MCA(NBI_MCA_END, P)                                                           \
+            GEMM_MCA(NBI_MCA_END, P, MR)                                                       \
         }                                                                                      \
         GEMM_ROWS(GEMM_ACC_STORE)                                                              \
     }                                                                                          \
@@ -301,7 +298,24 @@ static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src
         else if (nv == 2) P##_kern(H, 2, 0, 1, kc, a, ars, aks, b, c, ldc, load, r0, r1);      \
         else if (arow) P##_kern(H, 1, 1, 1, kc, a, ars, aks, b, c, ldc, load, r0, r1);         \
         else P##_kern(H, 1, 0, 1, kc, a, ars, aks, b, c, ldc, load, r0, r1);                   \
-    }                                                                                          \
+    }
+
+/* GEMM_DRIVER: packing, blocking and the loops around a micro-kernel.
+ * P: name prefix; T: element type; V: vector of T, W elements wide; MR x NV*W:
+ * the register tile (NV vectors per row, NV >= 2); BLK: the path's entry of
+ * gemm_blk (its cache blocks KC, MC, NC, derived from the CPU's caches at
+ * the first product); TB, TR: the transpose block (above); ATTR: the target
+ * attribute; KERN: the micro-kernel, KERN(half, nv, arow, kc, a, ars, aks,
+ * b, c, ldc, load, r0, r1): c (MR rows, or MR/2 when half; nv*W columns,
+ * row stride ldc) = (load ? c : 0) + sum over k < kc of a[r,k] b[k,:] with
+ * one fused multiply-add per element per k, in k order; b: a packed panel,
+ * row k at b + k*nv*W (nv = 1..NV); a: element (r,k) at a[r*ars + k*aks]
+ * with ars == 1, or at a[r*ars + k] when arow; half tiles touch only rows
+ * r0 <= r < r1 of c (the others computed from readable rows of a, and
+ * dropped), whole tiles all MR rows. */
+#define GEMM_NVEC(nr, W, NV) ((NV) == 2 ? ((nr) > (W) ? 2 : 1) : (int)(((nr) + (W)-1) / (W)))
+#define GEMM_DRIVER(P, T, V, W, NV, MR, BLK, TB, TR, ATTR, KERN)                              \
+    enum { P##_NR = (NV) * (W), P##_MR = (MR), P##_CH = 16 / (int)sizeof(T) };                 \
                                                                                                \
     /* dst[0..n) = src[0..n) for n <= NR: a few fixed-size pieces, the last one ending at n \
      * (overlapping the one before); never a loop that compilers turn into a memmove call. */ \
@@ -330,9 +344,9 @@ static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src
     static ATTR void P##_tile(int half, int r0, int r1, int64_t nr, int64_t kc, const T *a,    \
                               int64_t ars, int64_t aks, int arow, const T *b, T *c,            \
                               int64_t scm, int64_t scn, int load) {                            \
-        const int nv = nr > (W) ? 2 : 1;                                                       \
+        const int nv = GEMM_NVEC(nr, W, NV);                                                   \
         if (nr == nv * (W) && scn == 1) {                                                      \
-            P##_kern_any(half, nv, arow, kc, a, ars, aks, b, c, scm, load, r0, r1);            \
+            KERN(half, nv, arow, kc, a, ars, aks, b, c, scm, load, r0, r1);                    \
             return;                                                                            \
         }                                                                                      \
         T tmp[(MR) * P##_NR] __attribute__((aligned(64)));                                     \
@@ -342,7 +356,7 @@ static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src
                 if (scn == 1) P##_copy(tmp + r * ld, c + r * scm, nr);                         \
                 else for (int64_t j = 0; j < nr; j++) tmp[r * ld + j] = c[r * scm + j * scn];  \
             }                                                                                  \
-        P##_kern_any(half, nv, arow, kc, a, ars, aks, b, tmp, ld, load, r0, r1);               \
+        KERN(half, nv, arow, kc, a, ars, aks, b, tmp, ld, load, r0, r1);                       \
         for (int64_t r = r0; r < r1; r++) {                                                    \
             if (scn == 1) P##_copy(c + r * scm, tmp + r * ld, nr);                             \
             else for (int64_t j = 0; j < nr; j++) c[r * scm + j * scn] = tmp[r * ld + j];      \
@@ -369,7 +383,14 @@ static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src
             for (int64_t k = 0; k < kc; k++) {                                                 \
                 memcpy(dst + k * P##_NR, &z, sizeof(V));                                       \
                 memcpy(dst + k * P##_NR + (W), &z, sizeof(V));                                 \
+                GEMM_UNROLL for (int q = 2; q < (NV); q++)                                     \
+                    memcpy(dst + k * P##_NR + q * (W), &z, sizeof(V));                         \
                 P##_copy(dst + k * P##_NR, src + k * sk, n);                                   \
+            }                                                                                  \
+        else if ((NV) > 2 && w % (W) == 0 && w > (W) && w < P##_NR) /* 2..NV-1 vectors */      \
+            for (int64_t k = 0; k < kc; k++) {                                                 \
+                for (int64_t q = 0; q < w; q += (W)) memcpy(dst + k * w + q, &z, sizeof(V));   \
+                P##_copy(dst + k * w, src + k * sk, n);                                        \
             }                                                                                  \
         else /* A panels (w == MR) */                                                          \
             for (int64_t k = 0; k < kc; k++)                                                   \
@@ -451,9 +472,9 @@ static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src
             for (int64_t pc = 0, kstep = 0; pc < K; pc += kstep) {                             \
                 const int64_t kc = K - pc <= KC + KC / 4 ? K - pc : KC; /* BLIS's edge rule */ \
                 kstep = kc;                                                                    \
-                for (int64_t j = 0; j < nc; j += P##_NR) { /* B: panels of NR (or W) columns */ \
+                for (int64_t j = 0; j < nc; j += P##_NR) { /* B: panels of NR (or nv*W) cols */ \
                     const int64_t nr = GEMM_MIN(P##_NR, nc - j);                               \
-                    P##_pack(kc, nr, nr > (W) ? P##_NR : (W), b + pc * sbk + (jc + j) * sbn,   \
+                    P##_pack(kc, nr, GEMM_NVEC(nr, W, NV) * (W), b + pc * sbk + (jc + j) * sbn, \
                              sbk, sbn, pb + j * kc);                                           \
                 }                                                                              \
                 for (int64_t ic = 0; ic < M; ic += MC) {                                       \
@@ -469,6 +490,11 @@ static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src
         }                                                                                      \
         return 0;                                                                              \
     }
+
+/* A path of GCC vectors: the kernel above, two vectors per row. */
+#define GEMM_DEFINE(P, T, V, W, MR, BLK, TB, TR, ATTR)                                        \
+    GEMM_KERN_DEFINE(P, T, V, W, MR, ATTR)                                                     \
+    GEMM_DRIVER(P, T, V, W, 2, MR, BLK, TB, TR, ATTR, P##_kern_any)
 
 /* ----------------------------------------------------------------- paths */
 /* Register tiles: AVX-512 8 x 2 zmm (16 accumulators of 32 registers; 8 rows
