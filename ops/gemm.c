@@ -31,7 +31,12 @@
  * target attributes are what enable the wider instructions; the path is picked
  * once with __builtin_cpu_supports. Multiply-adds are contracted to FMA by
  * -ffp-contract=fast (set for this file in the Makefile: ISO C modes turn
- * contraction off in GCC) on the paths that have FMA. */
+ * contraction off in GCC) on the paths that have FMA.
+ *
+ * On aarch64 the micro-kernels are hand-written (ops/arch/arm/: NEON, and
+ * SVE where the CPU has it) and plugged into the same packing and loops
+ * (GEMM_DRIVER, with three vectors per row); the portable path there is
+ * FMA too (every aarch64 CPU has it), so all three give the same bits. */
 #include "gemm_internal.h"
 
 #include "../tensor/cpu_internal.h"
@@ -47,6 +52,12 @@
 #else
 #define GEMM_X86 0
 #endif
+#if defined(__aarch64__)
+#define GEMM_ARM 1
+#include "arch/arm/gemm_arm.h"
+#else
+#define GEMM_ARM 0
+#endif
 
 #define GEMM_INLINE inline __attribute__((always_inline))
 #define GEMM_UNROLL _Pragma("GCC unroll 32")
@@ -54,7 +65,7 @@
 
 typedef float v4sf __attribute__((vector_size(16)));
 typedef double v2df __attribute__((vector_size(16)));
-#if GEMM_X86
+#if GEMM_X86 || GEMM_ARM
 typedef float v8sf __attribute__((vector_size(32)));
 typedef double v4df __attribute__((vector_size(32)));
 typedef float v16sf __attribute__((vector_size(64)));
@@ -64,7 +75,13 @@ typedef double v8df __attribute__((vector_size(64)));
 /* -------------------------------------------------------------- blocking */
 /* Each path's cache blocks, derived from the CPU's caches once, at the first
  * product (gemm_blocks, after the paths below). */
+#if GEMM_ARM
+/* SVE: one packing per vector length it knows (16, 32, 64 bytes) */
+enum { GB_F32_PORT, GB_F64_PORT, GB_F32_NEON, GB_F64_NEON, GB_F32_SVE16, GB_F64_SVE16,
+       GB_F32_SVE32, GB_F64_SVE32, GB_F32_SVE64, GB_F64_SVE64, GB_N };
+#else
 enum { GB_F32_PORT, GB_F64_PORT, GB_F32_AVX2, GB_F64_AVX2, GB_F32_AVX512, GB_F64_AVX512, GB_N };
+#endif
 static const nbi_gemm_blocks *gemm_blocks(void);
 
 /* ------------------------------------------------------------- workspace */
@@ -243,21 +260,18 @@ static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src
 /* make mca's marks (ops/arch/mca.h: nothing in other builds) on the loop of the
  * full tiles (MR rows, two vectors): gemm_<P> where A is packed (or A^T read in
  * place), gemm_<P>_rowA where row-major A is read in place. */
-#define GEMM_MCA(MARK, P)                                                                      \
-    if (rows == P##_MR && nv == 2) {                                                           \
+#define GEMM_MCA(MARK, P, MR)                                                                  \
+    if (rows == (MR) && nv == 2) {                                                             \
         if (arow) MARK("gemm_" #P "_rowA");                                                    \
         else MARK("gemm_" #P);                                                                 \
     }
 
 /* -------------------------------------------------------- one ISA's gemm */
-/* P: name prefix; T: element type; V: vector of T, W elements wide; MR x 2W:
- * the register tile (two vectors per row); BLK: the path's entry of
- * gemm_blk (its cache blocks KC, MC, NC, derived from the CPU's caches at
- * the first product); TB, TR: the transpose block (above); ATTR: the target
- * attribute. */
-#define GEMM_DEFINE(P, T, V, W, MR, BLK, TB, TR, ATTR)                                        \
-    enum { P##_NR = 2 * (W), P##_MR = (MR), P##_CH = 16 / (int)sizeof(T) };                    \
-                                                                                               \
+/* GEMM_KERN_DEFINE: a micro-kernel of MR x 2W (two vectors V of W elements T
+ * per row) written with GCC vectors: P##_kern_any, the kernel GEMM_DRIVER
+ * calls (a hand-written one, ops/arch/, has the same contract: KERN below).
+ * ATTR: the target attribute. */
+#define GEMM_KERN_DEFINE(P, T, V, W, MR, ATTR)                                                \
     /* The tile: c (rows x nv*W, row stride ldc) = (load ? c : 0) + a b over kc steps.      \
      * b: packed panel, row k at b + k*nv*W. a: element (r,k) at a[r*ars + k*aks] with       \
      * either ars == 1 (packed, or A^T in place) or aks == 1 (row-major A in place): arow    \
@@ -276,14 +290,14 @@ static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src
         (void)x_end;                                                                           \
         GEMM_ROWS(GEMM_ACC_LOAD)                                                               \
         for (int64_t k = 0; k < kc; k++) {                                                     \
-            GEMM_MCA(NBI_MCA_BEGIN, P)                                                         \
+            GEMM_MCA(NBI_MCA_BEGIN, P, MR)                                                     \
             V b0, b1 = {0};                                                                    \
             memcpy(&b0, b, sizeof(V));                                                         \
             if (nv == 2) memcpy(&b1, b + (W), sizeof(V));                                      \
             GEMM_ROWS(GEMM_ACC_FMA)                                                            \
             a += arow ? 1 : aks;                                                               \
             b += nv * (W);                                                                     \
-            GEMM_MCA(NBI_MCA_END, P)                                                           \
+            GEMM_MCA(NBI_MCA_END, P, MR)                                                       \
         }                                                                                      \
         GEMM_ROWS(GEMM_ACC_STORE)                                                              \
     }                                                                                          \
@@ -301,7 +315,24 @@ static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src
         else if (nv == 2) P##_kern(H, 2, 0, 1, kc, a, ars, aks, b, c, ldc, load, r0, r1);      \
         else if (arow) P##_kern(H, 1, 1, 1, kc, a, ars, aks, b, c, ldc, load, r0, r1);         \
         else P##_kern(H, 1, 0, 1, kc, a, ars, aks, b, c, ldc, load, r0, r1);                   \
-    }                                                                                          \
+    }
+
+/* GEMM_DRIVER: packing, blocking and the loops around a micro-kernel.
+ * P: name prefix; T: element type; V: vector of T, W elements wide; MR x NV*W:
+ * the register tile (NV vectors per row, NV >= 2); BLK: the path's entry of
+ * gemm_blk (its cache blocks KC, MC, NC, derived from the CPU's caches at
+ * the first product); TB, TR: the transpose block (above); ATTR: the target
+ * attribute; KERN: the micro-kernel, KERN(half, nv, arow, kc, a, ars, aks,
+ * b, c, ldc, load, r0, r1): c (MR rows, or MR/2 when half; nv*W columns,
+ * row stride ldc) = (load ? c : 0) + sum over k < kc of a[r,k] b[k,:] with
+ * one fused multiply-add per element per k, in k order; b: a packed panel,
+ * row k at b + k*nv*W (nv = 1..NV); a: element (r,k) at a[r*ars + k*aks]
+ * with ars == 1, or at a[r*ars + k] when arow; half tiles touch only rows
+ * r0 <= r < r1 of c (the others computed from readable rows of a, and
+ * dropped), whole tiles all MR rows. */
+#define GEMM_NVEC(nr, W, NV) ((NV) == 2 ? ((nr) > (W) ? 2 : 1) : (int)(((nr) + (W)-1) / (W)))
+#define GEMM_DRIVER(P, T, V, W, NV, MR, BLK, TB, TR, ATTR, KERN)                              \
+    enum { P##_NR = (NV) * (W), P##_MR = (MR), P##_CH = 16 / (int)sizeof(T) };                 \
                                                                                                \
     /* dst[0..n) = src[0..n) for n <= NR: a few fixed-size pieces, the last one ending at n \
      * (overlapping the one before); never a loop that compilers turn into a memmove call. */ \
@@ -330,9 +361,9 @@ static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src
     static ATTR void P##_tile(int half, int r0, int r1, int64_t nr, int64_t kc, const T *a,    \
                               int64_t ars, int64_t aks, int arow, const T *b, T *c,            \
                               int64_t scm, int64_t scn, int load) {                            \
-        const int nv = nr > (W) ? 2 : 1;                                                       \
+        const int nv = GEMM_NVEC(nr, W, NV);                                                   \
         if (nr == nv * (W) && scn == 1) {                                                      \
-            P##_kern_any(half, nv, arow, kc, a, ars, aks, b, c, scm, load, r0, r1);            \
+            KERN(half, nv, arow, kc, a, ars, aks, b, c, scm, load, r0, r1);                    \
             return;                                                                            \
         }                                                                                      \
         T tmp[(MR) * P##_NR] __attribute__((aligned(64)));                                     \
@@ -342,7 +373,7 @@ static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src
                 if (scn == 1) P##_copy(tmp + r * ld, c + r * scm, nr);                         \
                 else for (int64_t j = 0; j < nr; j++) tmp[r * ld + j] = c[r * scm + j * scn];  \
             }                                                                                  \
-        P##_kern_any(half, nv, arow, kc, a, ars, aks, b, tmp, ld, load, r0, r1);               \
+        KERN(half, nv, arow, kc, a, ars, aks, b, tmp, ld, load, r0, r1);                       \
         for (int64_t r = r0; r < r1; r++) {                                                    \
             if (scn == 1) P##_copy(c + r * scm, tmp + r * ld, nr);                             \
             else for (int64_t j = 0; j < nr; j++) c[r * scm + j * scn] = tmp[r * ld + j];      \
@@ -369,7 +400,14 @@ static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src
             for (int64_t k = 0; k < kc; k++) {                                                 \
                 memcpy(dst + k * P##_NR, &z, sizeof(V));                                       \
                 memcpy(dst + k * P##_NR + (W), &z, sizeof(V));                                 \
+                GEMM_UNROLL for (int q = 2; q < (NV); q++)                                     \
+                    memcpy(dst + k * P##_NR + q * (W), &z, sizeof(V));                         \
                 P##_copy(dst + k * P##_NR, src + k * sk, n);                                   \
+            }                                                                                  \
+        else if ((NV) > 2 && w % (W) == 0 && w > (W) && w < P##_NR) /* 2..NV-1 vectors */      \
+            for (int64_t k = 0; k < kc; k++) {                                                 \
+                for (int64_t q = 0; q < w; q += (W)) memcpy(dst + k * w + q, &z, sizeof(V));   \
+                P##_copy(dst + k * w, src + k * sk, n);                                        \
             }                                                                                  \
         else /* A panels (w == MR) */                                                          \
             for (int64_t k = 0; k < kc; k++)                                                   \
@@ -451,9 +489,9 @@ static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src
             for (int64_t pc = 0, kstep = 0; pc < K; pc += kstep) {                             \
                 const int64_t kc = K - pc <= KC + KC / 4 ? K - pc : KC; /* BLIS's edge rule */ \
                 kstep = kc;                                                                    \
-                for (int64_t j = 0; j < nc; j += P##_NR) { /* B: panels of NR (or W) columns */ \
+                for (int64_t j = 0; j < nc; j += P##_NR) { /* B: panels of NR (or nv*W) cols */ \
                     const int64_t nr = GEMM_MIN(P##_NR, nc - j);                               \
-                    P##_pack(kc, nr, nr > (W) ? P##_NR : (W), b + pc * sbk + (jc + j) * sbn,   \
+                    P##_pack(kc, nr, GEMM_NVEC(nr, W, NV) * (W), b + pc * sbk + (jc + j) * sbn, \
                              sbk, sbn, pb + j * kc);                                           \
                 }                                                                              \
                 for (int64_t ic = 0; ic < M; ic += MC) {                                       \
@@ -470,6 +508,11 @@ static __attribute__((target("avx2"))) GEMM_INLINE void tr8_f32(const float *src
         return 0;                                                                              \
     }
 
+/* A path of GCC vectors: the kernel above, two vectors per row. */
+#define GEMM_DEFINE(P, T, V, W, MR, BLK, TB, TR, ATTR)                                        \
+    GEMM_KERN_DEFINE(P, T, V, W, MR, ATTR)                                                     \
+    GEMM_DRIVER(P, T, V, W, 2, MR, BLK, TB, TR, ATTR, P##_kern_any)
+
 /* ----------------------------------------------------------------- paths */
 /* Register tiles: AVX-512 8 x 2 zmm (16 accumulators of 32 registers; 8 rows
  * measured as fast as 12 here and wastes less at the M edge), AVX2 6 x 2 ymm
@@ -484,6 +527,20 @@ GEMM_DEFINE(f32_avx2, float, v8sf, 8, 6, GB_F32_AVX2, 8, tr8_f32, GEMM_AVX2)
 GEMM_DEFINE(f64_avx2, double, v4df, 4, 6, GB_F64_AVX2, 2, tr_f64, GEMM_AVX2)
 GEMM_DEFINE(f32_avx512, float, v16sf, 16, 8, GB_F32_AVX512, 8, tr8_f32, GEMM_AVX512)
 GEMM_DEFINE(f64_avx512, double, v8df, 8, 8, GB_F64_AVX512, 2, tr_f64, GEMM_AVX512)
+#endif
+/* aarch64: the kernels of ops/arch/arm/ (gemm_arm.h), 8 x 3 vectors (24
+ * accumulators of 32 registers). NEON: f32 8 x 12, f64 8 x 6. SVE: the
+ * same in SVE vectors, its packing instantiated per vector length (W =
+ * bytes / element; a length other than 16, 32 or 64 bytes runs NEON). */
+#if GEMM_ARM
+GEMM_DRIVER(f32_neon, float, v4sf, 4, 3, 8, GB_F32_NEON, 4, tr_f32, , nbi_gemm_f32_neon_kern)
+GEMM_DRIVER(f64_neon, double, v2df, 2, 3, 8, GB_F64_NEON, 2, tr_f64, , nbi_gemm_f64_neon_kern)
+GEMM_DRIVER(f32_sve16, float, v4sf, 4, 3, 8, GB_F32_SVE16, 4, tr_f32, , nbi_gemm_f32_sve_kern)
+GEMM_DRIVER(f64_sve16, double, v2df, 2, 3, 8, GB_F64_SVE16, 2, tr_f64, , nbi_gemm_f64_sve_kern)
+GEMM_DRIVER(f32_sve32, float, v8sf, 8, 3, 8, GB_F32_SVE32, 4, tr_f32, , nbi_gemm_f32_sve_kern)
+GEMM_DRIVER(f64_sve32, double, v4df, 4, 3, 8, GB_F64_SVE32, 2, tr_f64, , nbi_gemm_f64_sve_kern)
+GEMM_DRIVER(f32_sve64, float, v16sf, 16, 3, 8, GB_F32_SVE64, 4, tr_f32, , nbi_gemm_f32_sve_kern)
+GEMM_DRIVER(f64_sve64, double, v8df, 8, 3, 8, GB_F64_SVE64, 2, tr_f64, , nbi_gemm_f64_sve_kern)
 #endif
 
 /* The blocks, after the analytical model of BLIS (Low, Igual, Smith and
@@ -661,6 +718,11 @@ static void gemm_blocks_init(void) {
 #if GEMM_X86
         {f32_avx2_MR, f32_avx2_NR, 4}, {f64_avx2_MR, f64_avx2_NR, 8},
         {f32_avx512_MR, f32_avx512_NR, 4}, {f64_avx512_MR, f64_avx512_NR, 8},
+#elif GEMM_ARM
+        {f32_neon_MR, f32_neon_NR, 4}, {f64_neon_MR, f64_neon_NR, 8},
+        {f32_sve16_MR, f32_sve16_NR, 4}, {f64_sve16_MR, f64_sve16_NR, 8},
+        {f32_sve32_MR, f32_sve32_NR, 4}, {f64_sve32_MR, f64_sve32_NR, 8},
+        {f32_sve64_MR, f32_sve64_NR, 4}, {f64_sve64_MR, f64_sve64_NR, 8},
 #else
         {4, 8, 4}, {4, 4, 8}, {4, 8, 4}, {4, 4, 8}, /* unused */
 #endif
@@ -683,19 +745,39 @@ static const nbi_gemm_blocks *gemm_blocks(void) {
 
 static _Atomic int gemm_path = NBI_GEMM_AUTO;
 
-/* The best path the CPU has, capped by NABLA_ISA (tensor/cpu.c). */
+/* The best path the CPU has, capped by NABLA_ISA (tensor/cpu.c). SVE needs
+ * a vector length its packing was instantiated for. */
 static int detect_path(void) {
-#if GEMM_X86
     int isa = nbi_isa();
+#if GEMM_X86
     if (isa >= NBI_ISA_AVX512) return NBI_GEMM_AVX512;
     if (isa >= NBI_ISA_AVX2) return NBI_GEMM_AVX2;
+#elif GEMM_ARM
+    int vl = nbi_cpu_info()->sve_bytes;
+    if (isa >= NBI_ISA_SVE && (vl == 16 || vl == 32 || vl == 64)) return NBI_GEMM_SVE;
+    if (isa >= NBI_ISA_NEON) return NBI_GEMM_NEON;
 #endif
+    (void)isa;
     return NBI_GEMM_PORTABLE;
+}
+
+/* A path's place in its architecture's list (each a superset of the one
+ * before), -1 for the paths of other architectures. */
+static int path_rank(int p) {
+    if (p == NBI_GEMM_PORTABLE) return 0;
+#if GEMM_X86
+    if (p == NBI_GEMM_AVX2 || p == NBI_GEMM_AVX512) return p == NBI_GEMM_AVX2 ? 1 : 2;
+#elif GEMM_ARM
+    if (p == NBI_GEMM_NEON || p == NBI_GEMM_SVE) return p == NBI_GEMM_NEON ? 1 : 2;
+#endif
+    return -1;
 }
 
 int nbi_gemm_path(int force) {
     int best = detect_path();
-    int p = force == NBI_GEMM_AUTO || force > best ? best : force < 0 ? NBI_GEMM_PORTABLE : force;
+    int p = force == NBI_GEMM_AUTO ? best
+            : path_rank(force) < 0 ? NBI_GEMM_PORTABLE
+            : path_rank(force) > path_rank(best) ? best : force;
     atomic_store_explicit(&gemm_path, p, memory_order_relaxed);
     return p;
 }
@@ -711,16 +793,29 @@ static int current_path(void) {
 
 int nbi_gemm_path_now(void) { return current_path(); }
 
+/* The entry of gemm_blk that a product of this thread takes on path p. */
+static int gb_index(int p, int f64) {
+    switch (p) {
+#if GEMM_X86
+    case NBI_GEMM_AVX512: return f64 ? GB_F64_AVX512 : GB_F32_AVX512;
+    case NBI_GEMM_AVX2: return f64 ? GB_F64_AVX2 : GB_F32_AVX2;
+#elif GEMM_ARM
+    case NBI_GEMM_SVE:
+        switch (nbi_gemm_sve_bytes()) { /* the vector length is per thread */
+        case 16: return f64 ? GB_F64_SVE16 : GB_F32_SVE16;
+        case 32: return f64 ? GB_F64_SVE32 : GB_F32_SVE32;
+        case 64: return f64 ? GB_F64_SVE64 : GB_F32_SVE64;
+        }
+        /* fall through - another length runs NEON */
+    case NBI_GEMM_NEON: return f64 ? GB_F64_NEON : GB_F32_NEON;
+#endif
+    default: return f64 ? GB_F64_PORT : GB_F32_PORT;
+    }
+}
+
 int nbi_gemm_blocks_force(int f64, const nbi_gemm_blocks *b) {
     nbi_gemm_blocks *bk = (nbi_gemm_blocks *)gemm_blocks();
-    int i;
-    switch (current_path()) {
-#if GEMM_X86
-    case NBI_GEMM_AVX512: i = f64 ? GB_F64_AVX512 : GB_F32_AVX512; break;
-    case NBI_GEMM_AVX2: i = f64 ? GB_F64_AVX2 : GB_F32_AVX2; break;
-#endif
-    default: i = f64 ? GB_F64_PORT : GB_F32_PORT;
-    }
+    int i = gb_index(current_path(), f64);
     nbi_gemm_blocks d = nbi_gemm_blocking(nbi_cpu_info(), bk[i].mr, bk[i].nr, f64 ? 8 : 4);
     if (b && (b->kc < 1 || b->mc < 1 || b->nc < 1)) return -1;
     if (b) {
@@ -733,14 +828,7 @@ int nbi_gemm_blocks_force(int f64, const nbi_gemm_blocks *b) {
 }
 
 nbi_gemm_blocks nbi_gemm_blocks_of(int f64) {
-    const nbi_gemm_blocks *b = gemm_blocks();
-    switch (current_path()) {
-#if GEMM_X86
-    case NBI_GEMM_AVX512: return b[f64 ? GB_F64_AVX512 : GB_F32_AVX512];
-    case NBI_GEMM_AVX2: return b[f64 ? GB_F64_AVX2 : GB_F32_AVX2];
-#endif
-    default: return b[f64 ? GB_F64_PORT : GB_F32_PORT];
-    }
+    return gemm_blocks()[gb_index(current_path(), f64)];
 }
 
 /* Shapes with nothing to sum, and K == 0 (an empty sum is 0). */
@@ -762,6 +850,19 @@ int nbi_gemm_f32(nbi_gemm_ws *ws, int64_t M, int64_t N, int64_t K, const float *
         return f32_avx512_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
     case NBI_GEMM_AVX2:
         return f32_avx2_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+#elif GEMM_ARM
+    case NBI_GEMM_SVE:
+        switch (gb_index(NBI_GEMM_SVE, 0)) {
+        case GB_F32_SVE16:
+            return f32_sve16_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+        case GB_F32_SVE32:
+            return f32_sve32_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+        case GB_F32_SVE64:
+            return f32_sve64_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+        }
+        /* fall through - a vector length without its packing */
+    case NBI_GEMM_NEON:
+        return f32_neon_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
 #endif
     default:
         return f32_port_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
@@ -778,6 +879,19 @@ int nbi_gemm_f64(nbi_gemm_ws *ws, int64_t M, int64_t N, int64_t K, const double 
         return f64_avx512_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
     case NBI_GEMM_AVX2:
         return f64_avx2_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+#elif GEMM_ARM
+    case NBI_GEMM_SVE:
+        switch (gb_index(NBI_GEMM_SVE, 1)) {
+        case GB_F64_SVE16:
+            return f64_sve16_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+        case GB_F64_SVE32:
+            return f64_sve32_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+        case GB_F64_SVE64:
+            return f64_sve64_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+        }
+        /* fall through - a vector length without its packing */
+    case NBI_GEMM_NEON:
+        return f64_neon_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
 #endif
     default:
         return f64_port_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);

@@ -20,6 +20,13 @@
 #else
 #define CPU_X86 0
 #endif
+#if NBI_ARCH_ARM64 && defined(__linux__)
+#include <sys/auxv.h>
+#include <sys/prctl.h>
+#define CPU_ARM_LINUX 1
+#else
+#define CPU_ARM_LINUX 0
+#endif
 
 static nbi_cpu cpu;
 static int env_cap = NBI_ISA_COUNT;         /* NABLA_ISA */
@@ -93,6 +100,142 @@ static void read_name(void) {
 }
 #endif
 
+/* ---------------------------------------------------------------- aarch64 */
+/* Linux's AT_HWCAP / AT_HWCAP2 bits (arch/arm64/include/uapi/asm/hwcap.h),
+ * spelled out for libc headers that predate some of them. */
+#define ARM_HWCAP_ASIMD (1ul << 1)
+#define ARM_HWCAP_FPHP (1ul << 9)
+#define ARM_HWCAP_ASIMDHP (1ul << 10)
+#define ARM_HWCAP_CPUID (1ul << 11)
+#define ARM_HWCAP_SVE (1ul << 22)
+#define ARM_HWCAP2_SVE2 (1ul << 1)
+#define ARM_HWCAP2_I8MM (1ul << 13)
+#define ARM_HWCAP2_BF16 (1ul << 14)
+#define ARM_HWCAP2_SME (1ul << 23)
+
+unsigned nbi_cpu_arm_features(unsigned long hwcap, unsigned long hwcap2) {
+    unsigned f = 0;
+    if (hwcap & ARM_HWCAP_ASIMD) f |= NBI_CPU_ASIMD;
+    /* both the scalar and the vector half-precision arithmetic */
+    if ((hwcap & ARM_HWCAP_FPHP) && (hwcap & ARM_HWCAP_ASIMDHP)) f |= NBI_CPU_FPHP;
+    if (hwcap & ARM_HWCAP_SVE) f |= NBI_CPU_SVE;
+    if (hwcap2 & ARM_HWCAP2_SVE2) f |= NBI_CPU_SVE2;
+    if (hwcap2 & ARM_HWCAP2_BF16) f |= NBI_CPU_BF16;
+    if (hwcap2 & ARM_HWCAP2_I8MM) f |= NBI_CPU_I8MM;
+    if (hwcap2 & ARM_HWCAP2_SME) f |= NBI_CPU_SME;
+    return f;
+}
+
+int nbi_cpu_arm_path(unsigned features, int sve_bytes) {
+    if (!(features & NBI_CPU_ASIMD)) return 0;                      /* portable */
+    if ((features & NBI_CPU_SVE) && sve_bytes >= 16) return 3;      /* sve */
+    return features & NBI_CPU_BF16 ? 2 /* neon-bf16 */ : 1 /* neon */;
+}
+
+/* MIDR implementer codes and part numbers (Arm's, and the parts of other
+ * implementers one meets in servers and laptops). */
+static const struct {
+    unsigned impl, part;
+    const char *name;
+} arm_parts[] = {
+    {0x41, 0xd03, "ARM Cortex-A53"},    {0x41, 0xd04, "ARM Cortex-A35"},
+    {0x41, 0xd05, "ARM Cortex-A55"},    {0x41, 0xd07, "ARM Cortex-A57"},
+    {0x41, 0xd08, "ARM Cortex-A72"},    {0x41, 0xd09, "ARM Cortex-A73"},
+    {0x41, 0xd0a, "ARM Cortex-A75"},    {0x41, 0xd0b, "ARM Cortex-A76"},
+    {0x41, 0xd0c, "ARM Neoverse-N1"},   {0x41, 0xd0d, "ARM Cortex-A77"},
+    {0x41, 0xd40, "ARM Neoverse-V1"},   {0x41, 0xd41, "ARM Cortex-A78"},
+    {0x41, 0xd44, "ARM Cortex-X1"},     {0x41, 0xd46, "ARM Cortex-A510"},
+    {0x41, 0xd47, "ARM Cortex-A710"},   {0x41, 0xd48, "ARM Cortex-X2"},
+    {0x41, 0xd49, "ARM Neoverse-N2"},   {0x41, 0xd4a, "ARM Neoverse-E1"},
+    {0x41, 0xd4b, "ARM Cortex-A78C"},   {0x41, 0xd4d, "ARM Cortex-A715"},
+    {0x41, 0xd4e, "ARM Cortex-X3"},     {0x41, 0xd4f, "ARM Neoverse-V2"},
+    {0x41, 0xd80, "ARM Cortex-A520"},   {0x41, 0xd81, "ARM Cortex-A720"},
+    {0x41, 0xd82, "ARM Cortex-X4"},     {0x41, 0xd84, "ARM Neoverse-V3"},
+    {0x41, 0xd8e, "ARM Neoverse-N3"},   {0x46, 0x001, "Fujitsu A64FX"},
+    {0x48, 0xd01, "HiSilicon Kunpeng-920"}, {0x61, 0x022, "Apple M1 Icestorm"},
+    {0x61, 0x023, "Apple M1 Firestorm"}, {0x61, 0x032, "Apple M2 Blizzard"},
+    {0x61, 0x033, "Apple M2 Avalanche"}, {0xc0, 0xac3, "Ampere-1"},
+    {0xc0, 0xac4, "Ampere-1a"},
+};
+
+void nbi_cpu_arm_name(unsigned implementer, unsigned part, char *buf, size_t n) {
+    for (size_t i = 0; i < sizeof arm_parts / sizeof *arm_parts; i++)
+        if (arm_parts[i].impl == implementer && arm_parts[i].part == part) {
+            snprintf(buf, n, "%s", arm_parts[i].name);
+            return;
+        }
+    snprintf(buf, n, "aarch64 implementer 0x%02x part 0x%03x", implementer, part);
+}
+
+/* The value after "key" and a colon on a line of text, as a number (0x..). */
+static bool cpuinfo_field(const char *text, const char *key, unsigned *v) {
+    size_t kl = strlen(key);
+    for (const char *l = text; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL) {
+        if (strncmp(l, key, kl)) continue;
+        const char *p = l + kl;
+        while (*p == ' ' || *p == '\t') p++;
+        if (*p++ != ':') continue;
+        char *end;
+        unsigned long x = strtoul(p, &end, 0);
+        if (end == p) return false;
+        *v = (unsigned)x;
+        return true;
+    }
+    return false;
+}
+
+int nbi_cpu_arm_cpuinfo(const char *text, unsigned *implementer, unsigned *part) {
+    unsigned i, p;
+    if (!text || !cpuinfo_field(text, "CPU implementer", &i) || !cpuinfo_field(text, "CPU part", &p))
+        return -1;
+    *implementer = i;
+    *part = p;
+    return 0;
+}
+
+#if CPU_ARM_LINUX
+#ifndef PR_SVE_GET_VL
+#define PR_SVE_GET_VL 51
+#endif
+#ifndef PR_SVE_VL_LEN_MASK
+#define PR_SVE_VL_LEN_MASK 0xffff
+#endif
+
+/* The first CPU's MIDR from /proc/cpuinfo, or (where Linux emulates the ID
+ * registers for user space, HWCAP_CPUID) from MIDR_EL1 of the CPU this
+ * thread runs on; 0 when neither says. */
+static int arm_midr(unsigned long hwcap, unsigned *impl, unsigned *part) {
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f) {
+        char text[8192];
+        size_t n = fread(text, 1, sizeof text - 1, f);
+        fclose(f);
+        text[n] = 0;
+        if (nbi_cpu_arm_cpuinfo(text, impl, part) == 0) return 1;
+    }
+    if (hwcap & ARM_HWCAP_CPUID) {
+        uint64_t midr;
+        __asm__ volatile("mrs %0, midr_el1" : "=r"(midr));
+        *impl = (unsigned)(midr >> 24) & 0xff;
+        *part = (unsigned)(midr >> 4) & 0xfff;
+        return 1;
+    }
+    return 0;
+}
+
+static void detect_arm(void) {
+    unsigned long hwcap = getauxval(AT_HWCAP), hwcap2 = getauxval(AT_HWCAP2);
+    cpu.features = nbi_cpu_arm_features(hwcap, hwcap2);
+    if (cpu.features & NBI_CPU_SVE) {
+        int vl = prctl(PR_SVE_GET_VL, 0, 0, 0, 0);
+        cpu.sve_bytes = vl > 0 ? (vl & PR_SVE_VL_LEN_MASK) : 0;
+    }
+    cpu.detected = nbi_cpu_arm_path(cpu.features, cpu.sve_bytes);
+    unsigned impl, part;
+    if (arm_midr(hwcap, &impl, &part)) nbi_cpu_arm_name(impl, part, cpu.name, sizeof cpu.name);
+}
+#endif
+
 /* ----------------------------------------------------------------- caches */
 /* One cache as either source describes it; l1d, l2 and l3 of *c take the
  * data and unified ones (instruction caches and levels past 3 are left out). */
@@ -130,12 +273,12 @@ static int plausible(nbi_cpu *c) {
     return -1;
 }
 
+#if CPU_X86
 static int online_cpus(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n < 1 ? 1 : n > (1 << 20) ? 1 << 20 : (int)n;
 }
 
-#if CPU_X86
 /* Leaf 4 (Intel) and leaf 0x8000001D (AMD) have one layout: a subleaf per
  * cache until type 0; EAX type (1 data, 2 instruction, 3 unified), level, and
  * the logical CPUs sharing it - 1 (an upper bound: addressable IDs, capped
@@ -276,6 +419,8 @@ static void detect(void) {
 #if CPU_X86
     cpu.detected = detect_isa();
     read_name();
+#elif CPU_ARM_LINUX
+    detect_arm();
 #else
     cpu.detected = NBI_ISA_PORTABLE;
 #endif

@@ -99,4 +99,20 @@ const char *nbi_isa_name(int isa);
 int nbi_cpu_caches_cpuid(nbi_cpu *c);
 int nbi_cpu_caches_sysfs(nbi_cpu *c, const char *root);
 
+/* aarch64 detection, as pure functions (compiled on every architecture, for
+ * the tests). nbi_cpu_arm_features: the NBI_CPU_* bits of Linux's AT_HWCAP
+ * and AT_HWCAP2 words (FPHP: both FPHP and ASIMDHP). nbi_cpu_arm_path: the
+ * aarch64 path they allow, as its number in the aarch64 list above (0
+ * portable without ASIMD, 1 neon, 2 neon-bf16 with BF16, 3 sve with SVE and
+ * a vector length of at least 16 bytes). nbi_cpu_arm_name: "ARM Neoverse-N1"
+ * for MIDR implementer 0x41 part 0xd0c (a table of common parts), else
+ * "aarch64 implementer 0x.. part 0x...". nbi_cpu_arm_cpuinfo: the first
+ * "CPU implementer" and "CPU part" of /proc/cpuinfo's text; 0, or -1 when
+ * either is missing. */
+#include <stddef.h>
+unsigned nbi_cpu_arm_features(unsigned long hwcap, unsigned long hwcap2);
+int nbi_cpu_arm_path(unsigned features, int sve_bytes);
+void nbi_cpu_arm_name(unsigned implementer, unsigned part, char *buf, size_t n);
+int nbi_cpu_arm_cpuinfo(const char *text, unsigned *implementer, unsigned *part);
+
 #endif

@@ -160,7 +160,8 @@ static const fake_cpu fakes[] = {
 #define NFAKES (int)(sizeof fakes / sizeof fakes[0])
 
 /* Every path's register tile: mr, nr, element bytes. */
-static const int tiles[][3] = {{4, 8, 4}, {4, 4, 8}, {6, 16, 4}, {6, 8, 8}, {8, 32, 4}, {8, 16, 8}};
+static const int tiles[][3] = {{4, 8, 4}, {4, 4, 8}, {6, 16, 4}, {6, 8, 8}, {8, 32, 4}, {8, 16, 8},
+                                {8, 12, 4}, {8, 6, 8}}; /* portable, AVX2, AVX-512, NEON */
 #define NTILES (int)(sizeof tiles / sizeof tiles[0])
 
 START_TEST(blocks_satisfy_the_model_for_fake_cpus) {
@@ -316,10 +317,12 @@ static void product(int f64, int64_t M, int64_t N, int64_t K, int at, int bt, co
 START_TEST(products_have_the_same_bits_for_any_blocks) {
     static const int64_t shapes[][3] = {{37, 45, 529}, {130, 70, 300}, {9, 600, 77},
                                         {3, 5, 1000}, {203, 97, 45}};
+#if defined(__aarch64__)
+    const int paths[] = {NBI_GEMM_PORTABLE, NBI_GEMM_NEON, NBI_GEMM_SVE};
+#else
     const int paths[] = {NBI_GEMM_PORTABLE, NBI_GEMM_AVX2, NBI_GEMM_AVX512};
-    int best = nbi_gemm_path(NBI_GEMM_AUTO);
-    for (int p = 0; p < 3 && paths[p] <= best; p++) {
-        nbi_gemm_path(paths[p]);
+#endif
+    for (int p = 0; p < 3 && nbi_gemm_path(paths[p]) == paths[p]; p++) {
         for (int f64 = 0; f64 <= 1; f64++) {
             nbi_gemm_blocks u = nbi_gemm_blocks_of(f64);
             /* the fake CPUs' blocks, and tiny ones that cut everything */
@@ -367,6 +370,110 @@ START_TEST(products_have_the_same_bits_for_any_blocks) {
 }
 END_TEST
 
+/* aarch64: every path's products are chains of fused multiply-adds over k in
+ * order from 0 (the portable path's multiply-adds contracted), so NEON and
+ * SVE (at whatever vector length this runs with) give the portable path's
+ * bits, for each layout of A and B, edge tiles in both directions, K past
+ * one block, and C a strided view. Elsewhere: nothing to compare. */
+START_TEST(arm_paths_have_the_portable_bits) {
+#if defined(__aarch64__)
+    static const int64_t shapes[][3] = {{37, 45, 529}, {8, 12, 3}, {4, 6, 1}, {9, 25, 77},
+                                        {130, 70, 300}, {3, 100, 20}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int f64 = 0; f64 <= 1; f64++) {
+            int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+            size_t es = f64 ? 8 : 4;
+            void *a = malloc(es * M * K), *b = malloc(es * K * N);
+            void *c[3] = {malloc(es * M * N), malloc(es * M * N), malloc(es * M * N)};
+            ck_assert(a && b && c[0] && c[1] && c[2]);
+            fill(a, M * K, f64, 5 + s);
+            fill(b, K * N, f64, 7 + s);
+            for (int lay = 0; lay < 4; lay++) {
+                const int paths[3] = {NBI_GEMM_PORTABLE, NBI_GEMM_NEON, NBI_GEMM_SVE};
+                int used[3];
+                for (int p = 0; p < 3; p++) {
+                    used[p] = nbi_gemm_path(paths[p]);
+                    memset(c[p], 0xff, es * M * N);
+                    product(f64, M, N, K, lay & 1, lay >> 1, a, b, c[p]);
+                }
+                ck_assert_int_eq(used[0], NBI_GEMM_PORTABLE);
+                ck_assert_int_eq(used[1], NBI_GEMM_NEON); /* every aarch64 CPU has it */
+                for (int p = 1; p < 3; p++)
+                    ck_assert_msg(!memcmp(c[0], c[p], es * M * N),
+                                  "%s %lldx%lldx%lld layout %d: path %d differs from portable",
+                                  f64 ? "f64" : "f32", (long long)M, (long long)N, (long long)K,
+                                  lay, used[p]);
+            }
+            free(a), free(b), free(c[0]), free(c[1]), free(c[2]);
+        }
+    nbi_gemm_path(NBI_GEMM_AUTO);
+#endif
+}
+END_TEST
+
+/* The aarch64 detection's pure parts: Linux's hwcap bits to features and
+ * path, MIDR parts to names, /proc/cpuinfo's fields. (On an aarch64 CPU the
+ * path detected is also checked by hand under qemu: -cpu max gives sve,
+ * -cpu cortex-a57 neon.) */
+START_TEST(arm_hwcaps_parts_and_cpuinfo) {
+    /* Neoverse-N1: fp asimd ... fphp asimdhp cpuid (hwcap 0x...ff of Linux) */
+    unsigned n1 = nbi_cpu_arm_features((1ul << 0) | (1ul << 1) | (1ul << 9) | (1ul << 10) |
+                                           (1ul << 11), 0);
+    ck_assert_uint_eq(n1, NBI_CPU_ASIMD | NBI_CPU_FPHP);
+    ck_assert_int_eq(nbi_cpu_arm_path(n1, 0), 1); /* neon */
+    /* half precision needs both halves */
+    ck_assert_uint_eq(nbi_cpu_arm_features((1ul << 1) | (1ul << 9), 0), NBI_CPU_ASIMD);
+    /* Neoverse-V1: sve (hwcap bit 22), bf16 and i8mm (hwcap2 bits 14, 13) */
+    unsigned v1 = nbi_cpu_arm_features((1ul << 1) | (1ul << 22), (1ul << 14) | (1ul << 13));
+    ck_assert_uint_eq(v1, NBI_CPU_ASIMD | NBI_CPU_SVE | NBI_CPU_BF16 | NBI_CPU_I8MM);
+    ck_assert_int_eq(nbi_cpu_arm_path(v1, 32), 3);  /* sve */
+    ck_assert_int_eq(nbi_cpu_arm_path(v1, 0), 2);   /* no vector length: neon-bf16 */
+    /* sve2 (hwcap2 bit 1) and sme (bit 23) */
+    ck_assert_uint_eq(nbi_cpu_arm_features(0, (1ul << 1) | (1ul << 23)), NBI_CPU_SVE2 | NBI_CPU_SME);
+    ck_assert_int_eq(nbi_cpu_arm_path(NBI_CPU_ASIMD | NBI_CPU_BF16, 0), 2);
+    ck_assert_int_eq(nbi_cpu_arm_path(NBI_CPU_ASIMD | NBI_CPU_SVE, 64), 3); /* A64FX: no bf16 */
+    ck_assert_int_eq(nbi_cpu_arm_path(0, 0), 0);
+    ck_assert_int_eq(nbi_cpu_arm_features(~0ul & ~((1ul << 1) | (1ul << 9) | (1ul << 10) |
+                                                   (1ul << 22)), 0), 0);
+
+    char name[64];
+    nbi_cpu_arm_name(0x41, 0xd0c, name, sizeof name);
+    ck_assert_str_eq(name, "ARM Neoverse-N1");
+    nbi_cpu_arm_name(0x41, 0xd4f, name, sizeof name);
+    ck_assert_str_eq(name, "ARM Neoverse-V2");
+    nbi_cpu_arm_name(0x46, 0x001, name, sizeof name);
+    ck_assert_str_eq(name, "Fujitsu A64FX");
+    nbi_cpu_arm_name(0x41, 0x123, name, sizeof name);
+    ck_assert_str_eq(name, "aarch64 implementer 0x41 part 0x123");
+    nbi_cpu_arm_name(0, 0, name, sizeof name);
+    ck_assert_str_eq(name, "aarch64 implementer 0x00 part 0x000");
+
+    unsigned impl = 0, part = 0;
+    const char *info = "processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd evtstrm\n"
+                       "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x3\n"
+                       "CPU part\t: 0xd0c\nCPU revision\t: 1\n\nprocessor\t: 1\n"
+                       "CPU implementer\t: 0x61\nCPU part\t: 0x023\n";
+    ck_assert_int_eq(nbi_cpu_arm_cpuinfo(info, &impl, &part), 0);
+    ck_assert_uint_eq(impl, 0x41);
+    ck_assert_uint_eq(part, 0xd0c);
+    ck_assert_int_eq(nbi_cpu_arm_cpuinfo("processor\t: 0\nvendor_id\t: GenuineIntel\n", &impl, &part), -1);
+    ck_assert_int_eq(nbi_cpu_arm_cpuinfo("CPU implementer\t: 0x41\n", &impl, &part), -1);
+    ck_assert_int_eq(nbi_cpu_arm_cpuinfo("CPU part: 0xd0c\nCPU implementer:0x48\n", &impl, &part), 0);
+    ck_assert_uint_eq(impl, 0x48);
+    ck_assert_uint_eq(part, 0xd0c);
+    ck_assert_int_eq(nbi_cpu_arm_cpuinfo(NULL, &impl, &part), -1);
+#if defined(__aarch64__)
+    /* this CPU: the path follows its features, the vector length is SVE's */
+    const nbi_cpu *c = nbi_cpu_info();
+    ck_assert(c->features & NBI_CPU_ASIMD);
+    ck_assert_int_eq(c->detected, nbi_cpu_arm_path(c->features, c->sve_bytes));
+    if (c->features & NBI_CPU_SVE) ck_assert(c->sve_bytes >= 16 && c->sve_bytes % 16 == 0);
+    else ck_assert_int_eq(c->sve_bytes, 0);
+    ck_assert_str_ne(c->name, "");
+#endif
+}
+END_TEST
+
 /* ------------------------------------------------------------ the cache */
 
 /* Freed storage past NABLA_CACHE_MB's default 1 GiB is kept when the
@@ -410,6 +517,8 @@ Suite *suite_cpu(void) {
     tcase_add_test(tc, blocks_in_use_come_from_this_cpu);
     tcase_add_loop_test(tc, in_place_a_fits_the_l2_sets, 0, NFAKES);
     tcase_add_test(tc, products_have_the_same_bits_for_any_blocks);
+    tcase_add_test(tc, arm_paths_have_the_portable_bits);
+    tcase_add_test(tc, arm_hwcaps_parts_and_cpuinfo);
     tcase_add_test(tc, cache_keeps_what_the_peak_had);
     suite_add_tcase(s, tc);
     return s;
