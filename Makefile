@@ -71,6 +71,12 @@ $(BUILD)/%.o: %.c $(HDRS)
 # widening-mul pass runs (-fexpensive-optimizations): the one-row kernels'
 # explicit FMAs would then differ from the general kernel's bits.
 $(BUILD)/ops/gemm.o: CFLAGS += -ffp-contract=fast $(if $(findstring clang,$(CC)),,-fexpensive-optimizations)
+# The SVE micro-kernels are compiled for SVE (clang's arm_sve.h wants the
+# target's flag, not an attribute); gemm.c calls them only where the CPU has
+# SVE, and nothing else is in that file.
+ifneq ($(filter aarch64%,$(shell $(CC) -dumpmachine 2>/dev/null)),)
+$(BUILD)/ops/arch/arm/gemm_sve.o: CFLAGS += -march=armv8.2-a+sve
+endif
 # sqrtf inline (no errno), so that the optimizer loops vectorize
 $(BUILD)/nn/train/optim.o: CFLAGS += -fno-math-errno
 

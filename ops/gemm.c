@@ -31,7 +31,12 @@
  * target attributes are what enable the wider instructions; the path is picked
  * once with __builtin_cpu_supports. Multiply-adds are contracted to FMA by
  * -ffp-contract=fast (set for this file in the Makefile: ISO C modes turn
- * contraction off in GCC) on the paths that have FMA. */
+ * contraction off in GCC) on the paths that have FMA.
+ *
+ * On aarch64 the micro-kernels are hand-written (ops/arch/arm/: NEON, and
+ * SVE where the CPU has it) and plugged into the same packing and loops
+ * (GEMM_DRIVER, with three vectors per row); the portable path there is
+ * FMA too (every aarch64 CPU has it), so all three give the same bits. */
 #include "gemm_internal.h"
 
 #include "../tensor/cpu_internal.h"
@@ -47,6 +52,12 @@
 #else
 #define GEMM_X86 0
 #endif
+#if defined(__aarch64__)
+#define GEMM_ARM 1
+#include "arch/arm/gemm_arm.h"
+#else
+#define GEMM_ARM 0
+#endif
 
 #define GEMM_INLINE inline __attribute__((always_inline))
 #define GEMM_UNROLL _Pragma("GCC unroll 32")
@@ -54,7 +65,7 @@
 
 typedef float v4sf __attribute__((vector_size(16)));
 typedef double v2df __attribute__((vector_size(16)));
-#if GEMM_X86
+#if GEMM_X86 || GEMM_ARM
 typedef float v8sf __attribute__((vector_size(32)));
 typedef double v4df __attribute__((vector_size(32)));
 typedef float v16sf __attribute__((vector_size(64)));
@@ -64,7 +75,13 @@ typedef double v8df __attribute__((vector_size(64)));
 /* -------------------------------------------------------------- blocking */
 /* Each path's cache blocks, derived from the CPU's caches once, at the first
  * product (gemm_blocks, after the paths below). */
+#if GEMM_ARM
+/* SVE: one packing per vector length it knows (16, 32, 64 bytes) */
+enum { GB_F32_PORT, GB_F64_PORT, GB_F32_NEON, GB_F64_NEON, GB_F32_SVE16, GB_F64_SVE16,
+       GB_F32_SVE32, GB_F64_SVE32, GB_F32_SVE64, GB_F64_SVE64, GB_N };
+#else
 enum { GB_F32_PORT, GB_F64_PORT, GB_F32_AVX2, GB_F64_AVX2, GB_F32_AVX512, GB_F64_AVX512, GB_N };
+#endif
 static const nbi_gemm_blocks *gemm_blocks(void);
 
 /* ------------------------------------------------------------- workspace */
@@ -511,6 +528,20 @@ GEMM_DEFINE(f64_avx2, double, v4df, 4, 6, GB_F64_AVX2, 2, tr_f64, GEMM_AVX2)
 GEMM_DEFINE(f32_avx512, float, v16sf, 16, 8, GB_F32_AVX512, 8, tr8_f32, GEMM_AVX512)
 GEMM_DEFINE(f64_avx512, double, v8df, 8, 8, GB_F64_AVX512, 2, tr_f64, GEMM_AVX512)
 #endif
+/* aarch64: the kernels of ops/arch/arm/ (gemm_arm.h), 8 x 3 vectors (24
+ * accumulators of 32 registers). NEON: f32 8 x 12, f64 8 x 6. SVE: the
+ * same in SVE vectors, its packing instantiated per vector length (W =
+ * bytes / element; a length other than 16, 32 or 64 bytes runs NEON). */
+#if GEMM_ARM
+GEMM_DRIVER(f32_neon, float, v4sf, 4, 3, 8, GB_F32_NEON, 4, tr_f32, , nbi_gemm_f32_neon_kern)
+GEMM_DRIVER(f64_neon, double, v2df, 2, 3, 8, GB_F64_NEON, 2, tr_f64, , nbi_gemm_f64_neon_kern)
+GEMM_DRIVER(f32_sve16, float, v4sf, 4, 3, 8, GB_F32_SVE16, 4, tr_f32, , nbi_gemm_f32_sve_kern)
+GEMM_DRIVER(f64_sve16, double, v2df, 2, 3, 8, GB_F64_SVE16, 2, tr_f64, , nbi_gemm_f64_sve_kern)
+GEMM_DRIVER(f32_sve32, float, v8sf, 8, 3, 8, GB_F32_SVE32, 4, tr_f32, , nbi_gemm_f32_sve_kern)
+GEMM_DRIVER(f64_sve32, double, v4df, 4, 3, 8, GB_F64_SVE32, 2, tr_f64, , nbi_gemm_f64_sve_kern)
+GEMM_DRIVER(f32_sve64, float, v16sf, 16, 3, 8, GB_F32_SVE64, 4, tr_f32, , nbi_gemm_f32_sve_kern)
+GEMM_DRIVER(f64_sve64, double, v8df, 8, 3, 8, GB_F64_SVE64, 2, tr_f64, , nbi_gemm_f64_sve_kern)
+#endif
 
 /* The blocks, after the analytical model of BLIS (Low, Igual, Smith and
  * Quintana-Orti, "Analytical modeling is enough for high-performance BLIS",
@@ -687,6 +718,11 @@ static void gemm_blocks_init(void) {
 #if GEMM_X86
         {f32_avx2_MR, f32_avx2_NR, 4}, {f64_avx2_MR, f64_avx2_NR, 8},
         {f32_avx512_MR, f32_avx512_NR, 4}, {f64_avx512_MR, f64_avx512_NR, 8},
+#elif GEMM_ARM
+        {f32_neon_MR, f32_neon_NR, 4}, {f64_neon_MR, f64_neon_NR, 8},
+        {f32_sve16_MR, f32_sve16_NR, 4}, {f64_sve16_MR, f64_sve16_NR, 8},
+        {f32_sve32_MR, f32_sve32_NR, 4}, {f64_sve32_MR, f64_sve32_NR, 8},
+        {f32_sve64_MR, f32_sve64_NR, 4}, {f64_sve64_MR, f64_sve64_NR, 8},
 #else
         {4, 8, 4}, {4, 4, 8}, {4, 8, 4}, {4, 4, 8}, /* unused */
 #endif
@@ -709,19 +745,39 @@ static const nbi_gemm_blocks *gemm_blocks(void) {
 
 static _Atomic int gemm_path = NBI_GEMM_AUTO;
 
-/* The best path the CPU has, capped by NABLA_ISA (tensor/cpu.c). */
+/* The best path the CPU has, capped by NABLA_ISA (tensor/cpu.c). SVE needs
+ * a vector length its packing was instantiated for. */
 static int detect_path(void) {
-#if GEMM_X86
     int isa = nbi_isa();
+#if GEMM_X86
     if (isa >= NBI_ISA_AVX512) return NBI_GEMM_AVX512;
     if (isa >= NBI_ISA_AVX2) return NBI_GEMM_AVX2;
+#elif GEMM_ARM
+    int vl = nbi_cpu_info()->sve_bytes;
+    if (isa >= NBI_ISA_SVE && (vl == 16 || vl == 32 || vl == 64)) return NBI_GEMM_SVE;
+    if (isa >= NBI_ISA_NEON) return NBI_GEMM_NEON;
 #endif
+    (void)isa;
     return NBI_GEMM_PORTABLE;
+}
+
+/* A path's place in its architecture's list (each a superset of the one
+ * before), -1 for the paths of other architectures. */
+static int path_rank(int p) {
+    if (p == NBI_GEMM_PORTABLE) return 0;
+#if GEMM_X86
+    if (p == NBI_GEMM_AVX2 || p == NBI_GEMM_AVX512) return p == NBI_GEMM_AVX2 ? 1 : 2;
+#elif GEMM_ARM
+    if (p == NBI_GEMM_NEON || p == NBI_GEMM_SVE) return p == NBI_GEMM_NEON ? 1 : 2;
+#endif
+    return -1;
 }
 
 int nbi_gemm_path(int force) {
     int best = detect_path();
-    int p = force == NBI_GEMM_AUTO || force > best ? best : force < 0 ? NBI_GEMM_PORTABLE : force;
+    int p = force == NBI_GEMM_AUTO ? best
+            : path_rank(force) < 0 ? NBI_GEMM_PORTABLE
+            : path_rank(force) > path_rank(best) ? best : force;
     atomic_store_explicit(&gemm_path, p, memory_order_relaxed);
     return p;
 }
@@ -737,16 +793,29 @@ static int current_path(void) {
 
 int nbi_gemm_path_now(void) { return current_path(); }
 
+/* The entry of gemm_blk that a product of this thread takes on path p. */
+static int gb_index(int p, int f64) {
+    switch (p) {
+#if GEMM_X86
+    case NBI_GEMM_AVX512: return f64 ? GB_F64_AVX512 : GB_F32_AVX512;
+    case NBI_GEMM_AVX2: return f64 ? GB_F64_AVX2 : GB_F32_AVX2;
+#elif GEMM_ARM
+    case NBI_GEMM_SVE:
+        switch (nbi_gemm_sve_bytes()) { /* the vector length is per thread */
+        case 16: return f64 ? GB_F64_SVE16 : GB_F32_SVE16;
+        case 32: return f64 ? GB_F64_SVE32 : GB_F32_SVE32;
+        case 64: return f64 ? GB_F64_SVE64 : GB_F32_SVE64;
+        }
+        /* fall through - another length runs NEON */
+    case NBI_GEMM_NEON: return f64 ? GB_F64_NEON : GB_F32_NEON;
+#endif
+    default: return f64 ? GB_F64_PORT : GB_F32_PORT;
+    }
+}
+
 int nbi_gemm_blocks_force(int f64, const nbi_gemm_blocks *b) {
     nbi_gemm_blocks *bk = (nbi_gemm_blocks *)gemm_blocks();
-    int i;
-    switch (current_path()) {
-#if GEMM_X86
-    case NBI_GEMM_AVX512: i = f64 ? GB_F64_AVX512 : GB_F32_AVX512; break;
-    case NBI_GEMM_AVX2: i = f64 ? GB_F64_AVX2 : GB_F32_AVX2; break;
-#endif
-    default: i = f64 ? GB_F64_PORT : GB_F32_PORT;
-    }
+    int i = gb_index(current_path(), f64);
     nbi_gemm_blocks d = nbi_gemm_blocking(nbi_cpu_info(), bk[i].mr, bk[i].nr, f64 ? 8 : 4);
     if (b && (b->kc < 1 || b->mc < 1 || b->nc < 1)) return -1;
     if (b) {
@@ -759,14 +828,7 @@ int nbi_gemm_blocks_force(int f64, const nbi_gemm_blocks *b) {
 }
 
 nbi_gemm_blocks nbi_gemm_blocks_of(int f64) {
-    const nbi_gemm_blocks *b = gemm_blocks();
-    switch (current_path()) {
-#if GEMM_X86
-    case NBI_GEMM_AVX512: return b[f64 ? GB_F64_AVX512 : GB_F32_AVX512];
-    case NBI_GEMM_AVX2: return b[f64 ? GB_F64_AVX2 : GB_F32_AVX2];
-#endif
-    default: return b[f64 ? GB_F64_PORT : GB_F32_PORT];
-    }
+    return gemm_blocks()[gb_index(current_path(), f64)];
 }
 
 /* Shapes with nothing to sum, and K == 0 (an empty sum is 0). */
@@ -788,6 +850,19 @@ int nbi_gemm_f32(nbi_gemm_ws *ws, int64_t M, int64_t N, int64_t K, const float *
         return f32_avx512_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
     case NBI_GEMM_AVX2:
         return f32_avx2_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+#elif GEMM_ARM
+    case NBI_GEMM_SVE:
+        switch (gb_index(NBI_GEMM_SVE, 0)) {
+        case GB_F32_SVE16:
+            return f32_sve16_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+        case GB_F32_SVE32:
+            return f32_sve32_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+        case GB_F32_SVE64:
+            return f32_sve64_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+        }
+        /* fall through - a vector length without its packing */
+    case NBI_GEMM_NEON:
+        return f32_neon_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
 #endif
     default:
         return f32_port_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
@@ -804,6 +879,19 @@ int nbi_gemm_f64(nbi_gemm_ws *ws, int64_t M, int64_t N, int64_t K, const double 
         return f64_avx512_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
     case NBI_GEMM_AVX2:
         return f64_avx2_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+#elif GEMM_ARM
+    case NBI_GEMM_SVE:
+        switch (gb_index(NBI_GEMM_SVE, 1)) {
+        case GB_F64_SVE16:
+            return f64_sve16_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+        case GB_F64_SVE32:
+            return f64_sve32_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+        case GB_F64_SVE64:
+            return f64_sve64_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
+        }
+        /* fall through - a vector length without its packing */
+    case NBI_GEMM_NEON:
+        return f64_neon_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);
 #endif
     default:
         return f64_port_gemm(ws, M, N, K, a, sam, sak, b, sbk, sbn, c, scm, scn);

@@ -6,7 +6,8 @@
  * 0 and accumulated in the dtype (with fused multiply-adds when the path has
  * them), so the result does not depend on blocking, tiling or threads; it may
  * depend on the instruction-set path, which is chosen once per process
- * (AVX-512, AVX2+FMA or portable). K == 0 writes zeros. */
+ * (x86-64: AVX-512, AVX2+FMA or portable; aarch64: SVE, NEON or portable,
+ * all three with the same bits). K == 0 writes zeros. */
 #ifndef NABLA_GEMM_INTERNAL_H
 #define NABLA_GEMM_INTERNAL_H
 
@@ -39,8 +40,18 @@ int nbi_gemm_f64(nbi_gemm_ws *ws, int64_t M, int64_t N, int64_t K, const double 
 
 /* The instruction-set path: NBI_GEMM_AUTO picks the best the CPU supports
  * (the default); tests and benchmarks may force one. Returns the path in use
- * after the call (a forced path the CPU lacks falls back to the portable one). */
-enum { NBI_GEMM_AUTO = -1, NBI_GEMM_PORTABLE = 0, NBI_GEMM_AVX2 = 1, NBI_GEMM_AVX512 = 2 };
+ * after the call: a forced path above the CPU's best gives the best, a path
+ * of another architecture the portable one. SVE runs where the CPU has SVE
+ * with a vector length of 16, 32 or 64 bytes (the calling thread's: another
+ * length runs NEON). */
+enum {
+    NBI_GEMM_AUTO = -1,
+    NBI_GEMM_PORTABLE = 0,
+    NBI_GEMM_AVX2 = 1,   /* x86-64 */
+    NBI_GEMM_AVX512 = 2, /* x86-64 */
+    NBI_GEMM_NEON = 3,   /* aarch64 */
+    NBI_GEMM_SVE = 4,    /* aarch64 */
+};
 int nbi_gemm_path(int force);
 /* The path in use, unchanged. */
 int nbi_gemm_path_now(void);

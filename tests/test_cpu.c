@@ -160,7 +160,8 @@ static const fake_cpu fakes[] = {
 #define NFAKES (int)(sizeof fakes / sizeof fakes[0])
 
 /* Every path's register tile: mr, nr, element bytes. */
-static const int tiles[][3] = {{4, 8, 4}, {4, 4, 8}, {6, 16, 4}, {6, 8, 8}, {8, 32, 4}, {8, 16, 8}};
+static const int tiles[][3] = {{4, 8, 4}, {4, 4, 8}, {6, 16, 4}, {6, 8, 8}, {8, 32, 4}, {8, 16, 8},
+                                {8, 12, 4}, {8, 6, 8}}; /* portable, AVX2, AVX-512, NEON */
 #define NTILES (int)(sizeof tiles / sizeof tiles[0])
 
 START_TEST(blocks_satisfy_the_model_for_fake_cpus) {
@@ -316,10 +317,12 @@ static void product(int f64, int64_t M, int64_t N, int64_t K, int at, int bt, co
 START_TEST(products_have_the_same_bits_for_any_blocks) {
     static const int64_t shapes[][3] = {{37, 45, 529}, {130, 70, 300}, {9, 600, 77},
                                         {3, 5, 1000}, {203, 97, 45}};
+#if defined(__aarch64__)
+    const int paths[] = {NBI_GEMM_PORTABLE, NBI_GEMM_NEON, NBI_GEMM_SVE};
+#else
     const int paths[] = {NBI_GEMM_PORTABLE, NBI_GEMM_AVX2, NBI_GEMM_AVX512};
-    int best = nbi_gemm_path(NBI_GEMM_AUTO);
-    for (int p = 0; p < 3 && paths[p] <= best; p++) {
-        nbi_gemm_path(paths[p]);
+#endif
+    for (int p = 0; p < 3 && nbi_gemm_path(paths[p]) == paths[p]; p++) {
         for (int f64 = 0; f64 <= 1; f64++) {
             nbi_gemm_blocks u = nbi_gemm_blocks_of(f64);
             /* the fake CPUs' blocks, and tiny ones that cut everything */
@@ -364,6 +367,49 @@ START_TEST(products_have_the_same_bits_for_any_blocks) {
     nbi_gemm_path(NBI_GEMM_AUTO);
     nbi_gemm_blocks bad = {.kc = 0, .mc = 8, .nc = 8};
     ck_assert_int_eq(nbi_gemm_blocks_force(0, &bad), -1);
+}
+END_TEST
+
+/* aarch64: every path's products are chains of fused multiply-adds over k in
+ * order from 0 (the portable path's multiply-adds contracted), so NEON and
+ * SVE (at whatever vector length this runs with) give the portable path's
+ * bits, for each layout of A and B, edge tiles in both directions, K past
+ * one block, and C a strided view. Elsewhere: nothing to compare. */
+START_TEST(arm_paths_have_the_portable_bits) {
+#if defined(__aarch64__)
+    static const int64_t shapes[][3] = {{37, 45, 529}, {8, 12, 3}, {4, 6, 1}, {9, 25, 77},
+                                        {130, 70, 300}, {3, 100, 20}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int f64 = 0; f64 <= 1; f64++) {
+            int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+            size_t es = f64 ? 8 : 4;
+            void *a = malloc(es * M * K), *b = malloc(es * K * N);
+            void *c[3] = {malloc(es * M * N), malloc(es * M * N), malloc(es * M * N)};
+            ck_assert(a && b && c[0] && c[1] && c[2]);
+            fill(a, M * K, f64, 5 + s);
+            fill(b, K * N, f64, 7 + s);
+            for (int lay = 0; lay < 4; lay++) {
+                const int paths[3] = {NBI_GEMM_PORTABLE, NBI_GEMM_NEON, NBI_GEMM_SVE};
+                int used[3];
+                for (int p = 0; p < 3; p++) {
+                    used[p] = nbi_gemm_path(paths[p]);
+                    memset(c[p], 0xff, es * M * N);
+                    product(f64, M, N, K, lay & 1, lay >> 1, a, b, c[p]);
+                }
+                ck_assert_int_eq(used[0], NBI_GEMM_PORTABLE);
+                /* every aarch64 CPU has NEON, unless NABLA_ISA=portable caps it */
+                ck_assert_int_eq(used[1], nbi_isa() >= NBI_ISA_NEON ? NBI_GEMM_NEON
+                                                                    : NBI_GEMM_PORTABLE);
+                for (int p = 1; p < 3; p++)
+                    ck_assert_msg(!memcmp(c[0], c[p], es * M * N),
+                                  "%s %lldx%lldx%lld layout %d: path %d differs from portable",
+                                  f64 ? "f64" : "f32", (long long)M, (long long)N, (long long)K,
+                                  lay, used[p]);
+            }
+            free(a), free(b), free(c[0]), free(c[1]), free(c[2]);
+        }
+    nbi_gemm_path(NBI_GEMM_AUTO);
+#endif
 }
 END_TEST
 
@@ -473,6 +519,7 @@ Suite *suite_cpu(void) {
     tcase_add_test(tc, blocks_in_use_come_from_this_cpu);
     tcase_add_loop_test(tc, in_place_a_fits_the_l2_sets, 0, NFAKES);
     tcase_add_test(tc, products_have_the_same_bits_for_any_blocks);
+    tcase_add_test(tc, arm_paths_have_the_portable_bits);
     tcase_add_test(tc, arm_hwcaps_parts_and_cpuinfo);
     tcase_add_test(tc, cache_keeps_what_the_peak_had);
     suite_add_tcase(s, tc);

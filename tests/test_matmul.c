@@ -530,7 +530,11 @@ static void reference(const nb_tensor *a, const nb_tensor *b, double *out) {
 
 START_TEST(test_every_kernel_path) {
     static const int64_t shapes[][3] = {{37, 70, 45}, {5, 400, 3}, {1, 1, 1}, {17, 9, 33}, {96, 800, 40}};
+#if defined(__aarch64__)
+    int paths[3] = {NBI_GEMM_PORTABLE, NBI_GEMM_NEON, NBI_GEMM_SVE};
+#else
     int paths[3] = {NBI_GEMM_PORTABLE, NBI_GEMM_AVX2, NBI_GEMM_AVX512};
+#endif
     for (int p = 0; p < 3; p++) {
         int used = nbi_gemm_path(paths[p]);
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
