@@ -172,7 +172,8 @@ extract() { # file.s dir arch
         next
       }
       if (!is_insn(line)) next
-      ins = trim(line); sub(/[ \t]*(\/\/|#).*$/, "", ins)
+      ins = trim(line) # a comment off; on aarch64 "#" is an immediate ([x7, #1, mul vl]), not one
+      if (arch == "aarch64") sub(/[ \t]*\/\/.*$/, "", ins); else sub(/[ \t]*(\/\/|#).*$/, "", ins)
       if (state == 0) { looplabel = ""; next }
       if (state == 1) { body = body "\t" ins "\n"; ninsn++; if (is_branch(ins)) nbr++; next }
       # state 2: the tail after END
