@@ -49,6 +49,23 @@
             if (nv > 2) x##r##2 = NK_FMA_LANE(x##r##2, b2, av[(r) / NK_L], (r) % NK_L);        \
         }                                                                                      \
     }
+/* make mca (NB_MCA) with clang only: the accumulators pinned at the marks,
+ * since clang moves register arithmetic across the marks' asm (the region
+ * then held a part of the k step); the pins hold the whole step between the
+ * marks, its loads after the first. (GCC keeps the order without them, and
+ * with them moves registers around the pins: not the code it builds.) */
+#if defined(NB_MCA) && defined(__clang__)
+#define NK_PIN_ROW(r) "+w"(x##r##0), "+w"(x##r##1), "+w"(x##r##2),
+#define NK_PIN(mark)                                                                          \
+    if (mark) { /* at most 30 operands an asm: two */                                          \
+        __asm__ volatile("" : NK_PIN_ROW(0) NK_PIN_ROW(1) NK_PIN_ROW(2) NK_PIN_ROW(3)       \
+                         "+r"(a) : : "memory");                                              \
+        __asm__ volatile("" : NK_PIN_ROW(4) NK_PIN_ROW(5) NK_PIN_ROW(6) NK_PIN_ROW(7)       \
+                         "+r"(b));                                                           \
+    }
+#else
+#define NK_PIN(mark) ((void)0)
+#endif
 /* mark: the shape whose inner loop make mca measures (whole tile, 3 vectors:
  * the one nearly all of a large product runs), A packed or A^T (name) or
  * row-major A read in place (name_rowA, as gemm.c's kernels). */
@@ -59,6 +76,7 @@
     for (int64_t k = 0; k < kc; k++) {                                                         \
         if (mark && !arow) NBI_MCA_BEGIN(name);                                                \
         if (mark && arow) NBI_MCA_BEGIN(name "_rowA");                                         \
+        NK_PIN(mark);                                                                          \
         NK_V av[8 / NK_L];                                                                     \
         if (!arow)                                                                             \
             for (int g = 0; g < 8 / NK_L; g++) av[g] = g * NK_L < rows ? NK_LD(a + g * NK_L) : NK_ZERO; \
@@ -67,6 +85,7 @@
         NK_ROWS(NK_ACC_FMA)                                                                    \
         a += arow ? 1 : aks;                                                                   \
         b += nv * NK_L;                                                                        \
+        NK_PIN(mark);                                                                          \
         if (mark && !arow) NBI_MCA_END(name);                                                  \
         if (mark && arow) NBI_MCA_END(name "_rowA");                                           \
     }                                                                                          \

@@ -49,6 +49,23 @@
             if (nv > 2) x##r##2 = SK_FMA_LANE(x##r##2, b2, SK_A(r), (r) % SK_L);               \
         }                                                                                      \
     }
+/* make mca (NB_MCA) with clang only: the accumulators pinned at the marks,
+ * since clang moves register arithmetic across the marks' asm (the region
+ * then held a part of the k step); the pins hold the whole step between the
+ * marks, its loads after the first. (GCC keeps the order without them, and
+ * with them moves registers around the pins: not the code it builds.) */
+#if defined(NB_MCA) && defined(__clang__)
+#define SK_PIN_ROW(r) "+w"(x##r##0), "+w"(x##r##1), "+w"(x##r##2),
+#define SK_PIN(mark)                                                                          \
+    if (mark) { /* at most 30 operands an asm: two */                                          \
+        __asm__ volatile("" : SK_PIN_ROW(0) SK_PIN_ROW(1) SK_PIN_ROW(2) SK_PIN_ROW(3)       \
+                         "+r"(a) : : "memory");                                              \
+        __asm__ volatile("" : SK_PIN_ROW(4) SK_PIN_ROW(5) SK_PIN_ROW(6) SK_PIN_ROW(7)       \
+                         "+r"(b));                                                           \
+    }
+#else
+#define SK_PIN(mark) ((void)0)
+#endif
 /* SK_L: elements per quadword; the kernel reads A's values as 8 / SK_L
  * quadwords (rows beyond `rows` excepted). mark: as in gemm_neon.c. */
 #define SK_BODY(name)                                                                          \
@@ -59,6 +76,7 @@
     for (int64_t k = 0; k < kc; k++) {                                                         \
         if (mark && !arow) NBI_MCA_BEGIN(name);                                                \
         if (mark && arow) NBI_MCA_BEGIN(name "_rowA");                                         \
+        SK_PIN(mark);                                                                          \
         SK_V a0 = SK_ZERO, a1 = SK_ZERO, a2 = SK_ZERO, a3 = SK_ZERO;                           \
         if (!arow) {                                                                           \
             a0 = SK_LDQ(pg, a);                                                                \
@@ -72,6 +90,7 @@
         SK_ROWS(SK_ACC_FMA)                                                                    \
         a += arow ? 1 : aks;                                                                   \
         b += nv * w;                                                                           \
+        SK_PIN(mark);                                                                          \
         if (mark && !arow) NBI_MCA_END(name);                                                  \
         if (mark && arow) NBI_MCA_END(name "_rowA");                                           \
     }                                                                                          \
