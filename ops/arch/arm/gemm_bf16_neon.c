@@ -134,7 +134,8 @@ static MM_ATTR MM_INLINE void mm_kern(const int rp, const int cp, int64_t kg,
         }
     }
     for (int64_t g = 0; g < kg; g++) {
-        NBI_MCA_BEGIN("gemm_bf16_bfmmla");
+        /* marked in the full tile only (rp, cp constant: the others lose it) */
+        if (rp == NBI_MMLA_MR / 2 && cp == NBI_MMLA_NR / 2) NBI_MCA_BEGIN("gemm_bf16_bfmmla");
         bfloat16x8_t av[NBI_MMLA_MR / 2];
         MM_UNROLL for (int r = 0; r < rp; r++) av[r] = vreinterpretq_bf16_u16(vld1q_u16(a + 8 * r));
         MM_UNROLL for (int q = 0; q < cp; q++) {
@@ -144,7 +145,7 @@ static MM_ATTR MM_INLINE void mm_kern(const int rp, const int cp, int64_t kg,
         }
         a += 4 * NBI_MMLA_MR;
         b += 4 * NBI_MMLA_NR;
-        NBI_MCA_END("gemm_bf16_bfmmla");
+        if (rp == NBI_MMLA_MR / 2 && cp == NBI_MMLA_NR / 2) NBI_MCA_END("gemm_bf16_bfmmla");
     }
     MM_UNROLL for (int r = 0; r < rp; r++) {
         MM_UNROLL for (int h = 0; h < cp / 2; h++) {
@@ -216,7 +217,7 @@ static MM_ATTR MM_INLINE void mm_gemv_rows(const int rp, int64_t K, const uint16
     MM_UNROLL for (int i = 0; i < 2 * rp; i++) row[i] = w + (i < n ? i : 0) * ldw;
     int64_t k = 0;
     for (; k + 8 <= K; k += 8) {
-        NBI_MCA_BEGIN("gemv_bf16_bfmmla");
+        if (rp == 8) NBI_MCA_BEGIN("gemv_bf16_bfmmla"); /* 16 rows: the full step */
         const uint64x2_t xv = vreinterpretq_u64_u32(vld1q_u32(xp + k / 2));
         const bfloat16x8_t x0 = vreinterpretq_bf16_u64(vdupq_laneq_u64(xv, 0));
         const bfloat16x8_t x1 = vreinterpretq_bf16_u64(vdupq_laneq_u64(xv, 1));
@@ -226,7 +227,7 @@ static MM_ATTR MM_INLINE void mm_gemv_rows(const int rp, int64_t K, const uint16
             acc[r] = vbfmmlaq_f32(acc[r], x0, vreinterpretq_bf16_u64(vzip1q_u64(e, o)));
             acc[r] = vbfmmlaq_f32(acc[r], x1, vreinterpretq_bf16_u64(vzip2q_u64(e, o)));
         }
-        NBI_MCA_END("gemv_bf16_bfmmla");
+        if (rp == 8) NBI_MCA_END("gemv_bf16_bfmmla");
     }
     for (; k < K; k += 4) { /* the last groups, zero-padded past K */
         uint16_t xs[8] = {0}, ws[16][4] = {{0}};
