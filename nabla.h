@@ -644,6 +644,32 @@ NB_API bool nb_gradgradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs,
 NB_API int nb_jvp(nb_fn fn, void *ctx, int n, nb_tensor **inputs, nb_tensor **tangents,
                   nb_tensor **out, nb_tensor **out_tangent);
 
+/* Activation checkpointing, as torch.utils.checkpoint: out = fn(inputs),
+ * computed so that nothing fn makes is kept for backward; backward runs fn
+ * again (from the inputs, which are kept) and backpropagates through that
+ * run. Memory: one checkpointed block's intermediates at a time instead of
+ * every block's; time: one more forward of fn per backward.
+ * - Gradients are those of a plain backward, bit for bit, on any thread
+ *   count: every random draw fn makes (nb_dropout, nb_rand, nb_multinomial,
+ *   ... from any stream) is replayed in the second run, and the autocast
+ *   dtype in force at the call is in force again.
+ * - Tensors fn reaches through ctx that require grad (a block's parameters)
+ *   get their gradients as without it (.grad, nb_autograd_grad, hooks; the
+ *   contribution hook sees fn's sum as one contribution); a tensor with
+ *   history reached that way is refused (pass it in inputs). fn gets views
+ *   of its inputs without history; it must leave them alive, unwritten and
+ *   as they were, and compute the same thing each time (the same draws from
+ *   the same streams, the same output shape: otherwise backward fails
+ *   saying so). What fn reaches through ctx must stay alive and unchanged
+ *   until backward: an input or parameter written in place after the
+ *   forward (an optimizer step) makes backward fail with a message.
+ * - With grad mode off, fn just runs. create_graph through it is refused
+ *   with a message (call fn directly for second derivatives); nb_jvp
+ *   through it is refused (no tangent rule). fn follows the callback rule.
+ * out is a new tensor in the current scope; NULL with a message when fn
+ * fails (quoting its message) or an argument is bad. */
+NB_API nb_tensor *nb_checkpoint(nb_fn fn, void *ctx, int n, nb_tensor **inputs);
+
 /* ------------------------------------------------------------ callbacks
  * The one rule for user code nabla calls: a custom function's forward,
  * backward, jvp and destroy (and their _multi forms), gradient hooks
@@ -1243,6 +1269,13 @@ typedef struct nb_GPT {
     nb_LayerNorm ln_f;
     nb_Linear lm_head;    /* (vocab_size, C), no bias; weight == wte.weight when tied */
     struct nb_gpt_cache *cache; /* generation's key/value cache (internal), or NULL */
+    /* Activation checkpointing (set it after nb_gpt_init; false by default):
+     * with grad mode on, each block runs under nb_checkpoint, so a forward
+     * keeps only the blocks' inputs and backward runs each block again. The
+     * same gradients, bit for bit, in a fraction of the memory. A backward
+     * reads the rng of its forward's call: it must still be alive then. */
+    bool checkpoint;
+    struct nb_gpt_block_ctx *block_ctx; /* internal: the checkpointed blocks' contexts */
 } nb_GPT;
 /* Makes every parameter in ps with GPT-2's initialisation: linear weights
  * and embeddings N(0, 0.02), the residual projections (attn.c_proj,

@@ -47,7 +47,17 @@ struct nbi_node {
      * (all = false: only what backward reads; true: everything, at node free). */
     void *fn_ctx;
     void (*fn_release)(nbi_node *n, bool all);
+    /* Order of recording (process-wide, from 1): nb_checkpoint tells the
+     * nodes its function made from those made before it. */
+    uint64_t serial;
 };
+/* nb_checkpoint (checkpoint.c) while its function runs forward on this
+ * thread, or NULL: every node recorded then is shown to it, which finds the
+ * parameters the function reaches through its context. */
+extern _Thread_local struct nbi_ckpt_region *nbi_ckpt_top;
+void nbi_checkpoint_saw(const nbi_node *n);
+/* The serial the next node recorded gets (or a later one). */
+uint64_t nbi_next_node_serial(void);
 /* Autocast (autocast.c) around a rule: isolate hides the regions open now
  * and puts dtype in force; restore brings them back (and ends any region the
  * rule left open). */

@@ -59,6 +59,9 @@ static void node_free(nbi_node *n, void (*release)(nb_tensor *t)) {
     nbi_obj_free(NBI_OBJ_NODE, n);
 }
 
+static _Atomic uint64_t next_serial = 1;
+uint64_t nbi_next_node_serial(void) { return atomic_load(&next_serial); }
+
 nbi_node *nbi_record_unchecked(nb_tensor *out, const char *op, nbi_backward_fn bw, int n,
                                nb_tensor *const *inputs) {
     /* tensor/ frees out's node when out goes, through node_free */
@@ -87,8 +90,10 @@ nbi_node *nbi_record_unchecked(nb_tensor *out, const char *op, nbi_backward_fn b
         inputs[i]->edges++;
     }
     node->ver_out = out->storage->version;
+    node->serial = atomic_fetch_add_explicit(&next_serial, 1, memory_order_relaxed);
     out->grad_fn = node;
     out->requires_grad = true;
+    if (nbi_ckpt_top) nbi_checkpoint_saw(node);
     return node;
 }
 

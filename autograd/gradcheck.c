@@ -491,7 +491,8 @@ static int full_check(const check *c) {
 /* Unit-norm vectors with entries drawn uniformly from [-1, 1). */
 static void unit_vector(double *x, int64_t len, nb_rng *rng) {
     double norm = 0;
-    uint64_t at = nbi_rng_take(rng, (uint64_t)len);
+    uint64_t at = rng->offset; /* the check's own stream: never on a checkpoint's tape */
+    rng->offset += (uint64_t)len;
     for (int64_t k = 0; k < len; k++) {
         x[k] = 2 * nbi_rng_uniform(rng->seed, at + (uint64_t)k) - 1;
         norm += x[k] * x[k];
@@ -921,7 +922,7 @@ bool nb_gradgradcheck(nb_fn fn, void *ctx, int n, nb_tensor **inputs,
         if (in1) {
             nb_rng rng;
             nb_rng_seed(&rng, o.seed);
-            uint64_t at = nbi_rng_take(&rng, (uint64_t)v->numel);
+            uint64_t at = rng.offset;
             for (int64_t e = 0; e < v->numel; e++)
                 nbi_set_flat(v, e, 2 * nbi_rng_uniform(rng.seed, at + (uint64_t)e) - 1);
             c.o = o;

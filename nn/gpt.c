@@ -203,6 +203,8 @@ void nb_gpt_free(nb_GPT *m) {
     cache_free(m);
     free(m->h);
     m->h = NULL;
+    free(m->block_ctx);
+    m->block_ctx = NULL;
 }
 
 /* --------------------------------------------------------------- forward */
@@ -312,6 +314,47 @@ static bool check_idx(const char *fn, const nb_GPT *m, nb_tensor *idx, const cha
     return check_tokens(fn, what, idx, m->cfg.vocab_size, ignore);
 }
 
+/* Block i on x (B,T,C) -> (B,T,C); x stays the caller's (not freed). */
+static nb_tensor *block(const nb_GPT *m, int64_t i, nb_tensor *x, nb_tensor *keep, bool training,
+                        nb_rng *rng, struct nb_gpt_cache *c) {
+    const nb_GPTBlock *b = &m->h[i];
+    int64_t pos = c ? c->pos : 0;
+    nb_tensor *const *wb = c && c->use_bf16 ? c->wb + 4 * i : NULL;
+    nb_tensor *h = nb_layernorm_forward(&b->ln_1, x);
+    nb_tensor *a = attention(m, b, h, keep, training, rng, c ? c->k[i] : NULL,
+                             c ? c->v[i] : NULL, pos, wb);
+    nb_tensor *y = nb_add(x, a);
+    nb_free(h);
+    nb_free(a);
+    h = nb_layernorm_forward(&b->ln_2, y);
+    return residual(y, h, mlp(m, b, h, training, rng, wb));
+}
+
+/* nb_checkpoint's function: block ctx->i on inputs[0], masked by inputs[1].
+ * Its context must live until backward: the model keeps one per block and
+ * training flag (the rng of the latest forward is noted there; a backward
+ * after a forward with another stream fails: nb_checkpoint checks draws). */
+typedef struct nb_gpt_block_ctx {
+    const nb_GPT *m;
+    int64_t i;
+    bool training;
+    nb_rng *rng;
+} block_ctx;
+
+static block_ctx *block_ctx_of(nb_GPT *m, int64_t i, bool training, nb_rng *rng) {
+    if (!m->block_ctx && !(m->block_ctx = calloc(2 * (size_t)m->cfg.n_layer, sizeof *m->block_ctx)))
+        return nn_error("nb_gpt: out of memory"), NULL;
+    block_ctx *b = &m->block_ctx[2 * i + training];
+    *b = (block_ctx){m, i, training, rng};
+    return b;
+}
+
+static nb_tensor *checkpointed_block(nb_tensor **inputs, int n, void *ctx) {
+    const block_ctx *b = ctx;
+    (void)n;
+    return block(b->m, b->i, inputs[0], inputs[1], b->training, b->rng, NULL);
+}
+
 /* idx (B,T) at positions [pos, pos+T) -> final hidden states ln_f(x) (B,T,C) */
 static nb_tensor *trunk(nb_GPT *m, nb_tensor *idx, bool training, nb_rng *rng,
                         struct nb_gpt_cache *c, nb_tensor *keep) {
@@ -324,14 +367,15 @@ static nb_tensor *trunk(nb_GPT *m, nb_tensor *idx, bool training, nb_rng *rng,
     nb_free(pe);
     nb_free(positions);
     if (m->cfg.dropout > 0 && training) x = then(x, nb_dropout(x, m->cfg.dropout, true, rng));
-    for (int64_t i = 0; i < m->cfg.n_layer; i++) {
-        const nb_GPTBlock *b = &m->h[i];
-        nb_tensor *h = nb_layernorm_forward(&b->ln_1, x);
-        nb_tensor *const *wb = c && c->use_bf16 ? c->wb + 4 * i : NULL;
-        x = residual(x, h, attention(m, b, h, keep, training, rng, c ? c->k[i] : NULL,
-                                     c ? c->v[i] : NULL, pos, wb));
-        h = nb_layernorm_forward(&b->ln_2, x);
-        x = residual(x, h, mlp(m, b, h, training, rng, wb));
+    /* checkpointed: the mask is an input, so that it outlives this call
+     * for the blocks' second run in backward */
+    bool checkpoint = m->checkpoint && !c && nb_grad_enabled();
+    for (int64_t i = 0; x && i < m->cfg.n_layer; i++) {
+        nb_tensor *in[2] = {x, keep};
+        block_ctx *bc = checkpoint ? block_ctx_of(m, i, training, rng) : NULL;
+        x = then(x, !checkpoint ? block(m, i, x, keep, training, rng, c)
+                    : bc        ? nb_checkpoint(checkpointed_block, bc, 2, in)
+                                : NULL);
     }
     return then(x, nb_layernorm_forward(&m->ln_f, x));
 }

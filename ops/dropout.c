@@ -142,8 +142,7 @@ nb_tensor *nb_dropout(nb_tensor *t, double p, bool training, nb_rng *rng) {
 
     uint64_t seed = 0, base = 0;
     if (p < 1.0) {
-        seed = (rng ? rng : nb_global_rng())->seed;
-        base = nbi_rng_take(rng, (uint64_t)t->numel);
+        base = nbi_rng_take(rng, (uint64_t)t->numel, &seed);
     }
     return mask_op(fn, t, seed, base, p);
 }

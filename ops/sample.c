@@ -104,10 +104,11 @@ nb_tensor *nb_multinomial(nb_tensor *probs, int64_t num_samples, bool replacemen
     int64_t sh[2] = {rows, num_samples};
     nb_tensor *y = two ? nbi_new(fn, NB_I64, 2, sh, false) : nbi_new(fn, NB_I64, 1, sh + 1, false);
     if (!y || y->numel == 0) return y;
+    uint64_t seed;
+    uint64_t base = nbi_rng_take(rng, (uint64_t)y->numel, &seed);
     draw_job j = {.dt = probs->dtype, .n = n, .k = num_samples, .ps_row = rs, .ps_col = cs,
                   .pp = pp, .out = nbi_ptr(y), .replacement = replacement,
-                  .key = nbi_rng_key((rng ? rng : nb_global_rng())->seed),
-                  .base = nbi_rng_take(rng, (uint64_t)y->numel)};
+                  .key = nbi_rng_key(seed), .base = base};
     nbi_parallel_for(rows, NBI_GRAIN_HEAVY / (n + num_samples) + 1, draw_span, &j);
     if (j.failed) return nbi_error("%s: out of memory", fn), nbi_discard(y);
     return y;

@@ -90,14 +90,13 @@ static nb_tensor *random_tensor(const char *fn, nb_dtype dtype, int ndim, const 
         return nbi_error("%s: dtype must be f32 or f64, got %s", fn, nb_dtype_name(dtype));
     nb_tensor *t = nbi_new(fn, dtype, ndim, shape, false);
     if (!t) return NULL;
-    if (!rng) rng = nb_global_rng();
-    uint64_t base = nbi_rng_take(rng, (uint64_t)t->numel * (normal ? 2 : 1));
+    uint64_t seed, base = nbi_rng_take(rng, (uint64_t)t->numel * (normal ? 2 : 1), &seed);
     if (normal) {
-        nbi_randn_fill(dtype, nbi_ptr(t), t->numel, rng->seed, base);
+        nbi_randn_fill(dtype, nbi_ptr(t), t->numel, seed, base);
         return t;
     }
     for (int64_t i = 0; i < t->numel; i++) {
-        double v = nbi_rng_uniform(rng->seed, base + (uint64_t)i);
+        double v = nbi_rng_uniform(seed, base + (uint64_t)i);
         if (dtype == NB_F32) ((float *)nbi_ptr(t))[i] = (float)v;
         else ((double *)nbi_ptr(t))[i] = v;
     }

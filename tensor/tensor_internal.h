@@ -349,8 +349,30 @@ static inline double nbi_rng_uniform_key(uint64_t key, uint64_t counter) {
     return (double)(nbi_mix64(key + (counter + 1) * 0x9E3779B97F4A7C15ULL) >> 11) * 0x1.0p-53;
 }
 double nbi_rng_uniform(uint64_t seed, uint64_t counter);
-/* Reserves n draws: returns the first counter and advances the stream. */
-uint64_t nbi_rng_take(nb_rng *rng, uint64_t n);
+/* Reserves n draws of rng (NULL: the global stream): returns the first
+ * counter, sets *seed to the stream's seed, and advances the stream. While
+ * a checkpointed function runs (nb_checkpoint), every call is recorded on
+ * the thread's tape, and replayed when the function runs again in backward:
+ * then the call hands back the recorded counter and seed and the stream is
+ * left as it is. */
+uint64_t nbi_rng_take(nb_rng *rng, uint64_t n, uint64_t *seed);
+/* The tape (autograd/checkpoint.c owns its meaning): draws in call order.
+ * A replaying tape answers every draw made under it (and under the tapes it
+ * encloses); a recording tape notes each, also those a replaying tape
+ * outside it answers (a checkpoint inside another's recomputation). */
+typedef struct nbi_rng_draw {
+    const nb_rng *rng; /* the stream (the global one for NULL) */
+    uint64_t seed, first, n;
+} nbi_rng_draw;
+typedef struct nbi_rng_tape {
+    nbi_rng_draw *draws;
+    size_t len, cap, next; /* next: replay position */
+    bool replay;
+    bool broken; /* out of memory recording, or a replayed draw that differs (why says how) */
+    char why[192];
+    struct nbi_rng_tape *outer;
+} nbi_rng_tape;
+extern _Thread_local nbi_rng_tape *nbi_rng_tapes;
 /* nb_randn's values (tensor/randn.c): dst[i] (f32 or f64, n of them) <- the
  * normal draw of counters base + 2i, base + 2i + 1 of seed's stream, on the
  * thread pool. nbi_randn_path picks the f32 fast path's instruction set as

@@ -25,6 +25,7 @@ static SRunner *all_suites(void) {
     srunner_add_suite(sr, suite_edges());
     srunner_add_suite(sr, suite_autograd());
     srunner_add_suite(sr, suite_function());
+    srunner_add_suite(sr, suite_recompute());
     srunner_add_suite(sr, suite_higher_order());
     srunner_add_suite(sr, suite_second_order());
     srunner_add_suite(sr, suite_callbacks());

@@ -181,6 +181,7 @@ Suite *suite_tokens(void);   /* test_tokens.c: nb_load_tokens (llm.c token files
 Suite *suite_idx(void);      /* test_idx.c: nb_load_idx (IDX files: MNIST, Fashion-MNIST) */
 Suite *suite_byteorder(void); /* test_byteorder.c: files little-endian on any host (IDX big) */
 Suite *suite_tokenizer(void); /* test_tokenizer.c: nb_tokenizer (GPT-2 BPE) */
+Suite *suite_recompute(void); /* test_recompute.c: nb_checkpoint (activation checkpointing) */
 Suite *suite_sizes(void);    /* test_sizes.c: every size argument at 0, -1, INT64_MAX, INT64_MIN */
 /* test_second_order.c: Hessians, Hv, jvp and a gradient penalty against PyTorch */
 Suite *suite_second_order(void);
