@@ -1417,21 +1417,25 @@ static double vm_hwm_mib(void) {
     return kb / 1024;
 }
 
-/* The child: measures, prints one line "gpt2 first median rss alloc hash". */
-static int gpt2_child(int threads, int64_t B, int64_t T, bool bf16) {
+/* The child: measures, prints one line "gpt2 first median rss alloc hash";
+ * steps steps (GPT_STEPS when 0), each block under nb_checkpoint when
+ * checkpoint is set. */
+static int gpt2_child(int threads, int64_t B, int64_t T, bool bf16, bool checkpoint, int steps) {
+    if (steps < 2 || steps > GPT_STEPS) steps = GPT_STEPS;
     nb_set_num_threads(threads);
     nb_GPTConfig cfg = NB_GPT2_CONFIG;
     nb_params *ps = nb_params_new();
     nb_GPT m;
     nb_rng init = {1, 0}, data = {2, 0};
     if (!ps || nb_gpt_init(&m, ps, &cfg, &init) != 0) die("nb_gpt_init");
+    m.checkpoint = checkpoint;
     nb_optim *opt = nb_adamw(ps, 1e-4, 0.9, 0.999, 1e-8, 0.0);
     if (!opt) die("nb_adamw");
     nb_tensor *tok = need(nb_to(nb_mul_scalar(nb_rand(NB_F64, NB_SHAPE(B, T + 1), &data),
                                               (double)cfg.vocab_size - 1e-9), NB_I64), "tokens");
     double t[GPT_STEPS];
     uint64_t h = 1469598103934665603u;
-    for (int s = 0; s < GPT_STEPS; s++) {
+    for (int s = 0; s < steps; s++) {
         double t0 = now();
         nb_scope_begin();
         nb_tensor *x = nb_narrow(tok, 1, 0, T), *y = nb_narrow(tok, 1, 1, T);
@@ -1451,8 +1455,9 @@ static int gpt2_child(int threads, int64_t B, int64_t T, bool bf16) {
         h = fnv(h, nb_data(p), (size_t)nb_numel(p) * sizeof(float));
     }
     double first = t[0];
-    qsort(t + 1, GPT_STEPS - 1, sizeof t[0], cmp_double);
-    printf("gpt2 %.3f %.3f %.1f %.1f %016llx\n", 1e3 * first, 1e3 * t[GPT_STEPS / 2], vm_hwm_mib(),
+    qsort(t + 1, (size_t)steps - 1, sizeof t[0], cmp_double);
+    double median = steps % 2 ? (t[steps / 2] + t[steps / 2 + 1]) / 2 : t[steps / 2];
+    printf("gpt2 %.3f %.3f %.1f %.1f %016llx\n", 1e3 * first, 1e3 * median, vm_hwm_mib(),
            (double)nb_memory_peak() / (1 << 20), (unsigned long long)h);
     nb_optim_free(opt);
     nb_gpt_free(&m);
@@ -1461,10 +1466,10 @@ static int gpt2_child(int threads, int64_t B, int64_t T, bool bf16) {
 }
 
 static bool gpt2_run(const char *self, int threads, int64_t B, int64_t T, bool bf16,
-                     gpt_result *r) {
+                     bool checkpoint, int steps, gpt_result *r) {
     char cmd[4200];
-    snprintf(cmd, sizeof cmd, "'%s' --gpt2-child %d %lld %lld %d", self, threads, (long long)B,
-             (long long)T, (int)bf16);
+    snprintf(cmd, sizeof cmd, "'%s' --gpt2-child %d %lld %lld %d %d %d", self, threads,
+             (long long)B, (long long)T, (int)bf16, (int)checkpoint, steps);
     FILE *p = popen(cmd, "r");
     char line[256];
     bool ok = false;
@@ -1490,7 +1495,7 @@ static void gpt2_config(int64_t B, int64_t T, bool bf16, double *base_ms) {
     gpt_result r[2];
     int n = 0;
     for (int t = 1; t <= ncpu && n < 2; t = next_threads(t), n++) {
-        if (!gpt2_run(self_path, t, B, T, bf16, &r[n])) {
+        if (!gpt2_run(self_path, t, B, T, bf16, false, 0, &r[n])) {
             printf("%-4s B=%lld T=%-5lld %-3d (the child process failed)\n", bf16 ? "bf16" : "f32",
                    (long long)B, (long long)T, t);
             return;
@@ -1522,6 +1527,50 @@ static void gpt2_config(int64_t B, int64_t T, bool bf16, double *base_ms) {
     printf("\n");
 }
 
+/* Activation checkpointing (nb_GPT.checkpoint: each block under
+ * nb_checkpoint) at B=4 T=1024 on all CPUs, beside the same step without
+ * it: peak RSS and step time, and PyTorch's with and without
+ * torch.utils.checkpoint per block. 3 steps each (the median of the last
+ * two): a step takes some seconds. */
+static void gpt2_checkpoint_pair(void) {
+    const int steps = 3, t = ncpu;
+    gpt_result r[2];
+    for (int ck = 0; ck < 2; ck++)
+        if (!gpt2_run(self_path, t, 4, 1024, false, ck, steps, &r[ck])) {
+            printf("activation checkpointing: the child process failed\n");
+            return;
+        }
+    printf("activation checkpointing, f32 B=4 T=1024, %d threads, %d steps (median of the last "
+           "%d):\n", t, steps, steps - 1);
+    printf("  %-32s %9s %9s %9s %9s\n", "", "ms/step", "RSS MiB", "time x", "memory x");
+    const char *name[2] = {"nabla", "nabla, nb_GPT.checkpoint"};
+    for (int ck = 0; ck < 2; ck++) {
+        printf("  %-32s", name[ck]);
+        cell(r[ck].median_ms, 9, 0);
+        cell(r[ck].rss_mib, 9, 0);
+        cell(r[ck].median_ms / r[0].median_ms, 9, 2);
+        cell(r[ck].rss_mib / r[0].rss_mib, 9, 2);
+        printf("\n");
+    }
+    const char *pt_name[2] = {"PyTorch", "PyTorch, torch.utils.checkpoint"};
+    const char *pt_key[2] = {"gpt2_b4t1024", "gpt2_b4t1024_ckpt"};
+    double pt_ms0 = ref("%s_ms_%dt", pt_key[0], t), pt_rss0 = ref("%s_rss_mib_%dt", pt_key[0], t);
+    for (int ck = 0; ck < 2; ck++) {
+        double ms = ref("%s_ms_%dt", pt_key[ck], t), rss = ref("%s_rss_mib_%dt", pt_key[ck], t);
+        printf("  %-32s", pt_name[ck]);
+        cell(ms, 9, 0);
+        cell(rss, 9, 0);
+        cell(ratio(ms, pt_ms0), 9, 2);
+        cell(ratio(rss, pt_rss0), 9, 2);
+        printf("\n");
+    }
+    printf("  losses and weights after %d steps bitwise the same with and without: %s; nabla / "
+           "PyTorch with checkpointing: time %.2fx, memory %.2fx\n", steps,
+           r[0].hash == r[1].hash ? "yes" : "NO",
+           ratio(r[1].median_ms, ref("%s_ms_%dt", pt_key[1], t)),
+           ratio(r[1].rss_mib, ref("%s_rss_mib_%dt", pt_key[1], t)));
+}
+
 static void bench_gpt2(void) {
     section("8. GPT-2 124M training step (tied; nb_gpt_loss, backward, AdamW, "
             "nb_optim_clear_grad; each run a fresh process; bf16 = autocast, f32 master weights)");
@@ -1533,6 +1582,7 @@ static void bench_gpt2(void) {
     gpt2_config(4, 64, true, base[0]);
     gpt2_config(1, 1024, false, base[1]);
     gpt2_config(1, 1024, true, base[1]);
+    gpt2_checkpoint_pair();
     printf("PyTorch (pt): nanoGPT's model, f32 or torch.autocast(\"cpu\", torch.bfloat16) around "
            "forward and loss; llm.c's train_gpt2.c (f32, B=4 T=64) measured here: 2.46 GiB RSS\n");
 }
@@ -1966,8 +2016,9 @@ int main(int argc, char **argv) {
                                               bench_checkpoint, bench_gpt2, bench_generate,
                                               bench_tokenizer, bench_batchnorm, bench_conv,
                                               bench_fashion};
-    if (argc == 6 && !strcmp(argv[1], "--gpt2-child"))
-        return gpt2_child(atoi(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]) != 0);
+    if (argc == 8 && !strcmp(argv[1], "--gpt2-child"))
+        return gpt2_child(atoi(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]) != 0,
+                          atoi(argv[6]) != 0, atoi(argv[7]));
     double start = now();
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     ncpu = n < 1 ? 1 : n > 64 ? 64 : (int)n;
