@@ -191,5 +191,16 @@ double nb_lr_one_cycle(int64_t step, int64_t total_steps, double max_lr, double 
                          "total_steps %lld)",
                          fn, (long long)step, i + 1, pct_start, (long long)total_steps),
                 -1.0);
-    return anneal(p[i].start_lr, p[i].end_lr, (s - start) / (p[i].end_step - start), cos_anneal);
+    double r = anneal(p[i].start_lr, p[i].end_lr, (s - start) / (p[i].end_step - start),
+                      cos_anneal);
+    /* step total_steps extrapolates the last phase: a linear one below 0
+     * when min_lr is small. PyTorch computes that rate after the last
+     * optimizer step, which never uses it; a negative rate would read as
+     * this function's error value, so it is an error. */
+    if (r < 0)
+        return (nn_error("%s: step %lld extrapolates the linear annealing to a negative rate "
+                         "(%g); the last step of a run is total_steps - 1 (%lld)",
+                         fn, (long long)step, r, (long long)total_steps - 1),
+                -1.0);
+    return r;
 }
