@@ -1493,7 +1493,10 @@ NB_API double nb_noam_rate(int64_t step, int64_t d_model, double factor, int64_t
  * 0 for the first optimizer step, one more per scheduler.step(). Each
  * returns -1.0 on a bad argument, with a message naming the function, the
  * argument and its value (negative step or size, NaN, infinite or negative
- * rate or factor, a floor above lr, a factor outside PyTorch's range). */
+ * rate or factor, a floor above lr, a factor outside PyTorch's range).
+ * They agree with PyTorch 1.13's schedulers stepped once per step to about
+ * 1e-14 relative (PyTorch computes most of them recursively, the new rate
+ * from the old; these are the closed forms). */
 
 /* nanoGPT's get_lr: lr * (step + 1) / (warmup + 1) while step < warmup;
  * then min_lr + (lr - min_lr) * (1 + cos(pi * (step - warmup) / (total -
@@ -1524,7 +1527,8 @@ NB_API double nb_lr_linear(int64_t step, double start_factor, double end_factor,
  * pct_start * total_steps - 1 steps, (three_phase: back down as long,) then
  * to max_lr / div_factor / final_div_factor at step total_steps - 1. Step
  * total_steps (the last scheduler.step() of a run) extrapolates as PyTorch
- * does; later steps are refused, as PyTorch raises. pct_start in [0, 1],
+ * does (refused where linear annealing takes it below 0); later steps are
+ * refused, as PyTorch raises. pct_start in [0, 1],
  * div_factor and final_div_factor > 0; a step landing in a phase of no
  * length (where PyTorch divides by zero, e.g. pct_start * total_steps = 1)
  * is refused. PyTorch's defaults: pct_start 0.3, div_factor 25,

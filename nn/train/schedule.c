@@ -21,9 +21,11 @@ static const double PI = 3.14159265358979323846;
 
 /* ------------------------------------------------------------ checks */
 /* Each is true, or false with the message set. */
+/* min is 0 or 1 */
 static bool at_least(const char *fn, const char *arg, int64_t v, int64_t min) {
     if (v >= min) return true;
-    nn_error("%s: %s must be %s, got %lld", fn, arg, min == 0 ? ">= 0" : "> 0", (long long)v);
+    if (min == 0) nn_error("%s: %s must be >= 0, got %lld", fn, arg, (long long)v);
+    else nn_error("%s: %s must be > 0, got %lld", fn, arg, (long long)v);
     return false;
 }
 
@@ -46,7 +48,8 @@ static bool floor_ok(const char *fn, const char *arg, double v, double lr) {
 static bool in_range(const char *fn, const char *arg, double v, double lo, bool lo_open,
                      double hi) {
     if ((lo_open ? v > lo : v >= lo) && v <= hi) return true;
-    nn_error("%s: %s must be in %s%g, %g], got %g", fn, arg, lo_open ? "(" : "[", lo, hi, v);
+    if (lo_open) nn_error("%s: %s must be in (%g, %g], got %g", fn, arg, lo, hi, v);
+    else nn_error("%s: %s must be in [%g, %g], got %g", fn, arg, lo, hi, v);
     return false;
 }
 
