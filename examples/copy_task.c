@@ -441,11 +441,11 @@ static int load_checkpoint(run *r, const char *path) {
 }
 
 /* Noam's rate; while annealing, the rate annealing began at, falling
- * linearly to 0 over o->anneal epochs. */
+ * linearly to 0 over o->anneal epochs (LinearLR from factor 1 to 0). */
 static double learning_rate(const run *r, const options *o, int64_t step) {
     if (r->anneal_start < 0) return o->lr * nb_noam_rate(step, o->d_model, 1.0, o->warmup);
-    double left = 1 - (double)(step - r->anneal_start) / (double)(o->anneal * o->batches);
-    return o->lr * nb_noam_rate(r->anneal_start, o->d_model, 1.0, o->warmup) * left;
+    double from = o->lr * nb_noam_rate(r->anneal_start, o->d_model, 1.0, o->warmup);
+    return nb_lr_linear(step - r->anneal_start, 1.0, 0.0, o->anneal * o->batches, from);
 }
 
 /* The steps of one epoch; returns their mean loss, or NAN after printing why. */

@@ -13,8 +13,8 @@
  * 2e-3 with --bn; betas 0.9/0.999, eps 1e-8, no weight decay) with a cosine
  * learning rate (torch's CosineAnnealingLR with T_max = 10 epochs of steps,
  * stepped every step: step t from 0 trains at lr * (1 + cos(pi t / T)) / 2,
- * down to 0 at the end of epoch 10; a function of the step alone, so a
- * resumed run needs no schedule state), batch 64 (the last batch of an epoch
+ * down to 0 at the end of epoch 10: nb_lr_cosine_annealing, a function of
+ * the step alone, so a resumed run needs no schedule state), batch 64 (the last batch of an epoch
  * is the 32 left over: 938 steps), the training set shuffled every epoch,
  * pixels divided by 255 and nothing else (no augmentation, no
  * normalization). Weights and biases start as torch.nn's defaults,
@@ -34,7 +34,7 @@
  * --cosine-epochs N is the cosine's length T in epochs, whatever --epochs
  * is (past it the rate rises again, as torch's). --schedule exp is the
  * previous recipe: epoch e trains at lr * lr_decay^(e-1) (torch's
- * ExponentialLR, --lr-decay 0.7). --weight-decay F > 0 trains with AdamW
+ * ExponentialLR stepped per epoch, nb_lr_exponential, --lr-decay 0.7). --weight-decay F > 0 trains with AdamW
  * (decoupled decay, torch's convention: every step multiplies each
  * parameter by 1 - lr * F) instead of Adam.
  *
@@ -80,7 +80,6 @@
 #define CLASSES 10
 #define EVAL_BATCH 500
 #define SVG_MAX 100 /* misclassified images drawn */
-#define PI 3.14159265358979323846
 
 static const char *const CLASS_NAMES[CLASSES] = {"T-shirt/top", "Trouser", "Pullover", "Dress",
                                                  "Coat",        "Sandal",  "Shirt",    "Sneaker",
@@ -451,14 +450,13 @@ static int64_t evaluate(run *r) {
 /* The steps of one epoch: their mean loss, or NaN after printing why. */
 static double run_epoch(run *r, const options *o, int64_t epoch, int64_t steps) {
     if (shuffle(r) != 0) return NAN;
-    nb_optim_set_lr(r->opt, o->lr * pow(o->lr_decay, (double)(epoch - 1)));
+    nb_optim_set_lr(r->opt, nb_lr_exponential(epoch - 1, o->lr_decay, o->lr));
     double loss_sum = 0;
     progress_epoch(&r->bar, epoch);
     for (int64_t s = 0; s < steps; s++) {
         if (o->cosine) /* a function of the steps done alone: --load resumes it */
-            nb_optim_set_lr(r->opt, o->lr * 0.5 *
-                                        (1.0 + cos(PI * (double)r->step /
-                                                   (double)(o->cosine_epochs * steps))));
+            nb_optim_set_lr(r->opt,
+                            nb_lr_cosine_annealing(r->step, o->cosine_epochs * steps, o->lr, 0));
         int64_t lo = s * o->batch, b = r->train.n - lo < o->batch ? r->train.n - lo : o->batch;
         nb_scope_begin();
         double loss = train_step(r, lo, b);

@@ -37,6 +37,7 @@ static SRunner *all_suites(void) {
     srunner_add_suite(sr, suite_rnn());
     srunner_add_suite(sr, suite_conv_module());
     srunner_add_suite(sr, suite_optim());
+    srunner_add_suite(sr, suite_schedule());
     srunner_add_suite(sr, suite_transformer());
     srunner_add_suite(sr, suite_gpt());
     srunner_add_suite(sr, suite_gpt_io());

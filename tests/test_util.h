@@ -162,6 +162,7 @@ Suite *suite_attention(void);
 Suite *suite_rnn(void); /* test_rnn.c: nb_RNNCell, nb_GRUCell, nb_LSTMCell */
 Suite *suite_conv_module(void); /* test_conv_module.c: nb_Conv1d, nb_Conv2d */
 Suite *suite_optim(void);
+Suite *suite_schedule(void); /* test_schedule.c: learning-rate schedules vs PyTorch, nanoGPT */
 Suite *suite_transformer(void);
 Suite *suite_threads(void);
 Suite *suite_concurrency(void);
