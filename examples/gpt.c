@@ -99,6 +99,8 @@
  * one: given the same flags, a run of --steps N resumed from the checkpoint
  * of a run of --steps M (M < N) continues at step M+1 and ends where one run
  * of N steps would have: the same losses and checkpoint, bit for bit.
+ * With --save-best a checkpoint also holds the lowest val loss so far
+ * (trainer.best_val_loss); --load reads checkpoints with or without it.
  *
  * --dist (a build with MPI: make MPI=1, then mpirun -np N
  * build-mpi/examples/gpt --dist) trains data-parallel (nabla_mpi.h): each
@@ -538,10 +540,10 @@ typedef struct {
     nb_rng data, drop, sampler;
     bool resumed;      /* --load: the evaluation at the step it resumes from was done */
     double best_val;   /* --save-best: the lowest validation loss so far */
-    nb_tensor *best_val_t; /* ... its checkpoint's copy (trainer.best_val_loss) */
+    nb_tensor *best_val_t; /* ... in the checkpoint (trainer.best_val_loss), borrowed */
     dist_state ds;     /* --dist */
     int64_t step;      /* steps done */
-    nb_params *trainer, *ckpt; /* --save/--load */
+    nb_params *trainer, *ckpt, *ckpt_alt; /* --save/--load */
     char default_data[4096];   /* DEFAULT_DATA, from here or from the repository */
 } run;
 
@@ -771,19 +773,25 @@ static void fill_rows(run *r, tokens set, const int64_t *starts, int64_t rows, i
 /* -------------------------------------------------------- --save, --load */
 static const char *trainer_names[] = {"step", "data_rng", "drop_rng"};
 
-/* One registry for the checkpoint: the parameters, AdamW's state and the
- * loop's own buffers ((seed, offset) for each random stream). */
+/* The checkpoint's registry: the parameters, AdamW's state and the loop's
+ * own buffers ((seed, offset) for each random stream), and with --save-best
+ * the lowest val loss so far (a resumed run then saves where the straight
+ * one does; it is in trainer, which --zero's ranks get from rank 0's file).
+ * r->ckpt_alt is the other form: --load reads either, so a --save-best
+ * checkpoint samples or evaluates without --save-best, and older
+ * checkpoints (none have it) still resume. */
 static int checkpoint_registry(run *r, const options *o) {
     nb_optim *opt = r->held ? r->held : r->opt;
-    if (checkpoint_registry_make(r->ps, opt, trainer_names, 3, 1, &r->trainer, &r->ckpt) != 0)
-        return fail("%s", err());
-    if (!o->save_best) return 0;
-    /* --save-best's lowest loss so far: a resumed run saves where the straight
-     * one does. In trainer, which --zero's ranks get from rank 0's file. */
+    nb_params *plain = NULL, *best = nb_params_new();
+    if (checkpoint_registry_make(r->ps, opt, trainer_names, 3, 1, &r->trainer, &plain) != 0)
+        return nb_params_free(plain), nb_params_free(best), fail("%s", err());
     nb_scope_begin();
     r->best_val_t = nb_params_add_buffer(r->trainer, "best_val_loss", nb_scalar(NB_F64, INFINITY));
     nb_scope_end();
-    if (!r->best_val_t || !nb_params_add_buffer(r->ckpt, "trainer.best_val_loss", r->best_val_t))
+    r->ckpt = o->save_best ? best : plain;
+    r->ckpt_alt = o->save_best ? plain : best;
+    if (!best || !r->best_val_t || nb_params_add_all(best, "", plain) != 0 ||
+        !nb_params_add_buffer(best, "trainer.best_val_loss", r->best_val_t))
         return fail("%s", err());
     return 0;
 }
@@ -798,7 +806,7 @@ static int save_checkpoint(run *r, const char *path) {
         v[0] = (int64_t)rngs[i]->seed, v[1] = (int64_t)rngs[i]->offset;
     }
     trainer_value(r, 2)[0] -= DROP_SEED_STEP * r->ds.rank; /* rank 0's stream */
-    if (r->best_val_t) *(double *)nb_data(r->best_val_t) = r->best_val;
+    *(double *)nb_data(r->best_val_t) = r->best_val;
     /* --zero: the owners' AdamW state to rank 0 first */
     if (dist_gather_state(&r->ds, r->held) != 0) return fail("%s", err());
     int rc = r->ds.rank == 0 ? nb_save(r->ckpt, path) : 0; /* rank 0 writes, every rank reads */
@@ -810,6 +818,12 @@ static int save_checkpoint(run *r, const char *path) {
  * weights, the loop's state and each rank's part of AdamW's state. */
 static int load_checkpoint(run *r, const char *path, bool quiet) {
     int rc = dist_sharded(&r->ds) && r->ds.rank != 0 ? 0 : nb_load(r->ckpt, path);
+    if (rc != 0) { /* the other form (with or without trainer.best_val_loss)? */
+        char first[2048];
+        snprintf(first, sizeof first, "%s", err());
+        rc = nb_load(r->ckpt_alt, path);
+        if (rc != 0) nb_report_error("%s", first);
+    }
     if (rc != 0) {
         struct stat st; /* a file that is there but does not fit: a hint */
         bool there = stat(path, &st) == 0 && S_ISREG(st.st_mode);
@@ -825,7 +839,7 @@ static int load_checkpoint(run *r, const char *path, bool quiet) {
         *rngs[i] = (nb_rng){.seed = (uint64_t)v[0], .offset = (uint64_t)v[1]};
     }
     r->drop.seed += DROP_SEED_STEP * (uint64_t)r->ds.rank;
-    if (r->best_val_t) r->best_val = *(const double *)nb_data(r->best_val_t);
+    r->best_val = *(const double *)nb_data(r->best_val_t);
     r->resumed = true;
     if (!quiet) printf("resumed from %s: %lld steps done\n", path, (long long)r->step);
     return 0;
@@ -1239,6 +1253,7 @@ static void print_settings(const run *r, const options *o, int64_t B, int64_t T)
 /* ---------------------------------------------------------------- main */
 static void teardown(run *r) {
     nb_params_free(r->ckpt);
+    nb_params_free(r->ckpt_alt);
     nb_params_free(r->trainer);
     nb_optim_free(r->held);
     if (!dist_sharded(&r->ds)) nb_optim_free(r->opt);

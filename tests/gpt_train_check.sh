@@ -115,6 +115,10 @@ awk -v f="$d/best" 'BEGIN { best = 1e9 }
 last=$(cat "$d/last")
 out=$(g $sb --steps 13 --save-best "$d/best2" --load "$d/best" | head -5)
 case "$out" in *"resumed from $d/best: $last steps done"*) ;; *) bad "--load of --save-best's file (saved at step $last): $out" ;; esac
+# the best checkpoint (it holds the lowest loss too) evaluates without --save-best, and an
+# --eval of it with --val-split scores the validation part: --eval-iters 2 val batches
+out=$(g --batch 2 --load "$d/best" --eval --val-split 0.1 --eval-iters 2 2>&1)
+case "$out" in *"loss "[0-9]*) ;; *) bad "--load BEST --eval: $out" ;; esac
 
 # --grad-accum 2 --batch 6 reads the rows of --batch 12: the same losses
 for order in "" --shuffle; do
