@@ -323,19 +323,28 @@ static int modes(options *o) {
     return 0;
 }
 
-/* The flags that name one of a few choices. */
+static const char *const schedule_names[] = {"constant", "cosine", "linear"}; /* sched's order */
+static const char *const decay_group_names[] = {"linear", "2d"};
+
+/* value's index in names[0 .. n), or -1 after a message naming flag. */
+static int pick(const char *flag, const char *value, const char *const *names, int n) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(value, names[i])) return i;
+    char list[256] = "";
+    for (int i = 0; i < n; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
+                 i == 0 ? "" : i == n - 1 ? " or " : ", ", names[i]);
+    return fail("%s must be %s, got \"%s\"", flag, list, value);
+}
+
+/* The flags that name one of a few choices, and the values that cannot be. */
 static int choices(options *o) {
-    const char *s = o->lr_schedule ? o->lr_schedule : "constant";
-    o->schedule = !strcmp(s, "constant") ? SCHED_CONSTANT
-                  : !strcmp(s, "cosine") ? SCHED_COSINE
-                  : !strcmp(s, "linear") ? SCHED_LINEAR
-                                         : (sched)-1;
-    if ((int)o->schedule < 0)
-        return fail("--lr-schedule must be constant, cosine or linear, got \"%s\"", s);
-    const char *g = o->decay_groups ? o->decay_groups : "linear";
-    if (strcmp(g, "linear") && strcmp(g, "2d"))
-        return fail("--decay-groups must be linear or 2d, got \"%s\"", g);
-    o->decay_2d = !strcmp(g, "2d");
+    int s = pick("--lr-schedule", o->lr_schedule ? o->lr_schedule : "constant", schedule_names, 3);
+    int g = pick("--decay-groups", o->decay_groups ? o->decay_groups : "linear",
+                 decay_group_names, 2);
+    if (s < 0 || g < 0) return -1;
+    o->schedule = (sched)s;
+    o->decay_2d = g == 1;
     if (o->val && o->val_split >= 0)
         return fail("--val %s and --val-split %g both give a validation set: give one", o->val,
                     o->val_split);
@@ -1230,8 +1239,7 @@ static int make_optimizer(run *r, const options *o) {
 /* The training settings beyond the data line: the schedule, AdamW, the
  * step's micro-batches, and the evaluations. */
 static void print_settings(const run *r, const options *o, int64_t B, int64_t T) {
-    static const char *names[] = {"constant", "cosine", "linear"};
-    printf("training: lr %s %g", names[o->schedule], o->lr);
+    printf("training: lr %s %g", schedule_names[o->schedule], o->lr);
     if (o->schedule != SCHED_CONSTANT)
         printf(" -> %g at step %lld", o->min_lr, (long long)o->lr_decay_steps);
     printf(" after %lld warmup steps, AdamW betas %g/%g, weight decay on %s, clip %g; %lld "
