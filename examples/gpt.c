@@ -106,14 +106,17 @@
  * build-mpi/examples/gpt --dist) trains data-parallel (nabla_mpi.h): each
  * step's batch has --batch rows per rank, each rank takes its own rows (in
  * file order, or from the shared --shuffle draws) and its own dropout
- * stream, and the gradients are averaged before clipping and AdamW. Rank 0
+ * stream, and the gradients are averaged before clipping and AdamW
+ * (--grad-accum is refused: the averaging follows every backward); an
+ * evaluation's batches likewise, its loss the mean over the ranks. Rank 0
  * prints (the loss is the mean over the ranks) and writes checkpoints;
  * every rank reads them, and a failed save or load stops every rank with
  * its message (nb_mpi_agree). A checkpoint resumes on any number of ranks.
  * --zero shards AdamW's state over the ranks (ZeRO stage 1): each keeps the
  * state of its own parameters; to save, rank 0 gathers the whole state
  * (the same file as without --zero), and after a load it hands each rank
- * its part, so rank 0 holds the whole state when --save or --load is given.
+ * its part, so rank 0 holds the whole state when --save, --save-best or
+ * --load is given.
  *
  * Errors (a bad option or file, a configuration that does not fit --init's
  * file) print the reason and exit with status 1.
@@ -1225,14 +1228,15 @@ static nb_optim *adamw(nb_params *ps, void *ctx) {
 
 /* AdamW over the whole model; with --dist the model's data parallelism
  * first, and with --zero the AdamW of this rank's shard, plus, on rank 0
- * for --save/--load, an AdamW over everything that holds the whole state of
+ * for --save/--save-best/--load, an AdamW over everything that holds the whole state of
  * a checkpoint (it never steps). 0 or -1 with nabla's message. */
 static int make_optimizer(run *r, const options *o) {
     adamw_ctx ctx = {r, o};
     if (dist_attach(&r->ds, r->ps) != 0) return -1;
     if (!o->zero) return (r->opt = adamw(r->ps, &ctx)) ? 0 : -1;
     if (!(r->opt = dist_shard(&r->ds, adamw, &ctx))) return -1;
-    if ((o->save || o->load) && r->ds.rank == 0 && !(r->held = adamw(r->ps, &ctx))) return -1;
+    if ((o->save || o->load || o->save_best) && r->ds.rank == 0 && !(r->held = adamw(r->ps, &ctx)))
+        return -1;
     return 0;
 }
 

@@ -68,6 +68,8 @@ gpt eval36 2 $g --batch 4 --steps 6 $e --load "$d/eval3" --save "$d/eval36" --sa
 grep -q '^step 6: train loss [0-9.]*, val loss [0-9.]*, lr ' "$d/eval6.log" || die "gpt --dist: no evaluation at step 6: $(cat "$d/eval6.log")"
 cmp -s "$d/eval6" "$d/eval36" && cmp -s "$d/best6" "$d/best36" ||
     die "gpt --dist --zero with evaluations and --save-best: 3 + 3 steps differ from 6"
+gpt best6 2 $g --batch 4 --steps 6 $e --save-best "$d/best6-alone" # rank 0 gathers for --save-best alone
+cmp -s "$d/best6" "$d/best6-alone" || die "gpt --dist --zero --save-best without --save: another best checkpoint"
 say "gpt on 2 ranks with evaluations and --save-best: 3 + --load + 3 steps = 6, checkpoints and best checkpoints identical"
 
 # 4
