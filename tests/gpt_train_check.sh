@@ -11,9 +11,11 @@
 # - --lr-schedule cosine, linear, constant: the rate printed at each
 #   evaluation is the formula's (nanoGPT's get_lr);
 # - --save-best: saved exactly at each new lowest val loss (not at the
-#   others), and the file resumes at that step;
-# - --grad-accum 2 --batch 6: the losses of --batch 12 (not bit for bit:
-#   the gradient is summed in another order);
+#   others), and the file resumes at that step, and evaluates without
+#   --save-best;
+# - --grad-accum 2 --batch 6: the losses and gradients (AdamW's exp_avg
+#   after a step) of --batch 12, to 1e-5 and 1e-4 relative (not bit for
+#   bit: the gradient is summed in another order);
 # - --beta1 --beta2: AdamW's moments after one step, exp_avg^2 / exp_avg_sq
 #   = (1 - beta1)^2 / (1 - beta2) in the checkpoint;
 # - --decay-groups 2d decays wpe (a row no position of the batch reaches:
@@ -128,6 +130,15 @@ for order in "" --shuffle; do
         END { exit bad || n != 4 }' || bad "--grad-accum 2 --batch 6 $order: $(paste "$d/b12" "$d/b6")"
 done
 g --batch 6 --grad-accum 2 --steps 1 | grep -q "; 2 micro-batch(es) of 6 x 16 tokens per step$" || bad "--grad-accum 2: no settings line"
+# ... and the same gradients: after one step AdamW's exp_avg is 0.1 g (within 1e-4 relative)
+g --batch 12 --steps 1 --shuffle --save "$d/g12" > /dev/null && g --batch 6 --grad-accum 2 --steps 1 --shuffle --save "$d/g6" > /dev/null ||
+    bad "--grad-accum 2 --save: exit status $?"
+for w in transformer.wte.weight:7 transformer.h.0.attn.c_attn.weight:100 transformer.h.1.mlp.c_proj.weight:1000 transformer.ln_f.bias:7; do
+    a=$(f32 "$d/g12" "optim.${w%:*}.exp_avg" "${w#*:}")
+    m=$(f32 "$d/g6" "optim.${w%:*}.exp_avg" "${w#*:}")
+    close "$(awk -v a="$a" -v m="$m" 'BEGIN {print (a - m) / a}')" 0 1e-4 ||
+        bad "--grad-accum 2 --batch 6: the gradient of $w is $m / 0.1, --batch 12's $a / 0.1"
+done
 
 # --beta1 0.8 --beta2 0.99: after one step exp_avg = 0.2 g, exp_avg_sq = 0.01 g^2
 one="--batch 2 --steps 1 --warmup 0 --lr 0.01 --weight-decay 0.5"
