@@ -78,6 +78,11 @@
  * nb_gpt keeps the layer norms' biases); llm.c's checkpoints hold biases,
  * so --export of such a model needs a .safetensors name.
  *
+ * --checkpoint-activations trains with nb_GPT.checkpoint: each block runs
+ * under nb_checkpoint, so a step keeps only the blocks' inputs and runs
+ * each block again in backward (a fraction of the memory, one more forward
+ * of the blocks); losses, checkpoints and samples are the same, bit for bit.
+ *
  * --dtype bf16 runs the forward passes (training, --eval, --sample) inside
  * nb_autocast_begin(NB_BF16): the matrix products in bfloat16 with f32
  * accumulation, their backward likewise; weights, AdamW, softmax, layer norm
@@ -155,6 +160,7 @@ typedef struct {
     double lr, temperature, weight_decay, clip, val_split, min_lr, beta1, beta2;
     int64_t seed;
     bool shuffle, eval, dist, zero, no_bias;
+    bool checkpoint; /* --checkpoint-activations: each block under nb_checkpoint */
     bool evals; /* evaluations during training: a validation set or --eval-interval */
     sched schedule;
     bool decay_2d; /* --decay-groups 2d */
@@ -261,6 +267,9 @@ static void usage(FILE *f, const char *prog) {
             "                     with f32 accumulation (autocast); weights, optimizer,\n"
             "                     softmax, layer norm and the loss stay f32; --sample\n"
             "                     reads bf16 copies of the weights (half the bytes)\n"
+            "  --checkpoint-activations  each block's activations recomputed in backward\n"
+            "                     (nb_checkpoint): far less memory, one more forward of\n"
+            "                     the blocks per step; the same losses and weights\n"
             "  --val FILE         a validation set (a file as --data), or\n"
             "  --val-split F      the last F of --data's tokens (0 < F < 1; nanoGPT: 0.1),\n"
             "                     training on the rest\n"
@@ -425,6 +434,7 @@ static int parse(int argc, char **argv, options *o) {
                      : !strcmp(a, "--dist")  ? &o->dist
                      : !strcmp(a, "--zero")  ? &o->zero
                      : !strcmp(a, "--no-bias") ? &o->no_bias
+                     : !strcmp(a, "--checkpoint-activations") ? &o->checkpoint
                                              : NULL;
         if (flag) {
             *flag = true;
@@ -1279,6 +1289,9 @@ static void teardown(run *r) {
     free(r->yb);
 }
 
+/* The model as the options want it to run (after it is made or loaded). */
+static void model_options(run *r, const options *o) { r->model.checkpoint = o->checkpoint; }
+
 static int run_all(run *r, const options *o) {
     dist_threads(&r->ds, o->threads);
     if (o->threads > 0 && nb_num_threads() != o->threads) return fail("%s", err());
@@ -1292,6 +1305,7 @@ static int run_all(run *r, const options *o) {
                                    writable_dir("--save-best", o->save_best) : 0) != 0)
         return fail("%s", err());
     if (make_model(r, o) != 0 || load_tokenizer(r, o) != 0) return -1;
+    model_options(r, o);
     if (o->export && !r->cfg.bias && !ends_with(o->export, ".safetensors"))
         return fail("--export %s: llm.c's checkpoints hold biases and this model has none "
                     "(--no-bias); give a .safetensors name (Hugging Face's format)", o->export);

@@ -22,6 +22,8 @@
 #   no gradient) by 1 - lr wd, linear leaves it;
 # - --no-bias: no linear bias in the checkpoint, Hugging Face export and
 #   back samples the same text, llm.c's export refused;
+# - --checkpoint-activations: the same step lines and checkpoint, byte for
+#   byte, with dropout, on 1 and 2 threads (nb_checkpoint replays the draws);
 # - every refusal's message.
 set -u
 b=${1:-build}
@@ -181,6 +183,14 @@ refuse() { # refuse "MESSAGE" ARGS...
 refuse "gpt: --val x and --val-split 0.1 both give a validation set: give one" --val x --val-split 0.1 --steps 1
 refuse "gpt: --val-split F takes the last F of --data's tokens for validation: F must be between 0 and 1 (nanoGPT's 90/10 split is 0.1), got 1" --val-split 1 --steps 1
 refuse "gpt: --beta2 must be below 1, got 1" --beta2 1 --steps 1
+# --checkpoint-activations: bit for bit the same training (dropout on)
+g --dropout 0.2 --steps 6 --save "$d/plain.ckpt" | strip | grep '^step ' > "$d/plain.out"
+for t in 1 2; do
+    g --dropout 0.2 --steps 6 --threads $t --checkpoint-activations --save "$d/ck$t.ckpt" | strip |
+        grep '^step ' > "$d/ck$t.out"
+    cmp -s "$d/plain.ckpt" "$d/ck$t.ckpt" && cmp -s "$d/plain.out" "$d/ck$t.out" ||
+        bad "--checkpoint-activations, $t thread(s): another training than without it"
+done
 refuse "gpt: --lr-schedule must be constant, cosine or linear, got \"step\"" --lr-schedule step --steps 1
 refuse "gpt: --decay-groups must be linear or 2d, got \"all\"" --decay-groups all --steps 1
 refuse "gpt: --min-lr shapes a decaying --lr-schedule (cosine or linear); the constant one (the default) has none" --min-lr 0.1 --steps 1
@@ -199,5 +209,5 @@ out=$(g --seq 32 --val-split 0.00001 --steps 1 2>&1 >/dev/null)
     bad "--val-split 0.00001: \"$out\""
 
 rm -rf "$d"
-[ "$fails" -eq 0 ] && echo "gpt-train-check: ok (--eval over the file's windows; --val and --val-split; evaluations at 0, every N and the last step, training untouched; cosine, linear and constant rates; --save-best; --grad-accum 2 = --batch 12; --beta1/--beta2 in AdamW's moments; --decay-groups 2d on wpe; --no-bias round-trips; 17 refusals)"
+[ "$fails" -eq 0 ] && echo "gpt-train-check: ok (--eval over the file's windows; --val and --val-split; evaluations at 0, every N and the last step, training untouched; cosine, linear and constant rates; --save-best; --grad-accum 2 = --batch 12; --beta1/--beta2 in AdamW's moments; --decay-groups 2d on wpe; --no-bias round-trips; --checkpoint-activations the same bits; 17 refusals)"
 exit "$fails"
