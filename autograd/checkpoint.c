@@ -200,7 +200,7 @@ static nb_tensor *rerun(nbi_node *n, ckpt *c, nb_tensor **a) {
                  c->tape.next, c->tape.len), c->tape.broken = true;
     if (c->tape.broken)
         return nbi_error("nb_backward: nb_checkpoint's function drew random numbers differently "
-                         "when run again in backward (%s): it must make the same draws from "
+                         "when run again in backward: %s; it must make the same draws from "
                          "the same streams each time", c->tape.why);
     bool same = y->ndim == c->ndim && y->dtype == c->dtype;
     for (int d = 0; same && d < y->ndim; d++) same = y->shape[d] == c->shape[d];

@@ -251,6 +251,45 @@ START_TEST(test_no_grad) {
 }
 END_TEST
 
+/* A custom function inside a checkpointed one: cube(x) = x^3, 3 x^2 g */
+static nb_tensor *cube_fwd(nb_function_ctx *ctx, nb_tensor **in, int n, void *user) {
+    (void)n, (void)user;
+    if (nb_function_save(ctx, in[0]) != 0) return NULL;
+    return nb_mul(in[0], nb_mul(in[0], in[0]));
+}
+static int cube_bwd(nb_function_ctx *ctx, nb_tensor *g, nb_tensor **gin, void *user) {
+    (void)user;
+    nb_tensor *x = nb_function_saved(ctx, 0);
+    gin[0] = nb_mul(g, nb_mul_scalar(nb_mul(x, x), 3));
+    return gin[0] ? 0 : -1;
+}
+static const nb_function cube = {.name = "cube", .forward = cube_fwd, .backward = cube_bwd};
+static nb_tensor *cube_of_small(nb_tensor **in, int n, void *ctx) {
+    nb_tensor *y = small_fn(in, n, ctx);
+    return nb_function_apply(&cube, &y, 1, NULL);
+}
+static nb_tensor *cube_through_checkpoint(nb_tensor **in, int n, void *ctx) {
+    return nb_checkpoint(cube_of_small, ctx, n, in);
+}
+
+START_TEST(test_custom_function_inside) {
+    nb_scope_begin();
+    small_ctx c = {.w = randn64(NB_SHAPE(3, 4), 1, true)};
+    nb_tensor *x = randn64(NB_SHAPE(2, 3), 2, true);
+    nb_tensor *g[2][2];
+    for (int ck = 0; ck < 2; ck++) {
+        nb_tensor *y = ck ? nb_checkpoint(cube_of_small, &c, 1, &x) : cube_of_small(&x, 1, &c);
+        nb_tensor *s = nb_sum_all(y), *wrt[2] = {x, c.w};
+        ck_assert_int_eq(nb_autograd_grad(&s, 1, NULL, wrt, 2, NULL, g[ck]), 0);
+    }
+    expect_close(g[1][0], g[0][0], 0, 0);
+    expect_close(g[1][1], g[0][1], 0, 0);
+    expect_gradcheck("nb_checkpoint around a custom function (cube)", cube_through_checkpoint, &c,
+                     1, &x);
+    nb_scope_end();
+}
+END_TEST
+
 START_TEST(test_refusals) {
     nb_scope_begin();
     small_ctx c = {.w = randn64(NB_SHAPE(3, 4), 1, true)};
@@ -322,6 +361,7 @@ Suite *suite_recompute(void) {
     tcase_add_test(tc, test_gradcheck_through);
     tcase_add_test(tc, test_ctx_leaves);
     tcase_add_test(tc, test_no_grad);
+    tcase_add_test(tc, test_custom_function_inside);
     tcase_add_test(tc, test_refusals);
     suite_add_tcase(s, tc);
     return s;
