@@ -663,9 +663,10 @@ NB_API int nb_jvp(nb_fn fn, void *ctx, int n, nb_tensor **inputs, nb_tensor **ta
  *   saying so). What fn reaches through ctx must stay alive and unchanged
  *   until backward: an input or parameter written in place after the
  *   forward (an optimizer step) makes backward fail with a message.
- * - With grad mode off, fn just runs. create_graph through it is refused
- *   with a message (call fn directly for second derivatives); nb_jvp
- *   through it is refused (no tangent rule). fn follows the callback rule.
+ * - With grad mode off, fn just runs. nb_jvp (forward mode) through it
+ *   runs fn again under nb_jvp, draws replayed. create_graph through it is
+ *   refused with a message (call fn directly for second derivatives). fn
+ *   follows the callback rule.
  * out is a new tensor in the current scope; NULL with a message when fn
  * fails (quoting its message) or an argument is bad. */
 NB_API nb_tensor *nb_checkpoint(nb_fn fn, void *ctx, int n, nb_tensor **inputs);

@@ -246,6 +246,38 @@ done:
     return rc;
 }
 
+/* Forward mode (nb_jvp through a checkpointed function): fn run again
+ * under nb_jvp, its draws replayed, pushes the inputs' tangents through. */
+static nb_tensor *ckpt_jvp(nbi_node *n, nb_tensor *const *tin) {
+    ckpt *c = n->fn_ctx;
+    for (int i = c->n; i < n->nin; i++)
+        if (tin[i])
+            return nbi_error("nb_jvp: nb_checkpoint's function reads a tensor of shape %s with a "
+                             "tangent through its context; forward mode reaches only its inputs: "
+                             "pass it in inputs", NBI_SHAPE(n->in[i]));
+    bool any = false;
+    for (int i = 0; i < c->n; i++) any = any || tin[i];
+    if (!any) return nbi_zero_tangent(n);
+    nb_tensor **a = aliases("nb_jvp", n->in, c->n);
+    if (!a) return NULL;
+    nb_tensor *out = NULL, *out_t = NULL;
+    c->tape.replay = true;
+    c->tape.next = 0;
+    c->tape.broken = false;
+    c->tape.outer = nbi_rng_tapes;
+    nbi_rng_tapes = &c->tape;
+    int rc = nb_jvp(c->fn, c->ctx, c->n, a, (nb_tensor **)tin, &out, &out_t);
+    nbi_rng_tapes = c->tape.outer;
+    free(a);
+    if (rc != 0) return NULL;
+    if (c->tape.broken || c->tape.next != c->tape.len)
+        return nbi_error("nb_jvp: nb_checkpoint's function drew random numbers differently when "
+                         "run again for forward mode; it must make the same draws from the same "
+                         "streams each time");
+    nb_free(out);
+    return out_t;
+}
+
 /* ------------------------------------------------------------- forward */
 /* y's values as a new tensor of the caller's scope, with no history: fn's
  * graph dies with y's handle. */
@@ -266,6 +298,7 @@ static int record(nb_tensor *out, ckpt *c, nb_tensor **inputs, const region *r) 
     for (int i = 0; i < nin; i++) node->in[i]->holds++; /* their values, for backward */
     node->fn_ctx = c;
     node->fn_release = ckpt_release;
+    node->jvp = ckpt_jvp;
     return 0;
 }
 
