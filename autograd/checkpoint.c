@@ -18,7 +18,6 @@
  * order: the gradients are those of a plain backward, bit for bit. */
 #include "autograd_internal.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,17 +148,6 @@ static void ckpt_release(nbi_node *n, bool all) {
     }
 }
 
-static int refuse(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int refuse(const char *fmt, ...) {
-    char msg[768];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    nbi_error("%s", msg);
-    return -1;
-}
-
 /* What backward reads was not changed since the forward: fn's inputs and
  * the leaves it reached (an optimizer step between forward and backward
  * would make the recomputation see other weights). */
@@ -168,14 +156,14 @@ static int intact(const nbi_node *n, const ckpt *c) {
         const nb_tensor *t = n->in[i];
         if (t->storage->version == n->ver[i]) continue;
         if (i < c->n)
-            return refuse("nb_backward: input %d of nb_checkpoint was modified in place after "
-                          "the forward (version %u, expected %u): the recomputation would read "
-                          "other values", i, t->storage->version, n->ver[i]);
-        return refuse("nb_backward: a tensor of shape %s that nb_checkpoint's function reads "
-                      "through its context (a parameter) was modified in place after the "
-                      "forward (version %u, expected %u; an optimizer step between forward and "
-                      "backward?): the recomputation would read other values",
-                      NBI_SHAPE(t), t->storage->version, n->ver[i]);
+            return (nbi_error("nb_backward: input %d of nb_checkpoint was modified in place after "
+                              "the forward (version %u, expected %u): the recomputation would read "
+                              "other values", i, t->storage->version, n->ver[i]), -1);
+        return (nbi_error("nb_backward: a tensor of shape %s that nb_checkpoint's function reads "
+                          "through its context (a parameter) was modified in place after the "
+                          "forward (version %u, expected %u; an optimizer step between forward and "
+                          "backward?): the recomputation would read other values",
+                          NBI_SHAPE(t), t->storage->version, n->ver[i]), -1);
     }
     return 0;
 }
@@ -215,10 +203,10 @@ static nb_tensor *rerun(nbi_node *n, ckpt *c, nb_tensor **a) {
 static int ckpt_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     ckpt *c = n->fn_ctx;
     if (nbi_create_graph())
-        return refuse("nb_backward: create_graph through nb_checkpoint is not supported: its "
-                      "backward runs the function again and backpropagates through that run, "
-                      "which is not recorded; call the function without nb_checkpoint where a "
-                      "second derivative is needed");
+        return (nbi_error("nb_backward: create_graph through nb_checkpoint is not supported: its "
+                          "backward runs the function again and backpropagates through that run, "
+                          "which is not recorded; call the function without nb_checkpoint where a "
+                          "second derivative is needed"), -1);
     if (intact(n, c) != 0) return -1;
     nb_tensor **a = aliases("nb_backward", n->in, c->n);
     nb_tensor **want = malloc((size_t)n->nin * sizeof *want);
@@ -289,7 +277,7 @@ static nb_tensor *detached(nb_tensor *y) {
 static int record(nb_tensor *out, ckpt *c, nb_tensor **inputs, const region *r) {
     int nin = c->n + r->n_leaf;
     nb_tensor **in = malloc((size_t)(nin > 0 ? nin : 1) * sizeof *in);
-    if (!in) return refuse("%s: out of memory", FN);
+    if (!in) return (nbi_error("%s: out of memory", FN), -1);
     memcpy(in, inputs, (size_t)c->n * sizeof *in);
     memcpy(in + c->n, r->leaf, (size_t)r->n_leaf * sizeof *in);
     nbi_node *node = nbi_record(out, FN, ckpt_backward, nin, in);
