@@ -278,8 +278,8 @@ static int record(nb_tensor *out, ckpt *c, nb_tensor **inputs, const region *r) 
     int nin = c->n + r->n_leaf;
     nb_tensor **in = malloc((size_t)(nin > 0 ? nin : 1) * sizeof *in);
     if (!in) return (nbi_error("%s: out of memory", FN), -1);
-    memcpy(in, inputs, (size_t)c->n * sizeof *in);
-    memcpy(in + c->n, r->leaf, (size_t)r->n_leaf * sizeof *in);
+    if (c->n) memcpy(in, inputs, (size_t)c->n * sizeof *in);
+    if (r->n_leaf) memcpy(in + c->n, r->leaf, (size_t)r->n_leaf * sizeof *in);
     nbi_node *node = nbi_record(out, FN, ckpt_backward, nin, in);
     free(in);
     if (!node) return -1;
