@@ -48,19 +48,7 @@ typedef struct {
 
 #define LN_AT(T, p, i) ((const T *)(p))[i]
 
-/* The kernels are compiled for AVX-512 and AVX2 too, chosen at load time
- * (target_clones): the elementwise passes then run 8 or 4 doubles a vector
- * where baseline x86-64 has 2. The same operations in the same order on
- * every clone (the build does not contract a*b+c, -std=c11, and nothing is
- * reassociated), so the same bits. */
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define LN_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-#endif
-#ifndef LN_CLONES
-#define LN_CLONES
-#endif
+/* (NN_CLONES: the kernels are compiled for AVX-512 and AVX2 too, same bits) */
 
 /* The sums over a row are chains of dependent double additions, each one
  * waiting for the last (4 cycles or so): LN_RB rows are summed side by side,
@@ -115,7 +103,7 @@ typedef struct {
         }                                                                              \
     }
 
-LN_CLONES static void ln_forward_rows(void *ctx, int64_t lo, int64_t hi) {
+NN_CLONES static void ln_forward_rows(void *ctx, int64_t lo, int64_t hi) {
     const ln_job *j = ctx;
     int64_t D = j->D;
     if (j->f64) LN_FORWARD(double)
@@ -165,7 +153,7 @@ LN_CLONES static void ln_forward_rows(void *ctx, int64_t lo, int64_t hi) {
         }                                                                              \
     }
 
-LN_CLONES static void ln_backward_rows(void *ctx, int64_t lo, int64_t hi) {
+NN_CLONES static void ln_backward_rows(void *ctx, int64_t lo, int64_t hi) {
     const ln_job *j = ctx;
     int64_t D = j->D;
     if (j->f64) LN_BACKWARD_DX(double)
@@ -189,7 +177,7 @@ typedef struct {
     int64_t R;
 } ln_cols;
 
-LN_CLONES static void ln_backward_cols(void *ctx, int64_t lo, int64_t hi) {
+NN_CLONES static void ln_backward_cols(void *ctx, int64_t lo, int64_t hi) {
     const ln_cols *c = ctx;
     const ln_job *j = c->j;
     int64_t R = c->R, D = j->D;

@@ -268,7 +268,7 @@ typedef struct {
 } update_job;
 
 #define AT(T, ptr, lo) ((ptr) ? (T *)(ptr) + (lo) : NULL)
-static void update_span(void *ctx, int64_t lo, int64_t hi) {
+NN_CLONES static void update_span(void *ctx, int64_t lo, int64_t hi) {
     const update_job *j = ctx;
     int64_t n = hi - lo;
     if (j->o->kind == OPT_SGD) {
