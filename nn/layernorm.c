@@ -48,54 +48,112 @@ typedef struct {
 
 #define LN_AT(T, p, i) ((const T *)(p))[i]
 
+/* (NN_CLONES: the kernels are compiled for AVX-512 and AVX2 too, same bits) */
+
+/* The sums over a row are chains of dependent double additions, each one
+ * waiting for the last (4 cycles or so): LN_RB rows are summed side by side,
+ * each in its own chain in the same order as alone, so that the chains
+ * overlap and the bits are a lone row's. n: LN_RB, or 1 for the rows left
+ * over (constant at each use: the accumulators live in registers). */
+#define LN_RB 8
+/* the backward's sums: two chains a row, 4 rows (8 rows' 16 chains, their
+ * means and rstds outnumber SSE2's 16 registers, and spilled) */
+#define LN_RBB 4
+
+/* mean and rstd of rows x, x + D, ..., n of them, into stats (2 per row) */
+#define LN_STATS(T, x, n, st)                                                          \
+    do {                                                                               \
+        double mean_[LN_RB] = {0}, var_[LN_RB] = {0};                                  \
+        T x0_[LN_RB];                                                                  \
+        int flat_[LN_RB];                                                              \
+        for (int q = 0; q < (n); q++) flat_[q] = 1, x0_[q] = (x)[q * D];               \
+        for (int64_t i = 0; i < D; i++)                                                \
+            for (int q = 0; q < (n); q++) {                                            \
+                T v_ = (x)[q * D + i];                                                 \
+                mean_[q] += v_;                                                        \
+                flat_[q] &= v_ == x0_[q];                                              \
+            }                                                                          \
+        for (int q = 0; q < (n); q++)                                                  \
+            mean_[q] = flat_[q] && D > 0 ? (double)(x)[q * D] : mean_[q] / (double)D;  \
+        for (int64_t i = 0; i < D; i++)                                                \
+            for (int q = 0; q < (n); q++) {                                            \
+                double d_ = (double)(x)[q * D + i] - mean_[q];                         \
+                var_[q] += d_ * d_;                                                    \
+            }                                                                          \
+        for (int q = 0; q < (n); q++) {                                                \
+            (st)[2 * q] = mean_[q];                                                    \
+            (st)[2 * q + 1] = 1.0 / sqrt(var_[q] / (double)D + j->eps);                \
+        }                                                                              \
+    } while (0)
+
 #define LN_FORWARD(T)                                                                  \
-    for (int64_t r = lo; r < hi; r++) {                                                \
+    for (int64_t r = lo; r < hi;) {                                                    \
         const T *x = (const T *)j->x + r * D;                                          \
-        T *y = (T *)j->y + r * D;                                                      \
-        double mean = 0, var = 0;                                                      \
-        bool flat = true;                                                              \
-        for (int64_t i = 0; i < D; i++) mean += x[i], flat &= x[i] == x[0];           \
-        mean = flat && D > 0 ? (double)x[0] : mean / (double)D;                        \
-        for (int64_t i = 0; i < D; i++) var += ((double)x[i] - mean) * ((double)x[i] - mean); \
-        double rstd = 1.0 / sqrt(var / (double)D + j->eps);                            \
-        j->stats[2 * r] = mean;                                                        \
-        j->stats[2 * r + 1] = rstd;                                                    \
-        for (int64_t i = 0; i < D; i++) {                                              \
-            double v = ((double)x[i] - mean) * rstd;                                   \
-            if (j->w) v *= LN_AT(T, j->w, i);                                          \
-            if (j->b) v += LN_AT(T, j->b, i);                                          \
-            y[i] = (T)v;                                                               \
+        if (hi - r >= LN_RB) LN_STATS(T, x, LN_RB, j->stats + 2 * r);                  \
+        else LN_STATS(T, x, 1, j->stats + 2 * r);                                      \
+        for (int64_t e = r + (hi - r >= LN_RB ? LN_RB : 1); r < e; r++, x += D) {      \
+            T *y = (T *)j->y + r * D;                                                  \
+            double mean = j->stats[2 * r], rstd = j->stats[2 * r + 1];                 \
+            for (int64_t i = 0; i < D; i++) {                                          \
+                double v = ((double)x[i] - mean) * rstd;                               \
+                if (j->w) v *= LN_AT(T, j->w, i);                                      \
+                if (j->b) v += LN_AT(T, j->b, i);                                      \
+                y[i] = (T)v;                                                           \
+            }                                                                          \
         }                                                                              \
     }
 
-static void ln_forward_rows(void *ctx, int64_t lo, int64_t hi) {
+NN_CLONES static void ln_forward_rows(void *ctx, int64_t lo, int64_t hi) {
     const ln_job *j = ctx;
     int64_t D = j->D;
     if (j->f64) LN_FORWARD(double)
     else LN_FORWARD(float)
 }
 
+/* s1, s2 (n of each) of rows r.. (x and dy at row r): the sums of dxh and
+ * dxh xh over each row, divided by D */
+#define LN_SUMS(T, x, dy, r, n, s1, s2)                                                \
+    do {                                                                               \
+        double m_[LN_RBB], rs_[LN_RBB];                                                  \
+        for (int q = 0; q < (n); q++) {                                                \
+            m_[q] = j->stats[2 * ((r) + q)];                                           \
+            rs_[q] = j->stats[2 * ((r) + q) + 1];                                      \
+            (s1)[q] = (s2)[q] = 0;                                                     \
+        }                                                                              \
+        for (int64_t i = 0; i < D; i++)                                                \
+            for (int q = 0; q < (n); q++) {                                            \
+                double dxh = j->w ? (double)(dy)[q * D + i] * LN_AT(T, j->w, i)        \
+                                  : (double)(dy)[q * D + i];                           \
+                (s1)[q] += dxh;                                                        \
+                (s2)[q] += dxh * (((double)(x)[q * D + i] - m_[q]) * rs_[q]);          \
+            }                                                                          \
+        for (int q = 0; q < (n); q++) {                                                \
+            (s1)[q] /= (double)D;                                                      \
+            (s2)[q] /= (double)D;                                                      \
+        }                                                                              \
+    } while (0)
+
 /* dx = rstd (dxh - mean(dxh) - xh mean(dxh xh)), dxh = dy w, xh = (x - mean) rstd */
 #define LN_BACKWARD_DX(T)                                                              \
-    for (int64_t r = lo; r < hi; r++) {                                                \
+    for (int64_t r = lo; r < hi;) {                                                    \
         const T *x = (const T *)j->x + r * D, *dy = (const T *)j->dy + r * D;          \
-        T *dx = (T *)j->dx + r * D;                                                    \
-        double mean = j->stats[2 * r], rstd = j->stats[2 * r + 1], s1 = 0, s2 = 0;     \
-        for (int64_t i = 0; i < D; i++) {                                              \
-            double dxh = j->w ? (double)dy[i] * LN_AT(T, j->w, i) : (double)dy[i];     \
-            s1 += dxh;                                                                 \
-            s2 += dxh * (((double)x[i] - mean) * rstd);                                \
-        }                                                                              \
-        s1 /= (double)D;                                                               \
-        s2 /= (double)D;                                                               \
-        for (int64_t i = 0; i < D; i++) {                                              \
-            double dxh = j->w ? (double)dy[i] * LN_AT(T, j->w, i) : (double)dy[i];     \
-            double xh = ((double)x[i] - mean) * rstd;                                  \
-            dx[i] = (T)(rstd * (dxh - s1 - xh * s2));                                  \
+        double s1s[LN_RBB], s2s[LN_RBB];                                               \
+        const int n = hi - r >= LN_RBB ? LN_RBB : 1;                                   \
+        if (n == LN_RBB) LN_SUMS(T, x, dy, r, LN_RBB, s1s, s2s);                       \
+        else LN_SUMS(T, x, dy, r, 1, s1s, s2s);                                        \
+        for (int q = 0; q < n; q++, r++, x += D, dy += D) {                            \
+            T *dx = (T *)j->dx + r * D;                                                \
+            double mean = j->stats[2 * r], rstd = j->stats[2 * r + 1];                 \
+            double s1 = s1s[q], s2 = s2s[q];                                           \
+            for (int64_t i = 0; i < D; i++) {                                          \
+                double dxh = j->w ? (double)dy[i] * LN_AT(T, j->w, i) : (double)dy[i]; \
+                double xh = ((double)x[i] - mean) * rstd;                              \
+                dx[i] = (T)(rstd * (dxh - s1 - xh * s2));                              \
+            }                                                                          \
         }                                                                              \
     }
 
-static void ln_backward_rows(void *ctx, int64_t lo, int64_t hi) {
+NN_CLONES static void ln_backward_rows(void *ctx, int64_t lo, int64_t hi) {
     const ln_job *j = ctx;
     int64_t D = j->D;
     if (j->f64) LN_BACKWARD_DX(double)
@@ -119,7 +177,7 @@ typedef struct {
     int64_t R;
 } ln_cols;
 
-static void ln_backward_cols(void *ctx, int64_t lo, int64_t hi) {
+NN_CLONES static void ln_backward_cols(void *ctx, int64_t lo, int64_t hi) {
     const ln_cols *c = ctx;
     const ln_job *j = c->j;
     int64_t R = c->R, D = j->D;

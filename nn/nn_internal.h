@@ -30,6 +30,21 @@ int nn_leave_rc(const char *fn, int rc);
 #define nn_opt_input(fn, t, i) (!(t) || nn_input((fn), (t), (i)))
 /* A NULL non-tensor argument (an optimizer): the same message, with the
  * earlier error that most likely made it NULL. */
+/* A kernel of plain C compiled for AVX-512 and AVX2 too, the copy chosen at
+ * load time (target_clones): loops over independent elements then run 8 or 4
+ * doubles a vector where baseline x86-64 has 2. Every copy does the same
+ * operations in the same order (the build does not contract a*b+c, -std=c11,
+ * nor reassociate), so every copy gives the same bits. (As NBI_CLONES, which
+ * nn/ does not see.) */
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define NN_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+#ifndef NN_CLONES
+#define NN_CLONES
+#endif
+
 static inline void *nn_null(const char *fn) {
     nb_check_input(fn, NULL, 0);
     return NULL;

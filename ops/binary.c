@@ -95,7 +95,7 @@ static const bool binop_cheap[] = {NB_OPS_BINARY(BINOP_CHEAP)[NBI_RELU_GRAD] = t
 GELU_TANH_GRAD_FN(float, tanhf)
 GELU_TANH_GRAD_FN(double, tanh)
 
-static void binary_span(void *ctx, int64_t lo, int64_t hi) {
+NBI_CLONES static void binary_span(void *ctx, int64_t lo, int64_t hi) {
     const binary_job *j = ctx;
     int64_t so = NBI_INNER(&j->it, 0), sa = NBI_INNER(&j->it, 1), sb = NBI_INNER(&j->it, 2);
     if (j->dt == NB_F32) BINARY_CASES(float, erff, expf, tanhf)

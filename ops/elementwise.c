@@ -58,6 +58,7 @@ typedef struct {
     unop op;
     nb_dtype dt;
     double s, s1;
+    bool lowp; /* gelu_tanh in a bf16 autocast region: float-evaluated (gelu_tanh_lowp) */
     nbi_iter it;
     char *po;
     const char *px;
@@ -151,7 +152,7 @@ static void unary_span(void *ctx, int64_t lo, int64_t hi) {
     const unary_job *j = ctx;
     int64_t sx = NBI_INNER(&j->it, 1);
     double s = j->s, s1 = j->s1;
-    vmath_fn *vf = j->dt == NB_F32 ? vmath_unop(j->op) : NULL;
+    vmath_fn *vf = j->lowp ? nbv_gelu_tanh_lowp_f32 : j->dt == NB_F32 ? vmath_unop(j->op) : NULL;
     if (vf) {
         NBI_FOR_SPAN(&j->it, lo, hi, c, jb, je) {
             vf((const float *)j->px + c.off[1] + jb * sx, sx, (float *)j->po + c.off[0] + jb,
@@ -164,13 +165,23 @@ static void unary_span(void *ctx, int64_t lo, int64_t hi) {
     else UNARY_CASES(double, exp, log, sqrt, tanh, erf, pow, sin, cos)
 }
 
+/* gelu_tanh of f32 inside a bf16 autocast region (a product's output, most
+ * often) runs in float rather than double: within a few ulp of float, where
+ * the bf16 products around it carry 2^-8 (ops/vmath.h, gelu_tanh_lowp). Its
+ * backward runs in the forward's autocast dtype (autograd/autocast.c), so
+ * it takes the same path. */
+static bool gelu_tanh_lowp(unop op, const nb_tensor *t) {
+    return op == U_gelu_tanh && t->dtype == NB_F32 && nb_autocast_dtype() == NB_BF16;
+}
+
 static nb_tensor *unary(const char *fn, unop op, double s, double s1, nb_tensor *t) {
     if (!nbi_arg(fn, t, 0)) return NULL;
     if (!nbi_check_float(fn, t)) return NULL;
     nb_tensor *y = nbi_new_like(fn, t, false);
     if (!y) return NULL;
     const int64_t *st[2] = {y->strides, t->strides};
-    unary_job j = {.op = op, .dt = t->dtype, .s = s, .s1 = s1, .po = nbi_ptr(y), .px = nbi_ptr(t)};
+    unary_job j = {.op = op, .dt = t->dtype, .s = s, .s1 = s1, .lowp = gelu_tanh_lowp(op, t),
+                   .po = nbi_ptr(y), .px = nbi_ptr(t)};
     nbi_iter_init(&j.it, t->ndim, t->shape, 2, st);
     bool cheap = unop_flags[op] & NB_OP_CHEAP;
     nbi_parallel_for(t->numel, cheap ? NBI_GRAIN : NBI_GRAIN_HEAVY, unary_span, &j);
@@ -363,7 +374,10 @@ static int gelu_tanh_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
     nb_tensor *x = nbi_saved_in(n, 0);
     gin[0] = nbi_create_graph()
                  ? nb_mul(g, gelu_tanh_slope(x))
-                 : act_grad("nb_gelu_tanh", nbv_gelu_tanh_grad_f32, NBI_GELU_TANH_GRAD, g, x);
+                 : act_grad("nb_gelu_tanh",
+                            gelu_tanh_lowp(U_gelu_tanh, x) ? nbv_gelu_tanh_grad_lowp_f32
+                                                           : nbv_gelu_tanh_grad_f32,
+                            NBI_GELU_TANH_GRAD, g, x);
     return gin[0] ? 0 : -1;
 }
 /* g cos x and -g sin x: recorded ops in every mode (no fused kernel) */

@@ -7,6 +7,8 @@
  * special values as libm and PyTorch give them: NaN propagates, exp
  * overflows to +inf above 88.72 and gives denormals down to -103.97 (then
  * 0), tanh is odd (-0 stays -0), saturates to +-1 and is x itself for tiny x.
+ * (The exception: gelu_tanh_lowp and its gradient, float-evaluated for bf16
+ * autocast regions only, see above NBV_GT_SQ_OVERFLOW.)
  *
  * Two designs, by what the function needs:
  *   - exp and tanh are computed in float (the hot loop of softmax is exp).
@@ -164,6 +166,16 @@ typedef uint64_t nbv_q8 __attribute__((vector_size(64)));
 #define NBV_GT_C1 1.5957691216057308   /* 2 beta */
 #define NBV_GT_C3 0.07135481627260025  /* 2 beta kappa */
 #define NBV_GT_C3X3 0.21406444881780073 /* 6 beta kappa */
+/* Inside a bf16 autocast region gelu_tanh and its derivative are evaluated in
+ * float (nbv_gelu_tanh_lowp_f32, nbv_gelu_tanh_grad_lowp_f32): x sigmoid(z)
+ * with the float exp, so without the cancellation of 1 + tanh(u), at a
+ * third of the double form's cost. Their error comes from exp's argument
+ * (z's rounding, ~2 ulp of z, scaled by |z|): gelu_tanh within 12 ulp for
+ * |x| <= 3 and 5e-7 absolute everywhere, the derivative within 2.4e-7
+ * absolute (measured on [-12, 12]; tests/test_bf16.c checks it): far
+ * inside the 2^-9 of the bf16 products around them, and without the
+ * cancellation of PyTorch's float formula (whose autocast runs GELU on the
+ * bf16 output of the product). */
 /* PyTorch's float derivative of gelu_tanh squares x first: where x*x
  * overflows in float (|x| >= ~1.8e19: x^2 >= this, as a double) it is NaN,
  * and tests/test_edges.c expects NaN where torch has it. */
@@ -333,6 +345,26 @@ typedef uint64_t nbv_q8 __attribute__((vector_size(64)));
         return P##_seld((VL)(x2 >= NBV_GT_SQ_OVERFLOW), one * __builtin_nan(""), y);            \
     }                                                                                          \
                                                                                                \
+    /* gelu_tanh and g gelu_tanh'(x) evaluated in float, for bf16 autocast regions only   \
+     * (see above NBV_GT_SQ_OVERFLOW): the forms above, the float exp, one division. */    \
+    NBV_INLINE ATTR VF P##_gelu_tanh_lowp(VF x) {                                              \
+        const VF one = (VF){0} + 1.0f;                                                         \
+        VF z = x * FMAF(x * x, one * (float)NBV_GT_C3, one * (float)NBV_GT_C1);                \
+        VF e = P##_exp((VF)((VU)z | 0x80000000u)); /* exp(-|z|) */                             \
+        VF n = P##_self((VI)(z >= 0.0f), one, e);                                              \
+        return x * n / (1.0f + e);                                                             \
+    }                                                                                          \
+    NBV_INLINE ATTR VF P##_gelu_tanh_grad_lowp(VF g, VF x) {                                   \
+        const VF one = (VF){0} + 1.0f, x2 = x * x;                                             \
+        VF z = x * FMAF(x2, one * (float)NBV_GT_C3, one * (float)NBV_GT_C1);                   \
+        VF dz = FMAF(x2, one * (float)NBV_GT_C3X3, one * (float)NBV_GT_C1);                    \
+        VF e = P##_exp((VF)((VU)z | 0x80000000u));                                             \
+        VI pos = (VI)(z >= 0.0f);                                                              \
+        VF r = 1.0f / (1.0f + e);                                                              \
+        VF s = P##_self(pos, one, e) * r, c = P##_self(pos, e, one) * r; /* s, 1 - s */        \
+        return g * (s * FMAF(x * dz, c, one));                                                 \
+    }                                                                                          \
+                                                                                               \
     /* Phi(x) (see NBV_GELU_*); *pdf = phi(x) */                                               \
     NBV_INLINE ATTR VD P##_phid(VD x, VD *pdf) {                                               \
         const VD Z = {0};                                                                      \
@@ -397,13 +429,15 @@ typedef uint64_t nbv_q8 __attribute__((vector_size(64)));
     }                                                                                          \
     NBV_MAPF(P, exp, VF, W, ATTR)                                                              \
     NBV_MAPF(P, tanh, VF, W, ATTR)                                                             \
-    NBV_MAPD(P, sigmoid, WD, ATTR)                                                             \
-    NBV_MAPD(P, silu, WD, ATTR)                                                                \
-    NBV_MAPD(P, gelu_tanh, WD, ATTR)                                                           \
-    NBV_MAPD(P, gelu, WD, ATTR)                                                                \
-    NBV_MAPD2(P, silu_grad, WD, ATTR)                                                          \
-    NBV_MAPD2(P, gelu_tanh_grad, WD, ATTR)                                                     \
-    NBV_MAPD2(P, gelu_grad, WD, ATTR)
+    NBV_MAPD(P, sigmoid, VD, WD, ATTR)                                                             \
+    NBV_MAPD(P, silu, VD, WD, ATTR)                                                                \
+    NBV_MAPD(P, gelu_tanh, VD, WD, ATTR)                                                           \
+    NBV_MAPD(P, gelu, VD, WD, ATTR)                                                                \
+    NBV_MAPD2(P, silu_grad, VD, WD, ATTR)                                                          \
+    NBV_MAPD2(P, gelu_tanh_grad, VD, WD, ATTR)                                                     \
+    NBV_MAPD2(P, gelu_grad, VD, WD, ATTR)                                                          \
+    NBV_MAPF(P, gelu_tanh_lowp, VF, W, ATTR)                                                       \
+    NBV_MAPF2(P, gelu_tanh_grad_lowp, VF, W, ATTR)
 
 /* float-evaluated f: P##_f##_f32(x, sx, y, n), W elements per step */
 #define NBV_MAPF(P, f, VF, W, ATTR)                                                            \
@@ -418,19 +452,55 @@ typedef uint64_t nbv_q8 __attribute__((vector_size(64)));
             for (int64_t l = 0; l < n - i; l++) y[i + l] = v[l];                               \
         }                                                                                      \
     }
-/* double-evaluated f: P##_f##_f32(x, sx, y, n), WD elements per step */
-#define NBV_MAPD(P, f, WD, ATTR)                                                               \
+/* float-evaluated gradient: y[i] = g[i * sg] f'(x[i * sx]), W elements per step */
+#define NBV_MAPF2(P, f, VF, W, ATTR)                                                           \
+    static inline ATTR void P##_##f##_f32(const float *g, int64_t sg, const float *x,          \
+                                          int64_t sx, float *y, int64_t n) {                   \
+        int64_t i = 0;                                                                         \
+        for (; i + (W) <= n; i += (W)) {                                                       \
+            VF v = P##_##f(P##_loadf(g + i * sg, sg, (W)), P##_loadf(x + i * sx, sx, (W)));    \
+            memcpy(y + i, &v, sizeof v);                                                       \
+        }                                                                                      \
+        if (i < n) {                                                                           \
+            VF v = P##_##f(P##_loadf(g + i * sg, sg, n - i), P##_loadf(x + i * sx, sx, n - i)); \
+            for (int64_t l = 0; l < n - i; l++) y[i + l] = v[l];                               \
+        }                                                                                      \
+    }
+/* double-evaluated f: P##_f##_f32(x, sx, y, n), WD elements per step. Four
+ * vectors at a time while they last: one f is a long chain of dependent
+ * operations (a division last), and alone it left the core waiting for it. */
+#define NBV_MAPD(P, f, VD, WD, ATTR)                                                               \
     static inline ATTR void P##_##f##_f32(const float *x, int64_t sx, float *y, int64_t n) {   \
-        for (int64_t i = 0; i < n; i += (WD)) {                                                \
+        int64_t i = 0;                                                                         \
+        for (; i + 4 * (WD) <= n; i += 4 * (WD)) {                                             \
+            VD v0 = P##_##f##d(P##_loadd(x + i * sx, sx, (WD)));                          \
+            VD v1 = P##_##f##d(P##_loadd(x + (i + (WD)) * sx, sx, (WD)));                 \
+            VD v2 = P##_##f##d(P##_loadd(x + (i + 2 * (WD)) * sx, sx, (WD)));             \
+            VD v3 = P##_##f##d(P##_loadd(x + (i + 3 * (WD)) * sx, sx, (WD)));             \
+            P##_stored(y + i, v0, (WD));                                                       \
+            P##_stored(y + i + (WD), v1, (WD));                                                \
+            P##_stored(y + i + 2 * (WD), v2, (WD));                                            \
+            P##_stored(y + i + 3 * (WD), v3, (WD));                                            \
+        }                                                                                      \
+        for (; i < n; i += (WD)) {                                                             \
             int64_t m = n - i < (WD) ? n - i : (WD);                                           \
             P##_stored(y + i, P##_##f##d(P##_loadd(x + i * sx, sx, m)), m);                    \
         }                                                                                      \
     }
 /* double-evaluated gradient: y[i] = g[i * sg] f'(x[i * sx]) */
-#define NBV_MAPD2(P, f, WD, ATTR)                                                              \
+#define NBV_MAPD2(P, f, VD, WD, ATTR)                                                              \
     static inline ATTR void P##_##f##_f32(const float *g, int64_t sg, const float *x,          \
                                           int64_t sx, float *y, int64_t n) {                   \
-        for (int64_t i = 0; i < n; i += (WD)) {                                                \
+        int64_t i = 0;                                                                         \
+        for (; i + 2 * (WD) <= n; i += 2 * (WD)) { /* two at a time, as NBV_MAPD */            \
+            VD v0 = P##_##f##d(P##_loadd(g + i * sg, sg, (WD)),                            \
+                                   P##_loadd(x + i * sx, sx, (WD)));                           \
+            VD v1 = P##_##f##d(P##_loadd(g + (i + (WD)) * sg, sg, (WD)),                   \
+                                   P##_loadd(x + (i + (WD)) * sx, sx, (WD)));                  \
+            P##_stored(y + i, v0, (WD));                                                       \
+            P##_stored(y + i + (WD), v1, (WD));                                                \
+        }                                                                                      \
+        for (; i < n; i += (WD)) {                                                             \
             int64_t m = n - i < (WD) ? n - i : (WD);                                           \
             P##_stored(y + i,                                                                  \
                        P##_##f##d(P##_loadd(g + i * sg, sg, m), P##_loadd(x + i * sx, sx, m)), \
@@ -499,5 +569,7 @@ NBV_ENTRY2(silu_grad)
 NBV_ENTRY2(gelu_tanh_grad)
 NBV_ENTRY(gelu)
 NBV_ENTRY2(gelu_grad)
+NBV_ENTRY(gelu_tanh_lowp)
+NBV_ENTRY2(gelu_tanh_grad_lowp)
 
 #endif

@@ -39,7 +39,7 @@ typedef struct {
 #define ADD_BF16(x, y) nbi_bf16_from_f32(nbi_bf16_to_f32(x) + nbi_bf16_to_f32(y))
 #define ADD_PLAIN(x, y) ((x) + (y))
 
-static void add_span(void *ctx, int64_t lo, int64_t hi) {
+NBI_CLONES static void add_span(void *ctx, int64_t lo, int64_t hi) {
     const add_job *j = ctx;
     int64_t so = NBI_INNER(&j->it, 0), sa = NBI_INNER(&j->it, 1), sb = NBI_INNER(&j->it, 2);
 #define ADD ADD_PLAIN

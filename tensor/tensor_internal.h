@@ -387,4 +387,18 @@ int nbi_randn_path(int force);
 void nbi_randn_from_u(int path, const double *u, const double *u2, float *out, double *raw,
                       int64_t n, int64_t nudge);
 
+/* A kernel of plain C compiled for AVX-512 and AVX2 too, the copy chosen at
+ * load time (target_clones), where wider vectors pay (loops over many
+ * independent elements). Every copy does the same operations in the same
+ * order (the build does not contract a*b+c, -std=c11, nor reassociate), so
+ * every copy gives the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define NBI_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+#ifndef NBI_CLONES
+#define NBI_CLONES
+#endif
+
 #endif

@@ -11,6 +11,7 @@
 
 #include "tensor/bf16_internal.h"
 #include "tensor/cpu_internal.h"
+#include "ops/vmath.h"
 
 /* The 16 bits of each element of a contiguous bf16 tensor. */
 static int64_t bits_at(nb_tensor *t, int64_t i) { return ((const uint16_t *)nb_data(t))[i]; }
@@ -559,6 +560,73 @@ START_TEST(autocast_conv_thread_identity) {
 }
 END_TEST
 
+/* gelu_tanh and its gradient at x (a (n) f32 tensor, g = 1), inside a bf16
+ * autocast region or not; *gx gets the gradient. */
+static nb_tensor *gelu_tanh_run(nb_tensor *x, bool region, nb_tensor **gx) {
+    nb_tensor *xr = nb_set_requires_grad(nb_detach(x), true);
+    if (region) ck_assert_int_eq(nb_autocast_begin(NB_BF16), 0);
+    nb_tensor *y = nb_gelu_tanh(xr);
+    if (region) ck_assert_int_eq(nb_autocast_end(), 0);
+    ck_assert_msg(y != NULL, "%s", nb_last_error());
+    ck_assert_int_eq(nb_backward_with_grad(y, nb_ones(NB_F32, nb_ndim(y), nb_shape(y))), 0);
+    *gx = nb_grad(xr);
+    return y;
+}
+
+/* Inside a bf16 region gelu_tanh and its derivative run in float
+ * (ops/vmath.h, gelu_tanh_lowp): within 5e-7 and 2.4e-7 of the f32 op's
+ * double-evaluated results on [-12, 12] (12 ulp for |x| <= 3), the same
+ * infinities and NaNs, on every vmath path; and the same bits on 1 and 2
+ * threads. */
+START_TEST(autocast_gelu_tanh_in_float) {
+    const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e20f, -1e20f, 30.0f, -30.0f};
+    const int64_t ns = 9, ng = 48001, n = ng + ns;
+    int saved = nb_num_threads();
+    for (int path = 0; path < NBV_COUNT; path++) {
+        if (nbi_vmath_path(path) != path) continue;
+        nb_scope_begin();
+        nb_tensor *x = nb_empty(NB_F32, 1, &n);
+        float *px = nb_data(x);
+        for (int64_t i = 0; i < ng; i++) px[i] = -12.0f + 24.0f * (float)i / (float)(ng - 1);
+        for (int64_t i = 0; i < ns; i++) px[ng + i] = special[i];
+        nb_tensor *g32, *glp;
+        nb_tensor *y32 = gelu_tanh_run(x, false, &g32), *ylp = gelu_tanh_run(x, true, &glp);
+        const float *a = nb_data(y32), *b = nb_data(ylp), *c = nb_data(g32), *d = nb_data(glp);
+        int64_t differ = 0;
+        for (int64_t i = 0; i < n; i++) {
+            differ += memcmp(&a[i], &b[i], 4) != 0;
+            if (i >= ng) { /* special values: the f32 op's infinities and NaNs */
+                ck_assert_msg(isnan(a[i]) == isnan(b[i]) && (isinf(a[i]) ? a[i] == b[i] : 1),
+                              "path %d: gelu_tanh(%g) = %g, f32 op %g", path, px[i], b[i], a[i]);
+                ck_assert_msg(isnan(c[i]) == isnan(d[i]) && (isinf(c[i]) ? c[i] == d[i] : 1),
+                              "path %d: gelu_tanh'(%g) = %g, f32 op %g", path, px[i], d[i], c[i]);
+                if (!isnan(a[i]) && !isinf(a[i]) && fabsf(px[i]) <= 30)
+                    ck_assert_msg(fabs((double)a[i] - b[i]) <= 5e-7, "path %d at %g", path, px[i]);
+                continue;
+            }
+            double ulp = nextafterf(fabsf(a[i]), INFINITY) - fabsf(a[i]);
+            ck_assert_msg(fabs((double)a[i] - b[i]) <= 5e-7, "path %d: gelu_tanh(%.9g) = %.9g, "
+                          "f32 op %.9g", path, px[i], b[i], a[i]);
+            ck_assert_msg(fabsf(px[i]) > 3 || fabs((double)a[i] - b[i]) <= 12 * ulp,
+                          "path %d: gelu_tanh(%.9g) = %.9g, f32 op %.9g: over 12 ulp", path,
+                          px[i], b[i], a[i]);
+            ck_assert_msg(fabs((double)c[i] - d[i]) <= 2.5e-7, "path %d: gelu_tanh'(%.9g) = "
+                          "%.9g, f32 op %.9g", path, px[i], d[i], c[i]);
+        }
+        ck_assert_msg(differ > 0, "path %d: the region's gelu_tanh gave the f32 op's bits", path);
+        nb_set_num_threads(1);
+        nb_tensor *g1, *y1 = gelu_tanh_run(x, true, &g1);
+        nb_set_num_threads(2);
+        nb_tensor *g2, *y2 = gelu_tanh_run(x, true, &g2);
+        ck_assert_msg(same_bits(y1, y2) && same_bits(g1, g2) && same_bits(y1, ylp),
+                      "path %d: gelu_tanh in a region differs on 1 and 2 threads", path);
+        nb_set_num_threads(saved);
+        nb_scope_end();
+    }
+    nbi_vmath_path(NBV_AUTO);
+}
+END_TEST
+
 /* ||a - b|| (2-norm over all elements) */
 static double dist(nb_tensor *a, nb_tensor *b) {
     return sqrt(nb_item(nb_sum_all(nb_pow_scalar(nb_sub(nb_to(a, NB_F64), nb_to(b, NB_F64)), 2))));
@@ -726,6 +794,7 @@ Suite *suite_bf16(void) {
     tcase_add_test(tc, autocast_cnn_is_torchs);
     tcase_add_test(tc, bf16_custom_function);
     tcase_add_test(tc, autocast_is_per_thread);
+    tcase_add_test(tc, autocast_gelu_tanh_in_float);
     suite_add_tcase(s, tc);
     return s;
 }

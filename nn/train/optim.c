@@ -213,6 +213,7 @@ nb_optim *nb_adamw(nb_params *ps, double lr, double beta1, double beta2, double 
  * addcdiv(a, b, c, value) = a + value*b/c; scalars are rounded to C first. */
 #define DEFINE_KERNELS(T, C, SQRT)                                                                  \
     /* torch.optim.SGD: d = g + wd p; buf = d (first step) or momentum buf + d; p -= lr buf */  \
+    NN_CLONES /* wider vectors, the same bits */                                               \
     static void sgd_##T(const nb_optim *o, double wd_, T *restrict p, const T *restrict g,     \
                         T *restrict buf, bool first, int64_t n) {                              \
         const C lr = (C)-o->lr, wd = (C)wd_, mom = (C)o->momentum;                              \
@@ -229,6 +230,7 @@ nb_optim *nb_adamw(nb_params *ps, double lr, double beta1, double beta2, double 
     /* torch.optim.Adam (wd: g += wd p) and AdamW (wd: p *= 1 - lr wd):                        \
      * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; step_size = lr / (1 - b1^t);                \
      * p += -step_size * m / (sqrt(v) / sqrt(1 - b2^t) + eps) */                               \
+    NN_CLONES /* wider vectors, the same bits */                                               \
     static void adam_##T(const nb_optim *o, double wd_, T *restrict p, const T *restrict g,    \
                          T *restrict m, T *restrict v, int64_t t, int64_t n) {                 \
         const C b1 = (C)o->beta1, b2 = (C)o->beta2, c1 = (C)(1 - o->beta1),                    \
