@@ -247,6 +247,9 @@ static nb_tensor *square(nb_tensor **in, int n, void *ctx) {
     (void)ctx;
     return nb_mul(in[0], in[0]);
 }
+static bool checkpoint_failed(nb_tensor **in) {
+    return nb_checkpoint(square, NULL, 1, &in[0]) == NULL;
+}
 static bool jvp_failed(nb_tensor **in) { /* in[0]: the input, in[1]: its tangent */
     nb_tensor *y, *ty;
     return nb_jvp(square, NULL, 1, &in[0], &in[1], &y, &ty) == -1;
@@ -339,6 +342,7 @@ static bool mha_failed(nb_tensor **in) {
     X(nb_gradgradcheck, 2, gradcheck, gradgradcheck_failed(in))                                  \
     X(nb_autograd_grad, 2, loss_leaf, autograd_grad_failed(in))                                  \
     X(nb_jvp, 2, gradcheck, jvp_failed(in))                                                      \
+    X(nb_checkpoint, 1, one, checkpoint_failed(in))                                              \
     /* memory and argument checks */                                                             \
     X(nb_keep, 1, one, keep_failed(in[0]))                                                       \
     X(nb_persistent, 1, one, persistent_failed(in[0]))                                           \
