@@ -376,7 +376,8 @@ SHORT_ARGS = $$(case $$e in *copy_task) echo --epochs 1 $(SHORT_COPY) --save $(B
   --attn-map $(BUILD)/short-maps --loss-plot $(BUILD)/short-loss.svg;; \
   *gpt) echo --config tiny --steps 3 --batch 2 --seq 16 --shuffle --sample 16 --top-k 5 \
   --save $(BUILD)/short-gpt.ckpt --val-split 0.1 --eval-interval 2 --eval-iters 1 --grad-accum 2 \
-  --save-best $(BUILD)/short-gpt-best.ckpt --lr-schedule cosine --warmup 1 --no-bias;; \
+  --save-best $(BUILD)/short-gpt-best.ckpt --lr-schedule cosine --warmup 1 --no-bias \
+  --checkpoint-activations --dropout 0.1;; \
   *tokenize) echo --tokenizer tests/fixtures/gpt2/encoder.json --in README.md;; \
   *fashion_mnist) echo --data tests/fixtures/fashion-mini --epochs 1 --train-limit 8 --test-limit 8 \
   --batch 4 --bn --save $(BUILD)/short-fashion.ckpt --svg $(BUILD)/short-fashion.svg;; esac)
