@@ -1487,6 +1487,52 @@ NB_API double nb_clip_grad_norm(nb_params *ps, double max_norm);
  * or NaN). */
 NB_API double nb_noam_rate(int64_t step, int64_t d_model, double factor, int64_t warmup);
 
+/* Learning-rate schedules (nn/train/schedule.c): pure functions of the step,
+ * so a resumed run gets the rate it would have had; set it each step with
+ * nb_optim_set_lr(opt, nb_lr_...(step, ...)). step is PyTorch's last_epoch:
+ * 0 for the first optimizer step, one more per scheduler.step(). Each
+ * returns -1.0 on a bad argument, with a message naming the function, the
+ * argument and its value (negative step or size, NaN, infinite or negative
+ * rate or factor, a floor above lr, a factor outside PyTorch's range). */
+
+/* nanoGPT's get_lr: lr * (step + 1) / (warmup + 1) while step < warmup;
+ * then min_lr + (lr - min_lr) * (1 + cos(pi * (step - warmup) / (total -
+ * warmup))) / 2 up to step total; min_lr after. When total <= warmup there
+ * is no cosine: min_lr from step warmup on. Needs min_lr <= lr. */
+NB_API double nb_lr_cosine(int64_t step, int64_t warmup, int64_t total, double lr, double min_lr);
+/* torch.optim.lr_scheduler.CosineAnnealingLR(T_max=t_max, eta_min): eta_min
+ * + (lr - eta_min) * (1 + cos(pi * step / t_max)) / 2, rising again past
+ * t_max as PyTorch's does. t_max > 0; needs eta_min <= lr (PyTorch accepts
+ * a larger eta_min: it anneals upwards). */
+NB_API double nb_lr_cosine_annealing(int64_t step, int64_t t_max, double lr, double eta_min);
+/* StepLR(step_size, gamma): lr * gamma^floor(step / step_size); step_size
+ * > 0, gamma >= 0 (-1.0 too when the rate overflows, gamma > 1). */
+NB_API double nb_lr_step(int64_t step, int64_t step_size, double gamma, double lr);
+/* ExponentialLR(gamma): lr * gamma^step; gamma >= 0 (-1.0 too when the rate
+ * overflows, gamma > 1). */
+NB_API double nb_lr_exponential(int64_t step, double gamma, double lr);
+/* LinearLR(start_factor, end_factor, total_iters): lr * (start_factor +
+ * (end_factor - start_factor) * min(step, total_iters) / total_iters), so
+ * end_factor * lr from total_iters on. start_factor in (0, 1] (PyTorch 2's
+ * check: 1.13 accepts 0, then divides by zero), end_factor in [0, 1],
+ * total_iters > 0. */
+NB_API double nb_lr_linear(int64_t step, double start_factor, double end_factor,
+                           int64_t total_iters, double lr);
+/* OneCycleLR(max_lr, total_steps, pct_start, anneal_strategy 'cos' when
+ * cos_anneal else 'linear', div_factor, final_div_factor, three_phase)'s
+ * learning rate: from max_lr / div_factor up to max_lr over the first
+ * pct_start * total_steps - 1 steps, (three_phase: back down as long,) then
+ * to max_lr / div_factor / final_div_factor at step total_steps - 1. Step
+ * total_steps (the last scheduler.step() of a run) extrapolates as PyTorch
+ * does; later steps are refused, as PyTorch raises. pct_start in [0, 1],
+ * div_factor and final_div_factor > 0; a step landing in a phase of no
+ * length (where PyTorch divides by zero, e.g. pct_start * total_steps = 1)
+ * is refused. PyTorch's defaults: pct_start 0.3, div_factor 25,
+ * final_div_factor 1e4, three_phase false, cos_anneal true. */
+NB_API double nb_lr_one_cycle(int64_t step, int64_t total_steps, double max_lr, double pct_start,
+                              double div_factor, double final_div_factor, bool three_phase,
+                              bool cos_anneal);
+
 #ifdef __cplusplus
 }
 #endif

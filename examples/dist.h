@@ -155,6 +155,16 @@ static int dist_sync(const dist_state *ds, int rc, double *loss) {
     return rc;
 }
 
+/* *x made the mean over the ranks (added in rank order: the same bits on
+ * every rank); NAN everywhere when a rank's is NAN. */
+static inline void dist_mean(const dist_state *ds, double *x) {
+#ifdef NB_MPI
+    if (ds->on) *x = nb_mpi_mean(*x);
+#else
+    (void)ds, (void)x;
+#endif
+}
+
 /* With --dist, one line on how the gradients travelled (rank 0 prints). */
 static void dist_report(const dist_state *ds) {
 #ifdef NB_MPI

@@ -1,7 +1,7 @@
 /* optim.c: SGD, Adam and AdamW with PyTorch 1.13's exact update rules
  * (torch/optim/sgd.py, adam.py, adamw.py, single-tensor path), gradient norm
- * clipping as torch.nn.utils.clip_grad_norm_, and the Noam learning-rate
- * schedule of The Annotated Transformer.
+ * clipping as torch.nn.utils.clip_grad_norm_ (learning-rate schedules are
+ * in schedule.c).
  *
  * The optimizer remembers the parameters registered when it was made, in
  * registration order, and owns one state tensor per parameter and buffer
@@ -503,22 +503,4 @@ double nb_clip_grad_norm(nb_params *ps, double max_norm) {
     free(j.partial);
     free(j.g);
     return total;
-}
-
-/* ------------------------------------------------------------ schedule */
-/* The Annotated Transformer's rate(step, model_size, factor, warmup):
- * factor * (d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)), step 0 -> 1.
- * warmup 0 means no warmup (step^-0.5 from the start). -1 on error. */
-double nb_noam_rate(int64_t step, int64_t d_model, double factor, int64_t warmup) {
-    const char *fn = "nb_noam_rate";
-    if (step < 0) return (nn_error("%s: step must be >= 0, got %lld", fn, (long long)step), -1.0);
-    if (d_model <= 0)
-        return (nn_error("%s: d_model must be > 0, got %lld", fn, (long long)d_model), -1.0);
-    if (warmup < 0)
-        return (nn_error("%s: warmup must be >= 0, got %lld", fn, (long long)warmup), -1.0);
-    if (!(factor >= 0)) return (nn_error("%s: factor must be >= 0, got %g", fn, factor), -1.0);
-    double s = step == 0 ? 1.0 : (double)step;
-    double decay = pow(s, -0.5);
-    double warm = warmup > 0 ? s * pow((double)warmup, -1.5) : INFINITY;
-    return factor * (pow((double)d_model, -0.5) * (warm < decay ? warm : decay));
 }
