@@ -117,7 +117,7 @@ nabla_row() { # dtype threads
         --eval-interval "$steps" --eval-iters 1 --dtype "$d" --threads "$k" \
         --save "$log/$name.ckpt" > "$log/$name.log" 2>&1 ||
         { tail -20 "$log/$name.log"; die "nabla $d $k threads: training failed (log: $log/$name.log)"; }
-    "$gpt" --load "$log/$name.ckpt" --eval --data "$data" --val-split 0.1 --dtype "$d" \
+    "$gpt" --config char --no-bias --load "$log/$name.ckpt" --eval --data "$data" --val-split 0.1 --batch 64 --seq 64 --dtype "$d" \
         --threads "$k" > "$log/$name.eval" 2>&1 ||
         { tail -20 "$log/$name.eval"; die "nabla $d $k threads: evaluation failed (log: $log/$name.eval)"; }
     # the last number after "loss" on the evaluation's lines
@@ -199,6 +199,7 @@ elif wants_torch && [ "$torch_mode" != none ]; then
         set -- torch "$2" "$3" $line
         add_row "$1" "$2" "$3" "$4" "$5" "$6" "$7" "recorded, torch threads $3, OpenBLAS $8"
     done
+    grep -q '^torch ' "$log/rows" || echo "pytorch  no recorded row in $results for these rows (BENCH_TRAIN_RECORD=1 with live PyTorch writes them)"
     torch_source="recorded in $results (no live PyTorch: $py cannot import torch, or BENCH_TRAIN_TORCH=$torch_mode): $(head -1 "$results" 2> /dev/null | tr ';' '\n' | grep 'gpttrain_\* keys' | sed 's/^ *//')"
 fi
 
@@ -213,13 +214,15 @@ echo "validation windows of 64 bytes; ratio: training time / PyTorch f32's on th
 echo "when the step counts differ); GFLOP/s: the step's matrix-product FLOPs / its mean time"
 printf "%-7s %-6s %7s %9s %10s %9s %7s %8s\n" system dtype threads "ms/step" "time (s)" "val loss" ratio "GFLOP/s"
 awk -v f="$flops" '
+    function num(v, d) {return v ~ /^[0-9.]+$/ ? sprintf("%." d "f", v) : "-"}
     {sys[NR] = $1; dt[NR] = $2; th[NR] = $3; ms[NR] = $4; s[NR] = $5; val[NR] = $6; n[NR] = $7
      if ($1 == "torch" && $2 == "f32" && $5 != "-" && $5 != "") ref[$3] = $5 / $7}
     END {for (i = 1; i <= NR; i++) {
         mean = (s[i] != "-" && s[i] != "") ? s[i] / n[i] : ""
         r = (mean != "" && ref[th[i]] > 0) ? sprintf("%.2f", mean / ref[th[i]]) : "-"
         g = mean != "" ? sprintf("%.1f", f / mean / 1e9) : "-"
-        printf "%-7s %-6s %7s %9s %10s %9s %7s %8s%s\n", sys[i], dt[i], th[i], ms[i], s[i], val[i], r, g,
+        printf "%-7s %-6s %7s %9s %10s %9s %7s %8s%s\n", sys[i], dt[i], th[i], num(ms[i], 1), num(s[i], 1),
+            num(val[i], 4), r, g,
             n[i] != "'"$steps"'" ? "  (" n[i] " steps)" : ""
     }}' "$log/rows"
 awk '$1 == "torch" {n = $0; for (i = 1; i <= 7; i++) sub(/^[^ ]+ /, "", n); printf "torch %s %s thread(s): %s\n", $2, $3, n}' "$log/rows"
@@ -230,7 +233,7 @@ echo "logs in $log; the command: make bench-train (BENCH_TRAIN_STEPS=$steps BENC
 if [ "${BENCH_TRAIN_RECORD:-0}" = 1 ]; then
     if [ "$torch_ok" != 1 ] || [ "$steps" != 2000 ]; then
         echo "BENCH_TRAIN_RECORD=1: records live PyTorch rows of 2000 steps only; $results unchanged"
-    elif [ -f "$results" ]; then
+    elif [ -f "$results" ] && grep -q '^torch ' "$log/rows"; then
         part="gpttrain_* keys $(date -u +%Y-%m-%d) by make bench-train ($steps steps, sum of step times), ${cpu_model} (family $cpu_family, model $cpu_modelno), load average $load_before before, $load_after after"
         {
             head -1 "$results" | awk -v part="$part" '{n = split($0, p, "; "); out = ""
