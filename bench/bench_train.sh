@@ -213,10 +213,10 @@ echo "time: sum of the step times (batch, forward, backward, clip, AdamW); val: 
 echo "validation windows of 64 bytes; ratio: training time / PyTorch f32's on the same threads (mean step time"
 echo "when the step counts differ); GFLOP/s: the step's matrix-product FLOPs / its mean time"
 printf "%-7s %-6s %7s %9s %10s %9s %7s %8s\n" system dtype threads "ms/step" "time (s)" "val loss" ratio "GFLOP/s"
-awk -v f="$flops" '
+awk -v f="$flops" -v p1="$peak1" -v p2="$peak2" '
     function num(v, d) {return v ~ /^[0-9.]+$/ ? sprintf("%." d "f", v) : "-"}
     {sys[NR] = $1; dt[NR] = $2; th[NR] = $3; ms[NR] = $4; s[NR] = $5; val[NR] = $6; n[NR] = $7
-     if ($1 == "torch" && $2 == "f32" && $5 != "-" && $5 != "") ref[$3] = $5 / $7}
+     if ($1 == "torch" && $2 == "f32" && $5 != "-" && $5 != "") {ref[$3] = $5 / $7; rval[$3] = $6}}
     END {for (i = 1; i <= NR; i++) {
         mean = (s[i] != "-" && s[i] != "") ? s[i] / n[i] : ""
         r = (mean != "" && ref[th[i]] > 0) ? sprintf("%.2f", mean / ref[th[i]]) : "-"
@@ -224,7 +224,22 @@ awk -v f="$flops" '
         printf "%-7s %-6s %7s %9s %10s %9s %7s %8s%s\n", sys[i], dt[i], th[i], num(ms[i], 1), num(s[i], 1),
             num(val[i], 4), r, g,
             n[i] != "'"$steps"'" ? "  (" n[i] " steps)" : ""
-    }}' "$log/rows"
+    }
+    # the goal: at most 0.6x PyTorch f32'"'"'s time on 1 thread, 0.5x on 2, val loss within 0.02
+    for (i = 1; i <= NR; i++) {
+        if (sys[i] != "nabla" || !(ref[th[i]] > 0) || s[i] == "-" || s[i] == "") continue
+        if (!hdr++) print "goal: nabla at most 0.6x PyTorch f32'"'"'s training time on 1 thread, 0.5x on 2, validation loss within 0.02 of it"
+        goal = th[i] == 1 ? 0.6 : 0.5; r = s[i] / n[i] / ref[th[i]]
+        d = (val[i] ~ /^[0-9.]+$/ && rval[th[i]] ~ /^[0-9.]+$/) ? val[i] - rval[th[i]] : ""
+        printf "  nabla %-4s %s thread(s): time %.2fx (goal %.1fx: %s), val loss %s (%s)\n", dt[i], th[i], r, goal,
+            r <= goal ? "met" : "not met", d == "" ? "-" : sprintf("%+.4f", d),
+            d == "" ? "-" : (d <= 0.02 && d >= -0.02) ? "within 0.02" : "not within 0.02"
+    }
+    if (hdr && p1 != "" && ref[1] > 0)
+        printf "  the f32 bound (all products at the 1-thread f32 peak %s GFLOP/s) is %.2fx PyTorch f32'"'"'s 1-thread time\n", p1, f / p1 / 1e9 / ref[1]
+    if (hdr && p2 != "" && ref[2] > 0)
+        printf "  the f32 bound at the 2-thread peak %s GFLOP/s is %.2fx PyTorch f32'"'"'s 2-thread time\n", p2, f / p2 / 1e9 / ref[2]
+    }' "$log/rows"
 awk '$1 == "torch" {n = $0; for (i = 1; i <= 7; i++) sub(/^[^ ]+ /, "", n); printf "torch %s %s thread(s): %s\n", $2, $3, n}' "$log/rows"
 echo
 echo "logs in $log; the command: make bench-train (BENCH_TRAIN_STEPS=$steps BENCH_TRAIN_ROWS=\"$rows\")"
