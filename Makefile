@@ -142,6 +142,7 @@ test: check-deps
 	$(BUILD)/fuzz/replay fuzz/corpus/ops
 	@bash tests/layers_check.sh $(BUILD)
 	@sh tests/examples_check.sh $(BUILD)
+	@sh tests/gpt_train_check.sh $(BUILD)
 	@$(BUILD)/tests/gpt_sample_check $(BUILD)/examples/gpt tests/fixtures/gpt2/encoder.json $(BUILD)
 	@$(BUILD)/tests/lstm_add_check $(BUILD)/examples/lstm_add tests/fixtures
 
@@ -384,7 +385,8 @@ SHORT_COPY = --batches 3 --d-model 32 --d-ff 64 --all-epochs --check 100
 SHORT_ARGS = $$(case $$e in *copy_task) echo --epochs 1 $(SHORT_COPY) --save $(BUILD)/short.ckpt \
   --attn-map $(BUILD)/short-maps --loss-plot $(BUILD)/short-loss.svg;; \
   *gpt) echo --config tiny --steps 3 --batch 2 --seq 16 --shuffle --sample 16 --top-k 5 \
-  --save $(BUILD)/short-gpt.ckpt;; \
+  --save $(BUILD)/short-gpt.ckpt --val-split 0.1 --eval-interval 2 --eval-iters 1 --grad-accum 2 \
+  --save-best $(BUILD)/short-gpt-best.ckpt --lr-schedule cosine --warmup 1 --no-bias;; \
   *tokenize) echo --tokenizer tests/fixtures/gpt2/encoder.json --in README.md;; \
   *fashion_mnist) echo --data tests/fixtures/fashion-mini --epochs 1 --train-limit 8 --test-limit 8 \
   --batch 4 --bn --save $(BUILD)/short-fashion.ckpt --svg $(BUILD)/short-fashion.svg;; esac)
@@ -543,9 +545,14 @@ install-check:
 # copy_task stopped after 2 epochs and resumed with --load ends with the very
 # checkpoint bytes (weights, Adam state, random streams) of a run of 4 epochs;
 # --anneal-at 0 starts annealing the learning rate after the first epoch, so
-# the run stops in the middle of an annealing and resumes it.
+# the run stops in the middle of an annealing and resumes it. gpt likewise,
+# without and with evaluations.
 RESUME_ARGS = --d-model 32 --d-ff 64 --batches 5 --all-epochs --anneal 2 --anneal-at 0
 GPT_RESUME = --config tiny --batch 4 --seq 16 --shuffle --dropout 0.1
+# and with nanoGPT's flags: evaluations (at steps 0, 10, 20, ...: the half
+# run stops at one), --save-best, micro-batches, a decay over all 40 steps
+GPT_RESUME_EVAL = $(GPT_RESUME) --val-split 0.1 --eval-interval 10 --eval-iters 2 --grad-accum 2 \
+  --lr-schedule cosine --warmup 5 --lr-decay-steps 40 --beta2 0.99 --decay-groups 2d --no-bias
 resume-check: $(BUILD)/examples/copy_task $(BUILD)/examples/gpt
 	@d=$$(mktemp -d) && trap 'rm -rf '$$d EXIT && \
 	$(BUILD)/examples/copy_task $(RESUME_ARGS) --epochs 4 --save $$d/straight >/dev/null && \
@@ -557,12 +564,18 @@ resume-check: $(BUILD)/examples/copy_task $(BUILD)/examples/gpt
 	$(BUILD)/examples/gpt $(GPT_RESUME) --steps 20 --save $$d/g-half >/dev/null && \
 	$(BUILD)/examples/gpt $(GPT_RESUME) --steps 40 --load $$d/g-half --save $$d/g-resumed >/dev/null && \
 	cmp $$d/g-straight $$d/g-resumed && \
-	echo "resume-check: gpt 20 steps + --load + 20 steps = 40 steps, checkpoints identical ($$(wc -c < $$d/g-resumed) bytes)"
+	echo "resume-check: gpt 20 steps + --load + 20 steps = 40 steps, checkpoints identical ($$(wc -c < $$d/g-resumed) bytes)" && \
+	$(BUILD)/examples/gpt $(GPT_RESUME_EVAL) --steps 40 --save $$d/e-straight --save-best $$d/e-best1 >/dev/null && \
+	$(BUILD)/examples/gpt $(GPT_RESUME_EVAL) --steps 20 --save $$d/e-half --save-best $$d/e-best2 >/dev/null && \
+	$(BUILD)/examples/gpt $(GPT_RESUME_EVAL) --steps 40 --load $$d/e-half --save $$d/e-resumed --save-best $$d/e-best2 >/dev/null && \
+	cmp $$d/e-straight $$d/e-resumed && cmp $$d/e-best1 $$d/e-best2 && \
+	echo "resume-check: gpt with evaluations, --save-best, --grad-accum 2, a cosine schedule: 20 + 20 steps = 40 steps, checkpoints and best checkpoints identical"
 
 # make gpt-check: nabla's GPT-2 124M against PyTorch (tests/fixtures/gpt_torch.txt,
 # from tests/fixtures/gen_gpt.py) on files that tests/gpt_files.h writes from a
 # seed into $(BUILD)/gpt-check (llm.c checkpoint, Hugging Face safetensors,
-# llm.c tokens; about 1 GB, no download): examples/gpt --eval on either file,
+# llm.c tokens; about 1 GB, no download): examples/gpt --eval --eval-iters 1 (the
+# fixture's first batch) on either file,
 # and one AdamW step (tests/tools/gpt_check.c), within 1e-4 relative; --eval
 # with --dtype bf16 (autocast) within 1e-2 of PyTorch's f32 loss. 2.5 GB of
 # RAM at its peak (one AdamW step of GPT-2 124M), one to two minutes on 2
@@ -581,12 +594,12 @@ gpt-check: $(BUILD)/tests/gen_gpt_files $(BUILD)/tests/gpt_check $(BUILD)/exampl
 	want=$$(awk '$$1 == "config" {c = $$2} c == "gpt2" && $$1 == "loss_before" {print $$2}' $(GPT_FX)) && \
 	rc=0 && for f in llmc.bin hf.safetensors; do \
 	  got=$$($(BUILD)/examples/gpt --config gpt2 --init $$d/gpt2_$$f --data $$d/gpt2_tokens.bin \
-	    --batch 4 --seq 64 --eval | awk '$$1 == "loss" {print $$2}'); \
+	    --batch 4 --seq 64 --eval --eval-iters 1 | awk '$$1 == "loss" {print $$2}'); \
 	  awk -v g="$$got" -v w="$$want" -v f="$$f" 'BEGIN {r = (g - w) / w; if (r < 0) r = -r; \
 	    ok = g != "" && r <= 1e-4; printf "gpt-check: gpt2 examples/gpt --eval on gpt2_%s, batch 4x64: " \
 	    "loss %s, torch %s (rel %.1e): %s\n", f, g == "" ? "(none)" : g, w, r, ok ? "ok" : "FAIL"; exit !ok}' || rc=1; \
 	done; got=$$($(BUILD)/examples/gpt --config gpt2 --init $$d/gpt2_llmc.bin --data $$d/gpt2_tokens.bin \
-	    --batch 4 --seq 64 --eval --dtype bf16 | awk '$$1 == "loss" {print $$2}'); \
+	    --batch 4 --seq 64 --eval --eval-iters 1 --dtype bf16 | awk '$$1 == "loss" {print $$2}'); \
 	awk -v g="$$got" -v w="$$want" 'BEGIN {d = g - w; if (d < 0) d = -d; ok = g != "" && d <= 1e-2; \
 	  printf "gpt-check: gpt2 examples/gpt --eval --dtype bf16 on gpt2_llmc.bin, batch 4x64: loss %s, " \
 	  "torch f32 %s (diff %.1e, at most 1e-2): %s\n", g == "" ? "(none)" : g, w, d, ok ? "ok" : "FAIL"; \

@@ -99,19 +99,24 @@
  * one: given the same flags, a run of --steps N resumed from the checkpoint
  * of a run of --steps M (M < N) continues at step M+1 and ends where one run
  * of N steps would have: the same losses and checkpoint, bit for bit.
+ * With --save-best a checkpoint also holds the lowest val loss so far
+ * (trainer.best_val_loss); --load reads checkpoints with or without it.
  *
  * --dist (a build with MPI: make MPI=1, then mpirun -np N
  * build-mpi/examples/gpt --dist) trains data-parallel (nabla_mpi.h): each
  * step's batch has --batch rows per rank, each rank takes its own rows (in
  * file order, or from the shared --shuffle draws) and its own dropout
- * stream, and the gradients are averaged before clipping and AdamW. Rank 0
+ * stream, and the gradients are averaged before clipping and AdamW
+ * (--grad-accum is refused: the averaging follows every backward); an
+ * evaluation's batches likewise, its loss the mean over the ranks. Rank 0
  * prints (the loss is the mean over the ranks) and writes checkpoints;
  * every rank reads them, and a failed save or load stops every rank with
  * its message (nb_mpi_agree). A checkpoint resumes on any number of ranks.
  * --zero shards AdamW's state over the ranks (ZeRO stage 1): each keeps the
  * state of its own parameters; to save, rank 0 gathers the whole state
  * (the same file as without --zero), and after a load it hands each rank
- * its part, so rank 0 holds the whole state when --save or --load is given.
+ * its part, so rank 0 holds the whole state when --save, --save-best or
+ * --load is given.
  *
  * Errors (a bad option or file, a configuration that does not fit --init's
  * file) print the reason and exit with status 1.
@@ -321,19 +326,28 @@ static int modes(options *o) {
     return 0;
 }
 
-/* The flags that name one of a few choices. */
+static const char *const schedule_names[] = {"constant", "cosine", "linear"}; /* sched's order */
+static const char *const decay_group_names[] = {"linear", "2d"};
+
+/* value's index in names[0 .. n), or -1 after a message naming flag. */
+static int pick(const char *flag, const char *value, const char *const *names, int n) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(value, names[i])) return i;
+    char list[256] = "";
+    for (int i = 0; i < n; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
+                 i == 0 ? "" : i == n - 1 ? " or " : ", ", names[i]);
+    return fail("%s must be %s, got \"%s\"", flag, list, value);
+}
+
+/* The flags that name one of a few choices, and the values that cannot be. */
 static int choices(options *o) {
-    const char *s = o->lr_schedule ? o->lr_schedule : "constant";
-    o->schedule = !strcmp(s, "constant") ? SCHED_CONSTANT
-                  : !strcmp(s, "cosine") ? SCHED_COSINE
-                  : !strcmp(s, "linear") ? SCHED_LINEAR
-                                         : (sched)-1;
-    if ((int)o->schedule < 0)
-        return fail("--lr-schedule must be constant, cosine or linear, got \"%s\"", s);
-    const char *g = o->decay_groups ? o->decay_groups : "linear";
-    if (strcmp(g, "linear") && strcmp(g, "2d"))
-        return fail("--decay-groups must be linear or 2d, got \"%s\"", g);
-    o->decay_2d = !strcmp(g, "2d");
+    int s = pick("--lr-schedule", o->lr_schedule ? o->lr_schedule : "constant", schedule_names, 3);
+    int g = pick("--decay-groups", o->decay_groups ? o->decay_groups : "linear",
+                 decay_group_names, 2);
+    if (s < 0 || g < 0) return -1;
+    o->schedule = (sched)s;
+    o->decay_2d = g == 1;
     if (o->val && o->val_split >= 0)
         return fail("--val %s and --val-split %g both give a validation set: give one", o->val,
                     o->val_split);
@@ -538,10 +552,10 @@ typedef struct {
     nb_rng data, drop, sampler;
     bool resumed;      /* --load: the evaluation at the step it resumes from was done */
     double best_val;   /* --save-best: the lowest validation loss so far */
-    nb_tensor *best_val_t; /* ... its checkpoint's copy (trainer.best_val_loss) */
+    nb_tensor *best_val_t; /* ... in the checkpoint (trainer.best_val_loss), borrowed */
     dist_state ds;     /* --dist */
     int64_t step;      /* steps done */
-    nb_params *trainer, *ckpt; /* --save/--load */
+    nb_params *trainer, *ckpt, *ckpt_alt; /* --save/--load */
     char default_data[4096];   /* DEFAULT_DATA, from here or from the repository */
 } run;
 
@@ -771,19 +785,25 @@ static void fill_rows(run *r, tokens set, const int64_t *starts, int64_t rows, i
 /* -------------------------------------------------------- --save, --load */
 static const char *trainer_names[] = {"step", "data_rng", "drop_rng"};
 
-/* One registry for the checkpoint: the parameters, AdamW's state and the
- * loop's own buffers ((seed, offset) for each random stream). */
+/* The checkpoint's registry: the parameters, AdamW's state and the loop's
+ * own buffers ((seed, offset) for each random stream), and with --save-best
+ * the lowest val loss so far (a resumed run then saves where the straight
+ * one does; it is in trainer, which --zero's ranks get from rank 0's file).
+ * r->ckpt_alt is the other form: --load reads either, so a --save-best
+ * checkpoint samples or evaluates without --save-best, and older
+ * checkpoints (none have it) still resume. */
 static int checkpoint_registry(run *r, const options *o) {
     nb_optim *opt = r->held ? r->held : r->opt;
-    if (checkpoint_registry_make(r->ps, opt, trainer_names, 3, 1, &r->trainer, &r->ckpt) != 0)
-        return fail("%s", err());
-    if (!o->save_best) return 0;
-    /* --save-best's lowest loss so far: a resumed run saves where the straight
-     * one does. In trainer, which --zero's ranks get from rank 0's file. */
+    nb_params *plain = NULL, *best = nb_params_new();
+    if (checkpoint_registry_make(r->ps, opt, trainer_names, 3, 1, &r->trainer, &plain) != 0)
+        return nb_params_free(plain), nb_params_free(best), fail("%s", err());
     nb_scope_begin();
     r->best_val_t = nb_params_add_buffer(r->trainer, "best_val_loss", nb_scalar(NB_F64, INFINITY));
     nb_scope_end();
-    if (!r->best_val_t || !nb_params_add_buffer(r->ckpt, "trainer.best_val_loss", r->best_val_t))
+    r->ckpt = o->save_best ? best : plain;
+    r->ckpt_alt = o->save_best ? plain : best;
+    if (!best || !r->best_val_t || nb_params_add_all(best, "", plain) != 0 ||
+        !nb_params_add_buffer(best, "trainer.best_val_loss", r->best_val_t))
         return fail("%s", err());
     return 0;
 }
@@ -798,7 +818,7 @@ static int save_checkpoint(run *r, const char *path) {
         v[0] = (int64_t)rngs[i]->seed, v[1] = (int64_t)rngs[i]->offset;
     }
     trainer_value(r, 2)[0] -= DROP_SEED_STEP * r->ds.rank; /* rank 0's stream */
-    if (r->best_val_t) *(double *)nb_data(r->best_val_t) = r->best_val;
+    *(double *)nb_data(r->best_val_t) = r->best_val;
     /* --zero: the owners' AdamW state to rank 0 first */
     if (dist_gather_state(&r->ds, r->held) != 0) return fail("%s", err());
     int rc = r->ds.rank == 0 ? nb_save(r->ckpt, path) : 0; /* rank 0 writes, every rank reads */
@@ -810,6 +830,12 @@ static int save_checkpoint(run *r, const char *path) {
  * weights, the loop's state and each rank's part of AdamW's state. */
 static int load_checkpoint(run *r, const char *path, bool quiet) {
     int rc = dist_sharded(&r->ds) && r->ds.rank != 0 ? 0 : nb_load(r->ckpt, path);
+    if (rc != 0) { /* the other form (with or without trainer.best_val_loss)? */
+        char first[2048];
+        snprintf(first, sizeof first, "%s", err());
+        rc = nb_load(r->ckpt_alt, path);
+        if (rc != 0) nb_report_error("%s", first);
+    }
     if (rc != 0) {
         struct stat st; /* a file that is there but does not fit: a hint */
         bool there = stat(path, &st) == 0 && S_ISREG(st.st_mode);
@@ -825,7 +851,7 @@ static int load_checkpoint(run *r, const char *path, bool quiet) {
         *rngs[i] = (nb_rng){.seed = (uint64_t)v[0], .offset = (uint64_t)v[1]};
     }
     r->drop.seed += DROP_SEED_STEP * (uint64_t)r->ds.rank;
-    if (r->best_val_t) r->best_val = *(const double *)nb_data(r->best_val_t);
+    r->best_val = *(const double *)nb_data(r->best_val_t);
     r->resumed = true;
     if (!quiet) printf("resumed from %s: %lld steps done\n", path, (long long)r->step);
     return 0;
@@ -1202,22 +1228,22 @@ static nb_optim *adamw(nb_params *ps, void *ctx) {
 
 /* AdamW over the whole model; with --dist the model's data parallelism
  * first, and with --zero the AdamW of this rank's shard, plus, on rank 0
- * for --save/--load, an AdamW over everything that holds the whole state of
+ * for --save/--save-best/--load, an AdamW over everything that holds the whole state of
  * a checkpoint (it never steps). 0 or -1 with nabla's message. */
 static int make_optimizer(run *r, const options *o) {
     adamw_ctx ctx = {r, o};
     if (dist_attach(&r->ds, r->ps) != 0) return -1;
     if (!o->zero) return (r->opt = adamw(r->ps, &ctx)) ? 0 : -1;
     if (!(r->opt = dist_shard(&r->ds, adamw, &ctx))) return -1;
-    if ((o->save || o->load) && r->ds.rank == 0 && !(r->held = adamw(r->ps, &ctx))) return -1;
+    if ((o->save || o->load || o->save_best) && r->ds.rank == 0 && !(r->held = adamw(r->ps, &ctx)))
+        return -1;
     return 0;
 }
 
 /* The training settings beyond the data line: the schedule, AdamW, the
  * step's micro-batches, and the evaluations. */
 static void print_settings(const run *r, const options *o, int64_t B, int64_t T) {
-    static const char *names[] = {"constant", "cosine", "linear"};
-    printf("training: lr %s %g", names[o->schedule], o->lr);
+    printf("training: lr %s %g", schedule_names[o->schedule], o->lr);
     if (o->schedule != SCHED_CONSTANT)
         printf(" -> %g at step %lld", o->min_lr, (long long)o->lr_decay_steps);
     printf(" after %lld warmup steps, AdamW betas %g/%g, weight decay on %s, clip %g; %lld "
@@ -1239,6 +1265,7 @@ static void print_settings(const run *r, const options *o, int64_t B, int64_t T)
 /* ---------------------------------------------------------------- main */
 static void teardown(run *r) {
     nb_params_free(r->ckpt);
+    nb_params_free(r->ckpt_alt);
     nb_params_free(r->trainer);
     nb_optim_free(r->held);
     if (!dist_sharded(&r->ds)) nb_optim_free(r->opt);

@@ -7,6 +7,7 @@
 #      the same checkpoint bit for bit;
 #   3. gpt on 2 ranks: --zero (sharded AdamW state) writes the checkpoint
 #      plain --dist writes, bit for bit, and resumes from it bit for bit;
+#      with evaluations and --save-best too;
 #   4. gpt: a checkpoint of step 3 on 2 ranks resumed on 1 process, on 4
 #      ranks, and on 4 ranks with --zero, with the same global batch (8
 #      rows): steps 4-6 have the losses of the 2-rank run, to the 6 digits
@@ -59,6 +60,17 @@ gpt zero36 2 $g --batch 4 --steps 6 --zero --load "$d/zero3" --save "$d/zero36"
 cmp -s "$d/plain6" "$d/zero6" || die "gpt --zero wrote another checkpoint than plain --dist"
 cmp -s "$d/zero6" "$d/zero36" || die "gpt --zero: 3 + 3 steps differ from 6"
 say "gpt on 2 ranks: --zero's checkpoint is plain --dist's, and 3 + --load + 3 steps = 6, bit for bit"
+# with evaluations (each rank scores its rows, the mean is the ranks') and --save-best
+e="--val-split 0.1 --eval-interval 3 --eval-iters 2 --zero"
+gpt eval6 2 $g --batch 4 --steps 6 $e --save "$d/eval6" --save-best "$d/best6"
+gpt eval3 2 $g --batch 4 --steps 3 $e --save "$d/eval3" --save-best "$d/best36"
+gpt eval36 2 $g --batch 4 --steps 6 $e --load "$d/eval3" --save "$d/eval36" --save-best "$d/best36"
+grep -q '^step 6: train loss [0-9.]*, val loss [0-9.]*, lr ' "$d/eval6.log" || die "gpt --dist: no evaluation at step 6: $(cat "$d/eval6.log")"
+cmp -s "$d/eval6" "$d/eval36" && cmp -s "$d/best6" "$d/best36" ||
+    die "gpt --dist --zero with evaluations and --save-best: 3 + 3 steps differ from 6"
+gpt best6 2 $g --batch 4 --steps 6 $e --save-best "$d/best6-alone" # rank 0 gathers for --save-best alone
+cmp -s "$d/best6" "$d/best6-alone" || die "gpt --dist --zero --save-best without --save: another best checkpoint"
+say "gpt on 2 ranks with evaluations and --save-best: 3 + --load + 3 steps = 6, checkpoints and best checkpoints identical"
 
 # 4
 losses() { grep '^step [456]:' "$d/$1.log" | cut -d'(' -f1; }
