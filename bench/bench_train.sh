@@ -26,18 +26,22 @@
 #                      (gpttrain_* keys; only for the default 2000 steps)
 #   BENCH_TRAIN_PEAK   the f32 1-thread peak in GFLOP/s for the bound (default:
 #                      measured now by BUILD/bench/bench 1, low on a busy machine)
-#   BENCH_TRAIN_PROBE  steps of each of PyTorch's two 2-thread configurations
-#                      tried before its 2-thread rows (200)
+#   BENCH_TRAIN_PROBE  steps of each of PyTorch's three 2-thread configurations
+#                      tried before its 2-thread rows (30): OpenBLAS 1 or 2 threads,
+#                      OMP_WAIT_POLICY=passive or libgomp's spinning default
+#   BENCH_TRAIN_REUSE  1: rows whose logs in BUILD/bench-train are complete for
+#                      these steps are read, not run again (an interrupted run)
 #   BENCH_TRAIN_PYTHON the Python with torch (/usr/bin/python3)
+#   BENCH_TRAIN_LOG    the logs' directory (BUILD/bench-train)
 build=${1:-build}
 steps=${BENCH_TRAIN_STEPS:-2000}
 rows=${BENCH_TRAIN_ROWS:-"nabla-f32-1 nabla-f32-2 nabla-bf16-1 nabla-bf16-2 torch-f32-1 torch-f32-2 torch-bf16-1"}
 torch_mode=${BENCH_TRAIN_TORCH:-auto}
-probe=${BENCH_TRAIN_PROBE:-200}
+probe=${BENCH_TRAIN_PROBE:-30}
 py=${BENCH_TRAIN_PYTHON:-/usr/bin/python3}
 data=examples/data/kjv.txt
 results=bench/torch_results.txt
-log=$build/bench-train
+log=${BENCH_TRAIN_LOG:-$build/bench-train}
 gpt=$build/examples/gpt
 openblas=/usr/lib/x86_64-linux-gnu/openblas-pthread
 mkdir -p "$log"
@@ -51,6 +55,7 @@ for r in $rows; do
     *) die "BENCH_TRAIN_ROWS: unknown row \"$r\" (rows: nabla-f32-1 nabla-f32-2 nabla-bf16-1 nabla-bf16-2 torch-f32-1 torch-f32-2 torch-bf16-1 torch-bf16-2)" ;;
     esac
 done
+reuse() { [ "${BENCH_TRAIN_REUSE:-0}" = 1 ]; }
 wants() { case " $rows " in *" $1 "*) return 0 ;; esac; return 1; }
 wants_torch() { case " $rows " in *" torch-"*) return 0 ;; esac; return 1; }
 
@@ -110,6 +115,12 @@ nabla_row() { # dtype threads
     d=$1 k=$2 name=nabla-$1-$2
     [ -x "$gpt" ] || die "$gpt is not built"
     rm -f "$log/$name.ckpt"
+    if reuse && grep -q "^saved .* (step $steps)" "$log/$name.log" 2> /dev/null &&
+        grep -q '^loss ' "$log/$name.eval" 2> /dev/null; then
+        add_row nabla "$d" "$k" $(step_stats "$log/$name.log") \
+            "$(awk '$1 == "loss" {v = $2} END {print v}' "$log/$name.eval")" "$steps" "reused"
+        return
+    fi
     # no evaluation during training: one, of one batch, at the last step only
     "$gpt" --config char --no-bias --data "$data" --val-split 0.1 --shuffle --batch 12 --seq 64 \
         --steps "$steps" --lr 1e-3 --lr-schedule cosine --min-lr 1e-4 --lr-decay-steps 2000 \
@@ -140,30 +151,44 @@ fi
 # when libopenblas0-pthread is installed (as bench/torch_bench.py), else on
 # the BLAS that libblas.so.3 selects
 torch_run() {
-    tr_log=$log/$1.log tr_obt=$2
-    shift 2
+    tr_log=$log/$1.log tr_obt=$2 tr_wait=$3
+    shift 3
     if [ -d "$openblas" ]; then
-        env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE LD_LIBRARY_PATH="$openblas" \
-            OPENBLAS_NUM_THREADS="$tr_obt" "$py" bench/torch_gpt_train.py --data "$data" "$@"
+        env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ${tr_wait:+OMP_WAIT_POLICY=$tr_wait} \
+            LD_LIBRARY_PATH="$openblas" OPENBLAS_NUM_THREADS="$tr_obt" \
+            "$py" bench/torch_gpt_train.py --data "$data" "$@"
     else
-        OPENBLAS_NUM_THREADS="$tr_obt" "$py" bench/torch_gpt_train.py --data "$data" "$@"
+        env ${tr_wait:+OMP_WAIT_POLICY=$tr_wait} OPENBLAS_NUM_THREADS="$tr_obt" \
+            "$py" bench/torch_gpt_train.py --data "$data" "$@"
     fi > "$tr_log" 2>&1 || { tail -20 "$tr_log"; die "PyTorch failed (log: $tr_log)"; }
 }
 result_field() { awk -v k="$2" '$1 == "result" {for (i = 1; i <= NF; i++) if (index($i, k "=") == 1) print substr($i, length(k) + 2)}' "$1"; }
 ln_bias=1 # nn/gpt.c's layer norms keep their bias with bias false; the checkpoint tells
 torch_row() { # dtype threads
-    d=$1 k=$2 name=torch-$1-$2 obt=1 note="torch threads $2, OpenBLAS 1"
-    if [ "$k" = 2 ]; then # torch's 2 threads over 1-thread OpenBLAS, or OpenBLAS's own 2
-        p=$probe
-        [ "$p" -gt "$steps" ] && p=$steps
-        torch_run "$name-probe-ob1" 1 --quiet --steps "$p" --threads 2 --dtype "$d" --ln-bias "$ln_bias"
-        torch_run "$name-probe-ob2" 2 --quiet --steps "$p" --threads 2 --dtype "$d" --ln-bias "$ln_bias"
-        m1=$(result_field "$log/$name-probe-ob1.log" ms_median)
-        m2=$(result_field "$log/$name-probe-ob2.log" ms_median)
-        obt=$(awk -v a="$m1" -v b="$m2" 'BEGIN {print b < a ? 2 : 1}')
-        note="torch threads 2, OpenBLAS $obt (probe of $p steps: OpenBLAS 1 $m1 ms, OpenBLAS 2 $m2 ms)"
+    d=$1 k=$2 name=torch-$1-$2 obt=1 wait="" note="torch threads $2, OpenBLAS 1"
+    if reuse && grep -q "^result torch $d threads=$k steps=$steps " "$log/$name.log" 2> /dev/null &&
+        [ -s "$log/$name.note" ]; then
+        note="$(cat "$log/$name.note"); reused from an earlier run"
+    else
+        if [ "$k" = 2 ]; then
+            # torch's 2 threads over 1-thread OpenBLAS, or OpenBLAS's own 2 threads;
+            # libgomp's threads waiting passively, or spinning (its default): on a
+            # busy machine the spinning ones have taken 30 times as long
+            p=$probe best="" bm=""
+            [ "$p" -gt "$steps" ] && p=$steps
+            probes=""
+            for c in 1:passive 2:passive 1:; do
+                o=${c%%:*} w=${c#*:}
+                torch_run "$name-probe" "$o" "$w" --quiet --steps "$p" --threads 2 --dtype "$d" --ln-bias "$ln_bias"
+                m=$(result_field "$log/$name-probe.log" ms_median)
+                probes="$probes${probes:+, }OpenBLAS $o ${w:-spinning} $m ms"
+                if [ -z "$bm" ] || awk -v a="$m" -v b="$bm" 'BEGIN {exit !(a < b)}'; then best=$c bm=$m; fi
+            done
+            obt=${best%%:*} wait=${best#*:}
+            note="torch threads 2, OpenBLAS $obt, OMP_WAIT_POLICY ${wait:-unset (spinning)} (probe of $p steps: $probes)"
+        fi
+        torch_run "$name" "$obt" "$wait" --steps "$steps" --threads "$k" --dtype "$d" --ln-bias "$ln_bias"
     fi
-    torch_run "$name" "$obt" --steps "$steps" --threads "$k" --dtype "$d" --ln-bias "$ln_bias"
     add_row torch "$d" "$k" "$(result_field "$log/$name.log" ms_median)" \
         "$(result_field "$log/$name.log" train_s)" "$(result_field "$log/$name.log" val_loss)" \
         "$steps" "$note"
@@ -240,7 +265,8 @@ awk -v f="$flops" -v p1="$peak1" -v p2="$peak2" '
     if (hdr && p2 != "" && ref[2] > 0)
         printf "  the f32 bound at the 2-thread peak %s GFLOP/s is %.2fx PyTorch f32'"'"'s 2-thread time\n", p2, f / p2 / 1e9 / ref[2]
     }' "$log/rows"
-awk '$1 == "torch" {n = $0; for (i = 1; i <= 7; i++) sub(/^[^ ]+ /, "", n); printf "torch %s %s thread(s): %s\n", $2, $3, n}' "$log/rows"
+awk '$1 == "torch" {n = $0; for (i = 1; i <= 7; i++) sub(/^[^ ]+ /, "", n); printf "torch %s %s thread(s): %s\n", $2, $3, n}
+    $1 == "nabla" && $8 == "reused" {printf "nabla %s %s thread(s): reused from an earlier run (BENCH_TRAIN_REUSE=1)\n", $2, $3}' "$log/rows"
 echo
 echo "logs in $log; the command: make bench-train (BENCH_TRAIN_STEPS=$steps BENCH_TRAIN_ROWS=\"$rows\")"
 
