@@ -1,4 +1,4 @@
-# nabla: make | make test | make run | make bench | make install | make uninstall | make clean
+# nabla: make | make test | make run | make bench | make bench-train | make install | make uninstall | make clean
 CC      ?= cc
 OPT     ?= -O3 -g
 WARN    := -std=c11 -Wall -Wextra -Wpedantic
@@ -317,6 +317,16 @@ bench: all
 	@if [ -f bench/bench.c ]; then rm -f $(BUILD)/bench/bench; \
 	  $(MAKE) --no-print-directory $(BUILD)/bench/bench && $(BUILD)/bench/bench; else \
 	  echo "make bench: bench/bench.c is not built yet (see docs/api.md, 'What is not built yet')"; exit 1; fi
+
+# make bench-train: time to loss, nabla against PyTorch (when /usr/bin/python3
+# imports torch; else the rows recorded in bench/torch_results.txt) on nanoGPT's
+# CPU recipe and kjv.txt's bytes (bench/bench_train.sh, bench/torch_gpt_train.py).
+# About 15 minutes; BENCH_TRAIN_STEPS=100 and BENCH_TRAIN_ROWS="nabla-f32-1
+# torch-f32-1" make it short (docs/performance.md, "Time to loss").
+.PHONY: bench-train
+bench-train: all
+	@$(MAKE) --no-print-directory $(BUILD)/bench/bench
+	@sh bench/bench_train.sh $(BUILD)
 
 # make bench BLAS=1: also OpenBLAS's sgemm beside nb_matmul (links only this binary).
 $(BUILD)/bench/bench: bench/bench.c $(BUILD)/libnabla.a nabla.h
