@@ -903,7 +903,8 @@ def update_gpt2_ckpt(args):
     fresh process each (the median of the last 2, as bench.c), with and
     without torch.utils.checkpoint(use_reentrant=False) around each block:
     gpt2_b4t1024[_ckpt]_{ms,first_ms,rss_mib}_{T}t on all CPUs (or on the
-    thread counts given), merged into OUT's others. --reentrant also runs
+    thread counts given), merged into OUT's others, with a header note per
+    set of thread counts ("gpt2_b4t1024*_2t keys ..."). --reentrant also runs
     use_reentrant=True (torch 1.13's default): gpt2_b4t1024_ckpt_reentrant_*.
     Each run first waits for 14 GiB available (6 with checkpointing)."""
     reentrant = "--reentrant" in args
@@ -911,7 +912,8 @@ def update_gpt2_ckpt(args):
     old = {}
     with open(OUT) as f:
         parts = f.readline().rstrip("\n").split("; ")
-        header = "; ".join(p for p in parts if not p.startswith("gpt2_b4t1024* keys"))
+        tag = "gpt2_b4t1024*_" + ",".join(f"{t}t" for t in threads) + " keys"
+        header = "; ".join(p for p in parts if not p.startswith((tag, "gpt2_b4t1024* keys")))
         for line in f:
             key, value = line.split()
             old[key] = float(value)
@@ -925,7 +927,7 @@ def update_gpt2_ckpt(args):
               f"{'the same' if len(set(losses.values())) == 1 else 'NOT the same'}", flush=True)
     old.update(results)
     with open(OUT, "w") as f:
-        f.write(header + f"; gpt2_b4t1024* keys {datetime.date.today().isoformat()} on "
+        f.write(header + f"; {tag} {datetime.date.today().isoformat()} on "
                 f"{cpu_family_model()}, 3 steps in a fresh process, the median of the last 2, "
                 f"_ckpt: torch.utils.checkpoint(use_reentrant=False) per block, losses bitwise "
                 f"{'the same' if all_same else 'NOT the same'} as without, load average {before} before, {loadavg()} after\n")
