@@ -929,7 +929,8 @@ def update_gpt2_ckpt(args):
     with open(OUT, "w") as f:
         f.write(header + f"; {tag} {datetime.date.today().isoformat()} on "
                 f"{cpu_family_model()}, 3 steps in a fresh process, the median of the last 2, "
-                f"_ckpt: torch.utils.checkpoint(use_reentrant=False) per block, losses bitwise "
+                f"_ckpt: torch.utils.checkpoint(use_reentrant=False) per block"
+                f"{', _ckpt_reentrant: use_reentrant=True' if reentrant else ''}, losses bitwise "
                 f"{'the same' if all_same else 'NOT the same'} as without, load average {before} before, {loadavg()} after\n")
         for key, value in old.items():
             f.write(f"{key} {value:.6g}\n")
