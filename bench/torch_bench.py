@@ -37,6 +37,27 @@ workloads as bench.c:
   gpt2[_bf16][_b1t1024]_...        the same in bf16 (torch.autocast("cpu",
                                    torch.bfloat16) around forward and loss,
                                    f32 weights and AdamW) and at B=1, T=1024
+  gpt2_b4t1024[_ckpt]_{ms,first_ms,rss_mib}_{T}t
+                                   bench section 8's activation-checkpointing
+                                   pair: f32, B=4, T=1024, 3 steps (the median
+                                   of the last 2), without and with
+                                   torch.utils.checkpoint(block, x, mask,
+                                   use_reentrant=False) around each block
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
+        LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-pthread \
+        /usr/bin/python3 bench/torch_bench.py --gpt2-ckpt [--reentrant] [THREADS...]
+
+                                   only these keys, on all CPUs (or the thread
+                                   counts given, e.g. 1 2), merged into
+                                   bench/torch_results.txt's others with a
+                                   note in its header line; --reentrant also
+                                   writes gpt2_b4t1024_ckpt_reentrant_* (torch
+                                   1.13's default use_reentrant=True). Each run
+                                   waits for 14 GiB available (6 with
+                                   checkpointing): PyTorch's plain step needs
+                                   ~10+ GiB here. The full run (main) does not
+                                   include them: they take minutes.
 
     /usr/bin/python3 bench/torch_bench.py --fashion [RUNS]  # only these keys:
 
@@ -81,6 +102,7 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 OUT = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "--gpt2-child" else \
     os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_results.txt")
@@ -495,44 +517,74 @@ class GPT2(nn.Module):
         self.lm_head.weight = self.wte.weight
         self.register_buffer("mask", torch.tril(torch.ones(block, block, dtype=torch.bool)))
 
-    def forward(self, idx, targets):
+    def forward(self, idx, targets, ckpt=0):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
         for block in self.h:
-            x = block(x, self.mask)
+            if ckpt:  # torch.utils.checkpoint around each block; 1: use_reentrant=False
+                x = torch.utils.checkpoint.checkpoint(block, x, self.mask, use_reentrant=ckpt == 2)
+            else:
+                x = block(x, self.mask)
         logits = self.lm_head(self.ln_f(x))
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def gpt2_child(t, b, seq, bf16):
+def gpt2_child(t, b, seq, bf16, ckpt=0, steps=6):
+    """One configuration in this fresh process: prints the first step's ms, the
+    median ms of the other steps, ru_maxrss in MiB and the losses (hex)."""
     set_threads(t)
     torch.manual_seed(0)
     model = GPT2()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
     tok = torch.randint(0, 50257, (b, seq + 1))
     x, y = tok[:, :seq], tok[:, 1:]
-    times = []
-    for _ in range(6):
+    times, losses = [], []
+    for _ in range(steps):
         t0 = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = model(x, y)
+            loss = model(x, y, ckpt)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
+        losses.append(loss.item().hex())
+        del loss
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"gpt2 {1e3 * times[0]:.1f} {1e3 * statistics.median(times[1:]):.1f} {rss:.1f}")
+    print(f"gpt2 {1e3 * times[0]:.1f} {1e3 * statistics.median(times[1:]):.1f} {rss:.1f} "
+          + ",".join(losses))
 
 
-def bench_gpt2(t, b=4, seq=64, bf16=False):
+def mem_available_gib():
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return float("inf")
+
+
+def bench_gpt2(t, b=4, seq=64, bf16=False, ckpt=0, steps=6, need_gib=0):
+    """ckpt: 0 none, 1 torch.utils.checkpoint(use_reentrant=False) per block,
+    2 the same with use_reentrant=True (torch 1.13's default). need_gib: wait
+    (up to an hour) until /proc/meminfo's MemAvailable shows that much."""
     import subprocess
+    waited = 0
+    while mem_available_gib() < need_gib and waited < 3600:
+        print(f"  {mem_available_gib():.1f} GiB available, waiting for {need_gib}", flush=True)
+        time.sleep(30)
+        waited += 30
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--gpt2-child", str(t),
-                          str(b), str(seq), str(int(bf16))],
+                          str(b), str(seq), str(int(bf16)), str(ckpt), str(steps)],
                          capture_output=True, text=True, check=True).stdout.split()
     first, median, rss = (float(v) for v in out[1:4])
-    key = "gpt2" + ("_bf16" if bf16 else "") + ("_b1t1024" if seq == 1024 else "")
+    key = "gpt2" + ("_bf16" if bf16 else "") + (f"_b{b}t{seq}" if seq == 1024 else "") + \
+        ("", "_ckpt", "_ckpt_reentrant")[ckpt]
     put(f"{key}_first_ms_{t}t", first)
     put(f"{key}_ms_{t}t", median)
     put(f"{key}_rss_mib_{t}t", rss)
+    print(f"  losses {out[4]}", flush=True)
+    return out[4]
 
 
 # ---------------------------------------------------------------- GPT-2 generation
@@ -829,6 +881,61 @@ def update_fashion(runs=3):
             f.write(f"{key} {value:.6g}\n")
 
 
+def cpu_family_model():
+    """'AMD EPYC family 25 model 17 (Zen 4)' from /proc/cpuinfo."""
+    info = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if ":" in line:
+                    k, v = (z.strip() for z in line.split(":", 1))
+                    info.setdefault(k, v)
+    except OSError:
+        return cpu_model()
+    fam, mod = info.get("cpu family", "?"), info.get("model", "?")
+    zen = {("25", "17"): " (Zen 4)"}.get((fam, mod), " (Zen 5)" if fam == "26" else "")
+    return f"{info.get('model name', 'unknown')} family {fam} model {mod}{zen}"
+
+
+def update_gpt2_ckpt(args):
+    """--gpt2-ckpt [--reentrant] [THREADS...]: only bench section 8's
+    activation-checkpointing pair, GPT-2 124M f32 B=4 T=1024, 3 steps in a
+    fresh process each (the median of the last 2, as bench.c), with and
+    without torch.utils.checkpoint(use_reentrant=False) around each block:
+    gpt2_b4t1024[_ckpt]_{ms,first_ms,rss_mib}_{T}t on all CPUs (or on the
+    thread counts given), merged into OUT's others, with a header note per
+    set of thread counts ("gpt2_b4t1024*_2t keys ..."). --reentrant also runs
+    use_reentrant=True (torch 1.13's default): gpt2_b4t1024_ckpt_reentrant_*.
+    Each run first waits for 14 GiB available (6 with checkpointing)."""
+    reentrant = "--reentrant" in args
+    threads = [int(a) for a in args if a != "--reentrant"] or [os.cpu_count() or 1]
+    old = {}
+    with open(OUT) as f:
+        parts = f.readline().rstrip("\n").split("; ")
+        tag = "gpt2_b4t1024*_" + ",".join(f"{t}t" for t in threads) + " keys"
+        header = "; ".join(p for p in parts if not p.startswith((tag, "gpt2_b4t1024* keys")))
+        for line in f:
+            key, value = line.split()
+            old[key] = float(value)
+    before, all_same = loadavg(), True
+    for t in threads:
+        losses = {}
+        for ckpt in (0, 1, 2) if reentrant else (0, 1):
+            losses[ckpt] = bench_gpt2(t, 4, 1024, ckpt=ckpt, steps=3, need_gib=6 if ckpt else 14)
+        all_same &= len(set(losses.values())) == 1
+        print(f"  {t} threads: losses with and without checkpointing "
+              f"{'the same' if len(set(losses.values())) == 1 else 'NOT the same'}", flush=True)
+    old.update(results)
+    with open(OUT, "w") as f:
+        f.write(header + f"; {tag} {datetime.date.today().isoformat()} on "
+                f"{cpu_family_model()}, 3 steps in a fresh process, the median of the last 2, "
+                f"_ckpt: torch.utils.checkpoint(use_reentrant=False) per block"
+                f"{', _ckpt_reentrant: use_reentrant=True' if reentrant else ''}, losses bitwise "
+                f"{'the same' if all_same else 'NOT the same'} as without, load average {before} before, {loadavg()} after\n")
+        for key, value in old.items():
+            f.write(f"{key} {value:.6g}\n")
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 2 and sys.argv[1] == "--conv":
         OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_results.txt")
@@ -842,7 +949,11 @@ if __name__ == "__main__":
     elif len(sys.argv) == 2 and sys.argv[1] == "--batchnorm":
         OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_results.txt")
         update_batchnorm()
-    elif len(sys.argv) == 6 and sys.argv[1] == "--gpt2-child":
-        gpt2_child(*(int(v) for v in sys.argv[2:5]), sys.argv[5] == "1")
+    elif len(sys.argv) >= 2 and sys.argv[1] == "--gpt2-ckpt":
+        OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_results.txt")
+        update_gpt2_ckpt(sys.argv[2:])
+    elif len(sys.argv) in (6, 8) and sys.argv[1] == "--gpt2-child":
+        gpt2_child(*(int(v) for v in sys.argv[2:5]), sys.argv[5] == "1",
+                   *(int(v) for v in sys.argv[6:8]))
     else:
         main()
