@@ -832,8 +832,10 @@ NB_API int64_t nb_live_tensors(void); /* tensor objects alive (all threads) */
  * in use now, the peak since the last reset, and held in the cache of freed
  * buffers that new tensors reuse (so fresh pages are not faulted in per op or
  * per training step): at most NABLA_CACHE_MB MiB when that is set, else at
- * most the larger of 1 GiB and the most bytes ever in use at once.
- * nb_empty_cache returns the cache to the system. */
+ * most the larger of 1 GiB and the most bytes ever in use at once; and a
+ * new buffer the cache cannot serve first gives cached ones back until in
+ * use + cached stays within that most (so the footprint follows the peak in
+ * use). nb_empty_cache returns the cache to the system. */
 NB_API int64_t nb_memory_allocated(void);
 NB_API int64_t nb_memory_peak(void);
 NB_API void nb_memory_reset_peak(void);
