@@ -1532,6 +1532,15 @@ static void gpt2_config(int64_t B, int64_t T, bool bf16, double *base_ms) {
  * it: peak RSS and step time, and PyTorch's with and without
  * torch.utils.checkpoint per block. 3 steps each (the median of the last
  * two): a step takes some seconds. */
+static void pair_row(const char *name, double ms, double rss, double ms0, double rss0) {
+    printf("  %-32s", name);
+    cell(ms, 9, 0);
+    cell(rss, 9, 0);
+    cell(ratio(ms, ms0), 9, 2);
+    cell(ratio(rss, rss0), 9, 2);
+    printf("\n");
+}
+
 static void gpt2_checkpoint_pair(void) {
     const int steps = 3, t = ncpu;
     gpt_result r[2];
@@ -1543,32 +1552,21 @@ static void gpt2_checkpoint_pair(void) {
     printf("activation checkpointing, f32 B=4 T=1024, %d threads, %d steps (median of the last "
            "%d):\n", t, steps, steps - 1);
     printf("  %-32s %9s %9s %9s %9s\n", "", "ms/step", "RSS MiB", "time x", "memory x");
-    const char *name[2] = {"nabla", "nabla, nb_GPT.checkpoint"};
-    for (int ck = 0; ck < 2; ck++) {
-        printf("  %-32s", name[ck]);
-        cell(r[ck].median_ms, 9, 0);
-        cell(r[ck].rss_mib, 9, 0);
-        cell(r[ck].median_ms / r[0].median_ms, 9, 2);
-        cell(r[ck].rss_mib / r[0].rss_mib, 9, 2);
-        printf("\n");
-    }
-    const char *pt_name[2] = {"PyTorch", "PyTorch, torch.utils.checkpoint"};
+    pair_row("nabla", r[0].median_ms, r[0].rss_mib, r[0].median_ms, r[0].rss_mib);
+    pair_row("nabla, nb_GPT.checkpoint", r[1].median_ms, r[1].rss_mib, r[0].median_ms,
+             r[0].rss_mib);
     const char *pt_key[2] = {"gpt2_b4t1024", "gpt2_b4t1024_ckpt"};
-    double pt_ms0 = ref("%s_ms_%dt", pt_key[0], t), pt_rss0 = ref("%s_rss_mib_%dt", pt_key[0], t);
+    double pt_ms[2], pt_rss[2];
     for (int ck = 0; ck < 2; ck++) {
-        double ms = ref("%s_ms_%dt", pt_key[ck], t), rss = ref("%s_rss_mib_%dt", pt_key[ck], t);
-        printf("  %-32s", pt_name[ck]);
-        cell(ms, 9, 0);
-        cell(rss, 9, 0);
-        cell(ratio(ms, pt_ms0), 9, 2);
-        cell(ratio(rss, pt_rss0), 9, 2);
-        printf("\n");
+        pt_ms[ck] = ref("%s_ms_%dt", pt_key[ck], t);
+        pt_rss[ck] = ref("%s_rss_mib_%dt", pt_key[ck], t);
     }
+    pair_row("PyTorch", pt_ms[0], pt_rss[0], pt_ms[0], pt_rss[0]);
+    pair_row("PyTorch, torch.utils.checkpoint", pt_ms[1], pt_rss[1], pt_ms[0], pt_rss[0]);
     printf("  losses and weights after %d steps bitwise the same with and without: %s; nabla / "
            "PyTorch with checkpointing: time %.2fx, memory %.2fx\n", steps,
            r[0].hash == r[1].hash ? "yes" : "NO",
-           ratio(r[1].median_ms, ref("%s_ms_%dt", pt_key[1], t)),
-           ratio(r[1].rss_mib, ref("%s_rss_mib_%dt", pt_key[1], t)));
+           ratio(r[1].median_ms, pt_ms[1]), ratio(r[1].rss_mib, pt_rss[1]));
 }
 
 static void bench_gpt2(void) {
