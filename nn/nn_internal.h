@@ -36,7 +36,15 @@ int nn_leave_rc(const char *fn, int rc);
  * operations in the same order (the build does not contract a*b+c, -std=c11,
  * nor reassociate), so every copy gives the same bits. (As NBI_CLONES, which
  * nn/ does not see.) */
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute)
+/* Not under ThreadSanitizer: the load-time resolver would run instrumented
+ * before the TSan runtime is up, and crash the program at start. */
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define NN_CLONES
+#endif
+#endif
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute) && \
+    !defined(__SANITIZE_THREAD__) && !defined(NN_CLONES)
 #if __has_attribute(target_clones)
 #define NN_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif

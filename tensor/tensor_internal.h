@@ -392,7 +392,15 @@ void nbi_randn_from_u(int path, const double *u, const double *u2, float *out, d
  * independent elements). Every copy does the same operations in the same
  * order (the build does not contract a*b+c, -std=c11, nor reassociate), so
  * every copy gives the same bits. */
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute)
+/* Not under ThreadSanitizer: the load-time resolver would run instrumented
+ * before the TSan runtime is up, and crash the program at start. */
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define NBI_CLONES
+#endif
+#endif
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute) && \
+    !defined(__SANITIZE_THREAD__) && !defined(NBI_CLONES)
 #if __has_attribute(target_clones)
 #define NBI_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
