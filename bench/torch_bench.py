@@ -104,7 +104,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-OUT = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "--gpt2-child" else \
+OUT = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("--") else \
     os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_results.txt")
 THREADS = sorted({1, os.cpu_count() or 1})
 ATTN_SHAPES = [(8, 8, 128, 64), (4, 8, 512, 64), (1, 8, 1024, 64), (2, 4, 64, 32)]
@@ -721,11 +721,36 @@ def main():
     header = (f"# torch {version}, {datetime.date.today().isoformat()}, {cpu_model()}, "
               f"{os.cpu_count()} CPUs, BLAS {blas_name()} (kernel {openblas_core()}), "
               f"load average {load_before} before, {loadavg()} after")
-    with open(OUT, "w") as f:
-        f.write(header + "\n")
-        for key, value in results.items():
-            f.write(f"{key} {value:.6g}\n")
+    # the keys of the partial runs this one does not repeat stay, with their parts
+    parts, old = read_results(("# torch", "gen_* keys", "bn_* keys", "conv_* keys"))
+    kept = {k: v for k, v in old.items() if k not in results and
+            k.startswith(("fashion", "gpt2_b4t1024", "gpttrain_"))}
+    write_results([header] + parts, {**results, **kept})
     print(f"wrote {OUT} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+
+
+# ------------------------------------------------------- the results file
+# OUT's first line is a header of "; "-separated parts, one per set of keys
+# (the full run's, then "bn_* keys ...", "gpttrain_* keys ..." and so on);
+# each partial run replaces its own part and keys and keeps the others.
+def read_results(drop):
+    """OUT's header parts not starting with any prefix of drop, and its values."""
+    parts, old = [], {}
+    if os.path.exists(OUT):
+        with open(OUT) as f:
+            parts = [p for p in f.readline().rstrip("\n").split("; ")
+                     if p and not p.startswith(tuple(drop))]
+            for line in f:
+                key, value = line.split()
+                old[key] = float(value)
+    return parts, old
+
+
+def write_results(parts, values):
+    with open(OUT, "w") as f:
+        f.write("; ".join(parts) + "\n")
+        for key, value in values.items():
+            f.write(f"{key} {value:.6g}\n")
 
 
 # --------------------------------------------------------------- batch norm
@@ -753,21 +778,13 @@ def bench_batchnorm(t):
 
 def update_batchnorm():
     """--batchnorm: only the batch norm figures, merged into OUT's others."""
-    old = {}
-    with open(OUT) as f:
-        header = f.readline().rstrip("\n")
-        for line in f:
-            key, value = line.split()
-            old[key] = float(value)
+    parts, old = read_results(("bn_* keys",))
     for t in THREADS:
         set_threads(t)
         bench_batchnorm(t)
     old.update(results)
-    with open(OUT, "w") as f:
-        f.write(header + f"; bn_* keys {datetime.date.today().isoformat()}, load average "
-                f"{loadavg()} after\n")
-        for key, value in old.items():
-            f.write(f"{key} {value:.6g}\n")
+    write_results(parts + [f"bn_* keys {datetime.date.today().isoformat()}, load average "
+                           f"{loadavg()} after"], old)
 
 
 # The Fashion-MNIST network's conv layers (bench.c section 11): batch 64,
@@ -808,34 +825,21 @@ def bench_conv(t):
 
 def update_conv():
     """--conv: only the conv_* figures, merged into OUT's others."""
-    old, header = {}, ""
-    with open(OUT) as f:
-        header = f.readline().rstrip("\n").split("; conv_* keys")[0]
-        for line in f:
-            key, value = line.split()
-            old[key] = float(value)
+    parts, old = read_results(("conv_* keys",))
     before = loadavg()
     for t in THREADS:
         set_threads(t)
         bench_conv(t)
     old.update(results)
-    with open(OUT, "w") as f:
-        f.write(header + f"; conv_* keys {datetime.date.today().isoformat()}, load average "
-                f"{before} before, {loadavg()} after\n")
-        for key, value in old.items():
-            f.write(f"{key} {value:.6g}\n")
+    write_results(parts + [f"conv_* keys {datetime.date.today().isoformat()}, load average "
+                           f"{before} before, {loadavg()} after"], old)
 
 
 def update_generate(runs=3):
     """--generate [RUNS]: only the generation figures, each the median of RUNS
     runs (on a shared machine one run's 2-thread figures can collapse),
     merged into OUT's others."""
-    old = {}
-    with open(OUT) as f:
-        header = f.readline().rstrip("\n").split("; gen_* keys")[0]
-        for line in f:
-            key, value = line.split()
-            old[key] = float(value)
+    parts, old = read_results(("gen_* keys",))
     before, per_key = loadavg(), {}
     for _ in range(runs):
         for t in THREADS:
@@ -844,11 +848,8 @@ def update_generate(runs=3):
         for key, value in results.items():
             per_key.setdefault(key, []).append(value)
     old.update({key: statistics.median(v) for key, v in per_key.items()})
-    with open(OUT, "w") as f:
-        f.write(header + f"; gen_* keys {datetime.date.today().isoformat()}, medians of {runs} "
-                f"runs, load average {before} before, {loadavg()} after\n")
-        for key, value in old.items():
-            f.write(f"{key} {value:.6g}\n")
+    write_results(parts + [f"gen_* keys {datetime.date.today().isoformat()}, medians of {runs} "
+                           f"runs, load average {before} before, {loadavg()} after"], old)
 
 
 def update_fashion(runs=3):
@@ -858,13 +859,7 @@ def update_fashion(runs=3):
     RUNS runs, merged into OUT's others."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from torch_fashion import step_ms
-    old = {}
-    with open(OUT) as f:
-        parts = f.readline().rstrip("\n").split("; ")
-        header = "; ".join(p for p in parts if not p.startswith("fashion_* keys"))
-        for line in f:
-            key, value = line.split()
-            old[key] = float(value)
+    parts, old = read_results(("fashion_* keys",))
     before, per_key = loadavg(), {}
     for _ in range(runs):
         for t in THREADS:
@@ -874,11 +869,8 @@ def update_fashion(runs=3):
                 per_key.setdefault(key, []).append(step_ms(t, bn, autocast=ac))
                 print(f"{key:36s} {per_key[key][-1]:12.4f}", flush=True)
     old.update({key: statistics.median(v) for key, v in per_key.items()})
-    with open(OUT, "w") as f:
-        f.write(header + f"; fashion_* keys {datetime.date.today().isoformat()}, medians of "
-                f"{runs} runs, load average {before} before, {loadavg()} after\n")
-        for key, value in old.items():
-            f.write(f"{key} {value:.6g}\n")
+    write_results(parts + [f"fashion_* keys {datetime.date.today().isoformat()}, medians of "
+                           f"{runs} runs, load average {before} before, {loadavg()} after"], old)
 
 
 def cpu_family_model():
@@ -909,14 +901,8 @@ def update_gpt2_ckpt(args):
     Each run first waits for 14 GiB available (6 with checkpointing)."""
     reentrant = "--reentrant" in args
     threads = [int(a) for a in args if a != "--reentrant"] or [os.cpu_count() or 1]
-    old = {}
-    with open(OUT) as f:
-        parts = f.readline().rstrip("\n").split("; ")
-        tag = "gpt2_b4t1024*_" + ",".join(f"{t}t" for t in threads) + " keys"
-        header = "; ".join(p for p in parts if not p.startswith((tag, "gpt2_b4t1024* keys")))
-        for line in f:
-            key, value = line.split()
-            old[key] = float(value)
+    tag = "gpt2_b4t1024*_" + ",".join(f"{t}t" for t in threads) + " keys"
+    parts, old = read_results((tag, "gpt2_b4t1024* keys"))
     before, all_same = loadavg(), True
     for t in threads:
         losses = {}
@@ -926,31 +912,25 @@ def update_gpt2_ckpt(args):
         print(f"  {t} threads: losses with and without checkpointing "
               f"{'the same' if len(set(losses.values())) == 1 else 'NOT the same'}", flush=True)
     old.update(results)
-    with open(OUT, "w") as f:
-        f.write(header + f"; {tag} {datetime.date.today().isoformat()} on "
-                f"{cpu_family_model()}, 3 steps in a fresh process, the median of the last 2, "
-                f"_ckpt: torch.utils.checkpoint(use_reentrant=False) per block"
-                f"{', _ckpt_reentrant: use_reentrant=True' if reentrant else ''}, losses bitwise "
-                f"{'the same' if all_same else 'NOT the same'} as without, load average {before} before, {loadavg()} after\n")
-        for key, value in old.items():
-            f.write(f"{key} {value:.6g}\n")
+    write_results(parts + [
+        f"{tag} {datetime.date.today().isoformat()} on "
+        f"{cpu_family_model()}, 3 steps in a fresh process, the median of the last 2, "
+        f"_ckpt: torch.utils.checkpoint(use_reentrant=False) per block"
+        f"{', _ckpt_reentrant: use_reentrant=True' if reentrant else ''}, losses bitwise "
+        f"{'the same' if all_same else 'NOT the same'} as without, load average {before} before, "
+        f"{loadavg()} after"], old)
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 2 and sys.argv[1] == "--conv":
-        OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_results.txt")
         update_conv()
     elif len(sys.argv) in (2, 3) and sys.argv[1] == "--fashion":
-        OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_results.txt")
         update_fashion(int(sys.argv[2]) if len(sys.argv) == 3 else 3)
     elif len(sys.argv) in (2, 3) and sys.argv[1] == "--generate":
-        OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_results.txt")
         update_generate(int(sys.argv[2]) if len(sys.argv) == 3 else 3)
     elif len(sys.argv) == 2 and sys.argv[1] == "--batchnorm":
-        OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_results.txt")
         update_batchnorm()
     elif len(sys.argv) >= 2 and sys.argv[1] == "--gpt2-ckpt":
-        OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_results.txt")
         update_gpt2_ckpt(sys.argv[2:])
     elif len(sys.argv) in (6, 8) and sys.argv[1] == "--gpt2-child":
         gpt2_child(*(int(v) for v in sys.argv[2:5]), sys.argv[5] == "1",

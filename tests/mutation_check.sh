@@ -119,12 +119,12 @@ sync_tree() { # copies what differs; removes what the tree no longer has
         done
 }
 
-build() { # log: library, runner, replay and the examples in the scratch tree
+build() { # log: library, runner, replay, the examples and what examples_check.sh runs
     local ex
     ex=$(cd "$tree" && for f in examples/*.c; do echo "build/${f%.c}"; done)
     # shellcheck disable=SC2086
     make -C "$tree" -j2 --no-print-directory BUILD=build build/libnabla.a build/tests/run_tests \
-        build/fuzz/replay $ex > "$1" 2>&1
+        build/fuzz/replay build/tests/gen_gpt_files $ex > "$1" 2>&1
 }
 
 suites_all=$(grep -ho 'suite_create("[a-z0-9_]*")' "$root"/tests/*.c | sed 's/.*("\(.*\)")/\1/')
