@@ -664,8 +664,9 @@ NB_API int nb_jvp(nb_fn fn, void *ctx, int n, nb_tensor **inputs, nb_tensor **ta
  *   saying so). What fn reaches through ctx must stay alive and unchanged
  *   until backward: an input or parameter written in place after the
  *   forward (an optimizer step) makes backward fail with a message.
- *   Draws fn makes on other threads (nb_parallel_for's ranges) are not
- *   replayed: draw on fn's own thread.
+ *   Draws inside nb_parallel_for's ranges cannot be replayed (which thread
+ *   runs which range varies): nb_checkpoint fails saying so; draw on fn's
+ *   own thread (threads fn starts itself are not watched: no draws there).
  * - With grad mode off, fn just runs. nb_jvp (forward mode) through it
  *   runs fn again under nb_jvp, draws replayed. create_graph through it is
  *   refused with a message (call fn directly for second derivatives). fn

@@ -173,6 +173,7 @@ typedef struct {
     void *ctx;
     atomic_flag failed;
     char msg[512];
+    int drew, *watch; /* random draws in the ranges (nbi_rng_watch) */
 } user_job;
 
 /* Each range in a scope of its own, on whichever thread runs it, so that
@@ -180,6 +181,10 @@ typedef struct {
  * worker has no scope of the caller's to put them in). */
 static void user_range(void *p, int64_t lo, int64_t hi) {
     user_job *j = p;
+    nbi_rng_tape *tapes = nbi_rng_tapes;
+    int *watch = nbi_rng_watch;
+    nbi_rng_tapes = NULL;
+    nbi_rng_watch = j->watch;
     nb_scope_begin();
     nbi_callback cb = {.who_fmt = "fn on range [%lld, %lld)", .who_lo = lo, .who_hi = hi};
     nbi_callback_enter(&cb, "nb_parallel_for", false);
@@ -188,6 +193,8 @@ static void user_range(void *p, int64_t lo, int64_t hi) {
     if (nbi_callback_leave(&cb) != 0 && !atomic_flag_test_and_set(&j->failed))
         snprintf(j->msg, sizeof j->msg, "%s", nb_last_error());
     nb_scope_end();
+    nbi_rng_tapes = tapes;
+    nbi_rng_watch = watch;
 }
 
 void nb_parallel_for(int64_t n, int64_t grain, void (*fn)(void *ctx, int64_t lo, int64_t hi),
@@ -197,7 +204,10 @@ void nb_parallel_for(int64_t n, int64_t grain, void (*fn)(void *ctx, int64_t lo,
         return;
     }
     user_job j = {.fn = fn, .ctx = ctx, .failed = ATOMIC_FLAG_INIT};
+    /* under a checkpoint (a tape), or inside a range of one that is */
+    j.watch = nbi_rng_tapes ? &j.drew : nbi_rng_watch;
     nbi_parallel_for(n, grain, user_range, &j);
+    if (__atomic_load_n(&j.drew, __ATOMIC_RELAXED)) nbi_rng_refuse_parallel();
     if (j.msg[0]) nbi_error("%s", j.msg);
 }
 

@@ -36,6 +36,7 @@ static uint64_t take(nb_rng *rng, uint64_t n) {
 }
 
 _Thread_local nbi_rng_tape *nbi_rng_tapes;
+_Thread_local int *nbi_rng_watch;
 
 __attribute__((format(printf, 2, 3))) static void tape_break(nbi_rng_tape *t, const char *fmt,
                                                               ...) {
@@ -81,8 +82,16 @@ static bool tape_replay(nbi_rng_tape *t, const nb_rng *rng, uint64_t n, nbi_rng_
     return true;
 }
 
+void nbi_rng_refuse_parallel(void) {
+    if (nbi_rng_tapes)
+        tape_break(nbi_rng_tapes, "random numbers were drawn inside nb_parallel_for's ranges, "
+                   "which cannot be replayed (which thread runs a range varies): draw on the "
+                   "function's own thread, outside nb_parallel_for");
+}
+
 uint64_t nbi_rng_take(nb_rng *rng, uint64_t n, uint64_t *seed) {
     if (!rng) rng = &global_rng;
+    if (nbi_rng_watch) __atomic_store_n(nbi_rng_watch, 1, __ATOMIC_RELAXED);
     nbi_rng_tape *replayer = nbi_rng_tapes;
     while (replayer && !replayer->replay) replayer = replayer->outer;
     nbi_rng_draw d = {.rng = rng, .n = n};

@@ -373,6 +373,13 @@ typedef struct nbi_rng_tape {
     struct nbi_rng_tape *outer;
 } nbi_rng_tape;
 extern _Thread_local nbi_rng_tape *nbi_rng_tapes;
+/* Draws inside nb_parallel_for's ranges cannot be replayed: which thread
+ * runs which range, in which order, varies from run to run. While a range
+ * of a caller with a tape runs, the thread's tapes are set aside and a draw
+ * sets *nbi_rng_watch instead; nbi_rng_refuse_parallel then breaks the
+ * caller's innermost tape (the checkpoint fails saying so). */
+extern _Thread_local int *nbi_rng_watch;
+void nbi_rng_refuse_parallel(void);
 /* nb_randn's values (tensor/randn.c): dst[i] (f32 or f64, n of them) <- the
  * normal draw of counters base + 2i, base + 2i + 1 of seed's stream, on the
  * thread pool. nbi_randn_path picks the f32 fast path's instruction set as

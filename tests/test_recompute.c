@@ -140,6 +140,13 @@ typedef struct {
     nb_tensor *foreign;
 } small_ctx;
 
+/* nb_parallel_for's ranges of small_fn's mode 7: each draws (or, with
+ * ctx NULL, only computes) */
+static void range_fn(void *ctx, int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; i++)
+        nb_free(ctx ? nb_rand(NB_F64, NB_SHAPE(2), NULL) : nb_zeros(NB_F64, NB_SHAPE(2)));
+}
+
 /* tanh(x w) (2,4) summed with w's column sums */
 static nb_tensor *small_fn(nb_tensor **in, int n, void *vctx) {
     small_ctx *c = vctx;
@@ -152,6 +159,8 @@ static nb_tensor *small_fn(nb_tensor **in, int n, void *vctx) {
     case 4: if (c->calls == 1) nb_free(nb_rand(NB_F64, NB_SHAPE(3), NULL)); break; /* draws once */
     case 5: if (c->calls > 1) return nb_zeros(NB_F64, NB_SHAPE(3)); break; /* changes shape */
     case 6: return nb_mul(in[0], c->foreign);                         /* history via ctx */
+    case 7: nb_parallel_for(8, 1, range_fn, c); break;                /* draws in ranges */
+    case 8: nb_parallel_for(8, 1, range_fn, NULL); break;             /* ranges, no draws */
     default: break;
     }
     nb_tensor *h = nb_tanh(nb_matmul(in[0], c->w));
@@ -325,6 +334,24 @@ START_TEST(test_refusals) {
     c.foreign = nb_mul_scalar(x, 2);
     expect_error(nb_checkpoint(small_fn, &c, 1, &x), "nb_checkpoint: the function reads a tensor "
                  "of shape (2,3) made by nb_mul_scalar", "pass it in inputs");
+    /* draws inside nb_parallel_for's ranges, on 1 and 2 threads (with grain
+     * 1 the caller runs some ranges itself): refused, as their order varies;
+     * ranges without draws, and draws in ranges outside a checkpoint, run */
+    for (int threads = 1; threads <= 2; threads++) {
+        nb_set_num_threads(threads);
+        c.mode = 7;
+        expect_error(nb_checkpoint(small_fn, &c, 1, &x), "nb_checkpoint: random numbers were "
+                     "drawn inside nb_parallel_for's ranges, which cannot be replayed",
+                     "draw on the function's own thread, outside nb_parallel_for");
+        nb_tensor *y7 = small_fn(&x, 1, &c);
+        ck_assert_msg(y7, "%s", nb_last_error());
+        ck_assert_int_eq(nb_backward(nb_sum_all(y7)), 0);
+        c.mode = 8;
+        y7 = nb_checkpoint(small_fn, &c, 1, &x);
+        ck_assert_msg(y7, "%s", nb_last_error());
+        ck_assert_int_eq(nb_backward(nb_sum_all(y7)), 0);
+    }
+    nb_set_num_threads(0);
 
     /* backward: draws that differ, a shape that differs */
     c.mode = 4, c.calls = 0;
