@@ -347,7 +347,20 @@ static nb_tensor *embed(const nbi_node *n, nb_tensor *g, int ndim, const int64_t
     return z;
 }
 
+/* In a plain backward, when the input's gradient is already summed (q, k
+ * and v narrowed from one qkv: the second and third slices), g is added
+ * into that sum's slice in place (nbi_grad_sink) rather than embedded into
+ * zeros the input's size and added whole: in the slice the same one
+ * addition per element; outside it the sum is left as it was (adding the
+ * zeros changed nothing but a -0 into +0). */
 static int slice_backward(nbi_node *n, nb_tensor *g, nb_tensor **gin) {
+    nb_tensor *acc = nbi_create_graph() ? NULL : nbi_grad_sink(n, 0);
+    nb_tensor *part = acc ? slice_of(n, acc) : NULL;
+    if (part) {
+        nbi_add_into(part, g);
+        nb_free(part);
+        return 0;
+    }
     gin[0] = embed(n, g, n->in[0]->ndim, n->in[0]->shape);
     return gin[0] ? 0 : -1;
 }

@@ -1024,6 +1024,64 @@ START_TEST(test_shares_memory) {
 }
 END_TEST
 
+/* Three overlapping narrows of one x (q, k, v of a qkv, cut 0-3, 2-5,
+ * 6-7 of 8 columns), each reaching the loss through another layout of
+ * gradient (_i: contiguous, transposed, stride 0), then x whole: the later
+ * slices' backward finds x's gradient already summed and, in a plain
+ * backward, adds into its slice in place (nbi_grad_sink). x's gradient must
+ * be, bit for bit, that of a create_graph backward (which embeds each
+ * slice's gradient into zeros and adds it whole), in f32 and f64. */
+static nb_tensor *three_slices_loss(nb_tensor *x, nb_tensor *w, int layout) {
+    nb_tensor *q = nb_narrow(x, 1, 0, 4), *k = nb_narrow(x, 1, 2, 4), *v = nb_narrow(x, 1, 6, 2);
+    nb_tensor *parts[3] = {nb_sum_all(nb_mul(q, nb_narrow(w, 1, 0, 4))), NULL, NULL};
+    nb_tensor *kt = nb_transpose(k, 0, 1); /* (4,5): its gradient a product's, transposed */
+    parts[1] = nb_sum_all(nb_matmul(kt, nb_narrow(w, 1, 0, 4)));
+    parts[2] = nb_sum_all(v); /* a stride-0 gradient */
+    nb_tensor *order[3][3] = {{parts[0], parts[1], parts[2]}, {parts[1], parts[2], parts[0]},
+                              {parts[2], parts[0], parts[1]}};
+    nb_tensor *const *o = order[layout];
+    return nb_add(nb_add(nb_add(o[0], o[1]), o[2]), nb_sum_all(nb_mul(x, x)));
+}
+
+START_TEST(test_slices_added_in_place_keep_the_bits) {
+    nb_scope_begin();
+    for (int dt = 0; dt < 2; dt++) {
+        nb_rng r = {23, 0};
+        nb_dtype d = dt ? NB_F64 : NB_F32;
+        nb_tensor *x = nb_set_requires_grad(nb_randn(d, NB_SHAPE(5, 8), &r), true);
+        nb_tensor *w = nb_randn(d, NB_SHAPE(5, 8), &r);
+        nb_tensor *plain = NULL, *graph = NULL;
+        nb_tensor *loss = three_slices_loss(x, w, _i);
+        ck_assert_int_eq(nb_autograd_grad(&loss, 1, NULL, &x, 1, NULL, &plain), 0);
+        loss = three_slices_loss(x, w, _i);
+        nb_backward_opts o = {.create_graph = true};
+        ck_assert_int_eq(nb_autograd_grad(&loss, 1, NULL, &x, 1, &o, &graph), 0);
+        ck_assert_int_eq(nb_numel(plain), 40);
+        ck_assert_msg(!memcmp(nb_data(plain), nb_data(nb_contiguous(graph)),
+                              40 * (dt ? sizeof(double) : sizeof(float))),
+                      "%s, order %d: the in-place slices' sum differs from the dense one",
+                      nb_dtype_name(d), _i);
+        /* and the values: 2x, plus w's first 4 columns in columns 0-3, plus
+         * the row sums of those in 2-5 (k's), plus 1 in 6-7 (v's) */
+        double xv[40], wv[40], got[40];
+        nb_copy_to_f64(x, xv);
+        nb_copy_to_f64(w, wv);
+        nb_copy_to_f64(plain, got);
+        for (int i = 0; i < 5; i++) {
+            double rowsum = wv[i * 8] + wv[i * 8 + 1] + wv[i * 8 + 2] + wv[i * 8 + 3];
+            for (int j = 0; j < 8; j++) {
+                double want = 2 * xv[i * 8 + j] + (j < 4 ? wv[i * 8 + j] : 0) +
+                              (j >= 2 && j < 6 ? rowsum : 0) + (j >= 6 ? 1 : 0);
+                ck_assert_msg(fabs(got[i * 8 + j] - want) <= 1e-5 * (1 + fabs(want)),
+                              "%s, order %d, x.grad[%d][%d]: %.9g, want %.9g", nb_dtype_name(d),
+                              _i, i, j, got[i * 8 + j], want);
+            }
+        }
+    }
+    nb_scope_end();
+}
+END_TEST
+
 Suite *suite_views(void) {
     Suite *s = suite_create("views");
     TCase *tc = tcase_create("forward");
@@ -1043,6 +1101,7 @@ Suite *suite_views(void) {
     tcase_add_loop_test(tc, test_chain_vs_torch, 0, 2);
     tcase_add_test(tc, test_to_backward_dtype);
     tcase_add_test(tc, test_slice_gradient_orders);
+    tcase_add_loop_test(tc, test_slices_added_in_place_keep_the_bits, 0, 3);
     tcase_add_test(tc, test_to_orders);
     tcase_add_test(tc, test_no_leak);
     suite_add_tcase(s, tc);
